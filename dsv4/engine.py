@@ -1,0 +1,221 @@
+"""The public API: load a model, make decode states, prefill, decode, step, generate.
+
+    model = dsv4.load("tiny")                     # preset: random weights, no download
+    model = dsv4.load("/path/to/checkpoint")      # official format (FP8/FP4 or plain)
+    state = model.new_state(capacity)
+    logits = model.prefill(state, ids)            # logits of the last token
+    logits = model.decode(state, token_id)        # one committed step
+    token = model.step(state, token_id, sampling) # forward..sample on device, one readback
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+
+from .config import ModelConfig, PRESETS, preset
+from .model.forward import Transformer
+from .parallel import SITES, Comm
+from .state import CapacityError, DecodeState, QuarantineError
+
+
+class RefusalError(RuntimeError):
+    """A collective of the step refused: nothing was committed and the state is quarantined."""
+
+
+def _default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
+         seed: int = 0, rank: int = 0, group=None) -> "Model":
+    """Load a checkpoint directory or build a preset.
+
+    A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
+    directly on `device`; a directory is read in the official format. `ranks > 1` splits the
+    model over that many ranks (see dsv4.parallel); `rank`/`group` are for a process that is
+    already one rank of a torchrun group.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or _default_dtype(device)
+    if ranks != 1 and group is None:
+        from .launch import load_spawned  # noqa: PLC0415 - only multi-rank loads need it
+
+        return load_spawned(path_or_preset, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
+    world = ranks
+    from .tokenizer import Tokenizer, build_tokenizer
+
+    name = str(path_or_preset)
+    if name in PRESETS and not Path(name).is_dir():
+        if init not in (None, "random"):
+            raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
+        from .checkpoint.init import random_weights
+
+        cfg = preset(name)
+        weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
+        tokenizer = Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
+    else:
+        path = Path(name)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{name!r} is neither a checkpoint directory nor a preset "
+                                    f"(allowed presets: {sorted(PRESETS)})")
+        if init == "random":
+            from .checkpoint.init import random_weights
+
+            cfg = ModelConfig.from_json(path / "config.json")
+            weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
+        else:
+            from .checkpoint.load import load_weights
+
+            cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype)
+        tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else \
+            Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
+    comm = Comm(cfg.num_hidden_layers, device, rank=rank, world=world, group=group)
+    return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tokenizer)
+
+
+class Model:
+    def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
+        self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
+        self.comm = transformer.comm
+        self.device, self.dtype = transformer.device, transformer.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world(self) -> int:
+        return self.comm.world
+
+    # ---- states ------------------------------------------------------------
+    def new_state(self, capacity: int) -> DecodeState:
+        return DecodeState(self.cfg, capacity, self.device, self.dtype)
+
+    def _tokens(self, ids, what: str) -> torch.Tensor:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.flatten().tolist()
+        ids = list(ids)
+        if not ids:
+            raise ValueError(f"{what}: no tokens")
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"{what}: token id(s) {bad[:5]} outside [0, vocab_size={self.cfg.vocab_size})")
+        return torch.tensor(ids, dtype=torch.int64)
+
+    def _run(self, state: DecodeState, tokens: torch.Tensor) -> None:
+        """One eager transaction on `tokens` (already on device); raises on a refusal."""
+        verdict = self.transformer.transaction(state, tokens)
+        self._settle(state, float(verdict), tokens.shape[0])
+
+    def _settle(self, state: DecodeState, verdict: float, n: int) -> None:
+        """Host side of a step's readback: advance the host position or quarantine the state."""
+        if verdict == 0:
+            state.host_pos += n
+            return
+        state.quarantine = self.refusal_message()
+        raise RefusalError(state.quarantine)
+
+    def refusal_message(self) -> str:
+        """Which rank refused where (gathered from every rank: only on the failure path)."""
+        fired = self.comm.fired
+        if self.world > 1:
+            import torch.distributed as dist
+
+            every = [torch.zeros_like(fired) for _ in range(self.world)]
+            dist.all_gather(every, fired, group=self.comm.group)
+        else:
+            every = [fired]
+        parts = [f"rank {r} layer {int(f[1])} site {SITES[int(f[2])]} word {int(f[0])}"
+                 for r, f in enumerate(every) if int(f[0]) != 0]
+        return "one-shot reduction refused: " + ("; ".join(parts) or "unknown rank") + "; nothing committed"
+
+    def prefill(self, state: DecodeState, ids: Sequence[int], chunk_size: int = 64) -> torch.Tensor:
+        """Run the prompt through in chunks; returns the last token's logits (fp32 [vocab])."""
+        state.check_open()
+        tokens = self._tokens(ids, "prefill")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size {chunk_size!r}: a positive integer")
+        state.check_room(tokens.shape[0])
+        tokens = tokens.to(self.device)
+        with torch.inference_mode():
+            for start in range(0, tokens.shape[0], chunk_size):
+                self._run(state, tokens[start:start + chunk_size])
+        return state.logits.clone()
+
+    def decode(self, state: DecodeState, token: int) -> torch.Tensor:
+        """One committed step on `token`; returns its logits (fp32 [vocab])."""
+        state.check_open()
+        tokens = self._tokens([token], "decode")
+        state.check_room(1)
+        state.input.copy_(tokens)
+        with torch.inference_mode():
+            self._run(state, state.input)
+        return state.logits.clone()
+
+    # ---- sampling ----------------------------------------------------------
+    def step(self, state: DecodeState, token: int, sampling=None) -> int:
+        """forward -> verdict -> commit -> head -> sample on device; one readback of [token, verdict].
+
+        The token drawn goes to position state.pos after the commit, and is drawn with pos = that position.
+        """
+        from .sampler import SamplingParams
+
+        sampling = sampling or SamplingParams()
+        state.check_open()
+        state.check_room(1)
+        state.input.copy_(self._tokens([token], "step"))
+        if state.replay is not None:
+            out = state.replay.replay(state, sampling)
+        else:
+            with torch.inference_mode():
+                out = self.step_device(state, sampling)
+        token_out, verdict = out.tolist()
+        self._settle(state, verdict, 1)
+        return int(token_out)
+
+    def step_device(self, state: DecodeState, sampling) -> torch.Tensor:
+        """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64."""
+        from .sampler import sample
+
+        verdict = self.transformer.transaction(state, state.input)
+        state.token.copy_(sample(state.logits, sampling, state.pos))
+        return torch.stack([state.token.double(), verdict.double()])
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
+                 capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
+        """Yield the text of each generated token."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
+        state = self.new_state(capacity or len(ids) + max_tokens)
+        self.prefill(state, ids[:-1]) if len(ids) > 1 else None
+        token = ids[-1]
+        for _ in range(max_tokens):
+            token = self.step(state, token, sampling)
+            if stop_at_eos and token == self.cfg.eos_token_id:
+                return
+            yield self.tokenizer.decode([token])
+            if state.host_pos + 1 > state.capacity:
+                return
+
+    # ---- gates and tests ---------------------------------------------------
+    def digests(self, state: DecodeState) -> tuple[str, str, int]:
+        return state.digest()
+
+    def arm_refusal(self, layer: int, rank: int, code: int, site: str = "attention"):
+        self.comm.arm_refusal(layer, rank, code, site)
+
+    def refusal_words(self) -> list[int]:
+        return [int(self.comm.word)]
+
+    def reset_refusals(self):
+        self.comm.reset_refusals()
+
+    def census(self) -> torch.Tensor:
+        return self.comm.census.cpu().clone()
+
+
+__all__ = ["load", "Model", "RefusalError", "CapacityError", "QuarantineError"]

@@ -1,0 +1,101 @@
+"""Hybrid attention of one layer (paper 2.3): sliding window + CSA or HCA, shared K=V.
+
+Every layer attends to the last `sliding_window` tokens (a ring of K=V rows).
+CSA layers add the indexer's top-k compressed entries (rate 4, overlapping
+windows); HCA layers add every compressed entry (rate 128). A learnable sink
+logit per head joins the softmax. Partial RoPE: queries and keys rotate their
+trailing `qk_rope_head_dim` channels; since V = K, the output's rope slice is
+rotated back (-sin) at the query position. The grouped output projection maps
+groups of heads to `o_lora_rank` each (wo_a), then mixes them (wo_b).
+
+With TP a rank holds `heads` of the heads (whole output groups); the K=V head,
+compressors and indexer are replicated. The output is a partial sum to reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import CSA, ModelConfig
+from .compressor import (Write, committed_visible, compress, index_topk, new_visible, stage_entries)
+from .norm import rms_norm, unweighted_rms_norm
+from .rope import Rope, apply_rope
+
+
+def linear(x, w):
+    return F.linear(x, w.dequant(x.dtype))
+
+
+def sliding_keys(win: torch.Tensor, kv: torch.Tensor, pos, positions, window: int):
+    """Keys [ring | chunk] and the [T, W+T] mask of those inside each query's window."""
+    last = pos - 1
+    ring_pos = last - torch.remainder(last - torch.arange(window, device=kv.device), window)
+    key_pos = torch.cat([ring_pos, positions])
+    q = positions.unsqueeze(-1)
+    visible = (key_pos >= 0) & (key_pos <= q) & (key_pos > q - window)
+    return torch.cat([win, kv]), visible
+
+
+def attention(x, positions, pos, w: dict, cache, layer: int, cfg: ModelConfig, rope: Rope, heads: int,
+              writes: list[Write]) -> torch.Tensor:
+    """x [T, D] (normed collapsed streams) -> partial attention output [T, D]."""
+    T, hd, eps = x.shape[0], cfg.head_dim, cfg.rms_norm_eps
+    m = cfg.compress_rate(layer)
+    cos, sin = rope.cos_sin(positions, "compress" if m else "main")
+
+    q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
+    q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(T, heads, hd), eps)
+    q = apply_rope(q, cos, sin)
+    kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
+
+    keys, visible = sliding_keys(cache.win, kv, pos, positions, cfg.sliding_window)
+    n = min(T, cfg.sliding_window)
+    writes.append(Write(cache.win, torch.remainder(pos + T - n + torch.arange(n, device=x.device),
+                                                   cfg.sliding_window), kv[T - n:]))
+    scale = hd ** -0.5
+    logits = [torch.einsum("thd,kd->thk", q, keys).mul(scale).masked_fill(~visible.unsqueeze(1), float("-inf"))]
+    values = [keys]
+
+    if m:
+        c = w["compressor"]
+        csa = cfg.layer_types[layer] == CSA
+        new = compress(x, c["wkv"], c["wgate"], c["ape"], c["norm"], cache.ckv, cache.cgate, pos, m, csa, rope,
+                       eps, writes)
+        stage_entries(cache.comp, new, writes)
+        committed = committed_visible(cache.comp, pos, m)
+        if csa:
+            i = w["indexer"]
+            inew = compress(x, i["wkv"], i["wgate"], i["ape"], i["norm"], cache.ikv, cache.igate, pos, m, True,
+                            rope, eps, writes)
+            stage_entries(cache.icomp, inew, writes)
+            sel, valid = index_topk(q_res, x, positions, i, cache.icomp, inew, committed, m, cfg.index_topk, rope,
+                                    cfg.index_n_heads, cfg.index_head_dim)
+            ns = cache.comp.shape[0]
+            from_new = sel >= ns
+            picked = torch.where(from_new.unsqueeze(-1), new.rows[(sel - ns).clamp(0, new.rows.shape[0] - 1)],
+                                 cache.comp[sel.clamp(max=ns - 1)])  # [T, K, hd]
+            logits.append(torch.einsum("thd,tkd->thk", q, picked).mul(scale)
+                          .masked_fill(~valid.unsqueeze(1), float("-inf")))
+            values.append(picked)
+        else:
+            for rows, vis in ((cache.comp, committed.expand(T, -1)), (new.rows, new_visible(new, positions, m))):
+                logits.append(torch.einsum("thd,kd->thk", q, rows).mul(scale)
+                              .masked_fill(~vis.unsqueeze(1), float("-inf")))
+                values.append(rows)
+
+    sink = w["attn_sink"].to(q.dtype).view(1, heads, 1).expand(T, heads, 1)
+    joint = torch.cat(logits + [sink], dim=-1)
+    probs = torch.softmax(joint - joint.amax(dim=-1, keepdim=True), dim=-1)
+    out, start = None, 0
+    for lg, v in zip(logits, values):
+        p = probs[..., start:start + lg.shape[-1]]
+        start += lg.shape[-1]
+        o = torch.einsum("thk,kd->thd", p, v) if v.dim() == 2 else torch.einsum("thk,tkd->thd", p, v)
+        out = o if out is None else out + o
+    out = apply_rope(out, cos, -sin)
+
+    groups = cfg.o_groups * heads // cfg.num_attention_heads
+    wo_a = w["wo_a"].dequant(x.dtype).view(groups, cfg.o_lora_rank, -1)
+    grouped = torch.einsum("tgi,goi->tgo", out.reshape(T, groups, -1), wo_a).flatten(1)
+    return linear(grouped, w["wo_b"])

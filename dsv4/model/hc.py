@@ -1,0 +1,46 @@
+"""Manifold-Constrained Hyper-Connections (mHC, paper section 2.2).
+
+The residual is `hc_mult` parallel streams [T, hc, D]. Before each sublayer a
+mixing map computed from the streams gives `pre` (collapse weights), `post`
+(where the sublayer's output goes) and `comb` (a Sinkhorn-projected, doubly
+stochastic stream mixer). The head collapses the streams once more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from .norm import unweighted_rms_norm
+
+
+def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
+    """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
+    hc, eps = cfg.hc_mult, cfg.hc_eps
+    flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
+    pre_w, post_w, comb_w = F.linear(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = torch.softmax(comb_w.unflatten(-1, (hc, hc)) * scale[2] + comb_b.view(hc, hc), dim=-1) + eps
+    # Sinkhorn-Knopp: alternate column and row normalisation towards a doubly stochastic matrix.
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(cfg.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    collapsed = (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)
+    return post, comb, collapsed
+
+
+def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """new[k] = post[k] * out + sum_j comb[j, k] * h[j]  (comb is applied transposed)."""
+    dtype = h.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
+
+
+def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
+    """Final collapse of the streams [T, hc, D] -> [T, D]."""
+    flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
+    pre = torch.sigmoid(F.linear(flat, fn.float()) * scale.float() + base.float()) + cfg.hc_eps
+    return (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)

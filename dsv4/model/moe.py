@@ -1,0 +1,91 @@
+"""Mixture of experts (paper 2.1): hash or sqrtsoftplus routing, routed experts, shared expert.
+
+Router: scores = score_func(x W_g^T). Hash layers take the experts from the
+frozen `tid2eid[token]` table; the others take the top-k of scores + bias (the
+aux-loss-free correction bias only selects, it does not weight). The selected
+scores are normalised to sum 1 and scaled by `routed_scaling_factor`.
+Experts are SwiGLU with the gate clamped above and the up projection clamped
+both ways at `swiglu_limit`.
+
+Expert parallelism: a rank owns the contiguous id range `experts`, stacked so a
+selected expert's weights are gathered by a device index (no host sync). The
+output is a partial sum: this rank's routed experts plus its slice of the
+shared expert.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from .weights import QWeight
+
+
+def score(logits: torch.Tensor, func: str) -> torch.Tensor:
+    if func == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    if func == "sigmoid":
+        return torch.sigmoid(logits)
+    return torch.softmax(logits, dim=-1)
+
+
+def route(x, tokens, w: dict, cfg: ModelConfig):
+    """-> (expert ids [T, k], weights [T, k])."""
+    scores = score(F.linear(x, w["gate"].dequant(x.dtype)), cfg.scoring_func)
+    if "tid2eid" in w:
+        ids = w["tid2eid"][tokens]
+    else:
+        ids = torch.topk(scores + w["bias"], cfg.num_experts_per_tok, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if cfg.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids, weights * cfg.routed_scaling_factor
+
+
+def swiglu(x, w1, w3, w2, limit: float):
+    """One expert on rows x [N, D] with dense weights (w1/w3 [.., I, D], w2 [.., D, I]); batched if 3-D."""
+    mm = torch.matmul
+    gate = mm(x, w1.transpose(-1, -2)).clamp(max=limit)
+    up = mm(x, w3.transpose(-1, -2)).clamp(min=-limit, max=limit)
+    return mm(F.silu(gate) * up, w2.transpose(-1, -2))
+
+
+def take(stack: QWeight, index: torch.Tensor) -> QWeight:
+    return QWeight(stack.data[index], None if stack.scale is None else stack.scale[index], stack.fmt,
+                   stack.row0, stack.col0)
+
+
+def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
+    """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x)."""
+    T, k = ids.shape
+    n = experts["w1"].data.shape[0]
+    local = ids - first
+    mine = (local >= 0) & (local < n)
+    weights = torch.where(mine, weights, 0.0).to(x.dtype)
+    limit = cfg.swiglu_limit
+    if T * k <= n:
+        # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
+        e = local.clamp(0, n - 1).flatten()
+        w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
+        xs = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T*k, 1, D]
+        y = swiglu(xs, w1, w3, w2, limit).view(T, k, -1)
+        return (y * weights.unsqueeze(-1)).sum(dim=1)
+    # Many tokens (prefill): run every local expert on all rows, weighted by its routing weight (0 if unpicked).
+    out = torch.zeros_like(x)
+    for e in range(n):
+        coef = (weights * (local == e)).sum(dim=-1, keepdim=True)
+        w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
+        out = out + coef * swiglu(x, w1, w3, w2, limit)
+    return out
+
+
+def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
+    """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D]."""
+    ids, weights = route(x, tokens, w, cfg)
+    out = routed(x, ids, weights, w["experts"], first, cfg)
+    if "shared" in w:
+        s = w["shared"]
+        out = out + swiglu(x, s["w1"].dequant(x.dtype), s["w3"].dequant(x.dtype), s["w2"].dequant(x.dtype),
+                           cfg.swiglu_limit)
+    return out

@@ -1,0 +1,40 @@
+"""Partial, interleaved RoPE on the trailing `qk_rope_head_dim` channels of a head.
+
+Two tables: "main" (rope_theta, plain) for sliding-only layers and "compress"
+(compress_rope_theta with YaRN) for CSA/HCA layers, their compressors and the
+indexer. Consecutive channel pairs (2i, 2i+1) rotate together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig, yarn_inv_freq
+
+
+class Rope:
+    def __init__(self, cfg: ModelConfig, device):
+        rd = cfg.qk_rope_head_dim
+        self.inv_freq = {
+            "main": yarn_inv_freq(rd, cfg.rope_theta, None).to(device),
+            "compress": yarn_inv_freq(rd, cfg.compress_rope_theta, cfg.rope_scaling).to(device),
+        }
+
+    def cos_sin(self, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [*positions.shape, rd/2] in fp32."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq[kind]
+        return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the trailing 2*cos.shape[-1] channels of x [..., T, (heads,) dim].
+
+    cos/sin are [T, rd/2]; when x has a heads axis after T they broadcast over it.
+    """
+    rd = cos.shape[-1] * 2
+    if x.dim() == cos.dim() + 1:  # [T, H, dim]
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    nope, rope = x[..., :-rd], x[..., -rd:].float()
+    even, odd = rope[..., 0::2], rope[..., 1::2]
+    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    return torch.cat([nope, rotated.to(x.dtype)], dim=-1)

@@ -1,0 +1,82 @@
+"""Ranks and the one door to a collective.
+
+`Comm.all_reduce(x, layer, site)` is how every rank joins the others after a
+layer's attention and after its MoE (2 x layers per step). It keeps a census
+per (layer, site) on the device, carries a health flag inside the payload (one
+extra element: the number of ranks that refused) so one reduction tells every
+rank about a refusal, and consults the device-side fault arming: a one-shot
+refusal code per (layer, site) of this rank, consumed when it fires, so it also
+fires inside a replayed CUDA graph.
+
+Everything here is device tensor work: no host sync inside a step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SITES = ("attention", "moe")
+
+
+class Comm:
+    def __init__(self, n_layers: int, device, rank: int = 0, world: int = 1, group=None):
+        self.rank, self.world, self.group, self.n_layers = rank, world, group, n_layers
+        self.device = torch.device(device)
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self.armed = torch.zeros(n_layers, len(SITES), **i64)  # refusal code to fire, 0 = none
+        self.word = torch.zeros((), **i64)  # this rank's refusal word: the last code that fired
+        self.fired = torch.zeros(3, **i64)  # [code, layer, site] of that refusal
+        self.census = torch.zeros(n_layers, len(SITES), **i64)  # reductions run, per (layer, site)
+        self.verdict = torch.zeros((), dtype=torch.float32, device=self.device)  # refusals seen this step
+        # [layer, site] as device rows, so recording where a refusal fired needs no new tensor in a step.
+        self._where = torch.tensor([[[l, s] for s in range(len(SITES))] for l in range(n_layers)], **i64)
+
+    def site_index(self, site: str) -> int:
+        if site not in SITES:
+            raise ValueError(f"site {site!r}: allowed {list(SITES)}")
+        return SITES.index(site)
+
+    def begin_step(self):
+        self.verdict.zero_()
+
+    def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
+        s = SITES.index(site)
+        code = self.armed[layer, s]
+        refused = code != 0
+        self.word.copy_(torch.where(refused, code, self.word))
+        self.fired.copy_(torch.where(refused, torch.cat([code.view(1), self._where[layer, s]]), self.fired))
+        self.armed[layer, s].zero_()  # one shot
+        self.census[layer, s].add_(1)
+        payload = torch.cat([x.flatten(), refused.to(x.dtype).view(1)])
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(payload, group=self.group)
+        self.verdict.add_(payload[-1].float())
+        return payload[:-1].view_as(x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's x along dim 0 (the vocab-parallel head's logits)."""
+        if self.world == 1:
+            return x
+        import torch.distributed as dist
+
+        out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        return out
+
+    # ---- fault arming (host calls, outside steps) --------------------------
+    def arm_refusal(self, layer: int, rank: int, code: int, site: str = "attention"):
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer}: allowed 0..{self.n_layers - 1}")
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank {rank}: allowed 0..{self.world - 1}")
+        if not isinstance(code, int) or code == 0:
+            raise ValueError(f"refusal code {code!r}: a non-zero integer")
+        if rank == self.rank:
+            self.armed[layer, self.site_index(site)] = code
+
+    def reset_refusals(self):
+        self.word.zero_()
+        self.fired.zero_()
+        self.armed.zero_()

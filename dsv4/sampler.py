@@ -1,0 +1,201 @@
+"""The device sampler: temperature / top-k / top-p sampling driven by a counter-based draw.
+
+Every random number is a pure function of ``(seed, pos)``, so a token can be
+re-drawn anywhere (host or device, plain or fast path, replay or first run)
+and comes out the same. The draw for the token at position ``p`` uses
+``pos = p``: ``p`` is the position the sampled token will occupy in the
+sequence (the gate that compares decode paths relies on this convention).
+
+The draw, all arithmetic on unsigned 64-bit integers (mod 2**64)::
+
+    G  = 0x9E3779B97F4A7C15
+    M1 = 0xBF58476D1CE4E5B9
+    M2 = 0x94D049BB133111EB
+    mix(z) = z ^= z >> 30; z *= M1; z ^= z >> 27; z *= M2; z ^= z >> 31
+    key    = mix(seed + G)                 # first SplitMix64 output for `seed`
+    x      = mix(key + (pos + 1) * G)      # output number `pos` of SplitMix64 started at `key`
+    u(seed, pos) = (x >> 40) * 2**-24      # top 24 bits: exact in float32, in [0, 1)
+
+Mixing the seed first means nearby seeds give unrelated streams (plain
+SplitMix64 streams of seeds s and s + G are shifted copies of each other).
+
+`uniform` computes this in Python integers for an int ``pos`` and with int64
+tensor ops (on the tensor's device, no host sync) for a tensor ``pos``; the two
+agree bit for bit. `sample` is branch-free on tensor values and has static
+shapes, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "GREEDY", "uniform", "sample"]
+
+_MASK64 = (1 << 64) - 1
+_G = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _check(ok: bool, field: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{field} must be {allowed}, got {value!r}")
+
+
+def _is_int(v) -> bool:
+    # bool is an int subclass but `seed=True` is always a mistake.
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick a token from logits. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        t, p, k, s = self.temperature, self.top_p, self.top_k, self.seed
+        real = isinstance(t, numbers.Real) and not isinstance(t, bool)
+        _check(real and math.isfinite(t) and t >= 0, "temperature", t, "a finite real number >= 0")
+        real = isinstance(p, numbers.Real) and not isinstance(p, bool)
+        _check(real and 0 < p <= 1, "top_p", p, "a real number in (0, 1]")
+        _check(_is_int(k) and k >= 0, "top_k", k, "an int >= 0 (0 = off)")
+        _check(_is_int(s) and 0 <= s < 2**64, "seed", s, "an int in [0, 2**64)")
+        # Normalise numpy scalars etc. so equal params compare and hash equal.
+        object.__setattr__(self, "temperature", float(t))
+        object.__setattr__(self, "top_p", float(p))
+        object.__setattr__(self, "top_k", int(k))
+        object.__setattr__(self, "seed", int(s))
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(temperature=0.0)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams.greedy()
+
+
+# ---------------------------------------------------------------------------
+# The counter-based draw.
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _signed(v: int) -> int:
+    """The int64 with the same bits as the uint64 `v` (torch has no uint64 arithmetic)."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
+    # torch's >> is arithmetic on int64; masking off the sign-extended bits makes it logical.
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix_t(z: torch.Tensor) -> torch.Tensor:
+    # int64 multiply wraps mod 2**64 (two's complement), i.e. the low 64 bits we want.
+    z = (z ^ _lsr(z, 30)) * _signed(_M1)
+    z = (z ^ _lsr(z, 27)) * _signed(_M2)
+    return z ^ _lsr(z, 31)
+
+
+def _key(seed: int) -> int:
+    if not _is_int(seed) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    return _mix((int(seed) + _G) & _MASK64)
+
+
+def uniform(seed: int, pos: int | torch.Tensor) -> float | torch.Tensor:
+    """The draw u(seed, pos) in [0, 1) (formula in the module docstring).
+
+    An int `pos` (0 <= pos < 2**63) gives a Python float. An integer tensor `pos`
+    (any shape, any device) gives a float32 tensor of that shape on that device,
+    bit-identical to the int path, computed without a host sync.
+    """
+    key = _key(seed)
+    if isinstance(pos, torch.Tensor):
+        if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+            raise TypeError(f"pos must be an integer tensor, got dtype {pos.dtype}")
+        x = _mix_t((pos.to(torch.int64) + 1) * _signed(_G) + _signed(key))
+        return _lsr(x, 40).to(torch.float32) * 2.0**-24
+    if not _is_int(pos) or not 0 <= pos < 2**63:
+        raise ValueError(f"pos must be an int in [0, 2**63), got {pos!r}")
+    x = _mix((key + (int(pos) + 1) * _G) & _MASK64)
+    return (x >> 40) * 2.0**-24
+
+
+# ---------------------------------------------------------------------------
+# Sampling.
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor) -> torch.Tensor:
+    """Pick token ids from `logits` [..., vocab] with the draw u(params.seed, pos).
+
+    The draw for the token at position p uses pos = p (the position that token
+    will occupy in the sequence). `pos` is an int or an integer tensor on
+    logits' device whose shape broadcasts against ``logits.shape[:-1]``;
+    the result is an int64 tensor of the broadcast shape (0-dim for a
+    [vocab] logits and an int / 0-dim pos).
+
+    temperature == 0: argmax, ties to the lowest token id.
+    Otherwise: probs = softmax(logits.float() / temperature) in fp32; rank
+    tokens by a stable descending sort (ties to the lowest id); keep the first
+    top_k ranks (0 = all) and, when top_p < 1, only ranks whose mass before
+    them is < top_p (rank 0 is always kept); then invert the kept CDF at
+    u * kept_total: the chosen rank is the number of kept ranks whose
+    cumulative mass is <= u * kept_total, clamped to the last kept rank.
+    No host sync and static shapes, so it is CUDA-graph capturable.
+    """
+    if isinstance(pos, torch.Tensor):
+        out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
+    else:
+        out_shape = logits.shape[:-1]
+
+    if params.is_greedy:
+        # torch.argmax returns the first maximal index on CPU and CUDA.
+        return torch.argmax(logits, dim=-1).expand(out_shape)
+
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    vocab = probs.shape[-1]
+
+    # How many leading ranks survive top-p and top-k. Counting (rather than
+    # masking rank by rank) keeps the kept set a prefix even if a parallel
+    # cumsum is not exactly monotone.
+    if params.top_p < 1:
+        cum = torch.cumsum(sorted_p, dim=-1)
+        before = torch.nn.functional.pad(cum[..., :-1], (1, 0))  # mass before each rank
+        n_keep = (before < params.top_p).sum(dim=-1, keepdim=True).clamp(min=1)
+    else:
+        # top_p == 1 keeps everything; a rounded cumsum reaching 1.0 early must not drop the tail.
+        n_keep = torch.full_like(sorted_p[..., :1], vocab, dtype=torch.int64)
+    if params.top_k:
+        n_keep = n_keep.clamp(max=params.top_k)
+    rank = torch.arange(vocab, device=logits.device)
+    keep = rank < n_keep
+
+    kcum = torch.cumsum(torch.where(keep, sorted_p, 0.0), dim=-1)
+    kept_total = kcum.gather(-1, n_keep - 1)  # [..., 1]
+    u = uniform(params.seed, pos)
+    if isinstance(u, torch.Tensor):
+        u = u.unsqueeze(-1)
+    target = u * kept_total  # u < 1 in 24 bits, so target < kept_total exactly in fp32
+
+    chosen = ((kcum <= target) & keep).sum(dim=-1)
+    chosen = torch.minimum(chosen, n_keep.squeeze(-1) - 1)
+    order = order.expand(*out_shape, vocab)
+    return order.gather(-1, chosen.expand(out_shape).unsqueeze(-1)).squeeze(-1)
