@@ -201,6 +201,24 @@ class Model:
             if state.host_pos + 1 > state.capacity:
                 return
 
+    # ---- full-token replay --------------------------------------------------
+    def enable_replay(self, state: DecodeState, sampling=None):
+        """Capture this state's step into one CUDA graph at its next step; replay it ever after."""
+        from . import replay
+        from .sampler import SamplingParams
+
+        return replay.enable(self, state, sampling or SamplingParams())
+
+    def replay_counts(self, state: DecodeState) -> list[int]:
+        """[forward, commit] steps run on this state (eager or replayed), from its device counters."""
+        return state.counts.tolist()
+
+    def captures(self, state: DecodeState) -> int:
+        return 0 if state.replay is None else state.replay.captures
+
+    def graph_census(self, state: DecodeState) -> dict:
+        return {} if state.replay is None else dict(state.replay.census)
+
     # ---- gates and tests ---------------------------------------------------
     def digests(self, state: DecodeState) -> tuple[str, str, int]:
         return state.digest()
@@ -216,6 +234,27 @@ class Model:
 
     def census(self) -> torch.Tensor:
         return self.comm.census.cpu().clone()
+
+    # Per-rank views: one entry per rank (a DistributedModel answers for every rank).
+    def digests_all(self, state: DecodeState) -> list[tuple[str, str, int]]:
+        return [state.digest()]
+
+    def logits_sha_all(self, state: DecodeState) -> list[str]:
+        import hashlib
+
+        return [hashlib.sha256(state.logits.cpu().numpy().tobytes()).hexdigest()]
+
+    def census_all(self) -> list[list[list[int]]]:
+        return [self.comm.census.tolist()]
+
+    def replay_counts_all(self, state: DecodeState) -> list[list[int]]:
+        return [state.counts.tolist()]
+
+    def captures_all(self, state: DecodeState) -> list[int]:
+        return [self.captures(state)]
+
+    def graph_census_all(self, state: DecodeState) -> list[dict]:
+        return [self.graph_census(state)]
 
 
 __all__ = ["load", "Model", "RefusalError", "CapacityError", "QuarantineError"]

@@ -28,6 +28,10 @@ class QuarantineError(RuntimeError):
     pass
 
 
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
 class LayerCache:
     def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype):
         hd, W = cfg.head_dim, cfg.sliding_window
@@ -103,8 +107,8 @@ class DecodeState:
             if name in ("hidden", "logits", "token"):
                 continue
             cache.update(name.encode())
-            cache.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
-        hidden = hashlib.sha256(self.hidden.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+            cache.update(_bytes(t))
+        hidden = hashlib.sha256(_bytes(self.hidden))
         return cache.hexdigest()[:32], hidden.hexdigest()[:32], int(self.pos)
 
     def discard(self):

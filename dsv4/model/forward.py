@@ -44,6 +44,7 @@ class Transformer:
         self.norm = weights["norm.weight"]
         self.hc_head = (weights["hc_head_fn"], weights["hc_head_base"], weights["hc_head_scale"])
         self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
+        self.trace = None  # a Counter while a graph is being captured (see dsv4.replay)
 
     def _layer(self, wt: dict, i: int) -> dict:
         p, cfg = f"layers.{i}.", self.cfg
@@ -83,17 +84,27 @@ class Transformer:
         pos = state.pos
         positions = pos + torch.arange(T, device=self.device)
         x = self.embed[tokens].to(self.dtype)
+        self._count("embedding")
         h = x.unsqueeze(1).expand(T, cfg.hc_mult, cfg.hidden_size).contiguous()
         writes: list[Write] = []
         for i, L in enumerate(self.layers):
             post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
             a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), positions, pos, L["attn"],
                           state.layers[i], i, cfg, self.rope, self.heads, writes)
-            h = hc_post(comm.all_reduce(a, i, "attention"), post, comb, h)
+            h = self._post(comm.all_reduce(a, i, "attention"), post, comb, h)
             post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
             f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"], self.experts.start, cfg)
-            h = hc_post(comm.all_reduce(f, i, "moe"), post, comb, h)
+            h = self._post(comm.all_reduce(f, i, "moe"), post, comb, h)
         return writes, h
+
+    def _count(self, what: str, n: int = 1):
+        if self.trace is not None:
+            self.trace[what] += n
+
+    def _post(self, reduced, post, comb, h):
+        self._count("collective")
+        self._count("hc_post")
+        return hc_post(reduced, post, comb, h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Streams [hc, D] of the last token -> fp32 logits [vocab] (vocab-parallel, gathered)."""

@@ -69,9 +69,14 @@ class QWeight:
         return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
 
 
+_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """Two e2m1 values per byte, low nibble first -> float32, twice as wide."""
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)
+    lut = _LUTS.get(packed.device)
+    if lut is None:  # made once per device: a host->device copy must not happen inside a graph capture
+        lut = _LUTS[packed.device] = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)
     u8 = packed.view(torch.uint8)
     both = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], dim=-1)
     return both.reshape(*packed.shape[:-1], packed.shape[-1] * 2)

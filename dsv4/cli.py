@@ -1,0 +1,116 @@
+"""`dsv4 generate | synth | gate`: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _add_model_args(p: argparse.ArgumentParser):
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="checkpoint directory (official format)")
+    src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
+    p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
+
+
+def _load(args):
+    import torch
+
+    import dsv4
+
+    source = args.model or args.preset or "tiny"
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    return dsv4.load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+
+
+def cmd_generate(args) -> int:
+    from .sampler import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              seed=args.seed)
+    model = _load(args)
+    try:
+        start = time.perf_counter()
+        n = 0
+        sys.stdout.write(args.prompt)
+        for piece in model.generate(args.prompt, max_tokens=args.max_tokens, sampling=sampling):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            n += 1
+        wall = time.perf_counter() - start
+        sys.stdout.write("\n")
+        print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
+              f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
+    finally:
+        close = getattr(model, "close", None)
+        if close:
+            close()
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from .checkpoint.synth import synth
+    from .config import ModelConfig, preset
+
+    if bool(args.preset) == bool(args.config):
+        print("dsv4 synth: give exactly one of --preset NAME or --config FILE", file=sys.stderr)
+        return 2
+    cfg = preset(args.preset) if args.preset else ModelConfig.from_json(args.config)
+    out = synth(cfg, args.out, seed=args.seed, quant=args.quant)
+    print(f"[dsv4] wrote {out}")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from .gate import run_gate
+
+    return run_gate(args)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4", description="DeepSeek-V4 inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    _add_model_args(g)
+    g.add_argument("--prompt", default="The quick brown fox")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")
+    s.add_argument("--preset")
+    s.add_argument("--config", help="a config.json")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--quant", choices=["none", "fp8"], default="none",
+                   help="fp8 = the official layout: FP8 e4m3 dense, FP4 e2m1 experts, ue8m0 scales")
+    s.set_defaults(fn=cmd_synth)
+
+    gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
+    _add_model_args(gt)
+    gt.add_argument("--prime", type=int, default=256)
+    gt.add_argument("--output", type=int, default=256)
+    gt.add_argument("--seed", type=int, default=20260907, help="sampling seed")
+    gt.add_argument("--reverse", action="store_true")
+    gt.add_argument("--profile", action="store_true")
+    gt.add_argument("--out", help="also write the records to this file")
+    gt.set_defaults(fn=cmd_gate)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"dsv4 {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""ModelConfig: official/HF config.json (legacy keys too), presets, errors naming the field."""
+
+import json
+
+import pytest
+
+from dsv4.config import CSA, HASH_MOE, HCA, MOE, SLIDING, ConfigError, ModelConfig, preset
+
+FLASH_OFFICIAL = {  # the keys the official DeepSeek-V4-Flash config.json ships
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280,
+    "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1,
+    "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024,
+    "sliding_window": 128, "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "num_hash_layers": 3,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "n_routed_experts": 256,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+    "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hc_mult": 4,
+    "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rope_theta": 10000, "compress_rope_theta": 160000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "expert_dtype": "fp4", "eos_token_id": 1, "bos_token_id": 0,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+}
+
+
+def test_official_legacy_keys_give_flash():
+    cfg = ModelConfig.from_dict(FLASH_OFFICIAL)
+    assert cfg.compress_ratios == FLASH_OFFICIAL["compress_ratios"]
+    assert cfg.layer_types[:3] == [SLIDING, SLIDING, CSA] and cfg.layer_types[3] == HCA
+    assert cfg.mlp_layer_types == [HASH_MOE] * 3 + [MOE] * 40
+    assert cfg.quantized and cfg.expert_dtype == "fp4"
+    assert cfg.rope_scaling["factor"] == 16
+    assert cfg == preset("flash")
+
+
+def test_round_trip_and_hf_agrees(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    for name in ("tiny", "mini", "flash"):
+        cfg = preset(name)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(cfg.to_dict()))
+        assert ModelConfig.from_json(path) == cfg
+        hf = transformers.DeepseekV4Config(**{k: v for k, v in cfg.to_dict().items() if k != "quantization_config"})
+        assert hf.layer_types == cfg.layer_types
+        assert hf.mlp_layer_types == cfg.mlp_layer_types
+        assert hf.compress_rates == cfg.compress_rates
+        assert hf.qk_rope_head_dim == cfg.qk_rope_head_dim
+
+
+def test_custom_rates_use_modern_keys():
+    cfg = preset("tiny")
+    d = cfg.to_dict()
+    assert "layer_types" in d and d["compress_rates"] == {CSA: 4, HCA: 16}
+    assert ModelConfig.from_dict(d) == cfg
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_key_value_heads", 2, "allowed 1"),
+    ("scoring_func", "relu", "sqrtsoftplus"),
+    ("o_groups", 3, "divide num_attention_heads"),
+    ("layer_types", ["full_attention"] * 5, "entries allowed"),
+    ("mlp_layer_types", ["dense"] * 5, "entries allowed"),
+    ("hidden_size", 0, "positive integer"),
+    ("qk_rope_head_dim", 7, "even integer"),
+    ("expert_dtype", "int4", "allowed"),
+    ("num_experts_per_tok", 99, "at most n_routed_experts"),
+])
+def test_bad_field_is_named(field, value, needle):
+    d = preset("tiny").to_dict()
+    d[field] = value
+    with pytest.raises(ConfigError, match=field) as e:
+        ModelConfig.from_dict(d)
+    assert needle in str(e.value)
+
+
+def test_bad_files_and_values(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        ModelConfig.from_json(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ModelConfig.from_json(bad)
+    with pytest.raises(ConfigError, match="compress_ratios"):
+        ModelConfig.from_dict({**FLASH_OFFICIAL, "compress_ratios": [0, 0] + [8] * 41})
+    with pytest.raises(ConfigError, match="model_type"):
+        ModelConfig.from_dict({**FLASH_OFFICIAL, "model_type": "llama"})
+    with pytest.raises(ConfigError, match="quantization_config"):
+        ModelConfig.from_dict({**FLASH_OFFICIAL, "quantization_config": {"quant_method": "awq"}})
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset("huge")

@@ -1,0 +1,87 @@
+"""dsv4 against the oracle: HF transformers 5.17.0 DeepseekV4ForCausalLM on the very same checkpoint.
+
+HF loads the `dsv4 synth` directory through its own loader (conversion mapping, FP8/FP4
+dequantisation); dsv4 loads it through dsv4.load. Both run fp32. Tolerance, per step:
+max |logits_dsv4 - logits_hf| / max |logits_hf| <= 1e-4 (measured ~5e-6: summation order only).
+Greedy streams must be identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4.checkpoint.synth import synth
+from dsv4.config import preset
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-4
+STEPS = 300
+
+
+def hf_model(path):
+    from transformers import DeepseekV4ForCausalLM
+
+    model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # On CPU HF dequantises an FP8/FP4 checkpoint to bf16 and leaves bf16-stored tensors bf16:
+    # both are exact in fp32 (e4m3 and e2m1 times a power of two fit bf16), so upcasting loses nothing.
+    return model.float().eval()
+
+
+def hf_stream(model, prompt, feed):
+    """HF prefill of `prompt` then one-token decode of each id in `feed`; logits after each."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = [model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0, -1]]
+    for t in feed:
+        out.append(model(torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0, -1])
+    return out
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module", params=["none", "fp8"])
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"tiny-{request.param}") / "ckpt"
+    synth(preset("tiny"), path, seed=7, quant=request.param)
+    return path
+
+
+@pytest.mark.parametrize("prompt_len", [16, 13])  # ends on a CSA+HCA window boundary / does not
+@torch.inference_mode()
+def test_matches_hf_prefill_and_300_decode_steps(checkpoint, prompt_len):
+    ours = dsv4.load(checkpoint, device="cpu", dtype=torch.float32)
+    theirs = hf_model(checkpoint)
+    g = torch.Generator().manual_seed(prompt_len)
+    ids = torch.randint(2, ours.cfg.vocab_size, (prompt_len + STEPS,), generator=g).tolist()
+    prompt, feed = ids[:prompt_len], ids[prompt_len:]
+    ref = hf_stream(theirs, prompt, feed)
+    state = ours.new_state(len(ids) + 1)
+    mine = [ours.prefill(state, prompt, chunk_size=5)] + [ours.decode(state, t) for t in feed]
+    # crosses: sliding window 8 (many wraps), CSA rate 4 and HCA rate 16 closes, indexer top-8 of up to 79
+    assert state.host_pos == len(ids) > 16 * 16
+    errors = [rel(a, b) for a, b in zip(mine, ref)]
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    assert errors[worst] <= TOL, f"position {prompt_len - 1 + worst}: rel err {errors[worst]:.3g}"
+
+
+@torch.inference_mode()
+def test_greedy_stream_identical_to_hf(checkpoint):
+    ours = dsv4.load(checkpoint, device="cpu", dtype=torch.float32)
+    theirs = hf_model(checkpoint)
+    prompt = ours.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    n = 64
+    hf_ids = theirs.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             eos_token_id=None)[0, len(prompt):].tolist()
+    state = ours.new_state(len(prompt) + n + 1)
+    ours.prefill(state, prompt[:-1])
+    token, mine = prompt[-1], []
+    for _ in range(n):
+        token = ours.step(state, token, dsv4.SamplingParams.greedy())
+        mine.append(token)
+    assert mine == hf_ids
