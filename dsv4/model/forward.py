@@ -44,7 +44,11 @@ class Transformer:
         self.norm = weights["norm.weight"]
         self.hc_head = (weights["hc_head_fn"], weights["hc_head_base"], weights["hc_head_scale"])
         self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
+        self.weights = weights  # by official name (experts now live stacked in self.layers)
         self.trace = None  # a Counter while a graph is being captured (see dsv4.replay)
+
+    def flat_weights(self) -> dict:
+        return self.weights
 
     def _layer(self, wt: dict, i: int) -> dict:
         p, cfg = f"layers.{i}.", self.cfg

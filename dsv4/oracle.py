@@ -1,0 +1,101 @@
+"""The oracle: HF transformers' DeepseekV4ForCausalLM holding the very weights of a dsv4 model.
+
+Used where a checkpoint on disk is impractical (random `mini` weights on a GPU): the HF model is
+built on the target device and each of its parameters is filled from the dsv4 weights,
+dequantised. On-disk checkpoints should instead be loaded by HF's own loader (see
+tests/test_oracle.py), which also proves the format.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .config import ModelConfig
+
+
+def hf_config(cfg: ModelConfig):
+    from transformers import DeepseekV4Config
+
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("quantization_config", "architectures", "torch_dtype")}
+    return DeepseekV4Config(**d)
+
+
+def official_name(hf_name: str) -> str:
+    """HF parameter name -> official checkpoint name (experts excepted: HF fuses them)."""
+    s = hf_name
+    fixed = {"model.embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
+             "model.norm.weight": "norm.weight"}
+    if s in fixed:
+        return fixed[s]
+    m = re.fullmatch(r"model\.hc_head\.hc_(fn|base|scale)", s)
+    if m:
+        return f"hc_head_{m[1]}"
+    s = s.removeprefix("model.")
+    for a, b in ((".self_attn.compressor.indexer.scorer.weights_proj.", ".attn.indexer.weights_proj."),
+                 (".self_attn.compressor.indexer.q_b_proj.", ".attn.indexer.wq_b."),
+                 (".self_attn.compressor.indexer.", ".attn.indexer.compressor."),
+                 (".self_attn.", ".attn."), (".mlp.", ".ffn."),
+                 (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".ffn_norm."),
+                 (".q_a_proj.", ".wq_a."), (".q_b_proj.", ".wq_b."), (".kv_proj.", ".wkv."),
+                 (".gate_proj.", ".wgate."), (".o_a_proj.", ".wo_a."), (".o_b_proj.", ".wo_b."),
+                 (".q_a_norm.", ".q_norm."), (".gate.e_score_correction_bias", ".gate.bias")):
+        s = s.replace(a, b)
+    s = re.sub(r"\.attn_hc\.(fn|base|scale)$", r".hc_attn_\1", s)
+    s = re.sub(r"\.ffn_hc\.(fn|base|scale)$", r".hc_ffn_\1", s)
+    s = re.sub(r"\.sinks$", ".attn_sink", s)
+    s = re.sub(r"\.position_bias$", ".ape", s)
+    s = re.sub(r"compressor\.kv_norm\.", "compressor.norm.", s)
+    s = s.replace(".shared_experts.wgate.", ".shared_experts.w1.").replace(".shared_experts.up_proj.",
+                                                                            ".shared_experts.w3.")
+    return s.replace(".shared_experts.down_proj.", ".shared_experts.w2.")
+
+
+def _dense(w, dtype):
+    return w.dequant(dtype) if hasattr(w, "dequant") else w.to(dtype)
+
+
+@torch.no_grad()
+def hf_model_from(model, dtype=torch.bfloat16):
+    """An HF DeepseekV4ForCausalLM on the model's device with the model's weights (one rank only)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    if model.world != 1:
+        raise ValueError("hf_model_from needs a single-rank model")
+    cfg, tr = model.cfg, model.transformer
+    hcfg = hf_config(cfg)
+    prev_dev, prev_dtype = torch.get_default_device(), torch.get_default_dtype()
+    torch.set_default_device(model.device)
+    torch.set_default_dtype(dtype)
+    try:
+        hf = DeepseekV4ForCausalLM(hcfg).eval()
+    finally:
+        torch.set_default_device(prev_dev)
+        torch.set_default_dtype(prev_dtype)
+    flat = tr.flat_weights()
+    I = cfg.moe_intermediate_size
+    for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
+        if m:
+            stack = tr.layers[int(m[1])]["ffn"]["experts"]
+            for e in range(cfg.n_routed_experts):
+                if m[2] == "gate_up_proj":
+                    p[e, :I].copy_(_dense(_take(stack["w1"], e), p.dtype))
+                    p[e, I:].copy_(_dense(_take(stack["w3"], e), p.dtype))
+                else:
+                    p[e].copy_(_dense(_take(stack["w2"], e), p.dtype))
+            continue
+        if "rotary_emb" in name:
+            continue
+        src = flat.get(official_name(name))
+        if src is None:
+            raise KeyError(f"no dsv4 weight for HF {name} ({official_name(name)})")
+        p.copy_(_dense(src, p.dtype) if p.is_floating_point() else src.to(p.dtype))
+    return hf
+
+
+def _take(stack, e):
+    from .model.moe import take
+
+    return take(stack, e)

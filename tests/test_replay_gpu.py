@@ -1,0 +1,77 @@
+"""Full-token replay is bit-identical to eager (GPU only; skipped on CPU).
+
+`mini` (Flash widths) random weights on one GPU: prime 256 tokens, then 256 sampled steps
+(temperature 1, top_p 1, top_k 0, fixed seed) on an eager control and a graph candidate restored
+from the same prefix. At every step: the same token, the same logits sha256, the same cache and
+hidden digests. The graph is captured once; replays == [256, 256]. The eager step never
+synchronises with the host (torch.cuda.set_sync_debug_mode("error")).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import dsv4
+from dsv4.sampler import sample
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PRESET = os.environ.get("DSV4_GPU_PRESET", "mini")
+PRIME, OUTPUT = 256, 256
+SAMPLING = dsv4.SamplingParams(temperature=1.0, top_p=1.0, top_k=0, seed=20260907)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dsv4.load(PRESET, device="cuda", seed=0)
+
+
+@pytest.fixture(scope="module")
+def prefix(model):
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(2, model.cfg.vocab_size, (PRIME,), generator=g).tolist()
+    state = model.new_state(PRIME + OUTPUT + 8)
+    model.prefill(state, prompt[:1])
+    for t in prompt[1:]:
+        model.decode(state, t)
+    first = int(sample(state.logits, SAMPLING, PRIME))
+    return state, first
+
+
+def test_eager_step_never_syncs(model, prefix):
+    state = model.new_state(prefix[0].capacity)
+    state.restore(prefix[0])
+    state.input.fill_(prefix[1])
+    with torch.inference_mode():
+        model.step_device(state, SAMPLING)  # first use of every kernel outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model.step_device(state, SAMPLING)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_graph_replay_bit_identical_to_eager(model, prefix):
+    base, carry = prefix
+    control, graph = model.new_state(base.capacity), model.new_state(base.capacity)
+    control.restore(base)
+    graph.restore(base)
+    model.enable_replay(graph, SAMPLING)
+    for step in range(OUTPUT):
+        expected = model.step(control, carry, SAMPLING)
+        actual = model.step(graph, carry, SAMPLING)
+        where = f"position {PRIME + step + 1}"
+        assert actual == expected, where
+        assert model.logits_sha_all(graph) == model.logits_sha_all(control), where
+        assert model.digests_all(graph) == model.digests_all(control), where
+        assert model.captures(graph) == 1, where
+        carry = expected
+    assert model.replay_counts(graph) == [OUTPUT, OUTPUT]
+    census = model.graph_census(graph)
+    assert census["collectives"] == 2 * model.cfg.num_hidden_layers
+    assert census["hc_posts"] == 2 * model.cfg.num_hidden_layers
+    assert census["embedding"] == 1 and census["unsupported"] == 0
