@@ -9,6 +9,11 @@ refusal code per (layer, site) of this rank, consumed when it fires, so it also
 fires inside a replayed CUDA graph.
 
 Everything here is device tensor work: no host sync inside a step.
+
+Backends: NCCL on GPU, gloo on CPU. Gloo reduces in fp32 whatever the model dtype
+(gloo's half-precision sums are not on every torch build; fp32 is exact for the
+health flag and costs nothing on CPU), and gathers through a tensor list
+(the single-tensor gather is NCCL's fast path, not gloo's everywhere).
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ class Comm:
     def __init__(self, n_layers: int, device, rank: int = 0, world: int = 1, group=None):
         self.rank, self.world, self.group, self.n_layers = rank, world, group, n_layers
         self.device = torch.device(device)
+        self.backend = None
+        if world > 1:
+            import torch.distributed as dist
+
+            self.backend = dist.get_backend(group)
         i64 = dict(dtype=torch.int64, device=self.device)
         self.armed = torch.zeros(n_layers, len(SITES), **i64)  # refusal code to fire, 0 = none
         self.word = torch.zeros((), **i64)  # this rank's refusal word: the last code that fired
@@ -47,13 +57,14 @@ class Comm:
         self.fired.copy_(torch.where(refused, torch.cat([code.view(1), self._where[layer, s]]), self.fired))
         self.armed[layer, s].zero_()  # one shot
         self.census[layer, s].add_(1)
-        payload = torch.cat([x.flatten(), refused.to(x.dtype).view(1)])
+        wire = torch.float32 if self.backend == "gloo" and x.dtype != torch.float64 else x.dtype
+        payload = torch.cat([x.flatten().to(wire), refused.to(wire).view(1)])
         if self.world > 1:
             import torch.distributed as dist
 
             dist.all_reduce(payload, group=self.group)
         self.verdict.add_(payload[-1].float())
-        return payload[:-1].view_as(x)
+        return payload[:-1].view_as(x).to(x.dtype)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's x along dim 0 (the vocab-parallel head's logits)."""
@@ -61,8 +72,15 @@ class Comm:
             return x
         import torch.distributed as dist
 
+        x = x.contiguous()
+        if self.backend == "gloo":
+            parts = [torch.empty_like(x) for _ in range(self.world)]
+            dist.all_gather(parts, x, group=self.group)
+            return torch.cat(parts)
         out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+        # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name).
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, x, group=self.group)
         return out
 
     # ---- fault arming (host calls, outside steps) --------------------------

@@ -25,9 +25,18 @@ from .weights import QWeight, check_split, expert_range
 
 
 def _stack(ws: list[QWeight]) -> QWeight:
+    """One [experts, ...] weight from per-expert ones; reuses their common stack when they are its rows."""
     first = ws[0]
-    scale = None if first.scale is None else torch.stack([w.scale for w in ws])
-    return QWeight(torch.stack([w.data for w in ws]), scale, first.fmt, first.row0, first.col0)
+
+    def stacked(parts):
+        base = parts[0]._base
+        if base is not None and base.shape[0] == len(parts) and all(
+                p._base is base and p.data_ptr() == base[i].data_ptr() for i, p in enumerate(parts)):
+            return base
+        return torch.stack(parts)
+
+    scale = None if first.scale is None else stacked([w.scale for w in ws])
+    return QWeight(stacked([w.data for w in ws]), scale, first.fmt, first.row0, first.col0)
 
 
 class Transformer:
