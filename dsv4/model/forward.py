@@ -30,7 +30,7 @@ def _stack(ws: list[QWeight]) -> QWeight:
 
     def stacked(parts):
         base = parts[0]._base
-        if base is not None and base.shape[0] == len(parts) and all(
+        if base is not None and base.shape == (len(parts), *parts[0].shape) and base.dtype == parts[0].dtype and all(
                 p._base is base and p.data_ptr() == base[i].data_ptr() for i, p in enumerate(parts)):
             return base
         return torch.stack(parts)
