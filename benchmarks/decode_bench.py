@@ -67,6 +67,10 @@ def main():
         model.step_device(eager, sp)
         torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model.step(graph, first, sp)
+        torch.cuda.synchronize()
+    graph_kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
     walls = {"eager": [], "graph": []}
     streams = {}
@@ -90,7 +94,7 @@ def main():
     emit("DECODE_SUMMARY", preset=args.preset, prime=args.prime, steps_per_row=args.steps,
          rows_per_arm=args.rows // 2, eager_tok_s=round(e, 2), graph_tok_s=round(g, 2),
          graph_over_eager=round(g / e, 3), same_stream=streams["eager"] == streams["graph"],
-         eager_cuda_kernels_per_token=kernels, graph_census=census, captures=model.captures(graph),
+         eager_cuda_kernels_per_token=kernels, graph_replay_kernels_per_token=graph_kernels, graph_census=census, captures=model.captures(graph),
          timing_scope="model.step: forward+commit+head+sample+readback", device=torch.cuda.get_device_name(),
          commit=commit_id())
 

@@ -36,7 +36,9 @@ def route(x, tokens, w: dict, cfg: ModelConfig):
     if "tid2eid" in w:
         ids = w["tid2eid"][tokens]
     else:
-        ids = torch.topk(scores + w["bias"], cfg.num_experts_per_tok, dim=-1, sorted=False).indices
+        # Unsorted CUDA top-k returns its picks in a scheduling-dependent order; sorting the ids
+        # makes the weighted sum over experts add in one order, so eager and replay agree bit for bit.
+        ids = torch.topk(scores + w["bias"], cfg.num_experts_per_tok, dim=-1, sorted=False).indices.sort(-1).values
     weights = scores.gather(1, ids)
     if cfg.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)

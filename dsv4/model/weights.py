@@ -78,7 +78,9 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     if lut is None:  # made once per device: a host->device copy must not happen inside a graph capture
         lut = _LUTS[packed.device] = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)
     u8 = packed.view(torch.uint8)
-    both = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], dim=-1)
+    lo, hi = (u8 & 0xF).long(), (u8 >> 4).long()
+    both = torch.stack([lut.index_select(0, lo.flatten()).view(lo.shape),
+                        lut.index_select(0, hi.flatten()).view(hi.shape)], dim=-1)
     return both.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 

@@ -1,0 +1,212 @@
+"""Load an official DeepSeek-V4 checkpoint directory: validate it from the headers, then read a rank's slices.
+
+Every problem raises `CheckpointError` naming the tensor and the file, before any tensor data is read
+(tid2eid values, the one check that needs data, are read and checked before everything else).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..config import ConfigError, ModelConfig
+from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight, Spec, check_split, local_slice, storage, tensor_specs
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+_FLOATS = {"F32", "BF16", "F16"}  # dense tensors load in any float width: they become `dtype` anyway
+_SCALES = {"F8_E8M0", "F32"}  # ue8m0 scales; some releases keep them in a float32 container
+_DTYPES = {"fp8": {"F8_E4M3"}, "fp4": {"I8", "U8"}, "bf16": _FLOATS, "fp32": _FLOATS, "int": {"I32", "I64"}}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory does not hold what its config says."""
+
+
+def _err(file, name: str | None, msg: str) -> CheckpointError:
+    return CheckpointError(f"{file}: " + (f"tensor {name!r}: " if name else "") + msg)
+
+
+def scale_name(name: str) -> str:
+    """Official sibling of a quantised weight: `x.wq_a.weight` -> `x.wq_a.scale`."""
+    return name[: -len(".weight")] + ".scale"
+
+
+def check_rank(cfg: ModelConfig, rank: int, world: int) -> None:
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in [0, world={world})")
+    if world > 1:
+        check_split(cfg, world)
+
+
+def _header(file: Path) -> dict[str, tuple[str, list[int]]]:
+    try:
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            head = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        raise _err(file, None, f"not a readable safetensors file ({e})") from None
+    return {k: (v["dtype"], v["shape"]) for k, v in head.items() if k != "__metadata__"}
+
+
+def as_memory(name: str, kind: str, data: torch.Tensor, scale: torch.Tensor | None, row0: int, col0: int,
+              device, dtype: torch.dtype):
+    """The in-memory form the model reads: QWeight for every linear, plain tensors otherwise."""
+    if kind in ("fp8", "fp4"):
+        if kind == "fp4" and data.dtype != torch.int8:
+            data = data.view(torch.int8)
+        return QWeight(data.to(device), scale.to(device), kind, row0, col0)
+    if kind == "int":
+        return data.to(device=device, dtype=torch.int64)
+    if kind == "fp32":
+        return data.to(device=device, dtype=torch.float32)  # kept fp32 whatever dtype (HF: keep-in-fp32)
+    t = data.to(device).to(dtype)
+    return t if name == "embed.weight" else QWeight(t, fmt="dense")
+
+
+def _expected_shapes(spec: Spec, kind: str) -> tuple[list[int], list[int] | None]:
+    shape = list(spec.shape)
+    if kind == "fp8":
+        return shape, [math.ceil(shape[0] / FP8_BLOCK), math.ceil(shape[1] / FP8_BLOCK)]
+    if kind == "fp4":
+        return [shape[0], shape[1] // 2], [shape[0], shape[1] // FP4_BLOCK]
+    return shape, None
+
+
+def _locate(path: Path) -> tuple[dict[str, Path], Path]:
+    """name -> shard file (mtp.* dropped), and the file that lists them (index or single file)."""
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise _err(index, None, f"not a valid index ({e!r})") from None
+        where = {}
+        for name, file in weight_map.items():
+            if name.startswith("mtp."):
+                continue
+            if not (path / file).is_file():
+                raise _err(path / file, name, f"listed in {INDEX} but the shard file does not exist")
+            where[name] = path / file
+        return where, index
+    single = path / SINGLE
+    if single.is_file():
+        return {name: single for name in _header(single) if not name.startswith("mtp.")}, single
+    raise CheckpointError(f"{path}: no {INDEX} and no {SINGLE}")
+
+
+def _validate(cfg: ModelConfig, where: dict[str, Path], listing: Path) -> None:
+    headers = {f: _header(f) for f in sorted(set(where.values()))}
+    full = tensor_specs(cfg)
+    scales = {scale_name(n): n for n, s in full.items() if storage(s, cfg) in ("fp8", "fp4")}
+    for file, head in headers.items():
+        for name in head:
+            if not (name in full or name in scales or name.startswith("mtp.")):
+                raise _err(file, name, "unexpected tensor: not part of this config's layout")
+
+    def entry(name: str, owner: str) -> tuple[Path, str, list[int]]:
+        if name not in where:
+            what = "missing" if name == owner else f"missing scale of quantised weight {owner!r}"
+            raise _err(listing, name, what)
+        file = where[name]
+        if name not in headers[file]:
+            raise _err(file, name, f"missing from the shard (listed there by {listing.name})")
+        dtype, shape = headers[file][name]
+        return file, dtype, shape
+
+    for name, spec in full.items():
+        kind = storage(spec, cfg)
+        want, want_scale = _expected_shapes(spec, kind)
+        file, dtype, shape = entry(name, name)
+        if dtype not in _DTYPES[kind]:
+            raise _err(file, name, f"dtype {dtype}, expected {' or '.join(sorted(_DTYPES[kind]))} "
+                                   f"({kind} in this {'quantised' if cfg.quantized else 'plain'} checkpoint)")
+        if shape != want:
+            raise _err(file, name, f"shape {shape}, expected {want}")
+        if want_scale is not None:
+            sname = scale_name(name)
+            sfile, sdtype, sshape = entry(sname, name)
+            if sdtype not in _SCALES:
+                raise _err(sfile, sname, f"dtype {sdtype}, expected F8_E8M0 (a ue8m0 scale; F32 is read too)")
+            if sshape != want_scale:
+                raise _err(sfile, sname, f"shape {sshape}, expected {want_scale}")
+
+
+def _read(handle, name: str, spec: Spec, kind: str) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
+    """This rank's slice of a tensor (and of its scale grid), read from disk without the rest."""
+    sl = local_slice(spec)
+    part = handle[name].get_slice(name)
+    if sl is None:
+        data = part[:]
+        scale = handle[scale_name(name)].get_tensor(scale_name(name)) if kind in ("fp8", "fp4") else None
+        return data, scale, 0, 0
+    dim, start, n = sl
+    if kind not in ("fp8", "fp4"):
+        idx = [slice(None)] * len(spec.shape)
+        idx[dim] = slice(start, start + n)
+        return part[tuple(idx)], None, 0, 0
+    block = (FP8_BLOCK, FP8_BLOCK) if kind == "fp8" else (1, FP4_BLOCK)
+    packing = 2 if kind == "fp4" and dim == 1 else 1
+    if start % packing or n % packing:
+        raise _err(handle.where[name], name, "an FP4 slice must start and end on a byte")
+    idx = [slice(None), slice(None)]
+    idx[dim] = slice(start // packing, (start + n) // packing)
+    sidx = [slice(None), slice(None)]
+    sidx[dim] = slice(start // block[dim], math.ceil((start + n) / block[dim]))
+    scale = handle[scale_name(name)].get_slice(scale_name(name))[tuple(sidx)]
+    row0, col0 = (start, 0) if dim == 0 else (0, start)
+    return part[tuple(idx)], scale, row0, col0
+
+
+class _Handles:
+    """name -> open safe_open handle of its file, one handle per file."""
+
+    def __init__(self, where: dict[str, Path]):
+        self._open: dict[Path, object] = {}
+        self.where = where
+
+    def __getitem__(self, name):
+        file = self.where[name]
+        if file not in self._open:
+            self._open[file] = safe_open(str(file), framework="pt", device="cpu")
+        return self._open[file]
+
+
+def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: int = 1, device="cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, torch.Tensor | QWeight]]:
+    """(cfg, this rank's weights). Quantised weights stay quantised (QWeight); see `as_memory`."""
+    path = Path(path)
+    if cfg is None:
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{path / 'config.json'}: no such file (a checkpoint needs its config.json)")
+        try:
+            cfg = ModelConfig.from_json(path / "config.json")
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
+    check_rank(cfg, rank, world)
+    where, listing = _locate(path)
+    _validate(cfg, where, listing)
+
+    specs = tensor_specs(cfg, rank, world)
+    handles = _Handles(where)
+    out: dict[str, torch.Tensor | QWeight] = {}
+    # tid2eid first: its values are the one check that needs data.
+    order = sorted(specs, key=lambda n: storage(specs[n], cfg) != "int")
+    with torch.no_grad():
+        for name in order:
+            spec = specs[name]
+            kind = storage(spec, cfg)
+            data, scale, row0, col0 = _read(handles, name, spec, kind)
+            if kind == "int":
+                lo, hi = int(data.min()), int(data.max())
+                if lo < 0 or hi >= cfg.n_routed_experts:
+                    raise _err(where[name], name, f"expert ids in [{lo}, {hi}], expected within "
+                                                  f"[0, {cfg.n_routed_experts})")
+            out[name] = as_memory(name, kind, data, scale, row0, col0, device, dtype)
+    return cfg, {name: out[name] for name in specs}

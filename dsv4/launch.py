@@ -1,0 +1,519 @@
+"""One model over N ranks (TP/EP, SPMD): spawned from this process, or under torchrun.
+
+Spawned (what `dsv4.load(path, ranks=N)` does):
+
+    model = dsv4.load("tiny", device="cpu", ranks=2)       # a DistributedModel
+    with model:                                            # close() on exit
+        state = model.new_state(256)
+        logits = model.prefill(state, ids)
+        token = model.step(state, ids[-1], sampling)
+
+Rank 0 lives in the calling process and drives; ranks 1..N-1 are `spawn`ed
+worker processes. torch.distributed joins them (gloo on CPU, NCCL on GPU with
+rank r on cuda:r, rendezvous on a free localhost port) and every rank builds
+only its own slice of the weights (`dsv4.load(..., rank=r, group=...)`).
+Each call on the DistributedModel is sent to every worker over a pipe and run
+by every rank on its local Model (the same forward everywhere, so the
+collectives pair up); the driver then collects each rank's outcome. States
+live in every process under one id; `new_state` returns a handle whose reads
+come from rank 0's copy. An error on any rank is raised by the driver with its
+type and message (the rank in a note). A rank that dies or hangs makes the
+driver raise `RankError` within `timeout` seconds (process-group timeout plus a
+liveness watch on the workers); the model is then unusable and its workers are
+stopped. `close()` (also the context manager, `__del__` and an atexit hook)
+stops every worker. On CPU every rank, the calling process included, keeps at
+most cpu_count // N intra-op threads (torch.set_num_threads). Workers are
+spawned, so a script that loads with ranks > 1 must keep its top level under
+`if __name__ == "__main__":`.
+
+The control plane is pipes rather than a second process group: a worker
+waiting for its next command must wait without a deadline, while the driver
+waiting for an answer must not; a pipe plus the process sentinel give both.
+
+torchrun (multi-node is torchrun's job): every process runs the same script,
+
+    torchrun --nproc-per-node 2 script.py
+    # script.py
+    model = dsv4.launch.from_torchrun("/path/to/checkpoint")   # this rank's Model
+    state = model.new_state(256)
+    ...                                # every rank makes the same calls, in the same order
+
+`from_torchrun` initialises the default process group from the environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) when it is not yet, puts rank r
+on cuda:LOCAL_RANK (or the CPU with gloo) and returns the rank-local `Model`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .engine import Model, load
+
+DEFAULT_TIMEOUT = 120.0  # seconds a collective or a rank's answer may take before the driver gives up
+_CLOSE_GRACE = 10.0  # seconds a worker gets to leave after close() before it is terminated
+
+
+class RankError(RuntimeError):
+    """A rank died, hung or fell out of step: the distributed model cannot be used any more."""
+
+
+# ---------------------------------------------------------------------------
+# Every rank's end: a Model and its states by id
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A state on the wire: the id every rank files its copy under."""
+
+    sid: int
+
+
+class _Rank:
+    def __init__(self, model):
+        self.model, self.states = model, {}
+
+    def run(self, frees, target, name, args, kwargs):
+        for sid in frees:  # handles the driver let go of since the last call
+            self.states.pop(sid, None)
+        args = [self._resolve(a) for a in args]
+        kwargs = {k: self._resolve(v) for k, v in kwargs.items()}
+        if name == "new_state":
+            sid, capacity = args
+            self.states[sid] = self.model.new_state(capacity)
+            return None
+        obj = self.model if target is None else self.states[target.sid]
+        return getattr(obj, name)(*args, **kwargs)
+
+    def _resolve(self, a):
+        return self.states[a.sid] if isinstance(a, _Ref) else a
+
+
+def _pack(e: BaseException) -> tuple[bytes, str]:
+    """An exception for the pipe (its own pickle when it has one) and its traceback text."""
+    tb = "".join(traceback.format_exception(e))
+    try:
+        return pickle.dumps(e), tb
+    except Exception:  # noqa: BLE001 - an unpicklable exception still travels, as text
+        return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}")), tb
+
+
+def _unpack(packed: tuple[bytes, str], rank: int) -> BaseException:
+    try:
+        e = pickle.loads(packed[0])
+    except Exception:  # noqa: BLE001 - a class that pickles but does not unpickle (odd __init__)
+        e = RuntimeError(packed[1].strip().splitlines()[-1])
+    e.add_note(f"(raised on rank {rank}; its traceback:)\n{packed[1]}")
+    return e
+
+
+# ---------------------------------------------------------------------------
+# Process groups
+# ---------------------------------------------------------------------------
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _rank_device(device: torch.device, rank: int) -> torch.device:
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return device
+
+
+def _share_cores(device: torch.device, world: int):
+    # CPU ranks share the host's cores; oversubscribed (and spinning in OpenMP) they crawl.
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // world)))
+
+
+def _init_group(store, backend: str, rank: int, world: int, timeout: float):
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    return dist.group.WORLD
+
+
+def _orphan_guard(parent: int):
+    # A worker whose driver is gone (killed, say) may sit in a collective forever: leave.
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker(conn, rank: int, world: int, port: int, spec: dict):
+    threading.Thread(target=_orphan_guard, args=(os.getppid(),), daemon=True).start()
+    try:
+        conn.send(("hello", os.getpid()))
+        device = _rank_device(torch.device(spec["device"]), rank)
+        _share_cores(device, world)
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                              timeout=datetime.timedelta(seconds=spec["timeout"]))
+        group = _init_group(store, _backend(device), rank, world, spec["timeout"])
+        me = _Rank(load(spec["path"], device=device, dtype=spec["dtype"], ranks=world, rank=rank, group=group,
+                        init=spec["init"], seed=spec["seed"]))
+        conn.send(("ok", None))
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises it
+        conn.send(("err", _pack(e)))
+        return
+    try:
+        while True:
+            try:
+                cmd = conn.recv()
+            except EOFError:  # the driver is gone
+                break
+            if cmd is None:
+                break
+            *call, want = cmd
+            try:
+                value = me.run(*call)
+                conn.send(("ok", value if want else None))
+            except Exception as e:  # noqa: BLE001 - the same error is raised by the driver
+                conn.send(("err", _pack(e)))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    rank: int
+    proc: mp.process.BaseProcess
+    conn: mpc.Connection
+
+    def death(self) -> str:
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        how = "still running" if code is None else (
+            f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        return f"rank {self.rank} (pid {self.proc.pid}) died ({how})"
+
+
+_LIVE: "weakref.WeakSet[DistributedModel]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for model in list(_LIVE):
+        model.close()
+
+
+class DistributedState:
+    """A decode state that lives on every rank under one id; attribute reads come from rank 0's copy."""
+
+    def __init__(self, model: "DistributedModel", sid: int, local):
+        self._model, self._sid, self._local = model, sid, local
+
+    def __getattr__(self, name):  # capacity, host_pos, quarantine, pos, logits, counts, ...
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._local, name)
+
+    def restore(self, other: "DistributedState"):
+        self._model._call(self, "restore", other)
+
+    def discard(self):
+        self._model._call(self, "discard")
+
+    def digest(self) -> tuple[str, str, int]:
+        return self._local.digest()
+
+    def __del__(self):
+        model = getattr(self, "_model", None)
+        if model is not None and not model.closed:
+            model._freed.append(self._sid)  # freed on every rank with the next call
+
+    def __repr__(self):
+        return f"DistributedState(id={self._sid}, capacity={self.capacity}, host_pos={self.host_pos})"
+
+
+class DistributedModel:
+    """The Model API over N ranks (see the module docstring); rank 0 is `self.local`."""
+
+    def __init__(self, spec: dict, world: int, timeout: float):
+        self.world, self.timeout, self.rank = world, timeout, 0
+        self.closed, self._broken = False, None
+        self._freed: list[int] = []
+        self._next_sid = 0
+        self._workers: list[_Worker] = []
+        self._group = None
+        self.last_tokens: list[int] = []  # every rank's token from the last step
+        if dist.is_initialized():
+            raise RuntimeError("this process already belongs to a torch.distributed group (another "
+                               "DistributedModel, or torchrun): close() that model, or use "
+                               "dsv4.launch.from_torchrun under torchrun")
+        device = torch.device(spec["device"])
+        if device.type == "cuda" and torch.cuda.device_count() < world:
+            raise ValueError(f"ranks={world} on cuda needs {world} GPUs; {torch.cuda.device_count()} visible")
+        _LIVE.add(self)
+        try:
+            store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=timeout))
+            ctx = mp.get_context("spawn")
+            for r in range(1, world):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker, args=(child, r, world, store.port, spec), daemon=True,
+                                   name=f"dsv4-rank{r}")
+                proc.start()
+                child.close()
+                self._workers.append(_Worker(r, proc, parent))
+            try:
+                self._collect("start")  # every worker is up before the rendezvous waits on it
+            except RankError as e:
+                e.add_note("a script that loads with ranks > 1 needs its top level under "
+                           "`if __name__ == '__main__':` (spawned workers re-import the main module)")
+                raise
+            self._group = _init_group(store, _backend(device), 0, world, timeout)
+            _share_cores(device, world)
+            local_err = None
+            try:
+                self.local = load(spec["path"], device=_rank_device(device, 0), dtype=spec["dtype"], ranks=world,
+                                  rank=0, group=self._group, init=spec["init"], seed=spec["seed"])
+            except Exception as e:  # noqa: BLE001 - raised after the workers' outcome is known
+                local_err = e
+            self._raise_first(local_err, self._collect("load"))
+        except BaseException:
+            self.close()
+            raise
+        self._rank = _Rank(self.local)
+        self.cfg, self.tokenizer = self.local.cfg, self.local.tokenizer
+        self.device, self.dtype = self.local.device, self.local.dtype
+
+    # ---- the protocol ------------------------------------------------------
+    def _call(self, target, name: str, *args, want: bool = False, **kwargs):
+        """Run target.name(*args, **kwargs) on every rank (target None: the Model).
+
+        Returns rank 0's value, or every rank's when `want`.
+        """
+        self._check_usable()
+        wire = lambda a: self._ref(a) if isinstance(a, DistributedState) else a  # noqa: E731
+        frees, self._freed = self._freed, []
+        cmd = (frees, wire(target), name, [wire(a) for a in args], {k: wire(v) for k, v in kwargs.items()})
+        for w in self._workers:
+            try:
+                w.conn.send((*cmd, want))
+            except OSError:
+                raise self._fail(w.death()) from None
+        value, local_err = None, None
+        try:
+            value = self._rank.run(*cmd)
+        except Exception as e:  # noqa: BLE001 - raised once every rank has answered
+            local_err = e
+        except BaseException:  # an interrupt mid-step leaves the ranks out of step
+            self._fail("interrupted during a call: the ranks are out of step")
+            raise
+        replies = self._collect(name, cause=local_err)
+        self._raise_first(local_err, replies)
+        return [value] + [replies[w.rank] for w in self._workers] if want else value
+
+    def _ref(self, state: DistributedState) -> _Ref:
+        if state._model is not self:
+            raise ValueError("that state belongs to another model")
+        return _Ref(state._sid)
+
+    def _check_usable(self):
+        if self.closed:
+            raise RankError("this distributed model is closed")
+        if self._broken:
+            raise RankError(f"this distributed model is unusable: {self._broken}")
+        for w in self._workers:
+            if not w.proc.is_alive():
+                raise self._fail(w.death())
+
+    def _collect(self, what: str, cause: BaseException | None = None) -> dict[int, object]:
+        """Every worker's answer to the current call; RankError if one dies or stays silent past the timeout."""
+        pending = {w.rank: w for w in self._workers}
+        got: dict[int, object] = {}
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._fail(f"rank(s) {sorted(pending)} gave no answer to {what!r} within "
+                                 f"{self.timeout:g} s (hung?)") from cause
+            ready = set(mpc.wait([w.conn for w in pending.values()] + [w.proc.sentinel for w in pending.values()],
+                                 timeout=left))
+            for w in list(pending.values()):
+                if w.conn in ready:
+                    try:
+                        got[w.rank] = w.conn.recv()
+                    except (EOFError, OSError):
+                        raise self._fail(w.death() + f" during {what!r}") from cause
+                    del pending[w.rank]
+                elif w.proc.sentinel in ready:
+                    raise self._fail(w.death() + f" during {what!r}") from cause
+        return got
+
+    def _raise_first(self, local_err: BaseException | None, replies: dict[int, object]):
+        """Raise rank 0's error, else the lowest failing rank's; return every worker's value in place."""
+        errors = {}
+        for r, (kind, v) in replies.items():
+            if kind == "err":
+                errors[r] = _unpack(v, r)
+            replies[r] = v
+        failed = ([0] if local_err is not None else []) + sorted(errors)
+        if not failed:
+            return
+        first = local_err if local_err is not None else errors[failed[0]]
+        if len(failed) != self.world:
+            first.add_note(f"only rank(s) {failed} raised: the ranks may be out of step")
+        raise first
+
+    def _fail(self, why: str) -> RankError:
+        """Mark the model unusable and stop its workers; returns the error to raise."""
+        self._broken = why
+        self._stop_workers(grace=0.0)
+        return RankError(f"{why}; this distributed model is unusable: close() it and load again")
+
+    # ---- lifecycle ---------------------------------------------------------
+    def _stop_workers(self, grace: float):
+        """Ask every worker to leave; past `grace`, terminate; a broken model's (grace 0) are killed at once."""
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace
+        for w in self._workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive() and grace > 0:
+                w.proc.terminate()
+                w.proc.join(2.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.conn.close()
+
+    def close(self):
+        """Stop every worker and leave the process group (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        self._stop_workers(grace=0.0 if self._broken else _CLOSE_GRACE)
+        if self._group is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        self._group = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at collection time
+            pass
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    # ---- the Model API -----------------------------------------------------
+    def new_state(self, capacity: int) -> DistributedState:
+        sid, self._next_sid = self._next_sid, self._next_sid + 1
+        self._call(None, "new_state", sid, capacity)
+        return DistributedState(self, sid, self._rank.states[sid])
+
+    def prefill(self, state, ids, chunk_size: int = 64) -> torch.Tensor:
+        return self._call(None, "prefill", state, ids, chunk_size)
+
+    def decode(self, state, token: int) -> torch.Tensor:
+        return self._call(None, "decode", state, token)
+
+    def step(self, state, token: int, sampling=None) -> int:
+        """Every rank samples; they must agree (same logits, same u), else RankError."""
+        self.last_tokens = self._call(None, "step", state, token, sampling, want=True)
+        if len(set(self.last_tokens)) != 1:
+            raise self._fail(f"ranks sampled different tokens {self.last_tokens} at position {state.host_pos}")
+        return self.last_tokens[0]
+
+    generate = Model.generate  # written against the API above, so it runs unchanged here
+
+    def enable_replay(self, state, sampling=None):
+        self._call(None, "enable_replay", state, sampling)
+
+    def replay_counts(self, state) -> list[int]:
+        return self.local.replay_counts(state._local)
+
+    def replay_counts_all(self, state) -> list[list[int]]:
+        return self._call(None, "replay_counts", state, want=True)
+
+    def captures(self, state) -> int:
+        return self.local.captures(state._local)
+
+    def graph_census(self, state) -> dict:
+        return self.local.graph_census(state._local)
+
+    def digests(self, state) -> tuple[str, str, int]:
+        return self.local.digests(state._local)
+
+    def digests_all(self, state) -> list[tuple[str, str, int]]:
+        return self._call(None, "digests", state, want=True)
+
+    def arm_refusal(self, layer: int, rank: int, code: int, site: str = "attention"):
+        self._call(None, "arm_refusal", layer, rank, code, site)
+
+    def refusal_words(self) -> list[int]:
+        """One word per rank."""
+        return [w for words in self._call(None, "refusal_words", want=True) for w in words]
+
+    def reset_refusals(self):
+        self._call(None, "reset_refusals")
+
+    def census(self) -> torch.Tensor:
+        return self.local.census()
+
+    def census_all(self) -> list[torch.Tensor]:
+        return self._call(None, "census", want=True)
+
+
+def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int = 0,
+                 timeout: float = DEFAULT_TIMEOUT) -> DistributedModel:
+    """Start ranks-1 workers, join them with this process as rank 0, and load every rank's slice."""
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ranks {ranks!r}: a positive integer")
+    device = torch.device(device)
+    spec = dict(path=str(path_or_preset), device=device.type, dtype=dtype, init=init, seed=seed,
+                timeout=float(timeout))
+    return DistributedModel(spec, ranks, float(timeout))
+
+
+def from_torchrun(path_or_preset, device=None, timeout: float = DEFAULT_TIMEOUT, **kw):
+    """Inside a torchrun process: join the group from the environment and return this rank's Model."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise RuntimeError("from_torchrun needs RANK and WORLD_SIZE in the environment (run under torchrun)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    if not dist.is_initialized():
+        dist.init_process_group(_backend(device), timeout=datetime.timedelta(seconds=timeout))
+    return load(path_or_preset, device=device, ranks=world, rank=rank, group=dist.group.WORLD, **kw)
+
+
+__all__ = ["DistributedModel", "DistributedState", "RankError", "load_spawned", "from_torchrun", "DEFAULT_TIMEOUT"]

@@ -1,0 +1,154 @@
+"""Tokenizer: a thin wrapper over `tokenizers.Tokenizer`, and a small byte-level BPE for synthetic checkpoints.
+
+Real checkpoints ship their own tokenizer.json. Synthetic ones get `build_tokenizer`: DeepSeek's special
+tokens at ids 0/1, the 256 byte tokens, then merges learned on the short text below, so every string
+round-trips and random-weight models still print something readable-ish.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+BOS_TOKEN = "<｜begin▁of▁sentence｜>"
+EOS_TOKEN = "<｜end▁of▁sentence｜>"
+MAX_LEARNED_VOCAB = 2000
+MIN_VOCAB = 2 + 256 + 6  # specials + bytes + a few merges
+
+_TRAINING_TEXT = """\
+The river starts high in the hills, where snow melts slowly in the spring and feeds a hundred small
+streams. By the time it reaches the town it is wide and brown, and the old stone bridge has stood over
+it for more than three hundred years. People cross the bridge every morning on their way to work, to
+school, to the market in the square. Some of them stop in the middle and look down at the water, and
+some of them never look at all.
+
+A good engineer learns to read a system the way a sailor reads the weather. There are signs before
+every storm: a queue that grows a little longer each hour, a cache that hits a little less often, a
+log line that appears once a day and then twice. None of these is a failure yet. Each of them is a
+question, and the work is to ask it early, while the answer is still cheap.
+
+The library opened at nine. The first visitor was an old man who wanted a book about birds, and the
+second was a girl who wanted every book about the moon. The librarian found them both, and then she
+sat down with a cup of tea and began to sort the returns from the night before: novels and histories,
+a cookbook with flour between its pages, a guide to the mountains with a map folded wrong.
+
+Numbers have their own small poetry. One, two, three, four, five, six, seven, eight, nine, ten. The
+first prime numbers are 2, 3, 5, 7, 11, 13, 17, 19, 23 and 29. A year has 365 days, or 366 in a leap
+year; a day has 24 hours, an hour 60 minutes, and a minute 60 seconds. In 1969 people walked on the
+moon for the first time, and in 1989 a wall came down in the middle of a city.
+
+When you write a program, write it for the person who will read it next. That person may be you, six
+months from now, tired and in a hurry. Choose names that say what a thing is. Keep functions short
+enough to hold in your head. Test the edges: the empty list, the single element, the very large input,
+the input that arrives twice. If something can fail, make it fail loudly and early, with a message
+that names what went wrong and where.
+
+def greet(name):
+    return "Hello, " + name + "!"
+
+for i in range(10):
+    print(i, i * i)
+
+The weather today is cloudy with a chance of rain in the afternoon. Temperatures will reach about
+eighteen degrees, falling to nine overnight. Tomorrow should be brighter, with sunshine in the morning
+and a light wind from the west. Farmers will welcome the rain after a dry month; the reservoirs are
+lower than they have been for years, and the fields along the valley have turned from green to gold.
+
+She asked him what he wanted to be when he grew up. He thought about it for a long time. "Someone who
+fixes things," he said at last. "Bicycles, clocks, radios. Maybe computers." She smiled and told him
+that was a fine thing to be, because the world is full of broken things and not nearly enough people
+who know how to mend them.
+
+Questions and answers:
+What is the capital of France? Paris.
+How many legs does a spider have? Eight.
+What colour is the sky on a clear day? Blue.
+Why is the sea salty? Rivers carry minerals from the rocks into the sea, and the water evaporates
+but the salt stays behind.
+
+Every language has words for water, fire, bread and home. Most have words for mother and father, for
+sun and moon, for yesterday and tomorrow. The sounds differ, but the needs behind them are the same,
+and a traveller who learns even a few of them will find doors opening that would otherwise stay shut.
+"""
+
+
+def build_tokenizer(vocab_size: int, bos_id: int = 0, eos_id: int = 1) -> _HFTokenizer:
+    """A deterministic byte-level BPE with at most `vocab_size` (and at most 2000) tokens."""
+    if vocab_size < MIN_VOCAB:
+        raise ValueError(f"vocab_size={vocab_size} is too small for a byte-level tokenizer: need >= {MIN_VOCAB}")
+    if {bos_id, eos_id} != {0, 1}:
+        raise ValueError(f"build_tokenizer places the special tokens at ids 0 and 1; got bos_id={bos_id}, "
+                         f"eos_id={eos_id}")
+    specials = [BOS_TOKEN, EOS_TOKEN] if bos_id == 0 else [EOS_TOKEN, BOS_TOKEN]
+    tok = _HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=min(vocab_size, MAX_LEARNED_VOCAB), min_frequency=1, special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(_TRAINING_TEXT.splitlines(keepends=True), trainer)
+    assert tok.get_vocab_size() <= vocab_size
+    return tok
+
+
+def save_tokenizer(tok: _HFTokenizer, directory: str | Path, model_max_length: int = 1048576) -> None:
+    """Write tokenizer.json and a tokenizer_config.json that HF's PreTrainedTokenizerFast reads."""
+    directory = Path(directory)
+    tok.save(str(directory / "tokenizer.json"))
+    bos, eos = tok.id_to_token(0), tok.id_to_token(1)
+    config = {
+        "add_bos_token": True, "add_eos_token": False, "bos_token": bos, "eos_token": eos,
+        "clean_up_tokenization_spaces": False, "legacy": True, "model_max_length": model_max_length,
+        "pad_token": eos, "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": None,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def _token_string(v) -> str | None:
+    # tokenizer_config.json spells a token either as a string or as an AddedToken dict.
+    return v.get("content") if isinstance(v, dict) else v
+
+
+class Tokenizer:
+    """encode/decode with a BOS id, an EOS id and tolerance for ids the model has but the tokenizer lacks."""
+
+    def __init__(self, tok: _HFTokenizer, bos_id: int = 0, eos_id: int = 1, model_vocab_size: int | None = None):
+        self.tok = tok
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.model_vocab_size = model_vocab_size
+
+    @classmethod
+    def from_dir(cls, path: str | Path, model_vocab_size: int | None = None) -> "Tokenizer":
+        path = Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: no tokenizer.json")
+        tok = _HFTokenizer.from_file(str(file))
+        bos_s, eos_s = BOS_TOKEN, EOS_TOKEN
+        conf = path / "tokenizer_config.json"
+        if conf.is_file():
+            c = json.loads(conf.read_text())
+            bos_s = _token_string(c.get("bos_token")) or bos_s
+            eos_s = _token_string(c.get("eos_token")) or eos_s
+        bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)
+        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Ids the tokenizer does not know (a random model samples any id of its vocab) decode to ""."""
+        ids = [int(i) for i in ids]
+        top = self.model_vocab_size
+        bad = [i for i in ids if i < 0 or (top is not None and i >= top)]
+        if bad:
+            raise ValueError(f"token ids {bad[:8]} are outside the model vocabulary [0, {top})")
+        known = [i for i in ids if i < self.vocab_size]
+        return self.tok.decode(known, skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,202 @@
+"""TP/EP over 2 ranks on CPU (gloo): equivalence with 1 rank, census, live refusals, dead and hung ranks.
+
+One spawned 2-rank model serves the whole module (spawning costs seconds); the tests that break it
+run last. Both models load one synthetic checkpoint, so the ranks' slices come from the same global
+weights as the 1-rank model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+
+import dsv4
+from dsv4 import CapacityError, QuarantineError, RefusalError, SamplingParams
+from dsv4.checkpoint.synth import synth
+from dsv4.config import CSA, HCA, preset
+from dsv4.launch import RankError, load_spawned
+from dsv4.parallel import SITES
+
+TOL = 1e-4  # fp32: max|logits_2 - logits_1| / max|logits_1| per step (partial sums reduce in another order)
+PROMPT = [0, 5, 17, 42, 99]
+SP = SamplingParams(temperature=1.0, seed=1234)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return synth(preset("tiny"), tmp_path_factory.mktemp("parallel") / "tiny", seed=11, quant="none")
+
+
+@pytest.fixture(scope="module")
+def one(ckpt):
+    return dsv4.load(ckpt, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def two(ckpt):
+    model = dsv4.load(ckpt, device="cpu", dtype=torch.float32, ranks=2)
+    yield model
+    model.close()
+
+
+def stream(cfg, n):
+    return [(i * 37 + 11) % cfg.vocab_size for i in range(n)]
+
+
+def test_two_ranks_match_one_rank_logits(one, two):
+    n = 300
+    s1, s2 = one.new_state(len(PROMPT) + n), two.new_state(len(PROMPT) + n)
+    worst = 0.0
+    for step, token in enumerate([None] + stream(one.cfg, n)):
+        a = one.prefill(s1, PROMPT) if token is None else one.decode(s1, token)
+        b = two.prefill(s2, PROMPT) if token is None else two.decode(s2, token)
+        err = float((a - b).abs().max() / a.abs().max())
+        assert err <= TOL, f"step {step}: relative logit error {err:.2e} > {TOL}"
+        worst = max(worst, err)
+    assert s2.host_pos == len(PROMPT) + n
+    per_rank = two.digests_all(s2)
+    assert len(per_rank) == 2 and per_rank[0] == per_rank[1], "replicated caches differ between ranks"
+    assert per_rank[0][2] == len(PROMPT) + n
+
+
+def test_sampled_streams_agree(one, two):
+    n = 64
+    s1, s2 = one.new_state(len(PROMPT) + n), two.new_state(len(PROMPT) + n)
+    one.prefill(s1, PROMPT[:-1])
+    two.prefill(s2, PROMPT[:-1])
+    t1 = t2 = PROMPT[-1]
+    got1, got2 = [], []
+    for _ in range(n):
+        t1, t2 = one.step(s1, t1, SP), two.step(s2, t2, SP)
+        assert two.last_tokens == [t2, t2]  # every rank drew the same token
+        got1.append(t1)
+        got2.append(t2)
+    assert got2 == got1
+    assert len(set(got1)) > 1  # a real stream, not a constant
+    assert list(two.generate(PROMPT, max_tokens=8, sampling=SP, stop_at_eos=False)) == \
+        list(one.generate(PROMPT, max_tokens=8, sampling=SP, stop_at_eos=False))
+
+
+def test_healthy_step_census(two):
+    L = two.cfg.num_hidden_layers
+    st = two.new_state(16)
+    two.prefill(st, PROMPT)
+    before = two.census_all()
+    two.step(st, 3, SP)
+    for rank, (b, a) in enumerate(zip(before, two.census_all())):
+        delta = a - b
+        assert int(delta.sum()) == 2 * L, f"rank {rank}: {int(delta.sum())} collectives, want {2 * L}"
+        assert torch.equal(delta, torch.ones_like(delta)), f"rank {rank}: census delta {delta.tolist()}"
+    assert torch.equal(two.census(), two.census_all()[0])
+
+
+def refusal_positions(cfg) -> dict[str, int]:
+    """pos (tokens committed before the step) whose token closes a CSA window, an HCA window, wraps the ring."""
+    csa, hca, W = cfg.compress_rates[CSA], cfg.compress_rates[HCA], cfg.sliding_window
+    assert CSA in cfg.layer_types and HCA in cfg.layer_types
+    at = {"csa_close": 3 * csa - 1, "hca_close": hca - 1, "sliding_wrap": W}
+    # A window of rate m closes at the token at pos p when (p + 1) % m == 0; the ring wraps at pos % W == 0.
+    assert (at["csa_close"] + 1) % csa == 0 and (at["csa_close"] + 1) % hca != 0
+    assert (at["hca_close"] + 1) % hca == 0
+    assert at["sliding_wrap"] % W == 0 and (at["sliding_wrap"] + 1) % csa != 0
+    return at
+
+
+def test_refusal_matrix(two):
+    cfg = two.cfg
+    L = cfg.num_hidden_layers
+    tokens = stream(cfg, 64)
+    cap = 32
+    prefixes, healthy = {}, {}
+    for kind, p in refusal_positions(cfg).items():
+        prefix = two.new_state(cap)
+        two.prefill(prefix, tokens[:p])
+        ref = two.new_state(cap)
+        ref.restore(prefix)
+        token = two.step(ref, tokens[p], SP)
+        prefixes[kind], healthy[kind] = prefix, (token, two.digests_all(ref))
+    st = two.new_state(cap)
+    cells = list(itertools.product((0, 1), (0, L // 2, L - 1), sorted(prefixes)))
+    for i, (rank, layer, kind) in enumerate(cells):
+        site, code = SITES[i % 2], 100 + i
+        cell = f"rank {rank} layer {layer} site {site} at {kind}"
+        prefix, p = prefixes[kind], prefixes[kind].host_pos
+        st.restore(prefix)
+        before, counts = two.digests_all(st), two.replay_counts_all(st)
+        two.arm_refusal(layer, rank, code, site)
+        with pytest.raises(RefusalError) as refused:
+            two.step(st, tokens[p], SP)
+        msg = str(refused.value)
+        assert "one-shot reduction refused" in msg and f"rank {rank} layer {layer} site {site}" in msg, cell
+        assert two.digests_all(st) == before, f"{cell}: a refused step changed cache, hidden or pos"
+        assert [c[2] for c in before] == [p, p] and st.host_pos == p
+        assert two.replay_counts_all(st) == [[f + 1, c] for f, c in counts], f"{cell}: forward +1, commit +0"
+        assert two.refusal_words() == [code if r == rank else 0 for r in range(2)], cell
+        with pytest.raises(QuarantineError, match="unfinished transaction"):
+            two.step(st, tokens[p], SP)
+        with pytest.raises(QuarantineError):
+            st.restore(prefix)
+        st.discard()
+        assert st.quarantine is None
+        two.reset_refusals()
+        assert two.refusal_words() == [0, 0]
+        st.restore(prefix)  # the discarded state is usable again, and carries nothing of the refusal
+        assert (two.step(st, tokens[p], SP), two.digests_all(st)) == healthy[kind], cell
+
+
+def test_errors_cross_ranks_with_their_type(two):
+    st = two.new_state(3)
+    two.prefill(st, [1, 2, 3])
+    with pytest.raises(CapacityError, match="exceed the state's capacity"):
+        two.decode(st, 4)
+    with pytest.raises(ValueError, match="outside"):
+        two.decode(two.new_state(4), two.cfg.vocab_size)
+    with pytest.raises(ValueError, match="layer"):
+        two.arm_refusal(two.cfg.num_hidden_layers, 0, 1)
+    assert two.refusal_words() == [0, 0]  # still in step after the errors
+    other = two.new_state(3)
+    two.prefill(other, [1, 2, 3])
+    assert two.digests_all(other) == two.digests_all(st)
+
+
+def workers_gone(pids) -> bool:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    spawned = [c for c in psutil.Process().children(recursive=True)
+               if "spawn_main" in " ".join(c.cmdline())]
+    return not alive and not spawned and not multiprocessing.active_children()
+
+
+def test_dead_worker_fails_fast_and_close_cleans_up(two):
+    st = two.new_state(8)
+    pids = two.pids
+    os.kill(pids[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 1 \(pid \d+\) died \(killed by SIGKILL\)"):
+        two.decode(st, 1)
+    assert time.monotonic() - t0 < two.timeout
+    with pytest.raises(RankError, match="unusable"):
+        two.decode(st, 1)
+    two.close()
+    two.close()  # idempotent
+    assert workers_gone(pids)
+
+
+def test_hung_worker_times_out(two):
+    two.close()  # one spawned model per process at a time: the shared one is done
+    model = load_spawned("tiny", device="cpu", dtype=torch.float32, ranks=2, seed=3, timeout=4.0)
+    with model:
+        st = model.new_state(8)
+        pids = model.pids
+        os.kill(pids[0], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(RankError, match="no answer"):
+            model.decode(st, 1)
+        assert time.monotonic() - t0 < 3 * model.timeout
+    assert workers_gone(pids)
