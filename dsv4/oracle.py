@@ -56,10 +56,36 @@ def _dense(w, dtype):
     return w.dequant(dtype) if hasattr(w, "dequant") else w.to(dtype)
 
 
+def _upcasting_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """HF's eager DeepseekV4Experts.forward, reading weights stored in a narrower dtype.
+
+    Used when the routed experts are held in bf16 (exact for FP4 x power-of-two values) so an fp32
+    HF `mini` fits one GPU; each selected expert's weights are upcast where they are read.
+    """
+    import torch.nn.functional as F
+
+    final = torch.zeros_like(hidden_states)
+    mask = F.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in hit:
+        expert_idx = expert_idx[0]
+        top_k_pos, token_idx = torch.where(mask[expert_idx])
+        gate_up = self.gate_up_proj[expert_idx].to(hidden_states.dtype)
+        current = self._apply_gate(F.linear(hidden_states[token_idx], gate_up))
+        current = F.linear(current, self.down_proj[expert_idx].to(hidden_states.dtype))
+        final.index_add_(0, token_idx, (current * top_k_weights[token_idx, top_k_pos, None]).to(final.dtype))
+    return final
+
+
 @torch.no_grad()
-def hf_model_from(model, dtype=torch.bfloat16):
-    """An HF DeepseekV4ForCausalLM on the model's device with the model's weights (one rank only)."""
+def hf_model_from(model, dtype=torch.bfloat16, expert_dtype=None):
+    """An HF DeepseekV4ForCausalLM on the model's device with the model's weights (one rank only).
+
+    `expert_dtype` (e.g. bf16 under an fp32 `dtype`) stores the routed experts narrower; HF's
+    eager expert loop then upcasts each expert it runs (see _upcasting_experts_forward).
+    """
     from transformers import DeepseekV4ForCausalLM
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf_mod
 
     if model.world != 1:
         raise ValueError("hf_model_from needs a single-rank model")
@@ -67,12 +93,22 @@ def hf_model_from(model, dtype=torch.bfloat16):
     hcfg = hf_config(cfg)
     prev_dev, prev_dtype = torch.get_default_device(), torch.get_default_dtype()
     torch.set_default_device(model.device)
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(expert_dtype or dtype)
     try:
         hf = DeepseekV4ForCausalLM(hcfg).eval()
     finally:
         torch.set_default_device(prev_dev)
         torch.set_default_dtype(prev_dtype)
+    if expert_dtype is not None and expert_dtype != dtype:
+        for mod in hf.modules():
+            if isinstance(mod, hf_mod.DeepseekV4Experts):
+                mod.forward = _upcasting_experts_forward.__get__(mod)
+                continue
+            for name, p in mod.named_parameters(recurse=False):
+                setattr(mod, name, torch.nn.Parameter(p.data.to(dtype), requires_grad=False))
+            for name, b in mod.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(mod, name, b.to(dtype))
     flat = tr.flat_weights()
     I = cfg.moe_intermediate_size
     for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):

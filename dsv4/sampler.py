@@ -141,6 +141,27 @@ def uniform(seed: int, pos: int | torch.Tensor) -> float | torch.Tensor:
 # ---------------------------------------------------------------------------
 # Sampling.
 
+_SCAN_ROW = 1024
+
+
+def _cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Inclusive cumsum over the last dim that is bit-reproducible on CUDA.
+
+    torch.cumsum of a long 1-D CUDA tensor runs CUB's decoupled look-back scan, whose float
+    association depends on timing (the same logits could sample different tokens in eager and in
+    a replay). Rows of 1024 scanned by the per-row kernel, plus row offsets summed by a fixed
+    reduction, add in one order every time.
+    """
+    V = x.shape[-1]
+    R = -(-V // _SCAN_ROW)
+    if R == 1:
+        return torch.cumsum(x, dim=-1)  # one tile: no look-back, already deterministic
+    rows = torch.nn.functional.pad(x, (0, R * _SCAN_ROW - V)).unflatten(-1, (R, _SCAN_ROW))
+    inner = torch.cumsum(rows, dim=-1)
+    below = torch.ones(R, R, dtype=torch.bool, device=x.device).tril(-1)  # below[r, j]: j < r
+    offsets = torch.where(below, inner[..., -1].unsqueeze(-2), 0.0).sum(dim=-1)
+    return (inner + offsets.unsqueeze(-1)).flatten(-2)[..., :V]
+
 
 def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor) -> torch.Tensor:
     """Pick token ids from `logits` [..., vocab] with the draw u(params.seed, pos).
@@ -177,7 +198,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     # masking rank by rank) keeps the kept set a prefix even if a parallel
     # cumsum is not exactly monotone.
     if params.top_p < 1:
-        cum = torch.cumsum(sorted_p, dim=-1)
+        cum = _cumsum(sorted_p)
         before = torch.nn.functional.pad(cum[..., :-1], (1, 0))  # mass before each rank
         n_keep = (before < params.top_p).sum(dim=-1, keepdim=True).clamp(min=1)
     else:
@@ -188,7 +209,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     rank = torch.arange(vocab, device=logits.device)
     keep = rank < n_keep
 
-    kcum = torch.cumsum(torch.where(keep, sorted_p, 0.0), dim=-1)
+    kcum = _cumsum(torch.where(keep, sorted_p, 0.0))
     kept_total = kcum.gather(-1, n_keep - 1)  # [..., 1]
     u = uniform(params.seed, pos)
     if isinstance(u, torch.Tensor):
