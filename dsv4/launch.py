@@ -21,8 +21,8 @@ type and message (the rank in a note). A rank that dies or hangs makes the
 driver raise `RankError` within `timeout` seconds (process-group timeout plus a
 liveness watch on the workers); the model is then unusable and its workers are
 stopped. `close()` (also the context manager, `__del__` and an atexit hook)
-stops every worker. On CPU every rank, the calling process included, keeps at
-most cpu_count // N intra-op threads (torch.set_num_threads). Workers are
+stops every worker. On CPU every rank, the calling process included (until close()),
+keeps at most cpu_count // N intra-op threads (torch.set_num_threads). Workers are
 spawned, so a script that loads with ranks > 1 must keep its top level under
 `if __name__ == "__main__":`.
 
@@ -137,16 +137,29 @@ def _rank_device(device: torch.device, rank: int) -> torch.device:
     return device
 
 
-def _share_cores(device: torch.device, world: int):
+def _share_cores(device: torch.device, world: int) -> int:
+    """Cap this rank's intra-op threads; returns the count before, for close() to put back."""
+    before = torch.get_num_threads()
     # CPU ranks share the host's cores; oversubscribed (and spinning in OpenMP) they crawl.
     if device.type == "cpu":
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // world)))
+        torch.set_num_threads(max(1, min(before, (os.cpu_count() or 1) // world)))
+    return before
 
 
 def _init_group(store, backend: str, rank: int, world: int, timeout: float):
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout))
     return dist.group.WORLD
+
+
+def _watch_ranks(sentinels: list, stop, group):
+    """NCCL only. A rank that dies mid-call leaves rank 0 waiting on the device, where no host-side
+    timeout reaches: abort the communicators so that wait ends and the call reports the death."""
+    if stop not in mpc.wait([*sentinels, stop]):
+        try:
+            dist.distributed_c10d._abort_process_group(group)
+        except Exception:  # noqa: BLE001 - best effort; the NCCL watchdog's timeout is the backstop
+            pass
 
 
 def _orphan_guard(parent: int):
@@ -158,6 +171,8 @@ def _orphan_guard(parent: int):
 
 
 def _worker(conn, rank: int, world: int, port: int, spec: dict):
+    # Ctrl-C reaches the whole process group; the driver decides what an interrupt means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_orphan_guard, args=(os.getppid(),), daemon=True).start()
     try:
         conn.send(("hello", os.getpid()))
@@ -205,8 +220,9 @@ class _Worker:
     def death(self) -> str:
         self.proc.join(1.0)
         code = self.proc.exitcode
-        how = "still running" if code is None else (
-            f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        if code is None:
+            return f"rank {self.rank} (pid {self.proc.pid}) closed its pipe"
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return f"rank {self.rank} (pid {self.proc.pid}) died ({how})"
 
 
@@ -257,7 +273,7 @@ class DistributedModel:
         self._freed: list[int] = []
         self._next_sid = 0
         self._workers: list[_Worker] = []
-        self._group = None
+        self._group, self._threads, self._unwatch = None, None, None
         self.last_tokens: list[int] = []  # every rank's token from the last step
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group (another "
@@ -266,6 +282,10 @@ class DistributedModel:
         device = torch.device(spec["device"])
         if device.type == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"ranks={world} on cuda needs {world} GPUs; {torch.cuda.device_count()} visible")
+        if device.type == "cuda":
+            # On an NCCL error or timeout, abort the communicators but keep the process (the default
+            # kills it): rank 0 is the caller's process. Set before the workers start: they inherit it.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         _LIVE.add(self)
         try:
             store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
@@ -285,7 +305,11 @@ class DistributedModel:
                            "`if __name__ == '__main__':` (spawned workers re-import the main module)")
                 raise
             self._group = _init_group(store, _backend(device), 0, world, timeout)
-            _share_cores(device, world)
+            self._threads = _share_cores(device, world)
+            if device.type == "cuda":
+                stop, self._unwatch = mp.Pipe(duplex=False)
+                threading.Thread(target=_watch_ranks, args=([w.proc.sentinel for w in self._workers], stop,
+                                                            self._group), daemon=True, name="dsv4-watch").start()
             local_err = None
             try:
                 self.local = load(spec["path"], device=_rank_device(device, 0), dtype=spec["dtype"], ranks=world,
@@ -388,6 +412,13 @@ class DistributedModel:
     # ---- lifecycle ---------------------------------------------------------
     def _stop_workers(self, grace: float):
         """Ask every worker to leave; past `grace`, terminate; a broken model's (grace 0) are killed at once."""
+        if self._unwatch is not None:  # workers leaving on purpose are no failure
+            try:
+                self._unwatch.send(None)
+            except OSError:  # the watch already fired and left
+                pass
+            self._unwatch.close()
+            self._unwatch = None
         for w in self._workers:
             try:
                 w.conn.send(None)
@@ -414,6 +445,8 @@ class DistributedModel:
         if self._group is not None and dist.is_initialized():
             dist.destroy_process_group()
         self._group = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
 
     def __enter__(self):
         return self
