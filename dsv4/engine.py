@@ -235,14 +235,31 @@ class Model:
     def census(self) -> torch.Tensor:
         return self.comm.census.cpu().clone()
 
+    def draw(self, state: DecodeState, sampling) -> int:
+        """Sample the token for position state.pos from the state's logits, without a step."""
+        from .sampler import sample
+
+        return int(sample(state.logits, sampling, state.pos))
+
+    def logits_sha(self, state: DecodeState) -> str:
+        import hashlib
+
+        return hashlib.sha256(state.logits.cpu().numpy().tobytes()).hexdigest()
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def each(self, name: str, *args) -> list:
+        """Every rank's answer to `name(*args)` (one rank here; a DistributedModel asks all of them)."""
+        return [getattr(self, name)(*args)]
+
     # Per-rank views: one entry per rank (a DistributedModel answers for every rank).
     def digests_all(self, state: DecodeState) -> list[tuple[str, str, int]]:
         return [state.digest()]
 
     def logits_sha_all(self, state: DecodeState) -> list[str]:
-        import hashlib
-
-        return [hashlib.sha256(state.logits.cpu().numpy().tobytes()).hexdigest()]
+        return [self.logits_sha(state)]
 
     def census_all(self) -> list[list[list[int]]]:
         return [self.comm.census.tolist()]
