@@ -246,6 +246,9 @@ class Model:
 
         return hashlib.sha256(state.logits.cpu().numpy().tobytes()).hexdigest()
 
+    def memory_allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
     def synchronize(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
