@@ -245,8 +245,8 @@ class ModelConfig:
             d["num_hash_layers"] = hash_n
         else:
             d["mlp_layer_types"] = list(self.mlp_layer_types)
-        if self.rope_scaling is None:
-            d.pop("rope_scaling")
+        # rope_scaling stays even when None (plain rope on compressed layers): absent, it would read
+        # back as the Flash YaRN default.
         if self.quantization_config is not None:
             d["quantization_config"] = dict(self.quantization_config)
         return d

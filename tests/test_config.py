@@ -88,3 +88,9 @@ def test_bad_files_and_values(tmp_path):
         ModelConfig.from_dict({**FLASH_OFFICIAL, "quantization_config": {"quant_method": "awq"}})
     with pytest.raises(ConfigError, match="unknown preset"):
         preset("huge")
+
+
+def test_plain_rope_round_trips():
+    cfg = preset("tiny").replace(rope_scaling=None)
+    back = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back.rope_scaling is None and back == cfg

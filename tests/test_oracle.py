@@ -85,3 +85,40 @@ def test_greedy_stream_identical_to_hf(checkpoint):
         token = ours.step(state, token, dsv4.SamplingParams.greedy())
         mine.append(token)
     assert mine == hf_ids
+
+
+CUSTOM = [
+    # other rates and widths: CSA rate 2, HCA rate 8, window 5, two streams, sigmoid router, 3 experts/token
+    dict(vocab_size=300, hidden_size=48, num_hidden_layers=4, num_attention_heads=6, head_dim=16,
+         qk_rope_head_dim=8, q_lora_rank=24, o_groups=3, o_lora_rank=20, sliding_window=5,
+         layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention",
+                      "compressed_sparse_attention"],
+         compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 8},
+         index_n_heads=32, index_head_dim=16, index_topk=3, hc_mult=2, hc_sinkhorn_iters=7,
+         n_routed_experts=6, num_experts_per_tok=3, moe_intermediate_size=32, scoring_func="sigmoid",
+         mlp_layer_types=["moe", "hash_moe", "moe", "moe"], routed_scaling_factor=2.5, swiglu_limit=3.0,
+         rope_scaling=None),
+    # the official legacy keys with default rates, one expert per token, YaRN factor 4
+    dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=2, head_dim=32,
+         qk_rope_head_dim=32, q_lora_rank=16, o_groups=1, o_lora_rank=16, sliding_window=16,
+         compress_ratios=[4, 128, 4], num_hash_layers=1, index_n_heads=32, index_head_dim=32, index_topk=4,
+         n_routed_experts=4, num_experts_per_tok=1, moe_intermediate_size=32, scoring_func="sqrtsoftplus",
+         rope_scaling={"type": "yarn", "factor": 4, "original_max_position_embeddings": 64}),
+]
+
+
+@pytest.mark.parametrize("index", range(len(CUSTOM)))
+@torch.inference_mode()
+def test_custom_configs_match_hf(index, tmp_path):
+    from dsv4.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(CUSTOM[index])
+    synth(cfg, tmp_path / "ckpt", seed=index, quant="none")
+    ours = dsv4.load(tmp_path / "ckpt", device="cpu", dtype=torch.float32)
+    theirs = hf_model(tmp_path / "ckpt")
+    ids = torch.randint(2, cfg.vocab_size, (150,), generator=torch.Generator().manual_seed(index)).tolist()
+    ref = hf_stream(theirs, ids[:7], ids[7:])
+    state = ours.new_state(len(ids))
+    mine = [ours.prefill(state, ids[:7], chunk_size=3)] + [ours.decode(state, t) for t in ids[7:]]
+    errors = [rel(a, b) for a, b in zip(mine, ref)]
+    assert max(errors) <= TOL, f"worst at position {6 + errors.index(max(errors))}: {max(errors):.3g}"
