@@ -17,11 +17,20 @@ by every rank on its local Model (the same forward everywhere, so the
 collectives pair up); the driver then collects each rank's outcome. States
 live in every process under one id; `new_state` returns a handle whose reads
 come from rank 0's copy. An error on any rank is raised by the driver with its
-type and message (the rank in a note). A rank that dies or hangs makes the
-driver raise `RankError` within `timeout` seconds (process-group timeout plus a
-liveness watch on the workers); the model is then unusable and its workers are
-stopped. `close()` (also the context manager, `__del__` and an atexit hook)
-stops every worker. On CPU every rank, the calling process included (until close()),
+type and message (the rank in a note).
+
+Failures are bounded. A worker found dead before a call, or dying during one
+on gloo (its sockets close), fails that call at once with `RankError`; a rank
+that hangs fails it within about 2 x `timeout` (the process group's timeout on
+rank 0's collective, then as long again for the silent rank's answer). The
+model is then unusable and its workers are stopped. On NCCL a rank that dies
+in the middle of a call leaves rank 0 waiting on the device, where only
+torch's NCCL watchdog reaches (after `timeout`, and by torch's default
+TORCH_NCCL_ASYNC_ERROR_HANDLING it ends the process): an abort from rank 0
+alone does not end that wait (measured: NCCL's abort wants every rank).
+`close()` (also the context manager, `__del__` and an atexit hook) drops every
+state's captured graph first (NCCL cannot tear down a communicator a live graph
+uses), leaves the group together with the workers and stops them. On CPU every rank, the calling process included (until close()),
 keeps at most cpu_count // N intra-op threads (torch.set_num_threads). Workers are
 spawned, so a script that loads with ranks > 1 must keep its top level under
 `if __name__ == "__main__":`.
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -152,14 +162,24 @@ def _init_group(store, backend: str, rank: int, world: int, timeout: float):
     return dist.group.WORLD
 
 
-def _watch_ranks(sentinels: list, stop, group):
-    """NCCL only. A rank that dies mid-call leaves rank 0 waiting on the device, where no host-side
-    timeout reaches: abort the communicators so that wait ends and the call reports the death."""
-    if stop not in mpc.wait([*sentinels, stop]):
-        try:
-            dist.distributed_c10d._abort_process_group(group)
-        except Exception:  # noqa: BLE001 - best effort; the NCCL watchdog's timeout is the backstop
-            pass
+def _drop_states(me: "_Rank | None"):
+    """Free every state's captured graph: NCCL cannot tear down a communicator a live graph still uses."""
+    if me is None:
+        return
+    for state in me.states.values():
+        state.replay = None  # handles the caller still holds keep their (graph-less) state
+    me.states.clear()
+    gc.collect()
+
+
+def _leave_group(limit: float) -> bool:
+    """destroy_process_group, bounded: NCCL's teardown waits for every rank, and a dead one never comes."""
+    if not dist.is_initialized():
+        return True
+    t = threading.Thread(target=dist.destroy_process_group, daemon=True, name="dsv4-leave")
+    t.start()
+    t.join(limit)
+    return not t.is_alive()
 
 
 def _orphan_guard(parent: int):
@@ -194,6 +214,7 @@ def _worker(conn, rank: int, world: int, port: int, spec: dict):
             except EOFError:  # the driver is gone
                 break
             if cmd is None:
+                _drop_states(me)
                 break
             *call, want = cmd
             try:
@@ -202,8 +223,7 @@ def _worker(conn, rank: int, world: int, port: int, spec: dict):
             except Exception as e:  # noqa: BLE001 - the same error is raised by the driver
                 conn.send(("err", _pack(e)))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_group(limit=spec["timeout"])
 
 
 # ---------------------------------------------------------------------------
@@ -273,7 +293,7 @@ class DistributedModel:
         self._freed: list[int] = []
         self._next_sid = 0
         self._workers: list[_Worker] = []
-        self._group, self._threads, self._unwatch = None, None, None
+        self._group, self._threads = None, None
         self.last_tokens: list[int] = []  # every rank's token from the last step
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group (another "
@@ -282,10 +302,6 @@ class DistributedModel:
         device = torch.device(spec["device"])
         if device.type == "cuda" and torch.cuda.device_count() < world:
             raise ValueError(f"ranks={world} on cuda needs {world} GPUs; {torch.cuda.device_count()} visible")
-        if device.type == "cuda":
-            # On an NCCL error or timeout, abort the communicators but keep the process (the default
-            # kills it): rank 0 is the caller's process. Set before the workers start: they inherit it.
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         _LIVE.add(self)
         try:
             store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
@@ -306,10 +322,6 @@ class DistributedModel:
                 raise
             self._group = _init_group(store, _backend(device), 0, world, timeout)
             self._threads = _share_cores(device, world)
-            if device.type == "cuda":
-                stop, self._unwatch = mp.Pipe(duplex=False)
-                threading.Thread(target=_watch_ranks, args=([w.proc.sentinel for w in self._workers], stop,
-                                                            self._group), daemon=True, name="dsv4-watch").start()
             local_err = None
             try:
                 self.local = load(spec["path"], device=_rank_device(device, 0), dtype=spec["dtype"], ranks=world,
@@ -406,24 +418,22 @@ class DistributedModel:
     def _fail(self, why: str) -> RankError:
         """Mark the model unusable and stop its workers; returns the error to raise."""
         self._broken = why
-        self._stop_workers(grace=0.0)
+        self._shutdown(grace=0.0)
         return RankError(f"{why}; this distributed model is unusable: close() it and load again")
 
     # ---- lifecycle ---------------------------------------------------------
-    def _stop_workers(self, grace: float):
-        """Ask every worker to leave; past `grace`, terminate; a broken model's (grace 0) are killed at once."""
-        if self._unwatch is not None:  # workers leaving on purpose are no failure
-            try:
-                self._unwatch.send(None)
-            except OSError:  # the watch already fired and left
-                pass
-            self._unwatch.close()
-            self._unwatch = None
+    def _shutdown(self, grace: float):
+        """Workers out, group left. Past `grace` a worker is terminated; with grace 0 (broken) killed at once."""
         for w in self._workers:
             try:
                 w.conn.send(None)
             except OSError:
                 pass
+        _drop_states(getattr(self, "_rank", None))
+        if self._group is not None:
+            # While the workers leave theirs: NCCL's teardown wants every rank at once.
+            _leave_group(limit=max(grace, 5.0))
+            self._group = None
         deadline = time.monotonic() + grace
         for w in self._workers:
             w.proc.join(max(0.0, deadline - time.monotonic()))
@@ -434,6 +444,9 @@ class DistributedModel:
                 w.proc.kill()
                 w.proc.join()
             w.conn.close()
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
 
     def close(self):
         """Stop every worker and leave the process group (idempotent)."""
@@ -441,12 +454,7 @@ class DistributedModel:
             return
         self.closed = True
         _LIVE.discard(self)
-        self._stop_workers(grace=0.0 if self._broken else _CLOSE_GRACE)
-        if self._group is not None and dist.is_initialized():
-            dist.destroy_process_group()
-        self._group = None
-        if self._threads is not None:
-            torch.set_num_threads(self._threads)
+        self._shutdown(grace=0.0 if self._broken else _CLOSE_GRACE)
 
     def __enter__(self):
         return self
@@ -491,9 +499,6 @@ class DistributedModel:
     def replay_counts(self, state) -> list[int]:
         return self.local.replay_counts(state._local)
 
-    def replay_counts_all(self, state) -> list[list[int]]:
-        return self._call(None, "replay_counts", state, want=True)
-
     def captures(self, state) -> int:
         return self.local.captures(state._local)
 
@@ -503,15 +508,18 @@ class DistributedModel:
     def digests(self, state) -> tuple[str, str, int]:
         return self.local.digests(state._local)
 
-    def digests_all(self, state) -> list[tuple[str, str, int]]:
-        return self._call(None, "digests", state, want=True)
+    def logits_sha(self, state) -> str:
+        return self.local.logits_sha(state._local)
+
+    def draw(self, state, sampling) -> int:
+        """Every rank draws from its logits; they must agree, as in step."""
+        tokens = self.each("draw", state, sampling)
+        if len(set(tokens)) != 1:
+            raise self._fail(f"ranks drew different tokens {tokens} at position {state.host_pos}")
+        return tokens[0]
 
     def arm_refusal(self, layer: int, rank: int, code: int, site: str = "attention"):
         self._call(None, "arm_refusal", layer, rank, code, site)
-
-    def refusal_words(self) -> list[int]:
-        """One word per rank."""
-        return [w for words in self._call(None, "refusal_words", want=True) for w in words]
 
     def reset_refusals(self):
         self._call(None, "reset_refusals")
@@ -519,8 +527,40 @@ class DistributedModel:
     def census(self) -> torch.Tensor:
         return self.local.census()
 
-    def census_all(self) -> list[torch.Tensor]:
-        return self._call(None, "census", want=True)
+    def memory_allocated(self) -> int:
+        return self.local.memory_allocated()
+
+    def synchronize(self):
+        self._call(None, "synchronize")
+
+    # ---- per-rank views: one entry per rank, as Model's (which has one rank) --
+    def each(self, name: str, *args) -> list:
+        """Every rank's answer to Model.name(*args)."""
+        return self._call(None, name, *args, want=True)
+
+    def _all(self, name: str, *args) -> list:
+        return [v for per_rank in self.each(name, *args) for v in per_rank]
+
+    def refusal_words(self) -> list[int]:
+        return self._all("refusal_words")
+
+    def digests_all(self, state) -> list[tuple[str, str, int]]:
+        return self._all("digests_all", state)
+
+    def logits_sha_all(self, state) -> list[str]:
+        return self._all("logits_sha_all", state)
+
+    def census_all(self) -> list[list[list[int]]]:
+        return self._all("census_all")
+
+    def replay_counts_all(self, state) -> list[list[int]]:
+        return self._all("replay_counts_all", state)
+
+    def captures_all(self, state) -> list[int]:
+        return self._all("captures_all", state)
+
+    def graph_census_all(self, state) -> list[dict]:
+        return self._all("graph_census_all", state)
 
 
 def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int = 0,
