@@ -51,15 +51,17 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
+    graph_arm = args.device == "cuda"
     if args.compare:
         compare(args.preset, 48)
     t = time.perf_counter()
-    model = dsv4.load(args.preset, device="cuda", ranks=2, seed=0)
+    model = dsv4.load(args.preset, device=args.device, ranks=2, seed=0)
     build = time.perf_counter() - t
     emit("TP_BUILD", preset=args.preset, ranks=2, build_s=round(build, 2),
          gib_per_rank=[round(m / 2**30, 2) for m in model.each("memory_allocated")],
-         device=torch.cuda.get_device_name(), dtype=str(model.dtype))
+         device=torch.cuda.get_device_name() if graph_arm else "cpu", dtype=str(model.dtype))
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = model.tokenizer.encode("The engine that people who run DeepSeek-V4 on their own GPUs reach for first.")
     cap = len(prompt) + args.steps + 8
@@ -69,8 +71,9 @@ def main():
     first = model.draw(prefix, sp)
     eager, graph = model.new_state(cap), model.new_state(cap)
     graph.restore(prefix)
-    model.enable_replay(graph, sp)
-    model.step(graph, first, sp)  # capture outside the rows
+    if graph_arm:
+        model.enable_replay(graph, sp)
+        model.step(graph, first, sp)  # capture outside the rows
     walls = {"eager": [], "graph": []}
     streams, digests = {}, {}
     census0 = [torch.as_tensor(c) for c in model.each("census")]
@@ -87,12 +90,13 @@ def main():
         streams.setdefault(arm, toks)
         digests.setdefault(arm, model.each("digests", state))
     census = [(torch.as_tensor(c) - c0).sum().item() for c, c0 in zip(model.each("census"), census0)]
-    e, g = (args.steps / statistics.median(walls[a]) for a in ("eager", "graph"))
+    e, g = (args.steps / statistics.median(walls[a]) for a in ("eager", "graph"))  # graph = eager twin on CPU
     emit("TP_DECODE", preset=args.preset, ranks=2, finite_logits=finite, steps_per_row=args.steps,
          rows_per_arm=args.rows, eager_tok_s=round(e, 3), graph_tok_s=round(g, 3),
          same_stream=streams["eager"] == streams["graph"], same_digests_both_ranks=digests["eager"] == digests["graph"],
          reductions_per_token_per_rank=[c / (2 * args.rows * args.steps) for c in census],
-         graph_census=model.graph_census(graph), timing_scope="model.step over 2 ranks (driver+worker)")
+         graph_arm=graph_arm, graph_census=model.graph_census(graph),
+         timing_scope="model.step over 2 ranks (driver+worker)")
     model.close()
 
 

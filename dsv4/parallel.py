@@ -24,9 +24,17 @@ SITES = ("attention", "moe")
 
 
 class Comm:
-    def __init__(self, n_layers: int, device, rank: int = 0, world: int = 1, group=None):
+    def __init__(self, n_layers: int, device, rank: int = 0, world: int = 1, group=None, reduce: str = "nccl"):
+        """reduce: "nccl" (torch.distributed all_reduce: NCCL on GPU, gloo on CPU) or "symm"
+        (torch.ops.symm_mem.one_shot_all_reduce over a symmetric-memory buffer; CUDA, world > 1)."""
         self.rank, self.world, self.group, self.n_layers = rank, world, group, n_layers
         self.device = torch.device(device)
+        if reduce not in ("nccl", "symm"):
+            raise ValueError(f"reduce {reduce!r}: allowed 'nccl', 'symm'")
+        if reduce == "symm" and (world == 1 or self.device.type != "cuda"):
+            raise ValueError("reduce='symm' needs CUDA and more than one rank")
+        self.reduce = reduce
+        self._symm: dict[torch.dtype, torch.Tensor] = {}
         self.backend = None
         if world > 1:
             import torch.distributed as dist
@@ -60,11 +68,29 @@ class Comm:
         wire = torch.float32 if self.backend == "gloo" and x.dtype != torch.float64 else x.dtype
         payload = torch.cat([x.flatten().to(wire), refused.to(wire).view(1)])
         if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(payload, group=self.group)
+            payload = self._reduce(payload)
         self.verdict.add_(payload[-1].float())
         return payload[:-1].view_as(x).to(x.dtype)
+
+    def _reduce(self, payload: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        if self.reduce == "nccl":
+            dist.all_reduce(payload, group=self.group)
+            return payload
+        # One-shot: every rank reads every peer's buffer over NVLink and sums; the buffer is
+        # symmetric memory, allocated (collectively, in step order) the first time a size is seen.
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = self.group or dist.group.WORLD
+        buf = self._symm.get(payload.dtype)
+        if buf is None or buf.numel() < payload.numel():
+            buf = symm_mem.empty(max(payload.numel(), 8192), dtype=payload.dtype, device=self.device)
+            symm_mem.rendezvous(buf, group.group_name)
+            self._symm[payload.dtype] = buf
+        view = buf[:payload.numel()]
+        view.copy_(payload)
+        return torch.ops.symm_mem.one_shot_all_reduce(view, "sum", group.group_name)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's x along dim 0 (the vocab-parallel head's logits)."""
