@@ -88,9 +88,10 @@ class Comm:
             buf = symm_mem.empty(max(payload.numel(), 8192), dtype=payload.dtype, device=self.device)
             symm_mem.rendezvous(buf, group.group_name)
             self._symm[payload.dtype] = buf
-        view = buf[:payload.numel()]
-        view.copy_(payload)
-        return torch.ops.symm_mem.one_shot_all_reduce(view, "sum", group.group_name)
+        n = payload.numel() + payload.numel() % 2  # the kernel reads 4-byte words: pad a bf16 payload to even
+        view = buf[:n]
+        view[:payload.numel()].copy_(payload)
+        return torch.ops.symm_mem.one_shot_all_reduce(view, "sum", group.group_name)[:payload.numel()]
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's x along dim 0 (the vocab-parallel head's logits)."""

@@ -153,11 +153,11 @@ class Gate:
         if not self.graph_arm:
             return
         same([1] * self.world, self.captures(state), "captured exactly once", **where)
-        for rank, census in enumerate(each(self.model, "graph_census", state)):
-            same(2 * self.L, census.get("collectives"), "captured collectives", rank=rank, **where)
-            same(2 * self.L, census.get("hc_posts"), "captured mHC posts", rank=rank, **where)
-            same(1, census.get("embedding"), "captured embedding", rank=rank, **where)
-            same(0, census.get("unsupported"), "unsupported graph nodes", rank=rank, **where)
+        for r, census in enumerate(each(self.model, "graph_census", state)):
+            same(2 * self.L, census.get("collectives"), "captured collectives", graph_rank=r, **where)
+            same(2 * self.L, census.get("hc_posts"), "captured mHC posts", graph_rank=r, **where)
+            same(1, census.get("embedding"), "captured embedding", graph_rank=r, **where)
+            same(0, census.get("unsupported"), "unsupported graph nodes", graph_rank=r, **where)
 
     def words(self) -> list[int]:
         return self.model.refusal_words()
