@@ -76,7 +76,30 @@ def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *,
     return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tokenizer)
 
 
-class Model:
+class PerRankViews:
+    """Per-rank views for gates and tests, one entry per rank, all built on `each(name, *args)`
+    (a Model has one rank; a DistributedModel asks every rank)."""
+
+    def digests_all(self, state) -> list[tuple[str, str, int]]:
+        return self.each("digests", state)
+
+    def logits_sha_all(self, state) -> list[str]:
+        return self.each("logits_sha", state)
+
+    def census_all(self) -> list[list[list[int]]]:
+        return [torch.as_tensor(c).tolist() for c in self.each("census")]
+
+    def replay_counts_all(self, state) -> list[list[int]]:
+        return self.each("replay_counts", state)
+
+    def captures_all(self, state) -> list[int]:
+        return self.each("captures", state)
+
+    def graph_census_all(self, state) -> list[dict]:
+        return self.each("graph_census", state)
+
+
+class Model(PerRankViews):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
         self.comm = transformer.comm
@@ -191,7 +214,8 @@ class Model:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
         state = self.new_state(capacity or len(ids) + max_tokens)
-        self.prefill(state, ids[:-1]) if len(ids) > 1 else None
+        if len(ids) > 1:
+            self.prefill(state, ids[:-1])
         token = ids[-1]
         for _ in range(max_tokens):
             token = self.step(state, token, sampling)
@@ -256,25 +280,6 @@ class Model:
     def each(self, name: str, *args) -> list:
         """Every rank's answer to `name(*args)` (one rank here; a DistributedModel asks all of them)."""
         return [getattr(self, name)(*args)]
-
-    # Per-rank views: one entry per rank (a DistributedModel answers for every rank).
-    def digests_all(self, state: DecodeState) -> list[tuple[str, str, int]]:
-        return [state.digest()]
-
-    def logits_sha_all(self, state: DecodeState) -> list[str]:
-        return [self.logits_sha(state)]
-
-    def census_all(self) -> list[list[list[int]]]:
-        return [self.comm.census.tolist()]
-
-    def replay_counts_all(self, state: DecodeState) -> list[list[int]]:
-        return [state.counts.tolist()]
-
-    def captures_all(self, state: DecodeState) -> list[int]:
-        return [self.captures(state)]
-
-    def graph_census_all(self, state: DecodeState) -> list[dict]:
-        return [self.graph_census(state)]
 
 
 __all__ = ["load", "Model", "RefusalError", "CapacityError", "QuarantineError"]

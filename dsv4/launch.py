@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .engine import Model, load
+from .engine import Model, PerRankViews, load
 
 DEFAULT_TIMEOUT = 120.0  # seconds a collective or a rank's answer may take before the driver gives up
 _CLOSE_GRACE = 10.0  # seconds a worker gets to leave after close() before it is terminated
@@ -284,7 +284,7 @@ class DistributedState:
         return f"DistributedState(id={self._sid}, capacity={self.capacity}, host_pos={self.host_pos})"
 
 
-class DistributedModel:
+class DistributedModel(PerRankViews):
     """The Model API over N ranks (see the module docstring); rank 0 is `self.local`."""
 
     def __init__(self, spec: dict, world: int, timeout: float):
@@ -538,29 +538,8 @@ class DistributedModel:
         """Every rank's answer to Model.name(*args)."""
         return self._call(None, name, *args, want=True)
 
-    def _all(self, name: str, *args) -> list:
-        return [v for per_rank in self.each(name, *args) for v in per_rank]
-
     def refusal_words(self) -> list[int]:
-        return self._all("refusal_words")
-
-    def digests_all(self, state) -> list[tuple[str, str, int]]:
-        return self._all("digests_all", state)
-
-    def logits_sha_all(self, state) -> list[str]:
-        return self._all("logits_sha_all", state)
-
-    def census_all(self) -> list[list[list[int]]]:
-        return self._all("census_all")
-
-    def replay_counts_all(self, state) -> list[list[int]]:
-        return self._all("replay_counts_all", state)
-
-    def captures_all(self, state) -> list[int]:
-        return self._all("captures_all", state)
-
-    def graph_census_all(self, state) -> list[dict]:
-        return self._all("graph_census_all", state)
+        return [w for per_rank in self.each("refusal_words") for w in per_rank]
 
 
 def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int = 0,

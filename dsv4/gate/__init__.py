@@ -99,11 +99,6 @@ def looped(tokens: list[int], max_period: int = 16) -> bool:
     return any(all(tail[i] == tail[i - p] for i in range(p, k)) for p in range(1, max_period + 1))
 
 
-def each(model, name: str, *args) -> list:
-    """Every rank's answer to Model.name(*args)."""
-    return model.each(name, *args)
-
-
 def commit_id() -> str:
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
@@ -129,12 +124,12 @@ class Gate:
     # ---- per-rank views --------------------------------------------------
     def identity(self, state) -> list:
         """Per rank: (logits sha256, cache digest, hidden digest, pos)."""
-        shas = each(self.model, "logits_sha", state)
-        digests = each(self.model, "digests", state)
+        shas = self.model.each("logits_sha", state)
+        digests = self.model.each("digests", state)
         return [(s, d[0], d[1], d[2]) for s, d in zip(shas, digests)]
 
     def census(self):
-        return [torch.as_tensor(c).clone() for c in each(self.model, "census")]
+        return [torch.as_tensor(c).clone() for c in self.model.each("census")]
 
     def check_census(self, before, steps: int, **where):
         for rank, (b, a) in enumerate(zip(before, self.census())):
@@ -144,16 +139,16 @@ class Gate:
                    actual=delta.tolist())
 
     def counts(self, state) -> list[list[int]]:
-        return each(self.model, "replay_counts", state)
+        return self.model.each("replay_counts", state)
 
     def captures(self, state) -> list[int]:
-        return each(self.model, "captures", state)
+        return self.model.each("captures", state)
 
     def capture_once(self, state, **where):
         if not self.graph_arm:
             return
         same([1] * self.world, self.captures(state), "captured exactly once", **where)
-        for r, census in enumerate(each(self.model, "graph_census", state)):
+        for r, census in enumerate(self.model.each("graph_census", state)):
             same(2 * self.L, census.get("collectives"), "captured collectives", graph_rank=r, **where)
             same(2 * self.L, census.get("hc_posts"), "captured mHC posts", graph_rank=r, **where)
             same(1, census.get("embedding"), "captured embedding", graph_rank=r, **where)
@@ -172,7 +167,7 @@ class Gate:
 
     def sync(self):
         if self.model.device.type == "cuda":
-            each(self.model, "synchronize")
+            self.model.each("synchronize")
 
     # ---- the protocol ----------------------------------------------------
     def prompt(self) -> tuple[list[int], str]:
@@ -253,7 +248,7 @@ class Gate:
         expect(not looped(inputs), "looped correctness stream is not performance eligible",
                tail=inputs[-32:])
         self.r.emit("REPLAY_CENSUS", {"scope": "correctness",
-                                      "rank_segments": each(model, "graph_census", graph)})
+                                      "rank_segments": model.each("graph_census", graph)})
         identity = self.identity(control)
         graph.discard()
         return inputs, identity
@@ -371,7 +366,7 @@ class Gate:
                 "control_sha256": control.hexdigest(), "speculative": False})
             if row == (0 if self.args.reverse else 5) and graph_row:
                 self.r.emit("REPLAY_CENSUS", {"scope": "scored",
-                                              "rank_segments": each(model, "graph_census", active)})
+                                              "rank_segments": model.each("graph_census", active)})
         eager_tok_s = rows["eager"] * self.output * 1e9 / walls["eager"]
         graph_tok_s = rows["graph"] * self.output * 1e9 / walls["graph"] if rows["graph"] else None
         self.r.emit("REPLAY_SUMMARY", {
