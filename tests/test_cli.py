@@ -1,0 +1,47 @@
+"""The command line: the README's quick start and `dsv4 synth`."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+import dsv4
+
+
+def dsv4_cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "dsv4.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_quick_start_generate():
+    proc = dsv4_cli("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Hello")
+    assert "8 tokens" in proc.stderr or "tokens in" in proc.stderr
+
+
+def test_synth_then_load(tmp_path):
+    out = tmp_path / "ckpt"
+    proc = dsv4_cli("synth", "--preset", "tiny", "--out", str(out), "--seed", "3", "--quant", "fp8")
+    assert proc.returncode == 0, proc.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "fp8" and cfg["expert_dtype"] == "fp4"
+    model = dsv4.load(out, device="cpu")
+    state = model.new_state(8)
+    assert torch.isfinite(model.prefill(state, [5, 6, 7])).all()
+    again = dsv4_cli("synth", "--preset", "tiny", "--out", str(out))
+    assert again.returncode == 2 and str(out) in again.stderr  # never overwrites
+
+
+def test_synth_from_config_and_bad_args(tmp_path):
+    cfg = dsv4.config.preset("tiny").to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "num_hidden_layers": 3, "layer_types": cfg["layer_types"][:3],
+                                "mlp_layer_types": ["hash_moe", "moe", "moe"]}))
+    assert dsv4_cli("synth", "--config", str(path), "--out", str(tmp_path / "c")).returncode == 0
+    assert dsv4.load(tmp_path / "c", device="cpu").cfg.num_hidden_layers == 3
+    neither = dsv4_cli("synth", "--out", str(tmp_path / "d"))
+    assert neither.returncode == 2 and "exactly one of" in neither.stderr
+    path.write_text(json.dumps({**cfg, "scoring_func": "relu"}))
+    bad = dsv4_cli("synth", "--config", str(path), "--out", str(tmp_path / "e"))
+    assert bad.returncode == 2 and "scoring_func" in bad.stderr and not (tmp_path / "e").exists()
