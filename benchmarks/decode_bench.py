@@ -40,7 +40,6 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--rows", type=int, default=8)
     args = ap.parse_args()
-    os.environ.setdefault("DSV4_GRAPH_DUMP", "1")
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     model = dsv4.load(args.preset, device="cuda", seed=0)

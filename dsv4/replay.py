@@ -6,18 +6,15 @@ in a static output buffer: the only readback. Counters:
 
 * captures: graphs captured for this state (must stay 1: nothing recaptures silently);
 * replays [forward, commit]: the state's device counters, advanced inside the graph;
-* census: what the captured graph holds, counted while it was captured
-  (collectives, embedding lookups, mHC posts) and, where torch can dump the graph,
-  its kernel / memcpy / memset nodes. "unsupported" counts what would break replay
-  (a capture that failed), and must be 0.
+* census: what the captured graph holds: collectives, embedding lookups and mHC posts
+  counted while it was captured, and its kernel / memcpy / memset nodes counted from the
+  profiler's activities during the first replay (a one-off cost inside the first step).
+  "unsupported" counts what would break replay (a capture that failed), and must be 0.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import re
-import tempfile
 
 import torch
 
@@ -55,9 +52,6 @@ class FullTokenReplay:
         graph = torch.cuda.CUDAGraph()
         trace = collections.Counter()
         model.transformer.trace = trace
-        dump = os.environ.get("DSV4_GRAPH_DUMP") is not None
-        if dump:
-            graph.enable_debug_mode()
         try:
             with torch.inference_mode(), torch.cuda.graph(graph):
                 self.out = model.step_device(state, self.sampling)
@@ -70,8 +64,6 @@ class FullTokenReplay:
         self.captures += 1
         self.census = {"collectives": trace["collective"], "embedding": trace["embedding"],
                        "hc_posts": trace["hc_post"], "unsupported": 0}
-        if dump:
-            self.census.update(_dump_nodes(graph))
 
     def replay(self, state, sampling) -> torch.Tensor:
         if sampling != self.sampling:
@@ -79,22 +71,29 @@ class FullTokenReplay:
                               "(a new graph would be a silent recapture)")
         if self.graph is None:
             self._capture(state)
-        self.graph.replay()
+            self._replay_counting_nodes()
+        else:
+            self.graph.replay()
         return self.out
 
-
-def _dump_nodes(graph) -> dict[str, int]:
-    """Kernel / memcpy / memset node counts from the graph's DOT dump."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "graph.dot")
-        graph.debug_dump(path)
-        if not os.path.exists(path):  # some torch builds write nothing; the census then lacks node counts
-            return {}
-        text = open(path).read()
-    kinds = collections.Counter(re.findall(r'\b(KERNEL|MEMCPY|MEMSET|HOST|EVENT_RECORD|EVENT_WAIT|EMPTY|GRAPH)\b', text))
-    nccl = len(re.findall(r"nccl\w*Kernel", text))
-    return {"kernel_nodes": kinds["KERNEL"], "memcpy_nodes": kinds["MEMCPY"], "memset_nodes": kinds["MEMSET"],
-            "host_nodes": kinds["HOST"], "nccl_kernels": nccl}
+    def _replay_counting_nodes(self):
+        """The first replay, under the profiler: its kernel / memcpy / memset activities are the graph's nodes."""
+        replayed = False
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                self.graph.replay()
+                replayed = True
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - counting must never cost the replay
+            self.census["nodes_uncounted"] = str(e)[:200]
+            if not replayed:
+                self.graph.replay()
+            return
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        memcpy = sum(n.startswith("Memcpy") for n in names)
+        memset = sum(n.startswith("Memset") for n in names)
+        self.census.update(kernel_nodes=len(names) - memcpy - memset, memcpy_nodes=memcpy, memset_nodes=memset,
+                           collective_kernels=sum("nccl" in n.lower() or "all_reduce" in n.lower() for n in names))
 
 
 def enable(model, state, sampling):
