@@ -113,3 +113,12 @@ def test_bf16_runs_finite():
     s = m.new_state(64)
     logits = m.prefill(s, ids(60, 4), chunk_size=16)
     assert torch.isfinite(logits).all()
+
+
+def test_replay_needs_cuda_and_says_so(model):
+    from dsv4.replay import ReplayError
+
+    state = model.new_state(8)
+    with pytest.raises(ReplayError, match="needs a CUDA state"):
+        model.enable_replay(state)
+    assert state.replay is None and model.captures(state) == 0
