@@ -229,7 +229,9 @@ class ModelConfig:
         d = {
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
-            "torch_dtype": "bfloat16",
+            # HF reads this as its default load dtype; its DeepseekV4 (5.17) crashes on its own
+            # fp32-kept modules when loaded bf16, so float32 makes `from_pretrained(dir)` just work.
+            "torch_dtype": "float32",
         }
         for f in dataclasses.fields(self):
             if f.name in ("layer_types", "compress_rates", "mlp_layer_types", "quantization_config"):
