@@ -122,3 +122,20 @@ def test_replay_needs_cuda_and_says_so(model):
     with pytest.raises(ReplayError, match="needs a CUDA state"):
         model.enable_replay(state)
     assert state.replay is None and model.captures(state) == 0
+
+
+@torch.inference_mode()
+def test_prefill_continues_a_sequence_at_any_position(model):
+    """A chunk may start anywhere: inside a sliding window, a CSA window and an HCA window."""
+    stream = ids(60, 5)
+    ref_state = model.new_state(64)
+    ref = [model.decode(ref_state, t) for t in stream]
+    state = model.new_state(64)
+    for t in stream[:5]:
+        model.decode(state, t)
+    model.prefill(state, stream[5:27], chunk_size=7)  # chunks start at 5, 12, 19, 26
+    assert rel(state.logits, ref[26]) <= TOL
+    model.prefill(state, stream[27:50], chunk_size=50)  # one chunk spanning an HCA close (48)
+    assert rel(state.logits, ref[49]) <= TOL
+    for j, t in enumerate(stream[50:]):
+        assert rel(model.decode(state, t), ref[50 + j]) <= TOL, f"decode after prefill, step {j}"
