@@ -18,68 +18,54 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CSA, ModelConfig
-from .compressor import (Write, committed_visible, compress, index_topk, new_visible, stage_entries)
+from .compressor import Write, compress, index_topk
 from .norm import rms_norm, unweighted_rms_norm
-from .rope import Rope, apply_rope
+from .rope import apply_rope
+from .step import Step
 
 
 def linear(x, w):
     return F.linear(x, w.dequant(x.dtype))
 
 
-def sliding_keys(win: torch.Tensor, kv: torch.Tensor, pos, positions, window: int):
-    """Keys [ring | chunk] and the [T, W+T] mask of those inside each query's window."""
-    last = pos - 1
-    ring_pos = last - torch.remainder(last - torch.arange(window, device=kv.device), window)
-    key_pos = torch.cat([ring_pos, positions])
-    q = positions.unsqueeze(-1)
-    visible = (key_pos >= 0) & (key_pos <= q) & (key_pos > q - window)
-    return torch.cat([win, kv]), visible
-
-
-def attention(x, positions, pos, w: dict, cache, layer: int, cfg: ModelConfig, rope: Rope, heads: int,
+def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
               writes: list[Write]) -> torch.Tensor:
     """x [T, D] (normed collapsed streams) -> partial attention output [T, D]."""
     T, hd, eps = x.shape[0], cfg.head_dim, cfg.rms_norm_eps
     m = cfg.compress_rate(layer)
-    cos, sin = rope.cos_sin(positions, "compress" if m else "main")
+    cos, sin = step.cos_sin("compress" if m else "main")
 
     q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
     q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(T, heads, hd), eps)
     q = apply_rope(q, cos, sin)
     kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
 
-    keys, visible = sliding_keys(cache.win, kv, pos, positions, cfg.sliding_window)
-    n = min(T, cfg.sliding_window)
-    writes.append(Write(cache.win, torch.remainder(pos + T - n + torch.arange(n, device=x.device),
-                                                   cfg.sliding_window), kv[T - n:]))
+    visible, slots = step.sliding()
+    keys = torch.cat([cache.win, kv])
+    writes.append(Write(cache.win, slots, kv[T - min(T, cfg.sliding_window):]))
     scale = hd ** -0.5
     logits = [torch.einsum("thd,kd->thk", q, keys).mul(scale).masked_fill(~visible.unsqueeze(1), float("-inf"))]
     values = [keys]
 
     if m:
-        c = w["compressor"]
         csa = cfg.layer_types[layer] == CSA
-        new = compress(x, c["wkv"], c["wgate"], c["ape"], c["norm"], cache.ckv, cache.cgate, pos, m, csa, rope,
-                       eps, writes)
-        stage_entries(cache.comp, new, writes)
-        committed = committed_visible(cache.comp, pos, m)
+        win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
+        new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes)
         if csa:
             i = w["indexer"]
-            inew = compress(x, i["wkv"], i["wgate"], i["ape"], i["norm"], cache.ikv, cache.igate, pos, m, True,
-                            rope, eps, writes)
-            stage_entries(cache.icomp, inew, writes)
-            sel, valid = index_topk(q_res, x, positions, i, cache.icomp, inew, committed, m, cfg.index_topk, rope,
+            inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes)
+            ccos, csin = step.cos_sin("compress")
+            sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
                                     cfg.index_n_heads, cfg.index_head_dim)
             ns = cache.comp.shape[0]
             from_new = sel >= ns
-            picked = torch.where(from_new.unsqueeze(-1), new.rows[(sel - ns).clamp(0, new.rows.shape[0] - 1)],
+            picked = torch.where(from_new.unsqueeze(-1), new[(sel - ns).clamp(0, new.shape[0] - 1)],
                                  cache.comp[sel.clamp(max=ns - 1)])  # [T, K, hd]
             logits.append(torch.einsum("thd,tkd->thk", q, picked).mul(scale)
                           .masked_fill(~valid.unsqueeze(1), float("-inf")))
             values.append(picked)
         else:
-            for rows, vis in ((cache.comp, committed.expand(T, -1)), (new.rows, new_visible(new, positions, m))):
+            for rows, vis in ((cache.comp, win.committed.expand(T, -1)), (new, win.visible)):
                 logits.append(torch.einsum("thd,kd->thk", q, rows).mul(scale)
                               .masked_fill(~vis.unsqueeze(1), float("-inf")))
                 values.append(rows)

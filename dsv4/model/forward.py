@@ -21,6 +21,7 @@ from .hc import hc_head, hc_post, hc_pre
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
+from .step import Step
 from .weights import QWeight, check_split, expert_range
 
 
@@ -94,16 +95,15 @@ class Transformer:
         """tokens [T] at positions state.pos.. -> (staged writes, final streams [T, hc, D])."""
         cfg, comm = self.cfg, self.comm
         T = tokens.shape[0]
-        pos = state.pos
-        positions = pos + torch.arange(T, device=self.device)
+        step = Step(state.pos, T, self.rope, cfg.sliding_window)
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
         h = x.unsqueeze(1).expand(T, cfg.hc_mult, cfg.hidden_size).contiguous()
         writes: list[Write] = []
         for i, L in enumerate(self.layers):
             post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
-            a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), positions, pos, L["attn"],
-                          state.layers[i], i, cfg, self.rope, self.heads, writes)
+            a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), step, L["attn"],
+                          state.layers[i], i, cfg, self.heads, writes)
             h = self._post(comm.all_reduce(a, i, "attention"), post, comb, h)
             post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
             f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"], self.experts.start, cfg)

@@ -1,0 +1,97 @@
+"""What every layer of one step shares, computed once per step rather than once per layer.
+
+A chunk of T tokens at device position `pos`: its positions, the rope tables, which sliding-window
+keys each query sees and where its rows land in the ring, and for each compression rate the
+geometry of the windows the chunk touches. All of it depends on (pos, T) alone, so the layers of a
+step read it from here; everything stays device tensors (no host sync, static shapes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .rope import Rope
+
+
+def windows_touched(T: int, m: int) -> int:
+    """Most windows a chunk of T tokens can touch, over every alignment of its start."""
+    return (T + m - 2) // m + 1
+
+
+def ring_slots(pos, T: int, R: int, device) -> torch.Tensor:
+    """Ring slots (position % R) of the chunk's last min(T, R) tokens: the rows a ring keeps."""
+    n = min(T, R)
+    return torch.remainder(pos + T - n + torch.arange(n, device=device), R)
+
+
+@dataclass
+class Windows:
+    """The windows of rate m a chunk touches, for rings of R rows and stores of `rows` rows.
+
+    Rows of earlier tokens come from the ring, this chunk's from its projections: `cur` / `prev`
+    index the stream [ring | chunk] for each window's own positions and the previous window's.
+    """
+
+    wids: torch.Tensor  # [n_win] window ids
+    closed: torch.Tensor  # [n_win] closed within this chunk
+    cur: torch.Tensor  # [n_win, m] stream rows of each window's positions
+    prev: torch.Tensor  # [n_win, m] stream rows of the previous window's positions
+    prev_live: torch.Tensor  # [n_win, m, 1] the previous window exists (w > 0)
+    cos: torch.Tensor  # rope at each window's first position
+    sin: torch.Tensor
+    slots: torch.Tensor  # ring slots of the rows this chunk leaves in the ring
+    store_index: torch.Tensor  # [n_win] store row of each window (id modulo the store's rows)
+    committed: torch.Tensor  # [rows] store row holds a closed window
+    visible: torch.Tensor  # [T, n_win] window visible to each query: closed and w < (q+1)//m
+
+
+class Step:
+    def __init__(self, pos: torch.Tensor, T: int, rope: Rope, window: int):
+        self.pos, self.T, self.rope, self.window = pos, T, rope, window
+        self.device = pos.device
+        self.positions = pos + torch.arange(T, device=self.device)
+        self._cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._windows: dict[tuple[int, int, int], Windows] = {}
+        self._sliding = None
+
+    def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if kind not in self._cos_sin:
+            self._cos_sin[kind] = self.rope.cos_sin(self.positions, kind)
+        return self._cos_sin[kind]
+
+    def sliding(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(visible [T, W+T] over keys [ring | chunk], ring slots of the chunk's kept rows)."""
+        if self._sliding is None:
+            W, pos = self.window, self.pos
+            last = pos - 1
+            ring_pos = last - torch.remainder(last - torch.arange(W, device=self.device), W)
+            key_pos = torch.cat([ring_pos, self.positions])
+            q = self.positions.unsqueeze(-1)
+            visible = (key_pos >= 0) & (key_pos <= q) & (key_pos > q - W)
+            self._sliding = visible, ring_slots(pos, self.T, W, self.device)
+        return self._sliding
+
+    def windows(self, m: int, R: int, rows: int) -> Windows:
+        key = (m, R, rows)
+        if key not in self._windows:
+            self._windows[key] = self._make_windows(m, R, rows)
+        return self._windows[key]
+
+    def _make_windows(self, m: int, R: int, rows: int) -> Windows:
+        pos, T, dev = self.pos, self.T, self.device
+
+        def stream_row(q):  # where position q lives in [ring | chunk]
+            return torch.where(q < pos, torch.remainder(q, R), R + (q - pos)).clamp(0, R + T - 1)
+
+        wids = pos // m + torch.arange(windows_touched(T, m), device=dev)
+        cur = wids.unsqueeze(-1) * m + torch.arange(m, device=dev)
+        cos, sin = self.rope.cos_sin(wids * m, "compress")
+        closed = (wids + 1) * m <= pos + T
+        return Windows(
+            wids=wids, closed=closed, cur=stream_row(cur), prev=stream_row(cur - m),
+            prev_live=(cur - m >= 0).unsqueeze(-1), cos=cos, sin=sin, slots=ring_slots(pos, T, R, dev),
+            store_index=torch.remainder(wids, rows),
+            committed=torch.arange(rows, device=dev) < pos // m,
+            visible=closed.unsqueeze(0) & (wids.unsqueeze(0) < ((self.positions + 1) // m).unsqueeze(-1)))
