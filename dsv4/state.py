@@ -96,7 +96,7 @@ class DecodeState:
         other.check_open()
         if (other.cfg is not self.cfg and other.cfg != self.cfg) or other.capacity != self.capacity:
             raise ValueError("restore needs a state of the same model and capacity")
-        for (_, dst), (_, src) in zip(self.committed(), other.committed()):
+        for (_, dst), (_, src) in zip(self.committed(), other.committed(), strict=True):
             dst.copy_(src)
         self.host_pos = other.host_pos
 

@@ -8,7 +8,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 import dsv4
 from dsv4.gate import Gate, GateFailure, Receipts, looped

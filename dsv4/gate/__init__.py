@@ -126,13 +126,13 @@ class Gate:
         """Per rank: (logits sha256, cache digest, hidden digest, pos)."""
         shas = self.model.each("logits_sha", state)
         digests = self.model.each("digests", state)
-        return [(s, d[0], d[1], d[2]) for s, d in zip(shas, digests)]
+        return [(s, d[0], d[1], d[2]) for s, d in zip(shas, digests, strict=True)]
 
     def census(self):
         return [torch.as_tensor(c).clone() for c in self.model.each("census")]
 
     def check_census(self, before, steps: int, **where):
-        for rank, (b, a) in enumerate(zip(before, self.census())):
+        for rank, (b, a) in enumerate(zip(before, self.census(), strict=True)):
             delta = a - b
             expect(bool((delta == steps).all()), "collective census", rank=rank, steps=steps, **where,
                    expected=f"{steps} per (layer, site), {2 * self.L * steps} in all",
@@ -233,8 +233,8 @@ class Gate:
             same(expected, actual, "sampled token", position=position)
             same(control.host_pos, graph.host_pos, "position", position=position)
             ident_c, ident_g = self.identity(control), self.identity(graph)
-            for rank, (c, g) in enumerate(zip(ident_c, ident_g)):
-                for field, a, b in zip(("logits_sha256", "cache_digest", "hidden_digest", "pos"), c, g):
+            for rank, (c, g) in enumerate(zip(ident_c, ident_g, strict=True)):
+                for field, a, b in zip(("logits_sha256", "cache_digest", "hidden_digest", "pos"), c, g, strict=True):
                     same(a, b, f"full state: {field}", rank=rank, position=position, step=step)
             self.check_census(before, 2, position=position)
             same([[step + 1, step + 1]] * self.world, self.counts(graph), "replay counts", position=position)
@@ -284,7 +284,7 @@ class Gate:
                 words = [code if r == rank else 0 for r in range(self.world)]
                 same(words, self.words(), "refusal words", **where)
                 after = self.identity(failed)
-                for r, (b, a) in enumerate(zip(before, after)):
+                for r, (b, a) in enumerate(zip(before, after, strict=True)):
                     same(b[1:], a[1:], "refused step changed the cache/hidden/pos", state_rank=r, **where)
                 after_counts = self.counts(failed)
                 same([[c[0] + 1, c[1]] for c in counts], after_counts, "refusal committed", **where)
@@ -350,7 +350,7 @@ class Gate:
                 control.update(struct_f32(uniform(self.sampling.seed, self.prime + i + 1)))
                 control.update((0).to_bytes(8, "little"))
             after_counts = self.counts(active)
-            for rb, ra in zip(before_counts, after_counts):
+            for rb, ra in zip(before_counts, after_counts, strict=True):
                 same([self.output, self.output], [ra[0] - rb[0], ra[1] - rb[1]], "row replay counts", row=row)
             if graph_row:
                 self.capture_once(active, row=row)
