@@ -18,6 +18,7 @@ import torch
 from .config import ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
+from .sampler import SamplingParams, sample
 from .state import CapacityError, DecodeState, QuarantineError
 
 
@@ -184,8 +185,6 @@ class Model(PerRankViews):
 
         The token drawn goes to position state.pos after the commit, and is drawn with pos = that position.
         """
-        from .sampler import SamplingParams
-
         sampling = sampling or SamplingParams()
         state.check_open()
         state.check_room(1)
@@ -201,8 +200,6 @@ class Model(PerRankViews):
 
     def step_device(self, state: DecodeState, sampling) -> torch.Tensor:
         """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64."""
-        from .sampler import sample
-
         verdict = self.transformer.transaction(state, state.input)
         state.token.copy_(sample(state.logits, sampling, state.pos))
         return torch.stack([state.token.double(), verdict.double()])
@@ -229,7 +226,6 @@ class Model(PerRankViews):
     def enable_replay(self, state: DecodeState, sampling=None):
         """Capture this state's step into one CUDA graph at its next step; replay it ever after."""
         from . import replay
-        from .sampler import SamplingParams
 
         return replay.enable(self, state, sampling or SamplingParams())
 
@@ -261,8 +257,6 @@ class Model(PerRankViews):
 
     def draw(self, state: DecodeState, sampling) -> int:
         """Sample the token for position state.pos from the state's logits, without a step."""
-        from .sampler import sample
-
         return int(sample(state.logits, sampling, state.pos))
 
     def logits_sha(self, state: DecodeState) -> str:
