@@ -93,12 +93,6 @@ class PerRankViews:
     def replay_counts_all(self, state) -> list[list[int]]:
         return self.each("replay_counts", state)
 
-    def captures_all(self, state) -> list[int]:
-        return self.each("captures", state)
-
-    def graph_census_all(self, state) -> list[dict]:
-        return self.each("graph_census", state)
-
 
 class Model(PerRankViews):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
