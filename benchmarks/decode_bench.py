@@ -4,13 +4,15 @@ Prints one JSON record per line. Rows alternate arms (ABBA) and each times `--st
 steps end to end (model.step: forward, commit, head, sample and the readback), from the same
 restored prefix; the figure is the median of each arm's rows. Launches per token: kernel nodes
 of the captured graph (the eager step launches the same kernels one by one), and CUDA kernel
-launches of one eager step counted by torch.profiler.
+launches of one eager step counted by torch.profiler. DSV4_KERNELS=torch|auto picks the torch
+reference or the fused Triton kernels (dsv4.kernels); the records carry which.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -46,7 +48,7 @@ def main():
     build_s = time.perf_counter() - t0
     emit("BUILD", preset=args.preset, build_s=round(build_s, 2),
          gpu_mem_gib=round(torch.cuda.memory_allocated() / 2**30, 2), device=torch.cuda.get_device_name(),
-         commit=commit_id(), torch=torch.__version__)
+         commit=commit_id(), torch=torch.__version__, kernels=os.environ.get("DSV4_KERNELS", "auto"))
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = torch.randint(2, model.cfg.vocab_size, (args.prime,), generator=torch.Generator().manual_seed(1)).tolist()
     cap = args.prime + args.steps + 8
@@ -94,7 +96,7 @@ def main():
          graph_over_eager=round(g / e, 3), same_stream=streams["eager"] == streams["graph"],
          eager_cuda_kernels_per_token=kernels, graph_replay_kernels_per_token=graph_kernels, graph_census=census, captures=model.captures(graph),
          timing_scope="model.step: forward+commit+head+sample+readback", device=torch.cuda.get_device_name(),
-         commit=commit_id())
+         kernels=os.environ.get("DSV4_KERNELS", "auto"), commit=commit_id())
 
 
 if __name__ == "__main__":

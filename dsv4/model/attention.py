@@ -79,7 +79,7 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
         start += lg.shape[-1]
         o = torch.einsum("thk,kd->thd", p, v) if v.dim() == 2 else torch.einsum("thk,tkd->thd", p, v)
         out = o if out is None else out + o
-    out = apply_rope(out, cos, -sin)
+    out = apply_rope(out, cos, sin, inverse=True)
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
     wo_a = w["wo_a"].dequant(x.dtype).view(groups, cfg.o_lora_rank, -1)

@@ -11,13 +11,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..config import ModelConfig
+from ..kernels import hc as fused
 from .norm import unweighted_rms_norm
 
 
 def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
+    if kernels.use_triton(h) and fused.supported(h, hc):
+        return fused.hc_pre(h, fn, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
     pre_w, post_w, comb_w = F.linear(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])

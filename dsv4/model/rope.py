@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..config import ModelConfig, yarn_inv_freq
+from ..kernels import rope as fused
 
 
 class Rope:
@@ -26,11 +28,15 @@ class Rope:
         return freqs.cos(), freqs.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the trailing 2*cos.shape[-1] channels of x [..., T, (heads,) dim].
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the trailing 2*cos.shape[-1] channels of x [..., T, (heads,) dim] (by -sin if inverse).
 
     cos/sin are [T, rd/2]; when x has a heads axis after T they broadcast over it.
     """
+    if kernels.use_triton(x) and fused.supported(x, cos):
+        return fused.apply_rope(x, cos, sin, inverse)
+    if inverse:
+        sin = -sin
     rd = cos.shape[-1] * 2
     if x.dim() == cos.dim() + 1:  # [T, H, dim]
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)

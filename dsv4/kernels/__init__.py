@@ -1,0 +1,101 @@
+"""Fused Triton kernels for the decode path; each has its torch reference in dsv4.model.
+
+Decode on a GPU is bound by how many kernels a token launches (mHC's 20 Sinkhorn
+iterations alone are ~120 tiny kernels per sublayer). These kernels fuse such
+chains into one launch. They are one implementation choice of the one forward:
+eager and graph replay run the same kernels, so they stay bit-identical to each
+other; against the torch reference they agree to float rounding (tests state
+the tolerance).
+
+Policy, `DSV4_KERNELS`:
+- "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise;
+- "torch": always the torch reference (the benchmark's reference arm);
+- "triton": always Triton; CPU tensors run through Triton's interpreter
+  (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+MODES = ("auto", "torch", "triton")
+
+
+def mode() -> str:
+    m = os.environ.get("DSV4_KERNELS", "auto")
+    if m not in MODES:
+        raise ValueError(f"DSV4_KERNELS={m!r}: allowed {list(MODES)}")
+    return m
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    m = mode()
+    if m == "torch":
+        return False
+    if m == "triton":
+        if not _triton_available():
+            raise RuntimeError("DSV4_KERNELS=triton but triton does not import")
+        return True
+    return t.is_cuda and _triton_available()
+
+
+_compiled: dict = {}
+
+
+def interpreting() -> bool:
+    """Triton's interpreter runs kernels on CPU tensors; it must be chosen (TRITON_INTERPRET=1)
+    before triton is first imported, because triton.language's own helpers are built then."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def launcher(fn, t: torch.Tensor):
+    """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU)."""
+    if not t.is_cuda and not interpreting():
+        raise RuntimeError(f"{fn.__name__}: a CPU tensor needs Triton's interpreter; set TRITON_INTERPRET=1 "
+                           "before starting Python, or DSV4_KERNELS=auto|torch")
+    k = _compiled.get(fn)
+    if k is None:
+        import triton
+
+        if interpreting():
+            _round_like_the_gpu()
+
+        k = _compiled[fn] = triton.jit(fn)
+    return k
+
+
+def _round_like_the_gpu():
+    """Triton's interpreter converts fp32 to bf16 by truncation; the GPU (and torch) round to
+    nearest even. Make the interpreter round as the GPU does, so CPU tests check GPU numerics."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_dsv4_rtne", False):
+        return
+    convert = interpreter._convert_float
+
+    def convert_rtne(data, src, dst, rounding_mode):
+        if src.primitive_bitwidth == 32 and dst.is_bf16() and rounding_mode is None:
+            bits = np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint32).astype(np.uint64)
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)  # quiet NaN stays NaN
+            return rounded.reshape(np.shape(data))
+        return convert(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert_rtne
+    interpreter._dsv4_rtne = True
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

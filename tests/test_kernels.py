@@ -1,0 +1,135 @@
+"""The fused Triton kernels (dsv4.kernels) against their torch references in dsv4.model.
+
+On CPU the kernels run through Triton's interpreter (conftest sets TRITON_INTERPRET=1), on a GPU
+they are compiled. Tolerances: fp32 outputs within rtol = atol = 1e-6 (the kernels reduce in
+another order), 1e-5 for mHC's maps (its norm is applied after the 4 x D-term projection);
+bf16 outputs within one bf16 rounding step (rtol 2**-7). Whole model: the same greedy tokens and
+logits within 1e-5 of the largest logit over a prefill and decode steps crossing compressed-window
+closes. Eager and graph replay stay bit-identical because both run the same kernels
+(tests/test_replay_gpu.py, `dsv4 gate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dsv4
+from dsv4 import kernels
+from dsv4.config import preset
+from dsv4.model import hc, norm, rope
+
+pytest.importorskip("triton")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def close(a, b, dtype, tol=1e-6):
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    else:
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-5)
+
+
+def both(monkeypatch, fn):
+    """fn() under the torch reference, then under Triton."""
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = fn()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    return ref, fn()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,hc_mult,D,dtype", [(1, 4, 64, torch.float32), (3, 4, 100, torch.bfloat16),
+                                               (2, 2, 300, torch.float32), (5, 4, 4096, torch.bfloat16)])
+def test_hc_pre(monkeypatch, device, T, hc_mult, D, dtype):
+    cfg = dataclasses.replace(preset("tiny"), hc_mult=hc_mult)
+    g = torch.Generator().manual_seed(T * D)
+    h = torch.randn(T, hc_mult, D, generator=g).to(dtype).to(device)
+    n = (2 + hc_mult) * hc_mult
+    fn = (torch.randn(n, hc_mult * D, generator=g) * 0.05).to(device)
+    base = (torch.randn(n, generator=g) * 0.1).to(device)
+    scale = torch.rand(3, generator=g).to(device)
+    ref, got = both(monkeypatch, lambda: hc.hc_pre(h, fn, base, scale, cfg))
+    for r, k, name in zip(ref, got, ("post", "comb", "collapsed")):
+        assert r.dtype == k.dtype and r.shape == k.shape, name
+        close(k, r, r.dtype, tol=1e-5)
+    # comb is doubly stochastic after Sinkhorn: the kernel ran all the iterations.
+    torch.testing.assert_close(got[1].sum(-2), torch.ones(T, hc_mult, device=device), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,weighted,dtype", [((3, 64), True, torch.float32), ((2, 5, 48), False, torch.bfloat16),
+                                                  ((4, 4096), True, torch.bfloat16), ((1, 3000), True, torch.float32),
+                                                  ((2, 8, 512), False, torch.float32)])
+def test_rms_norm(monkeypatch, device, shape, weighted, dtype):
+    g = torch.Generator().manual_seed(shape[-1])
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype).to(device)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype).to(device)
+    f = (lambda: norm.rms_norm(x, w, 1e-6)) if weighted else (lambda: norm.unweighted_rms_norm(x, 1e-6))
+    ref, got = both(monkeypatch, f)
+    assert ref.dtype == got.dtype == dtype
+    close(got, ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,half,inverse,dtype", [((3, 16), 4, False, torch.float32),
+                                                      ((2, 4, 24), 8, True, torch.bfloat16),
+                                                      ((5, 8, 512), 32, False, torch.bfloat16),
+                                                      ((4, 64), 32, True, torch.float32)])
+def test_rope(monkeypatch, device, shape, half, inverse, dtype):
+    g = torch.Generator().manual_seed(half)
+    x = torch.randn(*shape, generator=g).to(dtype).to(device)
+    angles = torch.rand(shape[0], half, generator=g) * 100
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    ref, got = both(monkeypatch, lambda: rope.apply_rope(x, cos, sin, inverse=inverse))
+    close(got, ref, dtype)
+    # The non-rotated channels are copied exactly.
+    assert torch.equal(got[..., :shape[-1] - 2 * half], x[..., :shape[-1] - 2 * half])
+
+
+def test_unsupported_shapes_take_the_reference(monkeypatch):
+    """A rope half that is not a power of two, or a strided input, runs the torch reference."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    x = torch.randn(3, 20)
+    angles = torch.rand(3, 6)
+    from dsv4.kernels import rope as fused
+    assert not fused.supported(x, angles.cos())
+    assert not fused.supported(torch.randn(20, 3).t(), torch.rand(3, 4))
+    out = rope.apply_rope(x, angles.cos(), angles.sin())
+    assert out.shape == x.shape
+
+
+def test_mode_is_checked(monkeypatch):
+    monkeypatch.setenv("DSV4_KERNELS", "fast")
+    with pytest.raises(ValueError, match="DSV4_KERNELS='fast'"):
+        kernels.use_triton(torch.zeros(1))
+
+
+def test_cpu_without_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.launcher(norm.fused._rms_norm_kernel, torch.zeros(1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tiny_model_through_the_kernels(monkeypatch, device):
+    """The whole tiny model (all five layer kinds, both routers) with and without the kernels:
+    a 19-token prefill then 12 greedy decode steps crossing CSA (rate 4) and HCA (rate 16) closes."""
+    model = dsv4.load("tiny", device=device, dtype=torch.float32)
+
+    def run():
+        state = model.new_state(64)
+        logits = [model.prefill(state, list(range(1, 20))).reshape(-1, model.cfg.vocab_size)[-1]]
+        tokens = []
+        for _ in range(12):
+            tokens.append(int(logits[-1].argmax()))
+            logits.append(model.decode(state, tokens[-1]).reshape(-1, model.cfg.vocab_size)[-1])
+        return tokens, torch.stack(logits)
+
+    (ref_tokens, ref), (tokens, got) = both(monkeypatch, run)
+    assert tokens == ref_tokens
+    err = float((got - ref).abs().max() / ref.abs().max())
+    assert err <= 1e-5, err
