@@ -19,7 +19,10 @@ import torch
 import dsv4
 from dsv4 import kernels
 from dsv4.config import preset
+from dsv4.kernels import qgemv
 from dsv4.model import hc, norm, rope
+from dsv4.model import linear as linear_mod
+from dsv4.model.weights import QWeight
 
 pytest.importorskip("triton")
 
@@ -116,11 +119,24 @@ def test_cpu_without_interpreter_is_refused(monkeypatch):
         kernels.launcher(norm.fused._rms_norm_kernel, torch.zeros(1))
 
 
+@pytest.fixture(scope="module")
+def tiny_fp8(tmp_path_factory):
+    """tiny written as the official format: FP8 linears (128x128 ue8m0 blocks), FP4 experts."""
+    from dsv4.checkpoint.synth import synth
+
+    path = tmp_path_factory.mktemp("tiny_fp8")
+    synth(preset("tiny"), path, seed=3, quant="fp8")
+    return path
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_tiny_model_through_the_kernels(monkeypatch, device):
+@pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
+def test_tiny_model_through_the_kernels(monkeypatch, request, device, source):
     """The whole tiny model (all five layer kinds, both routers) with and without the kernels:
-    a 19-token prefill then 12 greedy decode steps crossing CSA (rate 4) and HCA (rate 16) closes."""
-    model = dsv4.load("tiny", device=device, dtype=torch.float32)
+    a 19-token prefill then 12 greedy decode steps crossing CSA (rate 4) and HCA (rate 16) closes.
+    tiny_fp8 also runs every linear and the routed and shared experts through the decode GEMV."""
+    model = dsv4.load(request.getfixturevalue(source) if source == "tiny_fp8" else source, device=device,
+                      dtype=torch.float32)
 
     def run():
         state = model.new_state(64)
@@ -135,3 +151,80 @@ def test_tiny_model_through_the_kernels(monkeypatch, device):
     assert tokens == ref_tokens
     err = float((got - ref).abs().max() / ref.abs().max())
     assert err <= 1e-5, err
+
+
+# ---- the decode GEMV on stored FP8/FP4 weights ---------------------------------------------------
+
+def quantised(fmt: str, rows: int, cols: int, g, experts: int = 0, scale_dtype=None) -> QWeight:
+    from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
+
+    q = quantize_fp8 if fmt == "fp8" else quantize_fp4
+    parts = [q(torch.randn(rows, cols, generator=g) * 0.05) for _ in range(max(experts, 1))]
+    data, scale = (torch.stack(p) for p in zip(*parts)) if experts else parts[0]
+    if scale_dtype is not None:
+        scale = scale.float().to(scale_dtype)
+    return QWeight(data, scale, fmt)
+
+
+def sliced(w: QWeight, rows: slice, cols: slice) -> QWeight:
+    """A rank's slice of an FP8 weight, as tensor_specs cuts it (scales of the blocks it touches)."""
+    b = 128
+    return QWeight(w.data[rows, cols].contiguous(),
+                   w.scale[rows.start // b:-(-rows.stop // b), cols.start // b:-(-cols.stop // b)].contiguous(),
+                   "fp8", rows.start, cols.start)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,T,N,K,dtype", [("fp8", 1, 300, 384, torch.float32), ("fp8", 3, 256, 200, torch.bfloat16),
+                                             ("fp4", 1, 96, 256, torch.float32), ("fp4", 2, 64, 96, torch.bfloat16)])
+def test_qgemv_linear(monkeypatch, device, fmt, T, N, K, dtype):
+    g = torch.Generator().manual_seed(N + K)
+    w = quantised(fmt, N, K, g).to(device)
+    x = torch.randn(T, K, generator=g).to(dtype).to(device)
+    assert qgemv.supported(x, w, T)  # the kernel, not the fallback, is what runs
+    ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+    assert got.dtype == dtype and got.shape == (T, N)
+    close(got, ref, dtype, tol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qgemv_slices_and_fp32_scales(monkeypatch, device):
+    """A row slice starting inside a scale block (row0 % 128 != 0) and a column slice at a block edge;
+    scales held in float32 (some releases store them so)."""
+    g = torch.Generator().manual_seed(5)
+    full = quantised("fp8", 512, 512, g)
+    for w in (sliced(full, slice(64, 320), slice(128, 512)),
+              QWeight(full.data, full.scale.float(), "fp8")):
+        w = w.to(device)
+        x = torch.randn(1, w.shape[1], generator=g).to(device)
+        assert qgemv.supported(x, w, 1)
+        ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+        close(got, ref, torch.float32, tol=1e-5)
+    # A column slice inside a block is not the kernel's: the reference runs.
+    assert not qgemv.supported(x, sliced(full, slice(0, 128), slice(64, 512)), 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qgemv_grouped(monkeypatch, device):
+    g = torch.Generator().manual_seed(7)
+    groups, O, Kg = 4, 64, 96
+    w = quantised("fp8", groups * O, Kg, g).to(device)
+    x = torch.randn(2, groups * Kg, generator=g).to(device)
+    assert qgemv.supported(x, w, 2)
+    ref, got = both(monkeypatch, lambda: linear_mod.grouped_linear(x, w, groups))
+    close(got, ref, torch.float32, tol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp4", "fp8"])
+def test_qgemv_experts(monkeypatch, device, fmt):
+    """Each of a token's k selected experts from a stacked weight, against gathering and dequantising."""
+    g = torch.Generator().manual_seed(11)
+    E, N, K, T, k = 6, 64, 128, 2, 3
+    stack = quantised(fmt, N, K, g, experts=E).to(device)
+    x = torch.randn(T, K, generator=g).to(device)
+    ids = torch.tensor([[0, 4, 5], [2, 4, 1]], device=device).flatten()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    got = linear_mod.expert_linear(x, stack, ids, k)
+    ref = torch.einsum("rnk,rk->rn", stack.dequant(torch.float32)[ids], x.repeat_interleave(k, dim=0))
+    close(got, ref, torch.float32, tol=1e-5)

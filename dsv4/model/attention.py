@@ -15,17 +15,13 @@ compressors and indexer are replicated. The output is a partial sum to reduce.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import CSA, ModelConfig
 from .compressor import Write, compress, index_topk
+from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import Step
-
-
-def linear(x, w):
-    return F.linear(x, w.dequant(x.dtype))
 
 
 def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
@@ -82,6 +78,4 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
     out = apply_rope(out, cos, sin, inverse=True)
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
-    wo_a = w["wo_a"].dequant(x.dtype).view(groups, cfg.o_lora_rank, -1)
-    grouped = torch.einsum("tgi,goi->tgo", out.reshape(T, groups, -1), wo_a).flatten(1)
-    return linear(grouped, w["wo_b"])
+    return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])

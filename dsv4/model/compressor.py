@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .linear import linear
 from .norm import rms_norm
 from .rope import apply_rope
 from .step import Windows
@@ -37,8 +38,8 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
              writes: list[Write]) -> torch.Tensor:
     """Entries [n_win, dim] of the windows a chunk x [T, D] touches; stages its ring rows and closed entries."""
     T = x.shape[0]
-    kv = torch.nn.functional.linear(x, w["wkv"].dequant(x.dtype))
-    gate = torch.nn.functional.linear(x, w["wgate"].dequant(x.dtype))
+    kv = linear(x, w["wkv"])
+    gate = linear(x, w["wgate"])
     dim = kv.shape[-1] // 2 if overlap else kv.shape[-1]
     stream_kv = torch.cat([ring_kv, kv])
     stream_gate = torch.cat([ring_gate, gate])
@@ -68,12 +69,12 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     Returns (selected [T, K] indices into that space, valid [T, K] bool).
     """
     T = x.shape[0]
-    q = torch.nn.functional.linear(q_res, w["wq_b"].dequant(x.dtype)).view(T, n_heads, head_dim)
+    q = linear(q_res, w["wq_b"]).view(T, n_heads, head_dim)
     q = apply_rope(q, cos, sin).float()
     scores = torch.cat([torch.einsum("thd,nd->thn", q, icomp.float()),
                         torch.einsum("thd,nd->thn", q, inew.float())], dim=-1)
     scores = torch.relu(scores) * head_dim ** -0.5
-    weights = torch.nn.functional.linear(x, w["weights_proj"].dequant(x.dtype)).float() * n_heads ** -0.5
+    weights = linear(x, w["weights_proj"]).float() * n_heads ** -0.5
     scores = (scores * weights.unsqueeze(-1)).sum(dim=1)  # [T, Ns + n_win]
     visible = torch.cat([win.committed.expand(T, -1), win.visible], dim=-1)
     scores = scores.masked_fill(~visible, float("-inf"))

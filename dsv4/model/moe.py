@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from .linear import expert_linear, experts_fused, linear
 from .weights import QWeight
 
 
@@ -32,7 +33,7 @@ def score(logits: torch.Tensor, func: str) -> torch.Tensor:
 
 def route(x, tokens, w: dict, cfg: ModelConfig):
     """-> (expert ids [T, k], weights [T, k])."""
-    scores = score(F.linear(x, w["gate"].dequant(x.dtype)), cfg.scoring_func)
+    scores = score(linear(x, w["gate"]), cfg.scoring_func)
     if "tid2eid" in w:
         ids = w["tid2eid"][tokens]
     else:
@@ -69,6 +70,13 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     if T * k <= n:
         # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
         e = local.clamp(0, n - 1).flatten()
+        stacks = [experts[name] for name in ("w1", "w3", "w2")]
+        if experts_fused(x, stacks):
+            # The same SwiGLU on the stored FP8/FP4 bytes of the selected experts (no gather, no dequant).
+            gate = expert_linear(x, stacks[0], e, k).clamp(max=limit)
+            up = expert_linear(x, stacks[1], e, k).clamp(min=-limit, max=limit)
+            y = expert_linear(F.silu(gate) * up, stacks[2], e, 1).view(T, k, -1)
+            return (y * weights.unsqueeze(-1)).sum(dim=1)
         w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
         xs = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T*k, 1, D]
         y = swiglu(xs, w1, w3, w2, limit).view(T, k, -1)
@@ -88,6 +96,8 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
     out = routed(x, ids, weights, w["experts"], first, cfg)
     if "shared" in w:
         s = w["shared"]
-        out = out + swiglu(x, s["w1"].dequant(x.dtype), s["w3"].dequant(x.dtype), s["w2"].dequant(x.dtype),
-                           cfg.swiglu_limit)
+        limit = cfg.swiglu_limit
+        gate = linear(x, s["w1"]).clamp(max=limit)
+        up = linear(x, s["w3"]).clamp(min=-limit, max=limit)
+        out = out + linear(F.silu(gate) * up, s["w2"])
     return out

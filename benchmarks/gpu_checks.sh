@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call on 2 x H200 (nvidia-h200-x2): the GPU checks and benchmarks of a change, results under $OUT.
+#   GPU 0: CUDA kernel tests + replay identity, then mini against HF (fp32);
+#   GPU 1: mini decode with the torch reference and with the kernels, then the kernel profile;
+#   both:  the gate on FLASH_PRIME/FLASH_OUTPUT (flash, 2 ranks; 0 skips it).
+# Usage: OUT=dir FLASH_PRIME=64 FLASH_OUTPUT=64 bash benchmarks/gpu_checks.sh
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD
+OUT=${OUT:?}
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
+(
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
+  timeout 150 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
+) &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  DSV4_KERNELS=torch timeout 120 python benchmarks/decode_bench.py --rows 4 --steps 64 > "$OUT/decode_torch.txt" 2>&1
+  timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_auto.txt" 2>&1
+  timeout 60 python benchmarks/kernel_profile.py --preset mini > "$OUT/profile_mini.txt" 2>&1
+) &
+wait
+KERNELS=auto
+grep -q "pytest rc=0" "$OUT/pytest_gpu.txt" || KERNELS=torch  # a failing kernel must not sink the flash run
+if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
+  /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-330}" \
+    python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" \
+    --out "$OUT/gate_flash.txt" > "$OUT/gate_flash_stdout.txt" 2>&1
+  echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_flash_time.txt"
+fi

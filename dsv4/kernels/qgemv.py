@@ -1,0 +1,136 @@
+"""Decode GEMV straight from FP8/FP4 weights (reference: F.linear(x, QWeight.dequant(x.dtype))).
+
+The reference dequantises a whole weight to x's dtype for each use: it writes and
+rereads the weight at two or four times its stored size, and for the routed
+experts first gathers the selected experts' bytes. Here one program computes
+BLOCK_N outputs of one row from the stored bytes: FP8 e4m3 with one scale per
+128x128 block, FP4 e2m1 (two per byte, low nibble first) with one scale per 32
+inputs; ue8m0 scales are powers of two built from their exponent byte. Sums are
+fp32, the output is rounded to x's dtype.
+
+Three shapes of the same product:
+- a linear: y[t] = W x[t];
+- a grouped linear (wo_a): output rows in groups of GROUP_N, group g reading its own
+  K-wide slice of x;
+- routed experts: row r uses expert `expert[r]` of a stacked weight and x row
+  r // ROWS_PER_X (the k selected experts of one token share its input).
+"""
+
+import torch
+
+from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
+from . import launcher
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
+BLOCK_N = 32
+
+
+def _fp4_values(nib):
+    """e2m1 nibbles (int32) -> fp32: sign bit 3, exponent bits 2-1, mantissa bit 0."""
+    e = (nib >> 1) & 3
+    m = nib & 1
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((nib & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
+                  K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
+                  EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+    nb = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_row = x_ptr + (r // ROWS_PER_X) * x_stride
+    if GROUP_N > 0:
+        x_row += ((nb * BLOCK_N) // GROUP_N) * K
+    w, s = w_ptr, s_ptr
+    if EXPERTS:
+        e = tl.load(e_ptr + r).to(tl.int64)
+        w += e * w_expert_stride
+        s += e * s_expert_stride
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if FP4:
+        # One K tile = BLOCK_K packed bytes = 2 * BLOCK_K inputs; scale group of each byte column.
+        j = tl.arange(0, BLOCK_K)
+        for b0 in range(0, K // 2, BLOCK_K):
+            b = b0 + j
+            ok = n_ok[:, None] & (b < K // 2)[None, :]
+            byte = tl.load(w + n[:, None].to(tl.int64) * (K // 2) + b[None, :], mask=ok, other=0).to(tl.int32) & 0xFF
+            x_even = tl.load(x_row + 2 * b, mask=b < K // 2, other=0.0).to(tl.float32)
+            x_odd = tl.load(x_row + 2 * b + 1, mask=b < K // 2, other=0.0).to(tl.float32)
+            sc = tl.load(s + n[:, None].to(tl.int64) * S_STRIDE + (2 * b[None, :]) // 32, mask=ok, other=0)
+            if E8M0:
+                sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+            part = _fp4_values(byte & 15) * x_even[None, :] + _fp4_values(byte >> 4) * x_odd[None, :]
+            acc += tl.sum(part * sc, axis=1)
+    else:
+        k = tl.arange(0, BLOCK_K)  # BLOCK_K == 128: one scale per row of the tile
+        s_row = s + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            ok = n_ok[:, None] & (kk < K)[None, :]
+            wv = tl.load(w + n[:, None].to(tl.int64) * K + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+            xv = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            sc = tl.load(s_row + k0 // 128, mask=n_ok, other=0)
+            if E8M0:
+                sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+            acc += tl.sum(wv * xv[None, :], axis=1) * sc
+    tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
+    if w.fmt not in ("fp8", "fp4") or rows > MAX_ROWS or w.scale is None or x.numel() == 0:
+        return False
+    if w.scale.dtype not in (torch.float8_e8m0fnu, torch.float32) or not (w.data.is_contiguous()
+                                                                           and w.scale.is_contiguous()):
+        return False
+    if w.fmt == "fp8":
+        return w.col0 % FP8_BLOCK == 0  # a K tile of 128 then has one scale per row
+    return w.col0 == 0 and w.row0 == 0 and w.shape[1] % 2 == 0
+
+
+def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0):
+    N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
+    scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
+    data = w.data.view(torch.uint8) if w.fmt == "fp4" else w.data
+    lead = data.dim() - 2
+    launcher(_qgemv_kernel, x)[(triton_cdiv(N, BLOCK_N), rows)](
+        x, data, scale, experts if experts is not None else scale, y, N, x.stride(0),
+        data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
+        w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0,
+        K=K, S_STRIDE=scale.shape[-1], FP4=w.fmt == "fp4", E8M0=scale.dtype == torch.uint8,
+        ROWS_PER_X=rows_per_x, EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=BLOCK_N,
+        BLOCK_K=64 if w.fmt == "fp4" else 128)
+    return y
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """x [..., K] -> [..., N]."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty(x2.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(x2, w, y, x2.shape[0]).view(*x.shape[:-1], w.shape[0])
+
+
+def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
+    """x [T, groups * Kg], w [groups * O, Kg] (block diagonal) -> [T, groups * O]."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(x, w, y, x.shape[0], group_n=w.shape[0] // groups)
+
+
+def expert_linear(x: torch.Tensor, stack: QWeight, experts: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+    """Row r of the output: expert experts[r] of `stack` [E, N, K] applied to x[r // rows_per_x]."""
+    x = x.contiguous()
+    rows = experts.numel()
+    y = torch.empty(rows, stack.shape[0], dtype=x.dtype, device=x.device)
+    return _launch(x, stack, y, rows, experts=experts.contiguous(), rows_per_x=rows_per_x)

@@ -1,0 +1,44 @@
+"""Linears over stored weights (`QWeight`): y = x W^T.
+
+Decode (a few rows) on a GPU runs the fused GEMV on the stored FP8/FP4 bytes
+(dsv4.kernels.qgemv); otherwise the weight is dequantised to x's dtype and one
+GEMM runs (the reference, and prefill's path). Dense weights always take the GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..kernels import qgemv
+from .weights import QWeight
+
+
+def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
+    return w.fmt != "dense" and kernels.use_triton(x) and qgemv.supported(x, w, rows)
+
+
+def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    if _fused(x, w, x.numel() // x.shape[-1]):
+        return qgemv.linear(x, w)
+    return F.linear(x, w.dequant(x.dtype))
+
+
+def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
+    """Block-diagonal linear (attention's wo_a): x [T, groups * Kg], w [groups * O, Kg] -> [T, groups * O]."""
+    T, O = x.shape[0], w.shape[0] // groups
+    if _fused(x, w, T) and O % qgemv.BLOCK_N == 0:
+        return qgemv.grouped_linear(x, w, groups)
+    wo = w.dequant(x.dtype).view(groups, O, -1)
+    return torch.einsum("tgi,goi->tgo", x.reshape(T, groups, -1), wo).flatten(1)
+
+
+def experts_fused(x: torch.Tensor, stacks: list[QWeight]) -> bool:
+    """Whether expert_linear can run every stack (the rows differ in weights, so no row limit)."""
+    return all(_fused(x, w, 0) for w in stacks)
+
+
+def expert_linear(x: torch.Tensor, stack: QWeight, experts: torch.Tensor, rows_per_x: int) -> torch.Tensor:
+    """Output row r: expert experts[r] of `stack` applied to x[r // rows_per_x]."""
+    return qgemv.expert_linear(x, stack, experts, rows_per_x)
