@@ -12,7 +12,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
-  timeout 150 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
+  timeout 100 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1

@@ -31,14 +31,6 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 BLOCK_N = 32
 
 
-def _fp4_values(nib):
-    """e2m1 nibbles (int32) -> fp32: sign bit 3, exponent bits 2-1, mantissa bit 0."""
-    e = (nib >> 1) & 3
-    m = nib & 1
-    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22)) | ((nib & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
-
-
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
                   EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
@@ -67,7 +59,15 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
             sc = tl.load(s + n[:, None].to(tl.int64) * S_STRIDE + (2 * b[None, :]) // 32, mask=ok, other=0)
             if E8M0:
                 sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-            part = _fp4_values(byte & 15) * x_even[None, :] + _fp4_values(byte >> 4) * x_odd[None, :]
+            # e2m1 -> fp32 bits, for the low and the high nibble: sign bit 3, exponent bits 2-1 (bias 1),
+            # mantissa bit 0; exponent 0 is the subnormal 0 or 0.5 (fp32 0x3F000000).
+            lo, hi = byte & 15, byte >> 4
+            ex, mt = (lo >> 1) & 3, lo & 1
+            lo = (tl.where(ex == 0, mt * 0x3F000000, ((ex + 126) << 23) | (mt << 22)) | ((lo & 8) << 28))
+            ex, mt = (hi >> 1) & 3, hi & 1
+            hi = (tl.where(ex == 0, mt * 0x3F000000, ((ex + 126) << 23) | (mt << 22)) | ((hi & 8) << 28))
+            part = (lo.to(tl.float32, bitcast=True) * x_even[None, :]
+                    + hi.to(tl.float32, bitcast=True) * x_odd[None, :])
             acc += tl.sum(part * sc, axis=1)
     else:
         k = tl.arange(0, BLOCK_K)  # BLOCK_K == 128: one scale per row of the tile
