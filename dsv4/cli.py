@@ -1,4 +1,4 @@
-"""`dsv4 generate | synth | gate`: the command line."""
+"""`dsv4 generate | serve | synth | gate`: the command line."""
 
 from __future__ import annotations
 
@@ -65,6 +65,27 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .serve import Server
+
+    model = _load(args)
+    try:
+        server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose)
+        print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
+              f"{model.device} x{model.world})", file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    finally:
+        close = getattr(model, "close", None)
+        if close:
+            close()
+    return 0
+
+
 def cmd_gate(args) -> int:
     from .gate import run_gate
 
@@ -84,6 +105,16 @@ def main(argv=None) -> int:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0, help="sampling seed")
     g.set_defaults(fn=cmd_generate)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    _add_model_args(sv)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--served-model-name", default="dsv4", help="the model id clients send and /v1/models lists")
+    sv.add_argument("--max-model-len", type=int, default=None,
+                    help="prompt + completion tokens per request (default min(8192, max_position_embeddings))")
+    sv.add_argument("--verbose", action="store_true", help="log each request")
+    sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")
     s.add_argument("--preset")
