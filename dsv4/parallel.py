@@ -5,8 +5,10 @@ layer's attention and after its MoE (2 x layers per step). It keeps a census
 per (layer, site) on the device, carries a health flag inside the payload (one
 extra element: the number of ranks that refused) so one reduction tells every
 rank about a refusal, and consults the device-side fault arming: a one-shot
-refusal code per (layer, site) of this rank, consumed when it fires, so it also
-fires inside a replayed CUDA graph.
+refusal code per (layer, site) of this rank, consumed at the end of the step it
+fires in, so it also fires inside a replayed CUDA graph. The door itself is
+three kernels and the collective (census, payload, verdict); what a refusal
+records (word, where) is settled once per step in `end_step`.
 
 Everything here is device tensor work: no host sync inside a step.
 
@@ -46,8 +48,8 @@ class Comm:
         self.fired = torch.zeros(3, **i64)  # [code, layer, site] of that refusal
         self.census = torch.zeros(n_layers, len(SITES), **i64)  # reductions run, per (layer, site)
         self.verdict = torch.zeros((), dtype=torch.float32, device=self.device)  # refusals seen this step
-        # [layer, site] as device rows, so recording where a refusal fired needs no new tensor in a step.
-        self._where = torch.tensor([[[l, s] for s in range(len(SITES))] for l in range(n_layers)], **i64)
+        self._order = torch.arange(1, n_layers * len(SITES) + 1, **i64)  # door order, 1-based
+        self.refusing = torch.zeros(n_layers, len(SITES), device=self.device)
 
     def site_index(self, site: str) -> int:
         if site not in SITES:
@@ -56,21 +58,31 @@ class Comm:
 
     def begin_step(self):
         self.verdict.zero_()
+        # Which doors refuse this step, as the payload's flag (one op per step, not per door).
+        self.refusing = (self.armed != 0).float()
 
     def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
         s = SITES.index(site)
-        code = self.armed[layer, s]
-        refused = code != 0
-        self.word.copy_(torch.where(refused, code, self.word))
-        self.fired.copy_(torch.where(refused, torch.cat([code.view(1), self._where[layer, s]]), self.fired))
-        self.armed[layer, s].zero_()  # one shot
         self.census[layer, s].add_(1)
         wire = torch.float32 if self.backend == "gloo" and x.dtype != torch.float64 else x.dtype
-        payload = torch.cat([x.flatten().to(wire), refused.to(wire).view(1)])
+        flag = self.refusing[layer, s].view(1)
+        payload = torch.cat([x.flatten().to(wire), flag if wire == torch.float32 else flag.to(wire)])
         if self.world > 1:
             payload = self._reduce(payload)
-        self.verdict.add_(payload[-1].float())
+        self.verdict.add_(payload[-1])
         return payload[:-1].view_as(x).to(x.dtype)
+
+    def end_step(self):
+        """Consume this step's armed codes (every door ran: the census says so) and record the last
+        one that fired, in door order (layer, then attention before moe), as this rank's word."""
+        flat = self.armed.flatten()
+        fired = flat != 0
+        last = (fired.long() * self._order).argmax()  # the last firing door (0 when none fired)
+        code = flat[last]
+        anyone = fired.any()
+        self.word.copy_(torch.where(anyone, code, self.word))
+        self.fired.copy_(torch.where(anyone, torch.stack([code, last // len(SITES), last % len(SITES)]), self.fired))
+        self.armed.zero_()
 
     def _reduce(self, payload: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist

@@ -131,6 +131,7 @@ class Transformer:
         self.comm.begin_step()
         state.counts[0].add_(1)
         writes, h = self.forward(state, tokens)
+        self.comm.end_step()
         verdict = self.comm.verdict
         ok = verdict == 0
         for w in writes:
