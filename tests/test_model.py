@@ -139,3 +139,23 @@ def test_prefill_continues_a_sequence_at_any_position(model):
     assert rel(state.logits, ref[49]) <= TOL
     for j, t in enumerate(stream[50:]):
         assert rel(model.decode(state, t), ref[50 + j]) <= TOL, f"decode after prefill, step {j}"
+
+
+def test_two_refusals_in_one_step_record_the_last_door():
+    """Two armed cells fire in the same step: the step is refused, both codes are consumed, and the
+    rank's word and where are the last door's in door order (layer, then attention before moe)."""
+    from dsv4.engine import RefusalError
+
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    L = model.cfg.num_hidden_layers
+    state = model.new_state(16)
+    model.prefill(state, [1, 2, 3])
+    model.arm_refusal(L - 1, 0, 71, "attention")
+    model.arm_refusal(1, 0, 72, "moe")
+    with pytest.raises(RefusalError, match=f"rank 0 layer {L - 1} site attention word 71"):
+        model.step(state, 4, dsv4.SamplingParams(seed=1))
+    assert model.refusal_words() == [71]
+    assert int(model.comm.armed.abs().sum()) == 0  # one shot: both consumed
+    assert model.comm.fired.tolist() == [71, L - 1, 0]
+    model.reset_refusals()
+    state.discard()
