@@ -1,4 +1,4 @@
-"""`dsv4 generate | serve | synth | gate`: the command line."""
+"""`dsv4 generate | chat | serve | synth | gate`: the command line."""
 
 from __future__ import annotations
 
@@ -65,6 +65,48 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def cmd_chat(args) -> int:
+    """A terminal chat: each line you type is a user turn; the reply streams back. EOF ends it."""
+    from .sampler import SamplingParams
+    from .serve.protocol import Request, chat_text, generate
+
+    model = _load(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    try:
+        turn = 0
+        while True:
+            if sys.stdin.isatty():
+                sys.stderr.write("> ")
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            ids = model.tokenizer.encode(chat_text(messages))
+            room = args.max_model_len - len(ids)
+            if room < 1:
+                print(f"dsv4 chat: the conversation is {len(ids)} tokens, at --max-model-len {args.max_model_len}",
+                      file=sys.stderr)
+                return 2
+            # Each turn draws from its own stream: seed + turn, so a replayed session repeats.
+            sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                      seed=args.seed + turn)
+            reply = []
+            for text, _, _ in generate(model, Request(ids, min(args.max_tokens, room), sampling)):
+                reply.append(text)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            messages.append({"role": "assistant", "content": "".join(reply)})
+            turn += 1
+    finally:
+        close = getattr(model, "close", None)
+        if close:
+            close()
+
+
 def cmd_serve(args) -> int:
     from .serve import Server
 
@@ -105,6 +147,17 @@ def main(argv=None) -> int:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0, help="sampling seed")
     g.set_defaults(fn=cmd_generate)
+
+    c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")
+    _add_model_args(c)
+    c.add_argument("--system", default="", help="a system message")
+    c.add_argument("--max-tokens", type=int, default=256, help="per reply")
+    c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
+    c.add_argument("--temperature", type=float, default=0.7)
+    c.add_argument("--top-p", type=float, default=0.95)
+    c.add_argument("--top-k", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="sampling seed (turn n uses seed + n)")
+    c.set_defaults(fn=cmd_chat)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     _add_model_args(sv)

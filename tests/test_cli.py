@@ -45,3 +45,29 @@ def test_synth_from_config_and_bad_args(tmp_path):
     path.write_text(json.dumps({**cfg, "scoring_func": "relu"}))
     bad = dsv4_cli("synth", "--config", str(path), "--out", str(tmp_path / "e"))
     assert bad.returncode == 2 and "scoring_func" in bad.stderr and not (tmp_path / "e").exists()
+
+
+def chat(stdin: str, *args):
+    return subprocess.run([sys.executable, "-m", "dsv4.cli", "chat", "--preset", "tiny", "--device", "cpu", *args],
+                          input=stdin, capture_output=True, text=True, timeout=240)
+
+
+def test_chat_turns_are_reproducible_and_follow_the_engine():
+    """Two user turns get two replies; the same seed replays the same session; the first reply is the
+    engine's sampled stream for the chat-encoded prompt (seed + turn 0)."""
+    from dsv4.serve.protocol import Request, chat_text, generate
+
+    a = chat("hello\nhow are you\n", "--max-tokens", "6", "--seed", "3")
+    b = chat("hello\nhow are you\n", "--max-tokens", "6", "--seed", "3")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.count("\n") >= 2
+    model = dsv4.load("tiny", device="cpu")
+    ids = model.tokenizer.encode(chat_text([{"role": "user", "content": "hello"}]))
+    sampling = dsv4.SamplingParams(temperature=0.7, top_p=0.95, seed=3)
+    first = "".join(t for t, _, _ in generate(model, Request(ids, 6, sampling)))
+    assert a.stdout.startswith(first + "\n")
+
+
+def test_chat_refuses_a_conversation_past_its_limit():
+    r = chat("hello there, a long enough line\n", "--max-model-len", "8")
+    assert r.returncode == 2 and "--max-model-len 8" in r.stderr
