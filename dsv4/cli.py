@@ -17,6 +17,13 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
 
 
+def _add_sampling_args(p: argparse.ArgumentParser, temperature: float, top_p: float, seed_help: str):
+    p.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=top_p)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+
+
 def _load(args):
     import torch
 
@@ -142,10 +149,7 @@ def main(argv=None) -> int:
     _add_model_args(g)
     g.add_argument("--prompt", default="The quick brown fox")
     g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")
@@ -153,10 +157,7 @@ def main(argv=None) -> int:
     c.add_argument("--system", default="", help="a system message")
     c.add_argument("--max-tokens", type=int, default=256, help="per reply")
     c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
-    c.add_argument("--temperature", type=float, default=0.7)
-    c.add_argument("--top-p", type=float, default=0.95)
-    c.add_argument("--top-k", type=int, default=0)
-    c.add_argument("--seed", type=int, default=0, help="sampling seed (turn n uses seed + n)")
+    _add_sampling_args(c, temperature=0.7, top_p=0.95, seed_help="sampling seed (turn n uses seed + n)")
     c.set_defaults(fn=cmd_chat)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
