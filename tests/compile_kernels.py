@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import hc, norm, qgemv, rope  # noqa: E402
+from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -52,12 +52,16 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (hc, norm, rope, qgemv):
+for module in (commit, hc, norm, rope, qgemv):
     module.launcher = compile_only
 
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
     hc.hc_pre(h, torch.zeros(24, 4 * 4096), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
+    hc.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
+    for keep in (None, torch.ones(2, dtype=torch.bool)):
+        commit.commit(torch.zeros(8, 512, dtype=dtype), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512),
+                      keep, torch.zeros(()))
     x = torch.zeros(2, 4096, dtype=dtype)
     norm.rms_norm(x, torch.ones(4096, dtype=dtype), 1e-6)
     norm.rms_norm(x, None, 1e-6)
@@ -79,4 +83,4 @@ for dtype in (torch.float32, torch.bfloat16):
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-sys.exit(0 if names == ["_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)
+sys.exit(0 if names == ["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)

@@ -66,6 +66,27 @@ def test_hc_pre(monkeypatch, device, T, hc_mult, D, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,hc_mult,D,dtype", [(1, 4, 64, torch.float32), (3, 4, 700, torch.bfloat16),
+                                               (2, 2, 300, torch.float32)])
+def test_hc_post(monkeypatch, device, T, hc_mult, D, dtype):
+    g = torch.Generator().manual_seed(T * D + 1)
+    out = torch.randn(T, D, generator=g).to(dtype).to(device)
+    h = torch.randn(T, hc_mult, D, generator=g).to(dtype).to(device)
+    post = (2 * torch.rand(T, hc_mult, generator=g)).to(device)
+    comb = torch.softmax(torch.randn(T, hc_mult, hc_mult, generator=g), -1).to(device)
+    ref, got = both(monkeypatch, lambda: hc.hc_post(out, post, comb, h))
+    assert got.dtype == dtype and got.shape == h.shape
+    if dtype == torch.float32:
+        close(got, ref, dtype)
+    else:
+        # The reference rounds post*out and the mixed streams to bf16 before adding them; the kernel
+        # rounds once. Where the two terms cancel, they differ by up to a rounding of the terms.
+        scale = (post.unsqueeze(-1) * out.float().unsqueeze(-2)).abs() + torch.einsum(
+            "tjk,tjd->tkd", comb, h.float().abs())
+        assert bool(((got.float() - ref.float()).abs() <= 2 ** -7 * scale + 1e-6).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape,weighted,dtype", [((3, 64), True, torch.float32), ((2, 5, 48), False, torch.bfloat16),
                                                   ((4, 4096), True, torch.bfloat16), ((1, 3000), True, torch.float32),
                                                   ((2, 8, 512), False, torch.float32)])
@@ -93,6 +114,31 @@ def test_rope(monkeypatch, device, shape, half, inverse, dtype):
     close(got, ref, dtype)
     # The non-rotated channels are copied exactly.
     assert torch.equal(got[..., :shape[-1] - 2 * half], x[..., :shape[-1] - 2 * half])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("verdict", [0.0, 1.0])
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_commit(monkeypatch, device, verdict, with_keep):
+    """A staged write lands where keep holds and only when the verdict is 0 (bit-exact: it copies)."""
+    from dsv4.model.compressor import Write
+    from dsv4.kernels import commit as fused
+
+    g = torch.Generator().manual_seed(3)
+    buf = torch.randn(10, 3, 40, generator=g).to(device)
+    rows = torch.randn(4, 3, 40, generator=g).to(torch.bfloat16).to(device)
+    index = torch.tensor([7, 2, 9, 0], device=device)
+    keep = torch.tensor([True, False, True, True], device=device) if with_keep else None
+    expected = buf.clone()
+    if verdict == 0:
+        for i in range(4):
+            if keep is None or bool(keep[i]):
+                expected[index[i]] = rows[i].float()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert fused.supported(buf, index, rows)
+    w = Write(buf, index, rows, keep)
+    fused.commit(w.buf, w.index, w.rows, w.keep, torch.tensor(verdict, device=device))
+    assert torch.equal(buf, expected)
 
 
 def test_unsupported_shapes_take_the_reference(monkeypatch):
@@ -242,3 +288,27 @@ def test_every_kernel_compiles_for_sm90():
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert "COMPILED" in r.stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_refused_step_through_the_kernels_changes_nothing(monkeypatch, device):
+    """The transaction with the commit kernel: a refused step leaves cache, hidden and position as they
+    were; the same step then commits once the refusal is cleared."""
+    from dsv4.engine import RefusalError
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load("tiny", device=device, dtype=torch.float32)
+    state = model.new_state(32)
+    model.prefill(state, list(range(1, 16)))  # the next token closes a CSA window (rate 4)
+    before = model.digests(state)
+    model.arm_refusal(2, 0, 9, "moe")
+    with pytest.raises(RefusalError, match="layer 2 site moe word 9"):
+        model.step(state, 16, dsv4.SamplingParams(seed=2))
+    assert model.digests(state) == before
+    model.reset_refusals()
+    state.discard()
+    state2 = model.new_state(32)
+    model.prefill(state2, list(range(1, 16)))
+    assert model.digests(state2) == before
+    model.step(state2, 16, dsv4.SamplingParams(seed=2))
+    assert model.digests(state2) != before and state2.host_pos == 16

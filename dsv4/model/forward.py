@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..config import HASH_MOE, ModelConfig
+from ..kernels import commit as fused_commit
 from ..parallel import Comm
 from ..state import DecodeState
 from .attention import attention
@@ -135,6 +137,9 @@ class Transformer:
         verdict = self.comm.verdict
         ok = verdict == 0
         for w in writes:
+            if kernels.use_triton(w.buf) and fused_commit.supported(w.buf, w.index, w.rows):
+                fused_commit.commit(w.buf, w.index, w.rows, w.keep, verdict)
+                continue
             keep = ok if w.keep is None else ok & w.keep
             keep = keep.view(-1, *([1] * (w.rows.dim() - 1))) if keep.dim() else keep
             w.buf.index_copy_(0, w.index, torch.where(keep, w.rows.to(w.buf.dtype), w.buf[w.index]))

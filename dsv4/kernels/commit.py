@@ -1,0 +1,41 @@
+"""The commit of one staged write in one kernel (reference: the loop in
+dsv4.model.forward.Transformer.transaction): `buf[index[i]] = rows[i]` for each row i whose
+`keep[i]` holds, when the step's verdict is 0. Rows that do not hold are not written at all
+(the reference writes their old values back); a step's kept rows have distinct indices.
+"""
+
+import torch
+
+from . import launcher, next_pow2
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+
+def _commit_kernel(buf_ptr, index_ptr, rows_ptr, keep_ptr, verdict_ptr, ROW: constexpr, HAS_KEEP: constexpr,
+                   BLOCK: constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = (tl.load(verdict_ptr) == 0).to(tl.int32)
+    if HAS_KEEP:
+        ok = ok * (tl.load(keep_ptr + i) != 0).to(tl.int32)
+    dst = tl.load(index_ptr + i).to(tl.int64)
+    m = c < ROW * ok  # nothing of this row is written unless the step commits and keep holds
+    v = tl.load(rows_ptr + i * ROW + c, mask=m, other=0.0)
+    tl.store(buf_ptr + dst * ROW + c, v.to(buf_ptr.dtype.element_ty), mask=m)
+
+
+def supported(buf: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> bool:
+    return (buf.is_contiguous() and rows.is_contiguous() and index.is_contiguous() and rows.shape[0] > 0
+            and rows.shape[1:] == buf.shape[1:] and buf.dtype.is_floating_point and rows.dtype.is_floating_point)
+
+
+def commit(buf, index, rows, keep, verdict) -> None:
+    n, row = rows.shape[0], rows[0].numel()
+    block = min(1024, next_pow2(row))
+    launcher(_commit_kernel, buf)[(n, -(-row // block))](
+        buf, index, rows, keep.view(torch.uint8) if keep is not None else index, verdict, ROW=row,
+        HAS_KEEP=keep is not None, BLOCK=block)
