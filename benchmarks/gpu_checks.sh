@@ -2,8 +2,9 @@
 # One device call on 2 x H200 (nvidia-h200-x2): the GPU checks and benchmarks of a change, results under $OUT.
 #   GPU 0: CUDA kernel tests + replay identity, then mini against HF (fp32);
 #   GPU 1: mini decode with the torch reference and with the kernels, then the kernel profile;
-#   both:  the gate on FLASH_PRIME/FLASH_OUTPUT (flash, 2 ranks; 0 skips it).
-# Usage: OUT=dir FLASH_PRIME=64 FLASH_OUTPUT=64 bash benchmarks/gpu_checks.sh
+#   both:  MINI_GATE=1: the gate on mini at the seed's sizes (256/256, 2 ranks);
+#          then the gate on FLASH_PRIME/FLASH_OUTPUT (flash, 2 ranks; 0 skips it).
+# Usage: OUT=dir [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64 GATE_TIMEOUT=330] bash benchmarks/gpu_checks.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD
 OUT=${OUT:?}
@@ -23,6 +24,11 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 wait
 KERNELS=auto
 grep -q "pytest rc=0" "$OUT/pytest_gpu.txt" || KERNELS=torch  # a failing kernel must not sink the flash run
+if [ "${MINI_GATE:-0}" = 1 ]; then
+  /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 400 \
+    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
+  echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
+fi
 if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
   /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-330}" \
     python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" \
