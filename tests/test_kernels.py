@@ -312,3 +312,11 @@ def test_refused_step_through_the_kernels_changes_nothing(monkeypatch, device):
     assert model.digests(state2) == before
     model.step(state2, 16, dsv4.SamplingParams(seed=2))
     assert model.digests(state2) != before and state2.host_pos == 16
+
+
+def test_auto_keeps_kernels_not_yet_checked_on_a_gpu_on_their_reference(monkeypatch):
+    t = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("DSV4_KERNELS", "auto")
+    assert not kernels.use_triton(t, gpu_checked=False)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert kernels.use_triton(t, gpu_checked=False)

@@ -8,7 +8,8 @@ other; against the torch reference they agree to float rounding (tests state
 the tolerance).
 
 Policy, `DSV4_KERNELS`:
-- "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise;
+- "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise
+  (a kernel not yet checked on a GPU stays on its reference: see use_triton);
 - "torch": always the torch reference (the benchmark's reference arm);
 - "triton": always Triton; CPU tensors run through Triton's interpreter
   (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
@@ -38,7 +39,10 @@ def _triton_available() -> bool:
     return True
 
 
-def use_triton(t: torch.Tensor) -> bool:
+def use_triton(t: torch.Tensor, gpu_checked: bool = True) -> bool:
+    """gpu_checked=False marks a kernel not yet through the GPU checks (its CUDA tests, the replay
+    identity, the gate: benchmarks/gpu_checks.sh): "auto" keeps the torch reference for it, and
+    only DSV4_KERNELS=triton runs it."""
     m = mode()
     if m == "torch":
         return False
@@ -46,7 +50,7 @@ def use_triton(t: torch.Tensor) -> bool:
         if not _triton_available():
             raise RuntimeError("DSV4_KERNELS=triton but triton does not import")
         return True
-    return t.is_cuda and _triton_available()
+    return gpu_checked and t.is_cuda and _triton_available()
 
 
 _compiled: dict = {}

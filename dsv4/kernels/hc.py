@@ -98,7 +98,7 @@ def hc_post(out, post, comb, h):
     """out [T, D], post [T, hc], comb [T, hc, hc], h [T, hc, D] -> new streams [T, hc, D]."""
     T, hc, D = h.shape
     new = torch.empty_like(h)
-    block = min(512, next_pow2(D))
+    block = min(256, next_pow2(D))
     launcher(_hc_post_kernel, h)[(T, -(-D // block))](out.contiguous(), post.contiguous(), comb.contiguous(), h, new,
                                                        D=D, HC=hc, BLOCK_D=block)
     return new
