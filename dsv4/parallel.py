@@ -59,7 +59,7 @@ class Comm:
     def begin_step(self):
         self.verdict.zero_()
         # Which doors refuse this step, as the payload's flag (one op per step, not per door).
-        self.refusing = (self.armed != 0).float()
+        self.refusing.copy_(self.armed != 0)
 
     def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
         s = SITES.index(site)
