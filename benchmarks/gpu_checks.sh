@@ -2,7 +2,7 @@
 # One device call on 2 x H200 (nvidia-h200-x2): the GPU checks and benchmarks of a change, results under $OUT.
 #   GPU 0: CUDA kernel tests + replay identity, then mini against HF (fp32);
 #   GPU 1: mini decode with the torch reference, the GPU-checked kernels (auto) and every kernel
-#          (triton), then the kernel profile;
+#          (triton), then the kernel profile and the GEMV's launch configurations;
 #   both:  MINI_GATE=1: the gate on mini at the seed's sizes (256/256, 2 ranks);
 #          then the gate on FLASH_PRIME/FLASH_OUTPUT (flash, 2 ranks; 0 skips it).
 # Usage: OUT=dir [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64 GATE_TIMEOUT=330] bash benchmarks/gpu_checks.sh
@@ -23,6 +23,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
   # every kernel, those not yet checked on a GPU included (kernels.use_triton(gpu_checked=False))
   DSV4_KERNELS=triton timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_triton.txt" 2>&1
   timeout 60 python benchmarks/kernel_profile.py --preset mini > "$OUT/profile_mini.txt" 2>&1
+  timeout 150 python benchmarks/qgemv_bench.py > "$OUT/qgemv.txt" 2>&1
 ) &
 wait
 KERNELS=auto

@@ -31,6 +31,7 @@ def compile_only(fn, t):
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
                 names = jit.arg_names
                 sig, key = {}, []
                 for name, a in zip(names, args):
@@ -40,12 +41,12 @@ def compile_only(fn, t):
                 for name, v in constexprs.items():
                     sig[name] = "constexpr"
                     key.append((name, v))
-                k = (fn.__name__, tuple(key))
+                k = (fn.__name__, tuple(key), tuple(sorted(options.items())))
                 if k in compiled:
                     return
                 src = ASTSource(fn=jit, signature=sig,
                                 constexprs={(names.index(n),): v for n, v in constexprs.items()})
-                out = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+                out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
                 assert out.asm.get("cubin"), k
                 compiled.add(k)
             return run
@@ -54,6 +55,20 @@ def compile_only(fn, t):
 
 for module in (commit, hc, norm, rope, qgemv):
     module.launcher = compile_only
+
+def qgemv_variants(dtype, scale_dtype):
+    fp8 = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype), "fp8")
+    qgemv.linear(torch.zeros(1, 4096, dtype=dtype), fp8)
+    qgemv.grouped_linear(torch.zeros(1, 8 * 512, dtype=dtype),
+                         QWeight(torch.zeros(8 * 128, 512, dtype=torch.float8_e4m3fn),
+                                 torch.zeros(8, 4, dtype=scale_dtype), "fp8"), 8)
+    fp4 = QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4")
+    ids = torch.zeros(6, dtype=torch.int64)
+    qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp4, ids, 6)
+    fp8s = QWeight(torch.zeros(4, 2048, 4096, dtype=torch.float8_e4m3fn), torch.zeros(4, 16, 32, dtype=scale_dtype),
+                   "fp8")
+    qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
+
 
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
@@ -69,17 +84,15 @@ for dtype in (torch.float32, torch.bfloat16):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
     for scale_dtype in (torch.float8_e8m0fnu, torch.float32):
-        fp8 = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype), "fp8")
-        qgemv.linear(torch.zeros(1, 4096, dtype=dtype), fp8)
-        qgemv.grouped_linear(torch.zeros(1, 8 * 512, dtype=dtype),
-                             QWeight(torch.zeros(8 * 128, 512, dtype=torch.float8_e4m3fn),
-                                     torch.zeros(8, 4, dtype=scale_dtype), "fp8"), 8)
-        fp4 = QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4")
-        ids = torch.zeros(6, dtype=torch.int64)
-        qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp4, ids, 6)
-        fp8s = QWeight(torch.zeros(4, 2048, 4096, dtype=torch.float8_e4m3fn), torch.zeros(4, 16, 32, dtype=scale_dtype),
-                       "fp8")
-        qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
+        qgemv_variants(dtype, scale_dtype)
+
+# The launch configurations benchmarks/qgemv_bench.py tries.
+default = dict(qgemv.CONFIG)
+for cfg in ({"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
+            {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8}):
+    qgemv.CONFIG.update(cfg)
+    qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+qgemv.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

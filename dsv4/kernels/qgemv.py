@@ -19,7 +19,7 @@ Three shapes of the same product:
 import torch
 
 from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import launcher
+from . import interpreting, launcher
 
 try:
     import triton.language as tl
@@ -28,12 +28,17 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
-BLOCK_N = 32
+# The launch configuration. DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
+# across lanes once at the end (fewer shuffles per byte) and allows FP8 tiles wider than a scale
+# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. The default
+# stays the configuration the GPU checks passed with until a variant has passed them too.
+CONFIG = {"defer": False, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": None}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
-                  EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+                  EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                  DEFER: constexpr):
     nb = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -47,6 +52,7 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
         w += e * w_expert_stride
         s += e * s_expert_stride
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    tile = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # DEFER's accumulator
     if FP4:
         # One K tile = BLOCK_K packed bytes = 2 * BLOCK_K inputs; scale group of each byte column.
         j = tl.arange(0, BLOCK_K)
@@ -68,19 +74,30 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
             hi = (tl.where(ex == 0, mt * 0x3F000000, ((ex + 126) << 23) | (mt << 22)) | ((hi & 8) << 28))
             part = (lo.to(tl.float32, bitcast=True) * x_even[None, :]
                     + hi.to(tl.float32, bitcast=True) * x_odd[None, :])
-            acc += tl.sum(part * sc, axis=1)
+            if DEFER:
+                tile += part * sc
+            else:
+                acc += tl.sum(part * sc, axis=1)
     else:
-        k = tl.arange(0, BLOCK_K)  # BLOCK_K == 128: one scale per row of the tile
+        k = tl.arange(0, BLOCK_K)  # without DEFER, BLOCK_K == 128: one scale per row of the tile
         s_row = s + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + k
             ok = n_ok[:, None] & (kk < K)[None, :]
             wv = tl.load(w + n[:, None].to(tl.int64) * K + kk[None, :], mask=ok, other=0.0).to(tl.float32)
             xv = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            sc = tl.load(s_row + k0 // 128, mask=n_ok, other=0)
-            if E8M0:
-                sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-            acc += tl.sum(wv * xv[None, :], axis=1) * sc
+            if DEFER:
+                sc = tl.load(s_row[:, None] + kk[None, :] // 128, mask=ok, other=0)
+                if E8M0:
+                    sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+                tile += wv * xv[None, :] * sc
+            else:
+                sc = tl.load(s_row + k0 // 128, mask=n_ok, other=0)
+                if E8M0:
+                    sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+                acc += tl.sum(wv * xv[None, :], axis=1) * sc
+    if DEFER:
+        acc = tl.sum(tile, axis=1)
     tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -100,13 +117,17 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
     scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
     data = w.data.view(torch.uint8) if w.fmt == "fp4" else w.data
     lead = data.dim() - 2
-    launcher(_qgemv_kernel, x)[(triton_cdiv(N, BLOCK_N), rows)](
+    c = CONFIG
+    block_n = c["block_n"]
+    extra = {} if c["num_warps"] is None or interpreting() else {"num_warps": c["num_warps"]}
+    launcher(_qgemv_kernel, x)[(triton_cdiv(N, block_n), rows)](
         x, data, scale, experts if experts is not None else scale, y, N, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=w.fmt == "fp4", E8M0=scale.dtype == torch.uint8,
-        ROWS_PER_X=rows_per_x, EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=BLOCK_N,
-        BLOCK_K=64 if w.fmt == "fp4" else 128)
+        ROWS_PER_X=rows_per_x, EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n,
+        BLOCK_K=c["block_k_fp4"] if w.fmt == "fp4" else (c["block_k_fp8"] if c["defer"] else 128),
+        DEFER=c["defer"], **extra)
     return y
 
 
