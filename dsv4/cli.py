@@ -1,8 +1,10 @@
-"""`dsv4 generate | chat | serve | synth | gate`: the command line."""
+"""`dsv4 generate | chat | serve | bench | synth | gate`: the command line."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import sys
 import time
 
@@ -24,6 +26,18 @@ def _add_sampling_args(p: argparse.ArgumentParser, temperature: float, top_p: fl
     p.add_argument("--seed", type=int, default=0, help=seed_help)
 
 
+@contextlib.contextmanager
+def _model(args):
+    """The loaded model, closed (its ranks stopped) however the command ends."""
+    model = _load(args)
+    try:
+        yield model
+    finally:
+        close = getattr(model, "close", None)
+        if close:
+            close()
+
+
 def _load(args):
     import torch
 
@@ -39,8 +53,7 @@ def cmd_generate(args) -> int:
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=args.seed)
-    model = _load(args)
-    try:
+    with _model(args) as model:
         start = time.perf_counter()
         n = 0
         sys.stdout.write(args.prompt)
@@ -52,10 +65,6 @@ def cmd_generate(args) -> int:
         sys.stdout.write("\n")
         print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
               f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
-    finally:
-        close = getattr(model, "close", None)
-        if close:
-            close()
     return 0
 
 
@@ -77,19 +86,17 @@ def cmd_chat(args) -> int:
     from .sampler import SamplingParams
     from .serve.protocol import Request, chat_text, generate
 
-    model = _load(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    try:
-        turn = 0
-        while True:
+    with _model(args) as model:
+        for turn in itertools.count():
             if sys.stdin.isatty():
                 sys.stderr.write("> ")
                 sys.stderr.flush()
             line = sys.stdin.readline()
+            while line and not line.strip():
+                line = sys.stdin.readline()
             if not line:
                 return 0
-            if not line.strip():
-                continue
             messages.append({"role": "user", "content": line.rstrip("\n")})
             ids = model.tokenizer.encode(chat_text(messages))
             room = args.max_model_len - len(ids)
@@ -107,18 +114,13 @@ def cmd_chat(args) -> int:
                 sys.stdout.flush()
             sys.stdout.write("\n")
             messages.append({"role": "assistant", "content": "".join(reply)})
-            turn += 1
-    finally:
-        close = getattr(model, "close", None)
-        if close:
-            close()
+    return 0
 
 
 def cmd_serve(args) -> int:
     from .serve import Server
 
-    model = _load(args)
-    try:
+    with _model(args) as model:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose)
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"{model.device} x{model.world})", file=sys.stderr, flush=True)
@@ -128,11 +130,18 @@ def cmd_serve(args) -> int:
             pass
         finally:
             server.server_close()
-    finally:
-        close = getattr(model, "close", None)
-        if close:
-            close()
     return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    if min(args.prime, args.steps, args.rows) < 1:
+        print("dsv4 bench: --prime, --steps and --rows must be at least 1", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    with _model(args) as model:
+        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start)
 
 
 def cmd_gate(args) -> int:
@@ -178,6 +187,13 @@ def main(argv=None) -> int:
     s.add_argument("--quant", choices=["none", "fp8"], default="none",
                    help="fp8 = the official layout: FP8 e4m3 dense, FP4 e2m1 experts, ue8m0 scales")
     s.set_defaults(fn=cmd_synth)
+
+    b = sub.add_parser("bench", help="decode tok/s, eager against full-token graph replay (JSON records)")
+    _add_model_args(b)
+    b.add_argument("--prime", type=int, default=128, help="prompt tokens before the timed rows")
+    b.add_argument("--steps", type=int, default=32, help="sampled steps per row")
+    b.add_argument("--rows", type=int, default=4, help="rows per arm (ABBA order)")
+    b.set_defaults(fn=cmd_bench)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
     _add_model_args(gt)

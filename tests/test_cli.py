@@ -71,3 +71,14 @@ def test_chat_turns_are_reproducible_and_follow_the_engine():
 def test_chat_refuses_a_conversation_past_its_limit():
     r = chat("hello there, a long enough line\n", "--max-model-len", "8")
     assert r.returncode == 2 and "--max-model-len 8" in r.stderr
+
+
+def test_bench_prints_its_records():
+    r = dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prime", "20", "--steps", "6", "--rows", "2")
+    assert r.returncode == 0, r.stderr
+    records = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines()}
+    summary = records["BENCH_SUMMARY"]
+    assert summary["same_stream"] and summary["eager_tok_s"] > 0
+    assert summary["graph_arm"] is False and summary["graph_tok_s"] is None  # no CUDA graph on CPU
+    assert summary["reductions_per_token_per_rank"] == [2.0 * 5]  # attention + MoE in each of tiny's 5 layers
+    assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
