@@ -17,6 +17,7 @@ Policy, `DSV4_KERNELS`:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -31,6 +32,7 @@ def mode() -> str:
     return m
 
 
+@functools.cache
 def _triton_available() -> bool:
     try:
         import triton  # noqa: F401
