@@ -46,12 +46,15 @@ def route(x, tokens, w: dict, cfg: ModelConfig):
     return ids, weights * cfg.routed_scaling_factor
 
 
+def swiglu_act(gate, up, limit: float):
+    """What sits between an expert's projections: silu(gate clamped above) * (up clamped both ways)."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
 def swiglu(x, w1, w3, w2, limit: float):
     """One expert on rows x [N, D] with dense weights (w1/w3 [.., I, D], w2 [.., D, I]); batched if 3-D."""
     mm = torch.matmul
-    gate = mm(x, w1.transpose(-1, -2)).clamp(max=limit)
-    up = mm(x, w3.transpose(-1, -2)).clamp(min=-limit, max=limit)
-    return mm(F.silu(gate) * up, w2.transpose(-1, -2))
+    return mm(swiglu_act(mm(x, w1.transpose(-1, -2)), mm(x, w3.transpose(-1, -2)), limit), w2.transpose(-1, -2))
 
 
 def take(stack: QWeight, index: torch.Tensor) -> QWeight:
@@ -73,14 +76,12 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
         stacks = [experts[name] for name in ("w1", "w3", "w2")]
         if experts_fused(x, stacks):
             # The same SwiGLU on the stored FP8/FP4 bytes of the selected experts (no gather, no dequant).
-            gate = expert_linear(x, stacks[0], e, k).clamp(max=limit)
-            up = expert_linear(x, stacks[1], e, k).clamp(min=-limit, max=limit)
-            y = expert_linear(F.silu(gate) * up, stacks[2], e, 1).view(T, k, -1)
-            return (y * weights.unsqueeze(-1)).sum(dim=1)
-        w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
-        xs = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [T*k, 1, D]
-        y = swiglu(xs, w1, w3, w2, limit).view(T, k, -1)
-        return (y * weights.unsqueeze(-1)).sum(dim=1)
+            h = swiglu_act(expert_linear(x, stacks[0], e, k), expert_linear(x, stacks[1], e, k), limit)
+            y = expert_linear(h, stacks[2], e, 1)
+        else:
+            w1, w3, w2 = (take(stack, e).dequant(x.dtype) for stack in stacks)
+            y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
+        return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
     # Many tokens (prefill): run every local expert on all rows, weighted by its routing weight (0 if unpicked).
     out = torch.zeros_like(x)
     for e in range(n):
@@ -96,8 +97,5 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
     out = routed(x, ids, weights, w["experts"], first, cfg)
     if "shared" in w:
         s = w["shared"]
-        limit = cfg.swiglu_limit
-        gate = linear(x, s["w1"]).clamp(max=limit)
-        up = linear(x, s["w3"]).clamp(min=-limit, max=limit)
-        out = out + linear(F.silu(gate) * up, s["w2"])
+        out = out + linear(swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), cfg.swiglu_limit), s["w2"])
     return out
