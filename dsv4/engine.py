@@ -202,6 +202,15 @@ class Model(PerRankViews):
                  capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
         """Yield the text of each generated token."""
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        for token in self.sample_tokens(ids, max_tokens, sampling, capacity):
+            if stop_at_eos and token == self.cfg.eos_token_id:
+                return
+            yield self.tokenizer.decode([token])
+
+    def sample_tokens(self, ids: Sequence[int], max_tokens: int, sampling=None,
+                      capacity: int | None = None) -> Iterator[int]:
+        """Prefill `ids`, then yield up to max_tokens sampled tokens, each fed back as the next input
+        (EOS included: where to stop is the caller's)."""
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
         state = self.new_state(capacity or len(ids) + max_tokens)
@@ -210,9 +219,7 @@ class Model(PerRankViews):
         token = ids[-1]
         for _ in range(max_tokens):
             token = self.step(state, token, sampling)
-            if stop_at_eos and token == self.cfg.eos_token_id:
-                return
-            yield self.tokenizer.decode([token])
+            yield token
             if state.host_pos + 1 > state.capacity:
                 return
 

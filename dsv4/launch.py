@@ -491,7 +491,8 @@ class DistributedModel(PerRankViews):
             raise self._fail(f"ranks sampled different tokens {self.last_tokens} at position {state.host_pos}")
         return self.last_tokens[0]
 
-    generate = Model.generate  # written against the API above, so it runs unchanged here
+    generate = Model.generate  # written against the API above, so they run unchanged here
+    sample_tokens = Model.sample_tokens
 
     def enable_replay(self, state, sampling=None):
         self._call(None, "enable_replay", state, sampling)

@@ -135,16 +135,10 @@ def generate(model, req: Request) -> Iterator[tuple[str, str | None, int]]:
     Text is decoded from all tokens so far, so multi-byte characters split across tokens come out
     whole; a tail that could begin a stop string is held back until it cannot.
     """
-    ids = req.prompt_ids
-    state = model.new_state(len(ids) + req.max_tokens)
-    if len(ids) > 1:
-        model.prefill(state, ids[:-1])
-    token, out, sent = ids[-1], [], 0
+    out, sent = [], 0
     hold = max((len(s) for s in req.stop), default=1) - 1
-    eos = model.cfg.eos_token_id
-    for _ in range(req.max_tokens):
-        token = model.step(state, token, req.sampling)
-        if token == eos:
+    for token in model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling):
+        if token == model.cfg.eos_token_id:
             text = model.tokenizer.decode(out)
             yield text[sent:], "stop", len(out) + 1
             return
