@@ -103,5 +103,10 @@ def _round_like_the_gpu():
     interpreter._dsv4_rtne = True
 
 
+def cdiv(a: int, b: int) -> int:
+    """Programs needed to cover a items b at a time."""
+    return -(-a // b)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())

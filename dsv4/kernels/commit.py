@@ -6,7 +6,7 @@ dsv4.model.forward.Transformer.transaction): `buf[index[i]] = rows[i]` for each 
 
 import torch
 
-from . import launcher, next_pow2
+from . import cdiv, launcher, next_pow2
 
 try:
     import triton.language as tl
@@ -36,6 +36,6 @@ def supported(buf: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> boo
 def commit(buf, index, rows, keep, verdict) -> None:
     n, row = rows.shape[0], rows[0].numel()
     block = min(1024, next_pow2(row))
-    launcher(_commit_kernel, buf)[(n, -(-row // block))](
+    launcher(_commit_kernel, buf)[(n, cdiv(row, block))](
         buf, index, rows, keep.view(torch.uint8) if keep is not None else index, verdict, ROW=row,
         HAS_KEEP=keep is not None, BLOCK=block)

@@ -13,7 +13,7 @@ kernel reads the streams twice (sum of squares, then the collapse) and the
 import torch
 import torch.nn.functional as F
 
-from . import launcher, next_pow2
+from . import cdiv, launcher, next_pow2
 
 try:
     import triton.language as tl
@@ -99,6 +99,6 @@ def hc_post(out, post, comb, h):
     T, hc, D = h.shape
     new = torch.empty_like(h)
     block = min(256, next_pow2(D))
-    launcher(_hc_post_kernel, h)[(T, -(-D // block))](out.contiguous(), post.contiguous(), comb.contiguous(), h, new,
+    launcher(_hc_post_kernel, h)[(T, cdiv(D, block))](out.contiguous(), post.contiguous(), comb.contiguous(), h, new,
                                                        D=D, HC=hc, BLOCK_D=block)
     return new

@@ -19,7 +19,7 @@ Three shapes of the same product:
 import torch
 
 from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import interpreting, launcher
+from . import cdiv, interpreting, launcher
 
 try:
     import triton.language as tl
@@ -120,7 +120,7 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
     c = CONFIG
     block_n = c["block_n"]
     extra = {} if c["num_warps"] is None or interpreting() else {"num_warps": c["num_warps"]}
-    launcher(_qgemv_kernel, x)[(triton_cdiv(N, block_n), rows)](
+    launcher(_qgemv_kernel, x)[(cdiv(N, block_n), rows)](
         x, data, scale, experts if experts is not None else scale, y, N, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0,
@@ -129,10 +129,6 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
         BLOCK_K=c["block_k_fp4"] if w.fmt == "fp4" else (c["block_k_fp8"] if c["defer"] else 128),
         DEFER=c["defer"], **extra)
     return y
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
