@@ -198,6 +198,33 @@ class Model(PerRankViews):
         state.token.copy_(sample(state.logits, sampling, state.pos))
         return torch.stack([state.token.double(), verdict.double()])
 
+    def check_capturable(self, state: DecodeState, ids: Sequence[int], sampling=None) -> int | None:
+        """Run what a CUDA graph would capture under dsv4.syncguard.NoHostSync, then settle it as a step.
+
+        One id: the full-token step (step_device: forward, commit, head, sample), returning the token.
+        Several: one transaction over the chunk (a prefill chunk). Raises HostSyncError, naming the op
+        and the line, where that work reads a device value on the host or sizes a tensor from data;
+        raises RefusalError after a refused step, as step does. On any device (CI runs it on CPU).
+        """
+        from .syncguard import NoHostSync
+
+        state.check_open()
+        tokens = self._tokens(ids, "check_capturable")
+        state.check_room(tokens.shape[0])
+        with torch.inference_mode():
+            if tokens.shape[0] == 1:
+                state.input.copy_(tokens)
+                with NoHostSync():
+                    out = self.step_device(state, sampling or SamplingParams())
+                token, verdict = out.tolist()
+            else:
+                tokens = tokens.to(self.device)
+                with NoHostSync():
+                    v = self.transformer.transaction(state, tokens)
+                token, verdict = None, float(v)
+        self._settle(state, verdict, tokens.shape[0])
+        return None if token is None else int(token)
+
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
                  capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
         """Yield the text of each generated token."""

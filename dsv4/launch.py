@@ -491,6 +491,10 @@ class DistributedModel(PerRankViews):
             raise self._fail(f"ranks sampled different tokens {self.last_tokens} at position {state.host_pos}")
         return self.last_tokens[0]
 
+    def check_capturable(self, state, ids, sampling=None) -> int | None:
+        """Every rank runs its step (or chunk) under the host-sync guard (see Model.check_capturable)."""
+        return self._call(None, "check_capturable", state, ids, sampling)
+
     generate = Model.generate  # written against the API above, so they run unchanged here
     sample_tokens = Model.sample_tokens
 

@@ -78,7 +78,7 @@ class Comm:
         flat = self.armed.flatten()
         fired = flat != 0
         last = (fired.long() * self._order).argmax()  # the last firing door (0 when none fired)
-        code = flat[last]
+        code = flat.gather(0, last.view(1))[0]  # not flat[last]: a 0-dim index is read on the host
         anyone = fired.any()
         self.word.copy_(torch.where(anyone, code, self.word))
         self.fired.copy_(torch.where(anyone, torch.stack([code, last // len(SITES), last % len(SITES)]), self.fired))
