@@ -30,9 +30,9 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
 # The launch configuration. DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
 # across lanes once at the end (fewer shuffles per byte) and allows FP8 tiles wider than a scale
-# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. The default
-# stays the configuration the GPU checks passed with until a variant has passed them too.
-CONFIG = {"defer": False, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": None}
+# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. Chosen from
+# its run on an H200 (benchmarks/RESULTS.md, session 3): one Flash layer's linears 438 -> 256 us.
+CONFIG = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,

@@ -137,7 +137,7 @@ class Transformer:
         verdict = self.comm.verdict
         ok = verdict == 0
         for w in writes:
-            if kernels.use_triton(w.buf, gpu_checked=False) and fused_commit.supported(w.buf, w.index, w.rows):
+            if kernels.use_triton(w.buf) and fused_commit.supported(w.buf, w.index, w.rows):
                 fused_commit.commit(w.buf, w.index, w.rows, w.keep, verdict)
                 continue
             keep = ok if w.keep is None else ok & w.keep

@@ -39,7 +39,7 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 
 def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """new[k] = post[k] * out + sum_j comb[j, k] * h[j]  (comb is applied transposed)."""
-    if kernels.use_triton(h, gpu_checked=False) and fused.supported(h, h.shape[-2]):
+    if kernels.use_triton(h) and fused.supported(h, h.shape[-2]):
         return fused.hc_post(out, post, comb, h)
     dtype = h.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
