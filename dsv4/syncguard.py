@@ -45,19 +45,28 @@ class HostSyncError(RuntimeError):
 _TORCH = str(Path(torch.__file__).resolve().parent)
 
 
-def _caller() -> str:
-    """The Python line that issued the op: the innermost frame outside torch and this module."""
+def _issuer():
+    """The frame that issued the op: the innermost one outside torch and this module."""
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename
         if not (name.startswith(_TORCH) or name == __file__ or name.startswith("<")):
-            where = Path(name)
-            shown = where.relative_to(Path(_PACKAGE).parent) if name.startswith(_PACKAGE) else where.name
-            return f"{shown}:{frame.lineno} in {frame.name}"
-    return "unknown"
+            return frame
+    return None
+
+
+def _caller() -> str:
+    frame = _issuer()
+    if frame is None:
+        return "unknown"
+    where = Path(frame.filename)
+    shown = where.relative_to(Path(_PACKAGE).parent) if frame.filename.startswith(_PACKAGE) else where.name
+    return f"{shown}:{frame.lineno} in {frame.name}"
 
 
 def _in_dsv4() -> bool:
-    return any(f.filename.startswith(_PACKAGE) and f.filename != __file__ for f in traceback.extract_stack())
+    """Whether dsv4's own code asked (not torch's, nor Triton's interpreter running a kernel on CPU)."""
+    frame = _issuer()
+    return frame is not None and frame.filename.startswith(_PACKAGE)
 
 
 def _bool_index(name: str, args) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import dsv4
+import dsv4.kernels
 from dsv4 import RefusalError, SamplingParams
 from dsv4.checkpoint.synth import synth
 from dsv4.config import CSA, HCA, preset
@@ -127,3 +128,18 @@ def test_guard_lets_device_work_through():
         y = torch.where(x > 0, x, 0.0).cumsum(0)
         z = x.gather(0, x.argmax().view(1))[0] + torch.repeat_interleave(x, 2).sum()
     assert y.tolist() == [1.0, 1.0, 4.0] and float(z) == 3.0 + 4.0
+
+
+@pytest.mark.skipif(not dsv4.kernels._triton_available(), reason="needs triton")
+def test_kernels_make_no_host_sync(monkeypatch, tmp_path):
+    """Every Triton kernel's wrapper (DSV4_KERNELS=triton; the interpreter on CPU) in the captured step,
+    the decode GEMV on FP8/FP4 bytes included (tiny written in the official quantised layout)."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    ckpt = synth(preset("tiny"), tmp_path / "tiny_fp8", seed=4, quant="fp8")
+    model = dsv4.load(ckpt, device="cpu", dtype=torch.float32)
+    state = model.new_state(40)
+    model.check_capturable(state, list(range(1, 8)))
+    token = 5
+    for _ in range(4):
+        token = model.check_capturable(state, [token], SAMPLINGS[0])
+    assert state.host_pos == 11

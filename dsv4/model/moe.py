@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..config import ModelConfig
+from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
 from .weights import QWeight
 
@@ -33,7 +35,12 @@ def score(logits: torch.Tensor, func: str) -> torch.Tensor:
 
 def route(x, tokens, w: dict, cfg: ModelConfig):
     """-> (expert ids [T, k], weights [T, k])."""
-    scores = score(linear(x, w["gate"]), cfg.scoring_func)
+    logits = linear(x, w["gate"])
+    if kernels.use_triton(logits, gpu_checked=fused_route.GPU_CHECKED) and fused_route.supported(logits,
+                                                                                                 cfg.scoring_func):
+        return fused_route.route(logits, tokens, w.get("bias"), w.get("tid2eid"), cfg.num_experts_per_tok,
+                                 cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    scores = score(logits, cfg.scoring_func)
     if "tid2eid" in w:
         ids = w["tid2eid"][tokens]
     else:

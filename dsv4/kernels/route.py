@@ -1,0 +1,84 @@
+"""The MoE router of one token in one kernel (reference: dsv4.model.moe.route).
+
+From the gate's logits: sqrtsoftplus scores (rounded to the logits' dtype after
+each of softplus and sqrt, as the reference's two ops round), the top-k of
+scores + bias picked by repeated arg-max (ties to the lowest expert id; the
+reference's sorted ids come out in ascending order here too), or the hash
+layer's frozen `tid2eid[token]` row; then the selected scores normalised to sum 1
+and scaled by routed_scaling_factor, in the scores' dtype, summed in id order.
+Replaces ~10 launches per layer (softplus, sqrt, add, topk, sort, gather, sum,
+add, div, mul).
+"""
+
+import torch
+
+from . import launcher, next_pow2
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+
+
+def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr, scale, E,
+                  K: constexpr, K_POW2: constexpr, HASH: constexpr, NORM: constexpr, BLOCK_E: constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BLOCK_E)
+    ok = e < E
+    dt = logits_ptr.dtype.element_ty
+    x = tl.load(logits_ptr + t * E + e, mask=ok, other=0.0).to(tl.float32)
+    # softplus with torch's threshold 20 (beta 1): x itself above it; below, max(x, 0) + log1p(exp(-|x|))
+    # with log1p(y) = log(1 + y) * y / ((1 + y) - 1) (exact to rounding where 1 + y loses y's bits)
+    y = tl.exp(-tl.abs(x))
+    one_y = 1.0 + y
+    log1p = tl.where(one_y == 1.0, y, tl.log(one_y) * y / (one_y - 1.0))
+    sp = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p)
+    score = tl.sqrt(sp.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    j = tl.arange(0, K_POW2)
+    ids = tl.zeros([K_POW2], dtype=tl.int64)
+    if HASH:
+        tok = tl.load(tokens_ptr + t).to(tl.int64)
+        ids = tl.load(tid2eid_ptr + tok * K + j, mask=j < K, other=0).to(tl.int64)
+    else:
+        key = tl.where(ok, score + tl.load(bias_ptr + e, mask=ok, other=0.0).to(tl.float32), float("-inf"))
+        taken = e < 0
+        for i in tl.static_range(K):
+            best = tl.max(tl.where(taken, float("-inf"), key), axis=0)
+            pick = tl.min(tl.where((key == best) & ~taken & ok, e, BLOCK_E), axis=0)
+            taken = taken | (e == pick)
+        # the picks in ascending id order: the i-th smallest taken id
+        rank = tl.cumsum(taken.to(tl.int32), axis=0) - 1
+        for i in tl.static_range(K):
+            ids = tl.where(j == i, tl.sum(tl.where(taken & (rank == i), e, 0), axis=0).to(tl.int64), ids)
+    # each pick's score, gathered by comparing against the row (no scalar loads of a computed index)
+    w = tl.zeros([K_POW2], dtype=tl.float32)
+    for i in tl.static_range(K):
+        id_i = tl.sum(tl.where(j == i, ids, 0), axis=0)
+        w = tl.where(j == i, tl.sum(tl.where(e == id_i, score, 0.0), axis=0), w)
+    if NORM:
+        # the reference sums k values of its dtype in fp32 and rounds once (exact for these magnitudes)
+        total = tl.sum(w, axis=0).to(dt).to(tl.float32)
+        total = (total + 1e-20).to(dt).to(tl.float32)
+        w = (w / total).to(dt).to(tl.float32)
+    w = (w * scale).to(dt)
+    tl.store(ids_ptr + t * K + j, ids, mask=j < K)
+    tl.store(w_ptr + t * K + j, w, mask=j < K)
+
+
+def supported(logits: torch.Tensor, scoring_func: str) -> bool:
+    return scoring_func == "sqrtsoftplus" and logits.is_contiguous() and logits.dim() == 2 and logits.shape[0] > 0
+
+
+def route(logits, tokens, bias, tid2eid, k: int, norm: bool, scale: float):
+    """logits [T, E] -> (ids [T, k] int64 ascending, weights [T, k] in logits' dtype)."""
+    T, E = logits.shape
+    ids = torch.empty(T, k, dtype=torch.int64, device=logits.device)
+    w = torch.empty(T, k, dtype=logits.dtype, device=logits.device)
+    hashed = tid2eid is not None
+    launcher(_route_kernel, logits)[(T,)](
+        logits, bias if bias is not None else logits, tid2eid if hashed else ids, tokens, ids, w, float(scale), E,
+        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E))
+    return ids, w
