@@ -29,7 +29,7 @@ def emit(tag: str, **rec):
     print(tag, json.dumps(rec), flush=True)
 
 
-def run_bench(model, prime: int, steps: int, rows: int, build_s: float) -> int:
+def run_bench(model, prime: int, steps: int, rows: int, build_s: float, profile: bool = False) -> int:
     from .sampler import SamplingParams
 
     graph_arm = model.device.type == "cuda"
@@ -74,7 +74,28 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float) -> int:
          reductions_per_token_per_rank=[c / (2 * rows * steps) for c in census],
          graph_census=model.graph_census(graph) if graph_arm else {},
          timing_scope="model.step: forward+commit+head+sample+readback, median row")
+    if profile:
+        _profile(model, prefix, first, sp, steps / statistics.median(walls["graph" if graph_arm else "eager"]))
     if not same:
         print("dsv4 bench: eager and graph sampled different streams", file=sys.stderr)
         return 1
     return 0
+
+
+def _profile(model, prefix, first: int, sp, tok_s: float):
+    """BENCH_PROFILE per rank: phases (GPU us and kernels per token, from eager steps: the graph replays the
+    same kernels), bytes read per token, and the roofline fraction of the timed arm at the copy bandwidth
+    measured now on rank 0's device."""
+    from .profile import copy_bandwidth
+
+    scratch = model.new_state(prefix.capacity)
+    scratch.restore(prefix)
+    per_rank = model.each("profile_steps", scratch, first, sp, 4) if model.world == 1 else \
+        model.profile_steps(scratch, first, sp, 4)
+    bandwidth = copy_bandwidth(model.device)
+    for rank, rec in enumerate(per_rank):
+        total = rec["bytes_per_token"]["total"]
+        emit("BENCH_PROFILE", rank=rank, **rec, copy_bytes_per_s=bandwidth, timed_tok_s=round(tok_s, 3),
+             roofline_tok_s=round(bandwidth / total, 1) if bandwidth == bandwidth else None,
+             roofline_fraction=round(tok_s * total / bandwidth, 4) if bandwidth == bandwidth else None,
+             scope="phases: kernel time of eager model.step; bytes: weights touched + cache rows read, this rank")

@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
         return 2
     start = time.perf_counter()
     with _model(args) as model:
-        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start)
+        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.profile)
 
 
 def cmd_gate(args) -> int:
@@ -193,6 +193,9 @@ def main(argv=None) -> int:
     b.add_argument("--prime", type=int, default=128, help="prompt tokens before the timed rows")
     b.add_argument("--steps", type=int, default=32, help="sampled steps per row")
     b.add_argument("--rows", type=int, default=4, help="rows per arm (ABBA order)")
+    b.add_argument("--profile", action="store_true",
+                   help="also: GPU time and kernels per phase per token, bytes read per token per rank, "
+                        "the copy bandwidth measured now and the roofline fraction (BENCH_PROFILE)")
     b.set_defaults(fn=cmd_bench)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")

@@ -18,6 +18,7 @@ import torch
 from .config import ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
+from .profile import phase
 from .sampler import SamplingParams, sample
 from .state import CapacityError, DecodeState, QuarantineError
 
@@ -195,7 +196,8 @@ class Model(PerRankViews):
     def step_device(self, state: DecodeState, sampling) -> torch.Tensor:
         """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64."""
         verdict = self.transformer.transaction(state, state.input)
-        state.token.copy_(sample(state.logits, sampling, state.pos))
+        with phase("sampler"):
+            state.token.copy_(sample(state.logits, sampling, state.pos))
         return torch.stack([state.token.double(), verdict.double()])
 
     def check_capturable(self, state: DecodeState, ids: Sequence[int], sampling=None) -> int | None:
@@ -224,6 +226,21 @@ class Model(PerRankViews):
                 token, verdict = None, float(v)
         self._settle(state, verdict, tokens.shape[0])
         return None if token is None else int(token)
+
+    def profile_steps(self, state: DecodeState, token: int, sampling, steps: int = 4) -> dict:
+        """Eager steps under the profiler: GPU time and kernels per phase, bytes read per token on this rank."""
+        from . import profile
+
+        carry = [token]
+
+        def one():
+            carry[0] = self.step(state, carry[0], sampling)
+
+        pos = state.host_pos
+        with profile.recording_routes() as picks:
+            phases = profile.phase_breakdown(one, steps)
+        return {"phases_us_per_token": phases,
+                "bytes_per_token": profile.bytes_per_token(self.transformer, picks, steps, pos)}
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
                  capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:

@@ -495,6 +495,10 @@ class DistributedModel(PerRankViews):
         """Every rank runs its step (or chunk) under the host-sync guard (see Model.check_capturable)."""
         return self._call(None, "check_capturable", state, ids, sampling)
 
+    def profile_steps(self, state, token: int, sampling, steps: int = 4) -> list[dict]:
+        """Every rank's phase breakdown and bytes (see Model.profile_steps)."""
+        return self._call(None, "profile_steps", state, token, sampling, steps, want=True)
+
     generate = Model.generate  # written against the API above, so they run unchanged here
     sample_tokens = Model.sample_tokens
 

@@ -16,6 +16,7 @@ from .. import kernels
 from ..config import HASH_MOE, ModelConfig
 from ..kernels import commit as fused_commit
 from ..parallel import Comm
+from ..profile import phase
 from ..state import DecodeState
 from .attention import attention
 from .compressor import Write
@@ -103,14 +104,23 @@ class Transformer:
         h = x.unsqueeze(1).expand(T, cfg.hc_mult, cfg.hidden_size).contiguous()
         writes: list[Write] = []
         for i, L in enumerate(self.layers):
-            post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
-            a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), step, L["attn"],
-                          state.layers[i], i, cfg, self.heads, writes)
-            h = self._post(comm.all_reduce(a, i, "attention"), post, comb, h)
-            post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
-            f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"], self.experts.start, cfg)
-            h = self._post(comm.all_reduce(f, i, "moe"), post, comb, h)
+            with phase("mhc"):
+                post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
+            with phase("attention"):
+                a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), step, L["attn"],
+                              state.layers[i], i, cfg, self.heads, writes)
+            h = self._post(self._reduce(a, i, "attention"), post, comb, h)
+            with phase("mhc"):
+                post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
+            with phase("moe"):
+                f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"], self.experts.start,
+                        cfg)
+            h = self._post(self._reduce(f, i, "moe"), post, comb, h)
         return writes, h
+
+    def _reduce(self, x, layer: int, site: str):
+        with phase("collective"):
+            return self.comm.all_reduce(x, layer, site)
 
     def _count(self, what: str, n: int = 1):
         if self.trace is not None:
@@ -119,13 +129,15 @@ class Transformer:
     def _post(self, reduced, post, comb, h):
         self._count("collective")
         self._count("hc_post")
-        return hc_post(reduced, post, comb, h)
+        with phase("mhc"):
+            return hc_post(reduced, post, comb, h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Streams [hc, D] of the last token -> fp32 logits [vocab] (vocab-parallel, gathered)."""
-        y = rms_norm(hc_head(h.unsqueeze(0), *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
-        local = F.linear(y, self.head_w.dequant(self.dtype))[0]
-        return self.comm.all_gather(local).float()
+        with phase("head"):
+            y = rms_norm(hc_head(h.unsqueeze(0), *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
+            local = F.linear(y, self.head_w.dequant(self.dtype))[0]
+            return self.comm.all_gather(local).float()
 
     # ---- the transaction ---------------------------------------------------
     def transaction(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
@@ -136,6 +148,17 @@ class Transformer:
         self.comm.end_step()
         verdict = self.comm.verdict
         ok = verdict == 0
+        with phase("commit"):
+            self._commit(writes, ok, verdict)
+        last = h[-1]
+        state.hidden.copy_(torch.where(ok, last, state.hidden))
+        state.pos.add_(ok.long() * tokens.shape[0])
+        state.counts[1].add_(ok.long())
+        state.logits.copy_(torch.where(ok, self.head(last), state.logits))
+        return verdict
+
+    @staticmethod
+    def _commit(writes: list[Write], ok, verdict):
         for w in writes:
             if kernels.use_triton(w.buf) and fused_commit.supported(w.buf, w.index, w.rows):
                 fused_commit.commit(w.buf, w.index, w.rows, w.keep, verdict)
@@ -143,9 +166,3 @@ class Transformer:
             keep = ok if w.keep is None else ok & w.keep
             keep = keep.view(-1, *([1] * (w.rows.dim() - 1))) if keep.dim() else keep
             w.buf.index_copy_(0, w.index, torch.where(keep, w.rows.to(w.buf.dtype), w.buf[w.index]))
-        last = h[-1]
-        state.hidden.copy_(torch.where(ok, last, state.hidden))
-        state.pos.add_(ok.long() * tokens.shape[0])
-        state.counts[1].add_(ok.long())
-        state.logits.copy_(torch.where(ok, self.head(last), state.logits))
-        return verdict
