@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -74,7 +75,9 @@ def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *,
             cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype)
         tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else \
             Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
-    comm = Comm(cfg.num_hidden_layers, device, rank=rank, world=world, group=group)
+    # DSV4_REDUCE=symm: the one-shot all-reduce over symmetric memory (CUDA, several ranks) instead of NCCL
+    reduce = os.environ.get("DSV4_REDUCE", "nccl") if world > 1 and device.type == "cuda" else "nccl"
+    comm = Comm(cfg.num_hidden_layers, device, rank=rank, world=world, group=group, reduce=reduce)
     return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tokenizer)
 
 

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import torch
 
+from . import kernels
+from .kernels import door
+
 SITES = ("attention", "moe")
 
 
@@ -63,12 +66,21 @@ class Comm:
 
     def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
         s = SITES.index(site)
-        self.census[layer, s].add_(1)
         wire = torch.float32 if self.backend == "gloo" and x.dtype != torch.float64 else x.dtype
-        flag = self.refusing[layer, s].view(1)
-        payload = torch.cat([x.flatten().to(wire), flag if wire == torch.float32 else flag.to(wire)])
-        if self.world > 1:
-            payload = self._reduce(payload)
+        if kernels.use_triton(x, gpu_checked=door.GPU_CHECKED) and door.supported(x):
+            # census + payload in one launch, written where the reduction reads it
+            symm = self.reduce == "symm" and self.world > 1
+            out = self._symm_buffer(x.numel() + 1, wire) if symm else torch.empty(x.numel() + 1, dtype=wire,
+                                                                                   device=x.device)
+            payload = door.pack(x, out, self.refusing[layer, s], self.census[layer, s])
+            if self.world > 1:
+                payload = self._one_shot(payload, out) if symm else self._reduce(payload)
+        else:
+            self.census[layer, s].add_(1)
+            flag = self.refusing[layer, s].view(1)
+            payload = torch.cat([x.flatten().to(wire), flag if wire == torch.float32 else flag.to(wire)])
+            if self.world > 1:
+                payload = self._reduce(payload)
         self.verdict.add_(payload[-1])
         return payload[:-1].view_as(x).to(x.dtype)
 
@@ -90,20 +102,30 @@ class Comm:
         if self.reduce == "nccl":
             dist.all_reduce(payload, group=self.group)
             return payload
-        # One-shot: every rank reads every peer's buffer over NVLink and sums; the buffer is
-        # symmetric memory, allocated (collectively, in step order) the first time a size is seen.
+        buf = self._symm_buffer(payload.numel(), payload.dtype)
+        buf[:payload.numel()].copy_(payload)
+        return self._one_shot(payload, buf)
+
+    def _symm_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's symmetric-memory buffer for payloads of `dtype`, allocated (collectively, in step
+        order) the first time a size is seen; padded to whole 4-byte words."""
+        import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
-        group = self.group or dist.group.WORLD
-        buf = self._symm.get(payload.dtype)
-        if buf is None or buf.numel() < payload.numel():
-            buf = symm_mem.empty(max(payload.numel(), 8192), dtype=payload.dtype, device=self.device)
-            symm_mem.rendezvous(buf, group.group_name)
-            self._symm[payload.dtype] = buf
+        buf = self._symm.get(dtype)
+        if buf is None or buf.numel() < numel + 1:
+            buf = symm_mem.empty(max(numel + 1, 8192), dtype=dtype, device=self.device)
+            symm_mem.rendezvous(buf, (self.group or dist.group.WORLD).group_name)
+            self._symm[dtype] = buf
+        return buf
+
+    def _one_shot(self, payload: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        """Every rank reads every peer's buffer over NVLink and sums (the payload already sits at buf's start)."""
+        import torch.distributed as dist
+
         n = payload.numel() + payload.numel() % 2  # the kernel reads 4-byte words: pad a bf16 payload to even
-        view = buf[:n]
-        view[:payload.numel()].copy_(payload)
-        return torch.ops.symm_mem.one_shot_all_reduce(view, "sum", group.group_name)[:payload.numel()]
+        group = self.group or dist.group.WORLD
+        return torch.ops.symm_mem.one_shot_all_reduce(buf[:n], "sum", group.group_name)[:payload.numel()]
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's x along dim 0 (the vocab-parallel head's logits)."""

@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import commit, hc, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import commit, door, hc, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -53,7 +53,7 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (commit, hc, norm, rope, qgemv, route):
+for module in (commit, door, hc, norm, rope, qgemv, route):
     module.launcher = compile_only
 
 def qgemv_variants(dtype, scale_dtype):
@@ -85,6 +85,7 @@ for dtype in (torch.float32, torch.bfloat16):
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
     for scale_dtype in (torch.float8_e8m0fnu, torch.float32):
         qgemv_variants(dtype, scale_dtype)
+    door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()), torch.zeros((), dtype=torch.int64))
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
         route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                     tid2eid, 6, True, 1.5)
@@ -99,5 +100,5 @@ qgemv.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-sys.exit(0 if names == ["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel",
-                    "_route_kernel"] else 1)
+sys.exit(0 if names == sorted(["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_pack_kernel", "_qgemv_kernel",
+                                   "_rms_norm_kernel", "_rope_kernel", "_route_kernel"]) else 1)

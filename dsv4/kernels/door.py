@@ -1,0 +1,42 @@
+"""The all-reduce door's bookkeeping in one kernel (reference: dsv4.parallel.Comm.all_reduce).
+
+Before a reduction the door counts it in the census and builds the payload: the
+partial sum x followed by one element, this door's refusal flag. The reference
+takes two launches (census add, cat); here one kernel writes the payload straight
+into its destination (for the one-shot all-reduce, the symmetric-memory buffer,
+which saves the reference's third launch, the copy into it).
+"""
+
+import torch
+
+from . import cdiv, launcher
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+
+
+def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, N, BLOCK: constexpr):
+    pid = tl.program_id(0)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + i, mask=i < N, other=0.0)
+    tl.store(out_ptr + i, v.to(out_ptr.dtype.element_ty), mask=i < N)
+    if pid == 0:
+        tl.store(out_ptr + N, tl.load(flag_ptr).to(out_ptr.dtype.element_ty))
+        tl.store(census_ptr, tl.load(census_ptr) + 1)
+
+
+def supported(x: torch.Tensor) -> bool:
+    return x.is_contiguous() and x.numel() > 0
+
+
+def pack(x: torch.Tensor, out: torch.Tensor, flag: torch.Tensor, census: torch.Tensor) -> torch.Tensor:
+    """out[:n] = x (in out's dtype), out[n] = flag, census += 1; returns out[:n + 1]."""
+    n = x.numel()
+    block = 1024
+    launcher(_pack_kernel, x)[(cdiv(n, block),)](x, out, flag, census, n, BLOCK=block)
+    return out[:n + 1]
