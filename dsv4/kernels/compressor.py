@@ -66,9 +66,9 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
         g = tl.where(ok, g, float("-inf"))
         new_mx = tl.maximum(mx, tl.max(g, axis=0))
-        # A block of dead slots only (the first window's previous half) keeps max and sum as they are.
-        e = tl.exp(tl.where(ok, g - new_mx[None, :], float("-inf")))
-        den = den * tl.exp(tl.where(mx == new_mx, 0.0, mx - new_mx)) + tl.sum(e, axis=0)
+        # A block of dead slots only (the first window's previous half) leaves the max at -inf: no -inf - -inf.
+        shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+        den = den * tl.exp(mx - shift) + tl.sum(tl.exp(g - shift[None, :]), axis=0)
         mx = new_mx
 
     # Pass 2: the weights (rounded to the rows' dtype) times kv, each product rounded, summed in fp32.
