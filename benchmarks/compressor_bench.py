@@ -73,7 +73,7 @@ def layer(cfg, committed: int, device, dtype, seed: int = 0):
 
 
 def calls(cfg, L, eps: float = 1e-6):
-    """name -> fn() for the four calls of one decode token's layer pair."""
+    """(name -> fn() for the four calls of one decode token's layer pair, the indexer's inputs)."""
     x = L["x"]
 
     def comp(name, win, overlap):
@@ -83,13 +83,14 @@ def calls(cfg, L, eps: float = 1e-6):
     inew = comp("csa_indexer", L["win_c"], True)()
     cos, sin = L["cos_sin"]
     w_i, _, _, icomp = L["csa_indexer"]
-    return {
+    fns = {
         "csa": comp("csa", L["win_c"], True),
         "csa_indexer": comp("csa_indexer", L["win_c"], True),
         "hca": comp("hca", L["win_h"], False),
         "index_topk": lambda: index_topk(L["q_res"], x, cos, sin, w_i, icomp, inew, L["win_c"], cfg.index_topk,
                                          cfg.index_n_heads, cfg.index_head_dim),
     }
+    return fns, {"index": (w_i, icomp, inew, L["win_c"]), "q": (L["q_res"], x, L["cos_sin"])}
 
 
 def per_token(cfg, per_call: dict) -> float:
@@ -141,7 +142,7 @@ def agreement(name: str, ref, got) -> dict:
 
 def timing(cfg):
     for committed in (1024, 32768):
-        L = calls(cfg, layer(cfg, committed, "cuda", torch.bfloat16))
+        L, inputs = calls(cfg, layer(cfg, committed, "cuda", torch.bfloat16))
         totals = {}
         for arm in ARMS:
             os.environ["DSV4_KERNELS"] = arm
@@ -160,6 +161,27 @@ def timing(cfg):
                  scope="per decode token: CSA layers x (csa + csa_indexer + index_topk) + HCA layers x hca")
         emit("COMPRESSOR_SPEEDUP", committed=committed, torch_over_triton=round(totals["torch"] / totals["triton"], 2),
              auto_over_triton=round(totals["auto"] / totals["triton"], 2))
+        selection_parts(cfg, inputs, committed)
+
+
+def selection_parts(cfg, inputs: dict, committed: int):
+    """Where index_topk's time goes on the kernel path: the scores kernel, then torch.topk on its keys;
+    beside them the reference's stable sort of fp32 scores of the same length."""
+    from dsv4.kernels import compressor as fused
+
+    w, icomp, inew, win = inputs["index"]
+    q_res, x, (cos, sin) = inputs["q"]
+    H, dI = cfg.index_n_heads, cfg.index_head_dim
+    q = torch.nn.functional.linear(q_res, w["wq_b"].data).view(1, H, dI)
+    weights = torch.nn.functional.linear(x, w["weights_proj"].data)
+    keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
+    scores = torch.randn(keys.shape, device=keys.device)
+    parts = {"index_keys_kernel": lambda: fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed,
+                                                           win.visible),
+             "topk_on_keys": lambda: fused.topk(keys, min(cfg.index_topk, keys.shape[-1])),
+             "stable_sort_fp32": lambda: torch.sort(scores, dim=-1, descending=True, stable=True)}
+    for name, fn in parts.items():
+        emit("COMPRESSOR_PART", part=name, committed=committed, entries=keys.shape[-1], graph_us=round(graph_us(fn), 2))
 
 
 # Ops that launch nothing: views, metadata and allocations.
@@ -205,7 +227,7 @@ def count(cfg):
         return Launch()
 
     fused_mod.launcher = counting
-    L = calls(cfg, layer(cfg, 256, "cpu", torch.float32))
+    L, _ = calls(cfg, layer(cfg, 256, "cpu", torch.float32))
     for arm in ("torch", "triton"):
         os.environ["DSV4_KERNELS"] = arm
         per_call = {}
