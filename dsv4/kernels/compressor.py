@@ -137,8 +137,8 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
     launcher(_pool_kernel, kv)[(n_win,)](
         kv, gate.contiguous(), ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
-        win.sin.contiguous(), out, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots, OVERLAP=overlap,
-        HALF=half, BS=block, num_warps=4 if dim * block <= 4096 else 8)
+        win.sin.contiguous(), out, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots,
+        OVERLAP=overlap, HALF=half, BS=block, num_warps=4 if dim * block <= 4096 else 8)
     return out
 
 
