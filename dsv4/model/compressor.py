@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
+from ..kernels import compressor as fused
 from .linear import linear
 from .norm import rms_norm
 from .rope import apply_rope
@@ -40,6 +42,19 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
     T = x.shape[0]
     kv = linear(x, w["wkv"])
     gate = linear(x, w["wgate"])
+    if kernels.use_triton(kv, gpu_checked=fused.GPU_CHECKED) and fused.pool_supported(
+            kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
+        entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps)
+    else:
+        entries = _pool(kv, gate, ring_kv, ring_gate, w, win, overlap, eps)
+    n = min(T, ring_kv.shape[0])
+    writes.append(Write(ring_kv, win.slots, kv[T - n:]))
+    writes.append(Write(ring_gate, win.slots, gate[T - n:]))
+    writes.append(Write(store, win.store_index, entries, win.closed))
+    return entries
+
+
+def _pool(kv, gate, ring_kv, ring_gate, w: dict, win: Windows, overlap: bool, eps: float) -> torch.Tensor:
     dim = kv.shape[-1] // 2 if overlap else kv.shape[-1]
     stream_kv = torch.cat([ring_kv, kv])
     stream_gate = torch.cat([ring_gate, gate])
@@ -54,12 +69,7 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
     else:
         win_kv, win_gate = cur_kv, cur_gate
     pooled = (win_kv * win_gate.softmax(dim=1, dtype=torch.float32).to(win_kv.dtype)).sum(dim=1)
-    entries = apply_rope(rms_norm(pooled, w["norm"], eps), win.cos, win.sin)
-    n = min(T, ring_kv.shape[0])
-    writes.append(Write(ring_kv, win.slots, kv[T - n:]))
-    writes.append(Write(ring_gate, win.slots, gate[T - n:]))
-    writes.append(Write(store, win.store_index, entries, win.closed))
-    return entries
+    return apply_rope(rms_norm(pooled, w["norm"], eps), win.cos, win.sin)
 
 
 def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int):
@@ -70,11 +80,15 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     """
     T = x.shape[0]
     q = linear(q_res, w["wq_b"]).view(T, n_heads, head_dim)
+    weights = linear(x, w["weights_proj"])
+    if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.index_supported(q, icomp, inew, cos):
+        keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
+        return fused.topk(keys, min(topk, keys.shape[-1]))
     q = apply_rope(q, cos, sin).float()
     scores = torch.cat([torch.einsum("thd,nd->thn", q, icomp.float()),
                         torch.einsum("thd,nd->thn", q, inew.float())], dim=-1)
     scores = torch.relu(scores) * head_dim ** -0.5
-    weights = linear(x, w["weights_proj"]).float() * n_heads ** -0.5
+    weights = weights.float() * n_heads ** -0.5
     scores = (scores * weights.unsqueeze(-1)).sum(dim=1)  # [T, Ns + n_win]
     visible = torch.cat([win.committed.expand(T, -1), win.visible], dim=-1)
     scores = scores.masked_fill(~visible, float("-inf"))

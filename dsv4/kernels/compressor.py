@@ -1,0 +1,212 @@
+"""The compressor's pooling and the lightning indexer's scores, one launch each (references:
+dsv4.model.compressor.compress and index_topk).
+
+pool: every window a chunk touches, read in place from the ring and the chunk's projected rows (no
+concatenated stream, no gathered window copies): softmax over the window's slots of gate + ape per
+channel, the weighted sum of kv, RMSNorm with its weight, RoPE at the window's first position.
+Rounding follows the reference: softmax in fp32, weights and each product rounded to the rows'
+dtype, the sum rounded once. The softmax's denominator is accumulated online over slot blocks.
+
+index_keys: each query's q (RoPE applied in the kernel) against the committed rows and the chunk's
+new rows, relu(q.k) * dI**-0.5 weighted per head, summed over heads in a fixed order, masked to -inf
+where not visible, and written as one int64 sort key per entry: the score's order-preserving bits
+(negated) above the entry's index. The keys are distinct, so the k smallest are one set in one order
+whatever the selection algorithm: descending score, ties to the lower index, exactly the
+reference's stable descending sort (-0.0 counts as 0.0, as in the sort's comparison).
+"""
+
+import torch
+
+from . import cdiv, launcher, next_pow2
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+
+# Keys below this hold a finite score (above -inf): (~ordered(-inf)) << 32, ordered(-inf) = 0x807FFFFF.
+_VISIBLE_BELOW = 0x7F800000 << 32
+_INDEX_BITS = 0xFFFFFFFF
+
+
+def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
+                 cos_ptr, sin_ptr, out_ptr, eps, R, M: constexpr, DIM: constexpr, WIDTH: constexpr,
+                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr):
+    w = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, DIM)
+    s = tl.arange(0, BS)
+    dt = out_ptr.dtype.element_ty
+
+    # Pass 1: per channel, the running max of gate + ape over the slots and the sum of exp below it.
+    mx = tl.full([DIM], float("-inf"), tl.float32)
+    den = tl.zeros([DIM], tl.float32)
+    for s0 in range(0, SLOTS, BS):
+        j = s0 + s
+        inside = j < SLOTS
+        if OVERLAP:  # slots [0, M): the previous window's first-half channels; [M, 2M): this window's second half
+            is_prev = j < M
+            jj = tl.where(is_prev, j, j - M)
+            col = tl.where(is_prev, 0, DIM)
+        else:
+            is_prev = j < 0
+            jj = j
+            col = j * 0
+        row = tl.where(is_prev, tl.load(prev_ptr + w * M + jj, mask=inside & is_prev, other=0),
+                       tl.load(cur_ptr + w * M + jj, mask=inside & ~is_prev, other=0))
+        live = inside & (~is_prev | (tl.load(live_ptr + w * M + jj, mask=inside & is_prev, other=0) != 0))
+        in_ring = row < R
+        off = col[:, None] + c[None, :]
+        ok = live[:, None] & (c[None, :] < DIM)
+        g = tl.where(in_ring[:, None],
+                     tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ok & in_ring[:, None], other=0.0),
+                     tl.load(gate_ptr + (row - R)[:, None] * WIDTH + off, mask=ok & ~in_ring[:, None], other=0.0))
+        g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
+        g = tl.where(ok, g, float("-inf"))
+        new_mx = tl.maximum(mx, tl.max(g, axis=0))
+        # A block of dead slots only (the first window's previous half) leaves the max at -inf: no -inf - -inf.
+        shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+        den = den * tl.exp(mx - shift) + tl.sum(tl.exp(g - shift[None, :]), axis=0)
+        mx = new_mx
+
+    # Pass 2: the weights (rounded to the rows' dtype) times kv, each product rounded, summed in fp32.
+    acc = tl.zeros([DIM], tl.float32)
+    for s0 in range(0, SLOTS, BS):
+        j = s0 + s
+        inside = j < SLOTS
+        if OVERLAP:
+            is_prev = j < M
+            jj = tl.where(is_prev, j, j - M)
+            col = tl.where(is_prev, 0, DIM)
+        else:
+            is_prev = j < 0
+            jj = j
+            col = j * 0
+        row = tl.where(is_prev, tl.load(prev_ptr + w * M + jj, mask=inside & is_prev, other=0),
+                       tl.load(cur_ptr + w * M + jj, mask=inside & ~is_prev, other=0))
+        live = inside & (~is_prev | (tl.load(live_ptr + w * M + jj, mask=inside & is_prev, other=0) != 0))
+        in_ring = row < R
+        off = col[:, None] + c[None, :]
+        ok = live[:, None] & (c[None, :] < DIM)
+        ring_ok = ok & in_ring[:, None]
+        new_ok = ok & ~in_ring[:, None]
+        g = tl.where(in_ring[:, None], tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
+                     tl.load(gate_ptr + (row - R)[:, None] * WIDTH + off, mask=new_ok, other=0.0))
+        g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
+        p = tl.where(ok, tl.exp(g - mx[None, :]) / den[None, :], 0.0).to(dt).to(tl.float32)
+        v = tl.where(in_ring[:, None], tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
+                     tl.load(kv_ptr + (row - R)[:, None] * WIDTH + off, mask=new_ok, other=0.0))
+        acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
+    pooled = acc.to(dt).to(tl.float32)
+
+    rstd = tl.rsqrt(tl.sum(pooled * pooled, axis=0) / DIM + eps)
+    y = (pooled * rstd).to(dt).to(tl.float32)
+    y = (tl.load(norm_ptr + c).to(tl.float32) * y).to(dt).to(tl.float32)
+
+    even, odd = tl.split(tl.reshape(y, [DIM // 2, 2]))
+    pair = tl.arange(0, DIM // 2)
+    k = pair - (DIM // 2 - HALF)
+    rot = k >= 0
+    cs = tl.load(cos_ptr + w * HALF + k, mask=rot, other=1.0)
+    sn = tl.load(sin_ptr + w * HALF + k, mask=rot, other=0.0)
+    out = out_ptr + w * DIM + 2 * pair
+    tl.store(out, tl.where(rot, even * cs - odd * sn, even).to(dt))
+    tl.store(out + 1, tl.where(rot, odd * cs + even * sn, odd).to(dt))
+
+
+def pool_supported(kv: torch.Tensor, ring_kv: torch.Tensor, ape: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor,
+                   overlap: bool) -> bool:
+    width = kv.shape[-1]
+    dim = width // 2 if overlap else width
+    return (kv.dim() == 2 and kv.is_contiguous() and ring_kv.is_contiguous() and ring_kv.dtype == kv.dtype
+            and ape.dtype == torch.float32 and norm.dtype in (kv.dtype, torch.float32)
+            and dim == next_pow2(dim) and dim >= 2 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dim)
+
+
+def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float) -> torch.Tensor:
+    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width]."""
+    width = kv.shape[-1]
+    dim = width // 2 if overlap else width
+    m = win.cur.shape[-1]
+    n_win, half = win.cur.shape[0], win.cos.shape[-1]
+    out = torch.empty(n_win, dim, dtype=kv.dtype, device=kv.device)
+    slots = 2 * m if overlap else m
+    block = min(next_pow2(slots), max(1, 8192 // dim))
+    launcher(_pool_kernel, kv)[(n_win,)](
+        kv, gate.contiguous(), ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
+        win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
+        win.sin.contiguous(), out, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots,
+        OVERLAP=overlap, HALF=half, BS=block, num_warps=4 if dim * block <= 4096 else 8)
+    return out
+
+
+def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, committed_ptr, visible_ptr, keys_ptr,
+                       Ns, N, n_win, w_scale, q_scale, H: constexpr, H_PAD: constexpr, DI: constexpr,
+                       HALF: constexpr, BN: constexpr, IEEE: constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    h = tl.arange(0, H_PAD)
+    d = tl.arange(0, DI)
+    has_h = h < H
+    dt = q_ptr.dtype.element_ty
+
+    # q's RoPE as the reference's apply_rope: pairs (2i, 2i+1) of the trailing 2 * HALF channels, fp32, rounded.
+    heads = q_ptr + t * H * DI + h[:, None] * DI
+    x = tl.load(heads + d[None, :], mask=has_h[:, None], other=0.0).to(tl.float32)
+    partner = tl.load(heads + (d ^ 1)[None, :], mask=has_h[:, None], other=0.0).to(tl.float32)
+    rot = d >= DI - 2 * HALF
+    k = (d - (DI - 2 * HALF)) // 2
+    cs = tl.load(cos_ptr + t * HALF + k, mask=rot, other=1.0)[None, :]
+    sn = tl.load(sin_ptr + t * HALF + k, mask=rot, other=0.0)[None, :]
+    rotated = tl.where((d % 2 == 1)[None, :], x * cs + partner * sn, x * cs - partner * sn)
+    q = tl.where(rot[None, :], rotated, x).to(dt)
+
+    stored = n < Ns
+    new = (n >= Ns) & (n < N)
+    rows = tl.where(stored[:, None], tl.load(icomp_ptr + n[:, None] * DI + d[None, :], mask=stored[:, None], other=0.0),
+                    tl.load(inew_ptr + (n - Ns)[:, None] * DI + d[None, :], mask=new[:, None], other=0.0))
+    if IEEE:
+        dots = tl.dot(q, tl.trans(rows), input_precision="ieee")  # [H_PAD, BN]
+    else:
+        dots = tl.dot(q, tl.trans(rows))  # bf16/fp16 products are exact in the fp32 accumulator
+    wts = tl.load(wts_ptr + t * H + h, mask=has_h, other=0.0).to(tl.float32) * w_scale
+    score = tl.sum((tl.maximum(dots, 0.0) * q_scale) * wts[:, None], axis=0)
+
+    vis = tl.where(stored, tl.load(committed_ptr + n, mask=stored, other=0) != 0,
+                   tl.load(visible_ptr + t * n_win + (n - Ns), mask=new, other=0) != 0)
+    score = tl.where(vis, score, float("-inf"))
+    score = tl.where(score == 0.0, 0.0, score)
+    bits = score.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed int32 order = float order
+    key = ((~ordered).to(tl.int64) << 32) | n.to(tl.int64)
+    tl.store(keys_ptr + t * N + n, key, mask=n < N)
+
+
+def index_supported(q: torch.Tensor, icomp: torch.Tensor, inew: torch.Tensor, cos: torch.Tensor) -> bool:
+    dI = q.shape[-1]
+    return (q.dim() == 3 and q.is_contiguous() and icomp.is_contiguous() and q.dtype == icomp.dtype == inew.dtype
+            and dI == next_pow2(dI) and dI >= 16 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dI
+            and icomp.shape[0] + inew.shape[0] < 2 ** 31)
+
+
+def index_keys(q, weights, cos, sin, icomp, inew, committed, visible) -> torch.Tensor:
+    """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew]."""
+    T, H, dI = q.shape
+    Ns, n_win = icomp.shape[0], inew.shape[0]
+    N = Ns + n_win
+    keys = torch.empty(T, N, dtype=torch.int64, device=q.device)
+    block = 64 if H <= 64 else 32
+    launcher(_index_keys_kernel, q)[(T, cdiv(N, block))](
+        q, weights.contiguous(), cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
+        committed.contiguous(), visible.contiguous(), keys, Ns, N, n_win, float(H ** -0.5), float(dI ** -0.5),
+        H=H, H_PAD=max(16, next_pow2(H)), DI=dI, HALF=cos.shape[-1], BN=block, IEEE=q.dtype == torch.float32,
+        num_warps=4)
+    return keys
+
+
+def topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(selected [T, k] entry indices, valid [T, k]): the k smallest keys, ascending."""
+    top = torch.topk(keys, k, dim=-1, largest=False, sorted=True).values
+    return top & _INDEX_BITS, top < _VISIBLE_BELOW
