@@ -15,6 +15,7 @@ import torch
 
 import dsv4
 from dsv4.checkpoint import quantize_fp4
+from dsv4.engine import PREFILL_CHUNK, prefill_chunk
 from dsv4.model import moe
 from dsv4.model.moe import swiglu, swiglu_act, take
 from dsv4.model.moe_prefill import grouped_experts
@@ -176,3 +177,11 @@ def test_a_prompt_past_the_capacity_is_refused_before_any_work(model):
     with pytest.raises(CapacityError, match="17 more token.*capacity of 16"):
         model.prefill(fresh, ids(17))
     assert int(fresh.pos) == 0 and fresh.counts.tolist() == [0, 0]
+
+
+def test_default_prefill_chunk_shrinks_with_the_capacity():
+    """Flash over 2 ranks: the indexer's scores over the whole compressed store set the chunk."""
+    flash = dsv4.config.preset("flash")
+    got = [prefill_chunk(flash, cap, 2) for cap in (4096 + 64, 32768, 131072, 1 << 20)]
+    assert got == [4096, 1024, 512, 64]
+    assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
