@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
+from dsv4.kernels import commit, dequant, hc, norm, qgemv, rope  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -53,7 +53,7 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (commit, hc, norm, rope, qgemv):
+for module in (commit, dequant, hc, norm, rope, qgemv):
     module.launcher = compile_only
 
 def qgemv_variants(dtype, scale_dtype):
@@ -85,6 +85,10 @@ for dtype in (torch.float32, torch.bfloat16):
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
     for scale_dtype in (torch.float8_e8m0fnu, torch.float32):
         qgemv_variants(dtype, scale_dtype)
+        # prefill's experts: Flash's w1 stack written into the left half of a w1|w3 buffer
+        dequant.dequant_into(QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8),
+                                     torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4"),
+                             torch.empty(4, 4096, 4096, dtype=dtype)[:, :2048])
 
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)
@@ -96,4 +100,4 @@ qgemv.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-sys.exit(0 if names == ["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)
+sys.exit(0 if names == ["_commit_kernel", "_fp4_dequant_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)

@@ -18,7 +18,8 @@ from dsv4.checkpoint import quantize_fp4
 from dsv4.engine import PREFILL_CHUNK, prefill_chunk
 from dsv4.model import moe
 from dsv4.model.moe import swiglu, swiglu_act, take
-from dsv4.model.moe_prefill import grouped_experts
+from dsv4 import kernels
+from dsv4.model.moe_prefill import dequant_stack, grouped_experts
 from dsv4.model.weights import QWeight
 from dsv4.state import CapacityError
 from dsv4.syncguard import NoHostSync
@@ -185,3 +186,25 @@ def test_default_prefill_chunk_shrinks_with_the_capacity():
     got = [prefill_chunk(flash, cap, 2) for cap in (4096 + 64, 32768, 131072, 1 << 20)]
     assert got == [4096, 1024, 512, 64]
     assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
+
+
+@pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(), reason="needs triton's interpreter or a GPU")
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype):
+    """Bit for bit: e2m1 times a power of two is exact in both dtypes. Stacks written side by side
+    (w1|w3) into one buffer; rows and bytes that do not fill a tile."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(11)
+    w1, w3 = [], []
+    for e in range(3):  # 3 x 40 rows and 80 bytes per row: neither fills the kernel's tiles
+        for stack in (w1, w3):
+            stack.append(quantize_fp4(torch.randn(40, 160, generator=g)))
+    w1, w3 = (QWeight(torch.stack([d for d, _ in s]).to(device),
+                      torch.stack([sc for _, sc in s]).to(scale_dtype).to(device), "fp4") for s in (w1, w3))
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = dequant_stack([w1, w3], dtype)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    got = dequant_stack([w1, w3], dtype)
+    assert torch.equal(got, ref) and torch.equal(ref[:, :40], w1.dequant(dtype))

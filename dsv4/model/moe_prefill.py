@@ -8,7 +8,8 @@ to pair order by a gather and are weighted and summed over k in a fixed order, a
 does, so nothing depends on how a kernel schedules its atomics.
 
 The grouped matmul reads dense weights: this rank's experts of the layer are dequantised for the
-call and freed after it, gate|up first, then down. On Flash with 2 ranks (128 local experts,
+call and freed after it, gate|up first, then down (FP4 stacks in one pass by dsv4.kernels.dequant,
+else the reference QWeight.dequant a few experts at a time). On Flash with 2 ranks (128 local experts,
 I = 2048, D = 4096) that is 4.3 GB (gate|up) then 2.1 GB (down) in bf16 per rank, whatever the
 chunk size; a chunk's own activations are ~7 (D + I) bytes per row of the T*k pairs in bf16.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
+from ..kernels import dequant
 from .weights import QWeight
 
 # Experts dequantised per step: the reference dequant's int64 index per stored byte is 32 MB per
@@ -51,13 +54,16 @@ def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor,
 def dequant_stack(stacks: list[QWeight], dtype: torch.dtype) -> torch.Tensor:
     """Stacks [n, O_i, K] of one layer -> one dense [n, sum O_i, K] (w1|w3 side by side: one matmul)."""
     n, K = stacks[0].data.shape[0], stacks[0].shape[1]
-    sizes = [s.shape[0] for s in stacks]
-    out = torch.empty(n, sum(sizes), K, dtype=dtype, device=stacks[0].data.device)
-    for e in range(0, n, DEQUANT_STEP):
-        part, o = slice(e, e + DEQUANT_STEP), 0
-        for s, size in zip(stacks, sizes):
-            out[part, o:o + size] = _take(s, part).dequant(dtype)
-            o += size
+    out = torch.empty(n, sum(s.shape[0] for s in stacks), K, dtype=dtype, device=stacks[0].data.device)
+    o = 0
+    for s in stacks:
+        part = out[:, o:o + s.shape[0]]
+        o += s.shape[0]
+        if kernels.use_triton(out, gpu_checked=dequant.GPU_CHECKED) and dequant.supported(s, part):
+            dequant.dequant_into(s, part)
+            continue
+        for e in range(0, n, DEQUANT_STEP):
+            part[e:e + DEQUANT_STEP] = _take(s, slice(e, e + DEQUANT_STEP)).dequant(dtype)
     return out
 
 
