@@ -188,7 +188,8 @@ def test_default_prefill_chunk_shrinks_with_the_capacity():
     assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
 
 
-@pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(), reason="needs triton's interpreter or a GPU")
+@pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(),
+                    reason="needs triton's interpreter or a GPU")
 @pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp4_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype):
