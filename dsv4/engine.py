@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .config import ModelConfig, PRESETS, preset
+from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
 from .profile import phase
@@ -98,6 +98,30 @@ class PerRankViews:
         return self.each("replay_counts", state)
 
 
+# Most tokens per default prefill chunk. The routed experts are dequantised once per chunk (on Flash
+# ~0.1 ms per token at this length), while the sliding attention's logits span the whole chunk, so
+# their cost per token grows with it; past a few thousand tokens the second outweighs the first.
+PREFILL_CHUNK = 4096
+PREFILL_BUDGET = 16 << 30  # bytes of a default chunk's largest activations
+
+
+def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1) -> int:
+    """The default prefill chunk: the largest power of two up to PREFILL_CHUNK (at least 64) whose largest
+    activations fit PREFILL_BUDGET. Per query those are the lightning indexer's fp32 scores over the whole
+    compressed store (index_n_heads x capacity / rate, ~3 alive), the sliding attention's logits over the
+    window and the chunk (heads of a rank x (window + chunk), ~5 alive) and the CSA rows each query picks
+    (index_topk x head_dim, ~3 alive); 2-byte activations assumed. Flash, 2 ranks: 4096 at a 4k capacity,
+    1024 at 32k, 512 at 128k, 64 at 1M."""
+    csa = [cfg.compress_rate(i) for i in range(cfg.num_hidden_layers) if cfg.layer_types[i] == CSA]
+    scores = 12 * cfg.index_n_heads * (capacity // min(csa) + 2) if csa else 0
+    picked = 6 * cfg.index_topk * cfg.head_dim if csa else 0
+    heads = cfg.num_attention_heads // world
+    chunk = PREFILL_CHUNK
+    while chunk > 64 and chunk * (scores + picked + 10 * heads * (cfg.sliding_window + chunk)) > PREFILL_BUDGET:
+        chunk //= 2
+    return chunk
+
+
 class Model(PerRankViews):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
@@ -154,10 +178,12 @@ class Model(PerRankViews):
                  for r, f in enumerate(every) if int(f[0]) != 0]
         return "one-shot reduction refused: " + ("; ".join(parts) or "unknown rank") + "; nothing committed"
 
-    def prefill(self, state: DecodeState, ids: Sequence[int], chunk_size: int = 64) -> torch.Tensor:
-        """Run the prompt through in chunks; returns the last token's logits (fp32 [vocab])."""
+    def prefill(self, state: DecodeState, ids: Sequence[int], chunk_size: int | None = None) -> torch.Tensor:
+        """Run the prompt through in chunks (default: prefill_chunk); returns the last token's logits (fp32 [vocab])."""
         state.check_open()
         tokens = self._tokens(ids, "prefill")
+        if chunk_size is None:
+            chunk_size = prefill_chunk(self.cfg, state.capacity, self.world)
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size {chunk_size!r}: a positive integer")
         state.check_room(tokens.shape[0])

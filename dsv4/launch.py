@@ -478,7 +478,7 @@ class DistributedModel(PerRankViews):
         self._call(None, "new_state", sid, capacity)
         return DistributedState(self, sid, self._rank.states[sid])
 
-    def prefill(self, state, ids, chunk_size: int = 64) -> torch.Tensor:
+    def prefill(self, state, ids, chunk_size: int | None = None) -> torch.Tensor:
         return self._call(None, "prefill", state, ids, chunk_size)
 
     def decode(self, state, token: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import commit, compressor, door, hc, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import commit, compressor, dequant, door, hc, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
@@ -93,6 +93,10 @@ for dtype in (torch.float32, torch.bfloat16):
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
     for scale_dtype in (torch.float8_e8m0fnu, torch.float32):
         qgemv_variants(dtype, scale_dtype)
+        # prefill's experts: Flash's w1 stack written into the left half of a w1|w3 buffer
+        dequant.dequant_into(QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8),
+                                     torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4"),
+                             torch.empty(4, 4096, 4096, dtype=dtype)[:, :2048])
     door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()), torch.zeros((), dtype=torch.int64))
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
         route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),

@@ -22,6 +22,7 @@ from .. import kernels
 from ..config import ModelConfig
 from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
+from .moe_prefill import grouped_experts
 from .weights import QWeight
 
 
@@ -89,13 +90,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
             w1, w3, w2 = (take(stack, e).dequant(x.dtype) for stack in stacks)
             y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
         return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
-    # Many tokens (prefill): run every local expert on all rows, weighted by its routing weight (0 if unpicked).
-    out = torch.zeros_like(x)
-    for e in range(n):
-        coef = (weights * (local == e)).sum(dim=-1, keepdim=True)
-        w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
-        out = out + coef * swiglu(x, w1, w3, w2, limit)
-    return out
+    # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
+    return grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit))
 
 
 def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:

@@ -1,0 +1,200 @@
+"""Prefill speed and memory: tok/s, time to first token, peak memory; DecodeState memory per capacity.
+
+    python benchmarks/prefill_bench.py flash [--sizes 512 4096 32768] [--runs 3] [--decode-steps 16]
+    python benchmarks/prefill_bench.py mini  [--sizes 512 4096] [--runs 3] [--no-hf]
+
+`flash`: random weights over 2 ranks (dsv4.load("flash", device="cuda", ranks=2)); `mini`: one GPU,
+beside HF transformers' DeepseekV4ForCausalLM holding the same weights (dsv4.oracle.hf_model_from,
+bf16, HF's default experts implementation), one full forward over the same ids in the same process.
+Each size: a fresh state of capacity N + 64; prefill of the first N - 1 ids with the default chunk
+(engine.prefill_chunk) or --chunk, then one sampled step on the last id. Median of --runs runs after
+one warm-up. Prints one JSON record per line:
+
+  PREFILL_BUILD  preset, ranks, build wall, GiB allocated per rank after the build, device, commit
+  PREFILL        N, chunk, prefill s and tok/s (N - 1 tokens), time to first token (prefill + step),
+                 each run's figures, rank 0's peak GiB (ranks are symmetric: even expert and head
+                 splits, replicated state), GiB per rank after
+  DECODE_AFTER   (--decode-steps) eager model.step tok/s right after the largest prefill
+  PREFILL_HF     (mini) HF forward s and tok/s on the same N ids (logits of the last position only),
+                 peak GiB, max |dsv4 - HF| / max |HF| on the last logits (both bf16: a sanity figure)
+  STATE_MEMORY   bytes per rank of a DecodeState at 64k, 128k, 512k and 1M tokens (its buffers built
+                 on the meta device) and the default prefill chunk at that capacity
+  STATE_FIT      the largest capacity whose state fits beside the weights: alone, and with room for a
+                 default prefill chunk (engine.PREFILL_BUDGET plus one layer's dequantised experts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+import dsv4
+from dsv4.engine import PREFILL_BUDGET, prefill_chunk
+from dsv4.sampler import SamplingParams
+from dsv4.state import DecodeState
+
+GIB = 2 ** 30
+
+
+def emit(tag, **rec):
+    print(tag, json.dumps(rec), flush=True)
+
+
+def commit_id() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001 - a record without a commit is still a record
+        return "unknown"
+
+
+def prompt(n: int, vocab: int) -> list[int]:
+    return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+ROOM = 64  # capacity past the prompt: the first token and --decode-steps (< ROOM) after it
+
+
+def prefill_once(model, ids, chunk):
+    """(prefill s, time to first token s, rank 0 peak bytes, state) on a fresh state."""
+    state = model.new_state(len(ids) + ROOM)
+    model.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    model.prefill(state, ids[:-1], chunk_size=chunk)
+    model.synchronize()
+    t1 = time.perf_counter()
+    model.step(state, ids[-1], SamplingParams(temperature=0.0))
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t0, torch.cuda.max_memory_allocated(), state
+
+
+def bench_prefill(model, name, sizes, runs, chunk, decode_steps):
+    vocab = model.cfg.vocab_size
+    prefill_once(model, prompt(min(sizes), vocab), chunk)  # warm-up: allocator, cuBLAS handles
+    for n in sizes:
+        ids = prompt(n, vocab)
+        walls, ttfts, peaks = [], [], []
+        state = None
+        for _ in range(runs):
+            state = None  # free the last run's state before the next one
+            wall, ttft, peak, state = prefill_once(model, ids, chunk)
+            walls.append(wall), ttfts.append(ttft), peaks.append(peak)
+        wall = statistics.median(walls)
+        emit("PREFILL", preset=name, ranks=model.world, tokens=n, prefilled=n - 1,
+             chunk=chunk or prefill_chunk(model.cfg, n + ROOM, model.world), runs=runs,
+             prefill_s=round(wall, 4), tok_s=round((n - 1) / wall, 1), ttft_s=round(statistics.median(ttfts), 4),
+             prefill_s_runs=[round(w, 4) for w in walls], rank0_peak_gib=round(max(peaks) / GIB, 2),
+             gib_per_rank_after=[round(m / GIB, 2) for m in model.each("memory_allocated")],
+             kernels=os.environ.get("DSV4_KERNELS", "auto"))
+        if decode_steps and n == max(sizes):
+            decode_after(model, name, state, ids, decode_steps)
+
+
+def decode_after(model, name, state, ids, steps):
+    sp = SamplingParams(temperature=1.0, seed=7)
+    token = model.draw(state, sp)
+    model.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        token = model.step(state, token, sp)
+    model.synchronize()
+    wall = time.perf_counter() - t
+    emit("DECODE_AFTER", preset=name, context=len(ids), steps=steps, arm="eager",
+         tok_s=round(steps / wall, 2))
+
+
+def bench_hf(model, name, sizes, runs):
+    from dsv4.oracle import hf_model_from
+
+    hf = hf_model_from(model, dtype=torch.bfloat16)
+    impl = getattr(hf.config, "_experts_implementation", None)
+    for n in sizes:
+        ids = prompt(n, model.cfg.vocab_size)
+        x = torch.tensor([ids], device=model.device)
+        walls, peak, last = [], 0, None
+        try:
+            with torch.no_grad():
+                hf(x[:, :min(n, 64)], use_cache=False, logits_to_keep=1)  # warm-up
+                for _ in range(runs):
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    t = time.perf_counter()
+                    last = hf(x, use_cache=False, logits_to_keep=1).logits[0, -1].float()
+                    torch.cuda.synchronize()
+                    walls.append(time.perf_counter() - t)
+                    peak = max(peak, torch.cuda.max_memory_allocated())
+        except torch.OutOfMemoryError as e:
+            emit("PREFILL_HF", preset=name, tokens=n, error=f"out of memory: {str(e)[:200]}")
+            torch.cuda.empty_cache()
+            continue
+        ours = model.prefill(model.new_state(n + ROOM), ids).float()
+        wall = statistics.median(walls)
+        emit("PREFILL_HF", preset=name, tokens=n, runs=runs, forward_s=round(wall, 4), tok_s=round(n / wall, 1),
+             peak_gib=round(peak / GIB, 2), experts_implementation=impl,
+             last_logits_rel_diff=round(float((ours - last).abs().max() / last.abs().max()), 5))
+    del hf
+    torch.cuda.empty_cache()
+
+
+def state_memory(model, name, dequant_bytes: int):
+    cfg, world = model.cfg, model.world
+
+    def state_bytes(capacity):
+        s = DecodeState(cfg, capacity, "meta", model.dtype)
+        return sum(t.nbytes for _, t in s.committed()) + s.input.nbytes
+
+    for cap in (1 << 16, 1 << 17, 1 << 19, 1 << 20):
+        emit("STATE_MEMORY", preset=name, capacity=cap, gib_per_rank=round(state_bytes(cap) / GIB, 3),
+             default_prefill_chunk=prefill_chunk(cfg, cap, world))
+    total = torch.cuda.get_device_properties(0).total_memory
+    weights = max(model.each("memory_allocated"))
+    per_token = (state_bytes(1 << 20) - state_bytes(1 << 19)) / ((1 << 20) - (1 << 19))
+    fixed = state_bytes(1 << 19) - per_token * (1 << 19)
+    margin = 2 * GIB  # CUDA context, allocator slack, the head's logits
+    alone = int((total - weights - margin - fixed) / per_token)
+    with_prefill = int((total - weights - margin - PREFILL_BUDGET - dequant_bytes - fixed) / per_token)
+    emit("STATE_FIT", preset=name, device_gib=round(total / GIB, 1), weights_gib_per_rank=round(weights / GIB, 2),
+         state_bytes_per_token=round(per_token, 1), largest_capacity_decode=alone,
+         largest_capacity_with_prefill_chunk=with_prefill, max_position_embeddings=cfg.max_position_embeddings,
+         assumed_margin_gib=margin / GIB, prefill_room_gib=round((PREFILL_BUDGET + dequant_bytes) / GIB, 2))
+
+
+def dequant_stack_bytes(model) -> int:
+    """One MoE layer's local experts dequantised (gate|up, the larger of the two stacks made at once)."""
+    cfg = model.cfg
+    n = cfg.n_routed_experts // model.world
+    return n * 2 * cfg.moe_intermediate_size * cfg.hidden_size * torch.finfo(model.dtype).bits // 8
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("preset", choices=["flash", "mini"])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=None, help="prefill chunk (default: engine.prefill_chunk)")
+    ap.add_argument("--decode-steps", type=int, default=0)
+    ap.add_argument("--no-hf", action="store_true")
+    args = ap.parse_args()
+    ranks = 2 if args.preset == "flash" else 1
+    t = time.perf_counter()
+    model = dsv4.load(args.preset, device="cuda", ranks=ranks, seed=0)
+    model.synchronize()
+    emit("PREFILL_BUILD", preset=args.preset, ranks=ranks, build_s=round(time.perf_counter() - t, 1),
+         gib_per_rank=[round(m / GIB, 2) for m in model.each("memory_allocated")], dtype=str(model.dtype),
+         device=torch.cuda.get_device_name(), commit=commit_id(), torch=torch.__version__)
+    state_memory(model, args.preset, dequant_stack_bytes(model))
+    bench_prefill(model, args.preset, sorted(args.sizes), args.runs, args.chunk, min(args.decode_steps, ROOM - 1))
+    if args.preset == "mini" and not args.no_hf:
+        bench_hf(model, args.preset, sorted(args.sizes), args.runs)
+    if ranks > 1:
+        model.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Routed experts over many rows (prefill): route first, then run each local expert on its own rows.
+
+The T*k (token, expert) pairs are sorted by local expert id, the pairs of other ranks' experts last,
+so each expert's rows form one contiguous group; the group ends come from a searchsorted over the
+sorted ids on the device (no host read, no data-dependent shape). One grouped matmul per projection
+(torch._grouped_mm) runs every local expert on its group, empty groups included. The results go back
+to pair order by a gather and are weighted and summed over k in a fixed order, as the decode path
+does, so nothing depends on how a kernel schedules its atomics.
+
+The grouped matmul reads dense weights: this rank's experts of the layer are dequantised for the
+call and freed after it, gate|up first, then down (FP4 stacks in one pass by dsv4.kernels.dequant,
+else the reference QWeight.dequant a few experts at a time). On Flash with 2 ranks (128 local experts,
+I = 2048, D = 4096) that is 4.3 GB (gate|up) then 2.1 GB (down) in bf16 per rank, whatever the
+chunk size. A chunk's own activations are a few copies of [T*k, D] and [T*k, I] (the pairs of
+other ranks' experts included: the shapes cannot depend on the routing), ~0.4 MB per token on Flash.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import kernels
+from ..kernels import dequant
+from .weights import QWeight
+
+# Experts dequantised per step: the reference dequant's int64 index per stored byte is 32 MB per
+# Flash expert, so the transient stays ~0.5 GB beside the dense stack.
+DEQUANT_STEP = 8
+
+
+def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor, experts: dict, act) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_{local[t, j]}(x[t]) over this rank's experts (local ids 0..n-1).
+
+    x [T, D]; local [T, k] (ids outside 0..n-1 belong to other ranks); weights [T, k], already 0 for
+    them; act(gate, up) is the SwiGLU between the projections. -> [T, D] in x's dtype.
+    """
+    T, k = local.shape
+    n = experts["w1"].data.shape[0]
+    key = torch.where((local >= 0) & (local < n), local, n).flatten()
+    key, order = torch.sort(key, stable=True)
+    ends = torch.searchsorted(key, torch.arange(n, device=key.device), right=True, out_int32=True)
+    rows = x.index_select(0, order // k)
+    gate_up = grouped_mm(rows, dequant_stack([experts["w1"], experts["w3"]], x.dtype), ends)
+    I = gate_up.shape[-1] // 2
+    h = act(gate_up[:, :I], gate_up[:, I:])
+    del gate_up
+    y = grouped_mm(h, dequant_stack([experts["w2"]], x.dtype), ends)
+    # Rows past the last group (other ranks' pairs) are left unset by the grouped matmul: zero them,
+    # since weight 0 times an unset NaN is still NaN.
+    y = torch.where((key < n).unsqueeze(-1), y, 0.0)
+    back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return (y.index_select(0, back).view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+def dequant_stack(stacks: list[QWeight], dtype: torch.dtype) -> torch.Tensor:
+    """Stacks [n, O_i, K] of one layer -> one dense [n, sum O_i, K] (w1|w3 side by side: one matmul)."""
+    n, K = stacks[0].data.shape[0], stacks[0].shape[1]
+    out = torch.empty(n, sum(s.shape[0] for s in stacks), K, dtype=dtype, device=stacks[0].data.device)
+    o = 0
+    for s in stacks:
+        part = out[:, o:o + s.shape[0]]
+        o += s.shape[0]
+        if kernels.use_triton(out, gpu_checked=dequant.GPU_CHECKED) and dequant.supported(s, part):
+            dequant.dequant_into(s, part)
+            continue
+        for e in range(0, n, DEQUANT_STEP):
+            part[e:e + DEQUANT_STEP] = _take(s, slice(e, e + DEQUANT_STEP)).dequant(dtype)
+    return out
+
+
+def _take(stack: QWeight, index) -> QWeight:
+    return QWeight(stack.data[index], None if stack.scale is None else stack.scale[index], stack.fmt,
+                   stack.row0, stack.col0)
+
+
+def grouped_mm(a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Rows a [P, K] in groups (group g ends at row ends[g]) times w [G, N, K]^T -> [P, N].
+
+    Rows past ends[-1] are unset. torch._grouped_mm where it runs without a host read: bf16 on CUDA
+    (its CUTLASS kernel; 16-byte aligned rows), float32/bf16/fp16 on CPU. Elsewhere an exact loop.
+    """
+    if _grouped_mm_runs(a, w):
+        return torch._grouped_mm(a, w.transpose(-1, -2), offs=ends)
+    return _grouped_mm_loop(a, w, ends)
+
+
+def _grouped_mm_runs(a: torch.Tensor, w: torch.Tensor) -> bool:
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if a.is_cuda:
+        # Other dtypes take torch's own fallback, which reads the offsets on the host.
+        return a.dtype == w.dtype == torch.bfloat16 and a.shape[-1] % 8 == 0 and w.shape[1] % 8 == 0
+    return a.dtype == w.dtype and a.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _grouped_mm_loop(a: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """One matmul per non-empty group. Reads the group ends on the host, so a chunk on this path
+    (float64, or a non-bf16 CUDA dtype) is not capturable; it is exact and does only the pairs' work."""
+    out = a.new_zeros(a.shape[0], w.shape[1])
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        if end > start:
+            out[start:end] = a[start:end] @ w[g].T
+        start = end
+    return out

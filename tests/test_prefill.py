@@ -1,0 +1,228 @@
+"""Prefill on CPU: the grouped routed experts against the all-experts loop they replace, chunked
+prefill against single steps, and the capacity refusal.
+
+Tolerances: the grouped experts against the loop, float32: max |diff| <= 1e-5 * max |reference|
+(the same products; only the order of the k-term sum and of the GEMM's reduction differ);
+float64 (the exact loop fallback): 1e-12; bf16 against the float32 loop: 2**-6 of the max (the input,
+both projections and the activation each round once to bf16; measured 0.006).
+Prefill against single steps: tests/test_model.py's TOL (1e-4 relative, fp32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4.checkpoint import quantize_fp4
+from dsv4.engine import PREFILL_CHUNK, prefill_chunk
+from dsv4.model import moe
+from dsv4.model.moe import swiglu, swiglu_act, take
+from dsv4 import kernels
+from dsv4.model.moe_prefill import dequant_stack, grouped_experts
+from dsv4.model.weights import QWeight
+from dsv4.state import CapacityError
+from dsv4.syncguard import NoHostSync
+
+TOL = 1e-4  # as tests/test_model.py
+
+
+def routed_all_experts(x, ids, weights, experts, first, cfg):
+    """The reference: every local expert on every row, weighted by its routing weight (0 if unpicked)."""
+    n = experts["w1"].data.shape[0]
+    local = ids - first
+    mine = (local >= 0) & (local < n)
+    weights = torch.where(mine, weights, 0.0).to(x.dtype)
+    out = torch.zeros_like(x)
+    for e in range(n):
+        coef = (weights * (local == e)).sum(dim=-1, keepdim=True)
+        w1, w3, w2 = (take(experts[name], e).dequant(x.dtype) for name in ("w1", "w3", "w2"))
+        out = out + coef * swiglu(x, w1, w3, w2, cfg.swiglu_limit)
+    return out
+
+
+def expert_stacks(n, D, I, fmt, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in (("w1", (I, D)), ("w3", (I, D)), ("w2", (D, I))):
+        w = torch.randn(n, *shape, generator=g) * shape[1] ** -0.5
+        if fmt == "fp4":
+            parts = [quantize_fp4(w[e]) for e in range(n)]
+            out[name] = QWeight(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), "fp4")
+        else:
+            out[name] = QWeight(w)
+    return out
+
+
+def routing(T, k, total, seed):
+    """Random distinct experts per token (of all ranks) and positive weights."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(total, generator=g)[:k] for _ in range(T)]).sort(-1).values
+    return ids, torch.rand(T, k, generator=g) + 0.1
+
+
+def run_both(x, ids, weights, experts, first, cfg):
+    n = experts["w1"].data.shape[0]
+    local = ids - first
+    w = torch.where((local >= 0) & (local < n), weights, 0.0).to(x.dtype)
+    got = grouped_experts(x, local, w, experts, lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit))
+    return got, routed_all_experts(x, ids, weights, experts, first, cfg)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp4"])
+@pytest.mark.parametrize("T,k,n,first,total", [(9, 2, 8, 0, 8), (40, 6, 16, 16, 64), (3, 4, 4, 4, 12),
+                                               (64, 6, 32, 0, 32)])
+def test_grouped_experts_match_the_all_experts_loop(fmt, T, k, n, first, total):
+    """Empty groups, other ranks' pairs (sorted last, zeroed), experts with many rows."""
+    cfg = dsv4.config.preset("tiny")
+    D, I = 64, 96
+    experts = expert_stacks(n, D, I, fmt, seed=T + n)
+    ids, weights = routing(T, k, total, seed=T)
+    x = torch.randn(T, D, generator=torch.Generator().manual_seed(1))
+    got, ref = run_both(x, ids, weights, experts, first, cfg)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_grouped_experts_float64_loop_and_bf16():
+    cfg = dsv4.config.preset("tiny")
+    experts = expert_stacks(8, 32, 64, "fp4", seed=5)
+    ids, weights = routing(20, 3, 16, seed=2)
+    x = torch.randn(20, 32, generator=torch.Generator().manual_seed(2))
+    got, ref = run_both(x.double(), ids, weights.double(), experts, 8, cfg)
+    assert float((got - ref).abs().max()) <= 1e-12 * float(ref.abs().max())
+    got16 = run_both(x.bfloat16(), ids, weights, experts, 8, cfg)[0]
+    ref32 = run_both(x, ids, weights, experts, 8, cfg)[1]
+    assert got16.dtype == torch.bfloat16
+    assert float((got16.float() - ref32).abs().max()) <= 2 ** -6 * float(ref32.abs().max())
+
+
+def test_grouped_experts_make_no_host_sync():
+    cfg = dsv4.config.preset("tiny")
+    experts = expert_stacks(8, 64, 64, "fp4", seed=7)
+    local, weights = routing(30, 2, 8, seed=3)
+    x = torch.randn(30, 64)
+    with NoHostSync():
+        grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dsv4.load("tiny", device="cpu", dtype=torch.float32, seed=3)
+
+
+def ids(n, seed=0, vocab=512):
+    return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.fixture(scope="module")
+def single_steps(model):
+    stream = ids(120, seed=4)
+    state = model.new_state(128)
+    with torch.inference_mode():
+        return stream, [model.decode(state, t) for t in stream]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("chunk", [5, 13, 17, 40, 101, 512])
+def test_prefill_equals_single_steps(model, single_steps, chunk):
+    """tiny: window 8, CSA rate 4, HCA rate 16, 8 experts x 2 per token (the grouped path from 5 rows).
+    Chunks that do not divide the prompt, and chunks longer than the window and both rates."""
+    stream, ref = single_steps
+    N = 101
+    state = model.new_state(128)
+    assert rel(model.prefill(state, stream[:N], chunk_size=chunk), ref[N - 1]) <= TOL
+    for j, t in enumerate(stream[N:N + 6]):
+        assert rel(model.decode(state, t), ref[N + j]) <= TOL, f"chunk {chunk}: decode step {j}"
+
+
+@torch.inference_mode()
+def test_prefill_continues_at_unaligned_positions(model, single_steps):
+    stream, ref = single_steps
+    state = model.new_state(128)
+    start = 0
+    for n, chunk in ((3, 64), (30, 7), (41, 41), (37, 19)):  # ends at 3, 33, 74, 111
+        logits = model.prefill(state, stream[start:start + n], chunk_size=chunk)
+        start += n
+        assert rel(logits, ref[start - 1]) <= TOL, f"prefill ending at {start}"
+    assert state.host_pos == int(state.pos) == start
+
+
+@torch.inference_mode()
+def test_prefill_grouped_equals_the_loop_in_the_model(model, single_steps, monkeypatch):
+    """The whole forward with the all-experts loop in place of the grouped experts: same logits."""
+    stream, _ = single_steps
+    a = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
+
+    def loop(x, local, weights, experts, act):
+        return routed_all_experts(x, local, weights, experts, 0, model.cfg)
+
+    monkeypatch.setattr(moe, "grouped_experts", loop)
+    b = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
+    assert rel(a, b) <= 1e-5
+
+
+@torch.inference_mode()
+def test_a_prompt_past_the_capacity_is_refused_before_any_work(model):
+    state = model.new_state(40)
+    model.prefill(state, ids(10))
+    before, counts = state.digest(), state.counts.tolist()
+    with pytest.raises(CapacityError, match=r"31 more token\(s\) at position 10 exceed the state's capacity of 40"):
+        model.prefill(state, ids(31, seed=1), chunk_size=8)
+    assert state.digest() == before and state.counts.tolist() == counts and state.host_pos == 10
+    fresh = model.new_state(16)
+    with pytest.raises(CapacityError, match="17 more token.*capacity of 16"):
+        model.prefill(fresh, ids(17))
+    assert int(fresh.pos) == 0 and fresh.counts.tolist() == [0, 0]
+
+
+def test_default_prefill_chunk_shrinks_with_the_capacity():
+    """Flash over 2 ranks: the indexer's scores over the whole compressed store set the chunk."""
+    flash = dsv4.config.preset("flash")
+    got = [prefill_chunk(flash, cap, 2) for cap in (4096 + 64, 32768, 131072, 1 << 20)]
+    assert got == [4096, 1024, 512, 64]
+    assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
+
+
+@pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(),
+                    reason="needs triton's interpreter or a GPU")
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp4_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype):
+    """Bit for bit: e2m1 times a power of two is exact in both dtypes. Stacks written side by side
+    (w1|w3) into one buffer; rows and bytes that do not fill a tile."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(11)
+    w1, w3 = [], []
+    for e in range(3):  # 3 x 40 rows and 80 bytes per row: neither fills the kernel's tiles
+        for stack in (w1, w3):
+            stack.append(quantize_fp4(torch.randn(40, 160, generator=g)))
+    w1, w3 = (QWeight(torch.stack([d for d, _ in s]).to(device),
+                      torch.stack([sc for _, sc in s]).to(scale_dtype).to(device), "fp4") for s in (w1, w3))
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = dequant_stack([w1, w3], dtype)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    got = dequant_stack([w1, w3], dtype)
+    assert torch.equal(got, ref) and torch.equal(ref[:, :40], w1.dequant(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grouped_experts_bf16_on_cuda():
+    """The CUTLASS grouped matmul (bf16) with Flash's k = 6 over 64 of 128 experts, FP4 weights: within
+    2**-6 of the float32 loop on CPU, and bit-identical from run to run (no order-dependent atomics)."""
+    cfg = dsv4.config.preset("tiny")
+    experts = expert_stacks(64, 256, 128, "fp4", seed=13)
+    ids, weights = routing(300, 6, 128, seed=5)
+    x = torch.randn(300, 256, generator=torch.Generator().manual_seed(4))
+    ref = run_both(x, ids, weights, experts, 64, cfg)[1]
+    on_gpu = {name: QWeight(s.data.cuda(), s.scale.cuda(), s.fmt) for name, s in experts.items()}
+    a = run_both(x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 64, cfg)[0]
+    b = run_both(x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 64, cfg)[0]
+    assert torch.equal(a, b)
+    assert float((a.float().cpu() - ref).abs().max()) <= 2 ** -6 * float(ref.abs().max())
