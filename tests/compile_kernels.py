@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
+from dsv4.kernels import commit, hc, moe, norm, qgemv, rope  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -67,7 +67,7 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (commit, hc, norm, rope, qgemv):
+for module in (commit, hc, moe, norm, rope, qgemv):
     module.launcher = compile_only
 
 def qgemv_variants(dtype, scale_dtype):
@@ -106,8 +106,39 @@ for cfg in ({"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 12
             {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8}):
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+# v2 (split-K and not, every weight kind) at its default tiles and at the other tiles the benchmark sweeps.
+for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
+                               "v2_num_warps": 8}):
+    qgemv.CONFIG.update(cfg)
+    qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    qgemv.CONFIG.update(default)
+qgemv.CONFIG.update(kernel="v2")
+qgemv_variants(torch.float32, torch.float32)
 qgemv.CONFIG.update(default)
+
+
+def moe_variants(dtype, scale_dtype):
+    """The Flash decode shapes of rank 0 of 2: 128 local FP4 experts (I 2048, D 4096), the FP8 shared
+    expert's rows 1024..2047 (starting at a scale block), and FP8 experts (expert_dtype fp8)."""
+    ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=dtype)
+    x = torch.zeros(1, 4096, dtype=dtype)
+    fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
+           for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    moe.routed(x, ids, weights, fp4, 0, 10.0)
+    fp8 = [QWeight(torch.zeros(4, n, k, dtype=torch.float8_e4m3fn), torch.zeros(4, n // 128, k // 128,
+                                                                                dtype=scale_dtype), "fp8")
+           for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    moe.routed(x, ids, weights, fp8, 0, 10.0)
+    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype),
+                     "fp8", 1024, 0)
+    moe.shared_gate_up(x, shared, shared, 10.0)
+
+
+moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
+moe_variants(torch.float32, torch.float32)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-sys.exit(0 if names == ["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)
+sys.exit(0 if names == ["_commit_kernel", "_down_kernel", "_gate_up_kernel", "_hc_post_kernel", "_hc_pre_kernel",
+                        "_qgemv2_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel",
+                        "_sum_splits_kernel"] else 1)

@@ -172,6 +172,7 @@ def test_moe_decode_against_reference(monkeypatch, device, fmt, T, dtype):
     close_chain(got, ref, dtype)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the witness computes with the poison
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp4", "fp8"])
 def test_moe_decode_reads_no_remote_expert(monkeypatch, device, fmt):
@@ -226,3 +227,27 @@ def test_moe_kernels_stay_off_in_auto_mode(monkeypatch):
     assert fused_moe.GPU_CHECKED is False
     monkeypatch.setenv("DSV4_KERNELS", "auto")
     assert not kernels.use_triton(torch.zeros(1), gpu_checked=fused_moe.GPU_CHECKED)
+
+
+def test_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/qgemv_bench.py end to end on `tiny` widths through the interpreter (timings faked): every
+    arm it prints is correct against its reference, and the summaries come out."""
+    import json
+    import sys
+
+    import benchmarks.qgemv_bench as bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1 << 15)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
+                                      "qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
+    assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE for r in records), records
+    assert {r["variant"] for r in records if r["shape"] == "experts.routed"} == {
+        "torch_dequant_gemm", "qgemv_v2_default", "fused_default"}
+    assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
