@@ -229,6 +229,7 @@ def test_moe_kernels_stay_off_in_auto_mode(monkeypatch):
     assert not kernels.use_triton(torch.zeros(1), gpu_checked=fused_moe.GPU_CHECKED)
 
 
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
 def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/qgemv_bench.py end to end on `tiny` widths through the interpreter (timings faked): every
     arm it prints is correct against its reference, and the summaries come out."""

@@ -43,7 +43,7 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
         return fn
 
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
-# The launch configuration. DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
+# The launch configuration. v1's keys: DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
 # across lanes once at the end (fewer shuffles per byte) and allows FP8 tiles wider than a scale
 # block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. The default
 # stays the configuration the GPU checks passed with until a variant has passed them too.
