@@ -1,50 +1,84 @@
-"""The decode GEMV (dsv4.kernels.qgemv) against the device's bandwidth, per Flash weight shape and
-launch configuration, with the dequantise + GEMM reference beside it.
+"""The decode GEMV (dsv4.kernels.qgemv) and the two-launch MoE decode (dsv4.kernels.moe) against the
+device's bandwidth, per Flash weight shape of one rank and per launch configuration, with the
+dequantise + GEMM reference beside them.
 
-One GPU. The bandwidth is measured in the same run (a device-to-device copy of 2 GiB: bytes read
-plus written per second, median of 20). Each arm is 50 calls captured in one CUDA graph, replayed
-10 times; the figure is the median per call. Bytes are what the call must read: the FP8/FP4 data
-and scales of the rows it uses (6 experts of a stack for the routed ones). Shapes are rank 0's
-slices of a 2-rank `flash` layer (--world 1 for one rank).
+One GPU; about 3 minutes (most of it Triton compiling each variant; --arms filters them). The
+bandwidth is measured in the same run: a device-to-device copy of 2 GiB, bytes read plus written per
+second, median of 20. Each arm is captured as `calls` calls in one CUDA graph, replayed 10 times; the
+figure is the median per call. The calls rotate over copies of the weight (at least 256 MiB of them)
+so that no call finds its weight in the 50 MB L2 left by the previous one. Bytes are what a call
+must read: the FP8/FP4 data and scales it uses (for the routed experts: the 3 local experts' of the
+6 selected). Before timing, each arm's output is compared with the reference: max_rel_err is the
+largest absolute difference over the largest reference magnitude.
 
-Prints QGEMV per (shape, arm), then QGEMV_LAYER per arm: one layer's mix (each linear once, the
-three routed-expert stacks, the three shared-expert linears), its time and its effective bandwidth.
+Shapes are rank 0's slices of a `flash` layer over --world ranks. bf16 linears (the compressors,
+the router, the indexer's weights_proj) take F.linear and are timed for the picture only.
+
+Prints:
+  BANDWIDTH {...}
+  QGEMV {"shape", "variant", "us", "bytes", "gb_s", "fraction", "max_rel_err", ...} per shape and variant
+  QGEMV_LAYER {...} per qgemv variant: one layer's quantised linears (each once) and routed + shared
+    experts with the variant's MoE path, summed
+  QGEMV_BEST {...} per shape: the fastest variant within tolerance
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
+import re
 import statistics
 
 import torch
+import torch.nn.functional as F
 
-from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
 from dsv4.config import preset
+from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import qgemv
+from dsv4.model import moe as moe_mod
 from dsv4.model.weights import QWeight
 
-CONFIGS = {
-    "default": {},
-    "defer_n16_k256_w4": {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
-    "defer_n32_k128_w4": {"defer": True, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 4},
-    "defer_n64_k128_w8": {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8},
-    "defer_n16_k512_w8": {"defer": True, "block_n": 16, "block_k_fp8": 512, "block_k_fp4": 256, "num_warps": 8},
+V1_DEFER = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
+QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
+    "v1_default": {},
+    "v1_defer_n16_k256_w4": V1_DEFER,
+    "v2_default": {"kernel": "v2"},
+    "v2_n8": {"kernel": "v2", "v2_block_n": 8},
+    "v2_n32_w8": {"kernel": "v2", "v2_block_n": 32, "v2_num_warps": 8},
+    "v2_n8_k1024_w8": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
+                       "v2_num_warps": 8},
+    "v2_programs528": {"kernel": "v2", "v2_programs": 528},
+    "v2_nosplit": {"kernel": "v2", "v2_split_k": 1},
 }
+MOE_VARIANTS = {  # fused_moe.CONFIG overrides
+    "fused_default": {},
+    "fused_n8": {"gate_up_block_n": 8, "down_block_n": 8},
+    "fused_n32_w8": {"gate_up_block_n": 32, "down_block_n": 32, "num_warps": 8},
+    "fused_k512": {"block_k_fp4": 512},
+    "fused_shared_n8_k1024": {"shared_block_n": 8, "block_k_fp8": 1024},
+    "fused_shared_n2": {"shared_block_n": 2},
+}
+L2_DEFEAT = 256 << 20
+DEVICE = "cuda"  # tests/test_qgemv.py runs the bookkeeping on CPU through the interpreter
+TOLERANCE = 2 ** -6  # max_rel_err above this (bf16 chains agree far closer) marks an arm wrong
 
 
 def emit(tag, **rec):
     print(tag, json.dumps(rec), flush=True)
 
 
-def timed(fn, calls: int = 50, reps: int = 10) -> float:
-    """Median microseconds per call of fn, captured `calls` times in one CUDA graph."""
-    fn()
+def timed(fn, calls: int, reps: int = 10) -> float:
+    """Median microseconds per call of fn(i), i = 0..calls-1 captured in one CUDA graph."""
+    for i in range(min(calls, 2)):
+        fn(i)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fn(i)
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -57,7 +91,7 @@ def timed(fn, calls: int = 50, reps: int = 10) -> float:
 
 
 def bandwidth() -> float:
-    src = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    src = torch.empty(2 << 30, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     walls = []
     for _ in range(20):
@@ -70,101 +104,232 @@ def bandwidth() -> float:
     return 2 * src.numel() / statistics.median(walls)
 
 
-def make(fmt: str, n: int, k: int, experts: int = 0) -> QWeight:
-    q = quantize_fp8 if fmt == "fp8" else quantize_fp4
-    if not experts:
-        data, scale = q(torch.randn(n, k, device="cuda") * 0.02)
-        return QWeight(data, scale, fmt)
-    parts = [q(torch.randn(n, k, device="cuda") * 0.02) for _ in range(experts)]
-    return QWeight(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), fmt)
+def scales(*shape) -> torch.Tensor:
+    """ue8m0 scales near 2**-7 (stored bytes 118..122), so products stay in a bf16-friendly range."""
+    return torch.randint(118, 123, shape, dtype=torch.uint8, device=DEVICE).view(torch.float8_e8m0fnu)
+
+
+def random_weight(fmt: str, n: int, k: int, lead: tuple = ()) -> QWeight:
+    """Random stored bytes in the official layouts (any byte is an e2m1 pair; e4m3 from a normal sample)."""
+    if fmt == "fp4":
+        data = torch.randint(0, 256, (*lead, n, k // 2), dtype=torch.uint8, device=DEVICE).view(torch.int8)
+        return QWeight(data, scales(*lead, n, k // 32), "fp4")
+    if fmt == "fp8":
+        data = (torch.randn(*lead, n, k, device=DEVICE) * 64).to(torch.float8_e4m3fn)
+        return QWeight(data, scales(*lead, math.ceil(n / 128), math.ceil(k / 128)), "fp8")
+    return QWeight(torch.randn(*lead, n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02)
+
+
+@contextlib.contextmanager
+def configured(mode: str | None, *pairs):
+    """Within: each (CONFIG dict, overrides) pair applied, and DSV4_KERNELS=mode unless None."""
+    saved, env = [(c, dict(c)) for c, _ in pairs], os.environ.get("DSV4_KERNELS")
+    for config, overrides in pairs:
+        config.update(overrides)
+    if mode is not None:
+        os.environ["DSV4_KERNELS"] = mode
+    try:
+        yield
+    finally:
+        for config, old in saved:
+            config.clear()
+            config.update(old)
+        if env is None:
+            os.environ.pop("DSV4_KERNELS", None)
+        else:
+            os.environ["DSV4_KERNELS"] = env
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.float(), ref.float()
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+class Runner:
+    def __init__(self, bw: float, arms: re.Pattern):
+        self.bw, self.arms = bw, arms
+        self.times: dict[str, dict[str, float]] = {}  # shape -> variant -> us (arms within TOLERANCE)
+        self.bytes: dict[str, int] = {}
+
+    def arm(self, shape: str, variant: str, fn, ref: torch.Tensor | None, nbytes: int, calls: int, context, **info):
+        """Check fn(0) against ref, then time it; a variant that fails to compile or run is reported, not fatal."""
+        if not self.arms.search(variant):
+            return
+        try:
+            with context():
+                err = rel_err(fn(0), ref) if ref is not None else 0.0
+                us = timed(fn, calls)
+        except Exception as e:  # noqa: BLE001
+            emit("QGEMV", shape=shape, variant=variant, error=f"{type(e).__name__}: {str(e)[:300]}")
+            return
+        self.bytes[shape] = nbytes
+        if err <= TOLERANCE:
+            self.times.setdefault(shape, {})[variant] = us
+        emit("QGEMV", shape=shape, variant=variant, us=round(us, 2), bytes=nbytes, gb_s=round(nbytes / us / 1e3, 1),
+             fraction=round(nbytes / (us * 1e-6) / self.bw, 3), max_rel_err=err, calls=calls, **info)
+
+
+def dense_shapes(cfg, w: int):
+    D = cfg.hidden_size
+    heads, groups, hd = cfg.num_attention_heads // w, cfg.o_groups // w, cfg.head_dim
+    I = cfg.moe_intermediate_size
+    return [  # name, fmt, N, K, kind (grouped: K is a group's width)
+        ("wq_a", "fp8", cfg.q_lora_rank, D, "linear"),
+        ("wq_b", "fp8", heads * hd, cfg.q_lora_rank, "linear"),
+        ("wkv", "fp8", hd, D, "linear"),
+        ("wo_a", "fp8", groups * cfg.o_lora_rank, heads * hd // groups, "grouped"),
+        ("wo_b", "fp8", D, cfg.o_groups * cfg.o_lora_rank // w, "linear"),
+        ("indexer.wq_b", "fp8", cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank, "linear"),
+        ("shared.w1", "fp8", I // w, D, "linear"),
+        ("shared.w3", "fp8", I // w, D, "linear"),
+        ("shared.w2", "fp8", D, I // w, "linear"),
+        ("compressor.wkv (CSA)", "bf16", 2 * hd, D, "linear"),
+        ("compressor.wgate (CSA)", "bf16", 2 * hd, D, "linear"),
+        ("indexer.compressor.wkv", "bf16", 2 * cfg.index_head_dim, D, "linear"),
+        ("indexer.weights_proj", "bf16", cfg.index_n_heads, D, "linear"),
+        ("gate (router)", "bf16", cfg.n_routed_experts, D, "linear"),
+    ]
+
+
+def bench_dense(run: Runner, cfg, w: int):
+    groups = cfg.o_groups // w
+    for name, fmt, n, k, kind in dense_shapes(cfg, w):
+        one = random_weight(fmt, n, k)
+        nbytes = one.nbytes
+        copies = max(1, math.ceil(L2_DEFEAT / nbytes))
+        weights = [one] + [random_weight(fmt, n, k) for _ in range(copies - 1)]
+        calls = max(50, copies)
+        gx = groups if kind == "grouped" else 1
+        x = torch.randn(1, k * gx, device=DEVICE, dtype=torch.bfloat16)
+        info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies)
+
+        def ref(i):
+            wt = weights[i % copies].dequant(torch.bfloat16)
+            if kind == "grouped":
+                return torch.einsum("tgi,goi->tgo", x.view(1, gx, -1), wt.view(gx, n // gx, -1)).flatten(1)
+            return F.linear(x, wt)
+
+        expected = ref(0)
+        run.arm(name, "torch_dequant_gemm" if fmt != "bf16" else "torch_linear", ref, expected, nbytes, calls,
+                contextlib.nullcontext, **info)
+        if fmt == "bf16":
+            continue
+        for variant, overrides in QGEMV_VARIANTS.items():
+            def fused(i):
+                if kind == "grouped":
+                    return qgemv.grouped_linear(x, weights[i % copies], gx)
+                return qgemv.linear(x, weights[i % copies])
+
+            run.arm(name, variant, fused, expected, nbytes, calls,
+                    lambda o=overrides: configured(None, (qgemv.CONFIG, o)), **info)
+        del weights
+
+
+def bench_moe(run: Runner, cfg, w: int):
+    """Routed experts of one decode token on rank 0: 6 of 256 selected, 3 of them local (of 256 / w stacked),
+    a different local triple per call; and the rank's shared-expert slice."""
+    D, I, k = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    n_local = cfg.n_routed_experts // w
+    stacks = {"w1": random_weight("fp4", I, D, (n_local,)), "w3": random_weight("fp4", I, D, (n_local,)),
+              "w2": random_weight("fp4", D, I, (n_local,))}
+    per_expert = sum(s.data[0].nbytes + s.scale[0].nbytes for s in stacks.values())
+    local = k // 2
+    gen = torch.Generator().manual_seed(0)
+    routes = []
+    for _ in range(max(50, math.ceil(L2_DEFEAT / (per_expert * local)))):
+        mine = torch.randperm(n_local, generator=gen)[:local]
+        theirs = n_local + torch.randperm(cfg.n_routed_experts - n_local, generator=gen)[:k - local]
+        routes.append(torch.cat([mine, theirs]).sort().values.view(1, k).to(DEVICE))
+    calls = len(routes)
+    weights = torch.softmax(torch.randn(1, k), -1).to(DEVICE, torch.bfloat16)
+    x = torch.randn(1, D, device=DEVICE, dtype=torch.bfloat16)
+    limit = cfg.swiglu_limit
+    info = dict(fmt="fp4", N=I, K=D, kind="moe", local_experts=local, launches_fused=2)
+
+    def routed(i):
+        return moe_mod.routed(x, routes[i % calls], weights, stacks, 0, cfg)
+
+    with configured("torch"):
+        expected = routed(0)
+    nbytes = per_expert * local
+    # The reference gathers and dequantises 18 matrices per call, ~1 GB the graph's pool keeps per call: few calls.
+    run.arm("experts.routed", "torch_dequant_gemm", routed, expected, nbytes, 8, lambda: configured("torch"), **info)
+    for variant in ("v1_default", "v2_default"):  # the GPU-checked path: all 6 selected experts, 3 + act + sum
+        run.arm("experts.routed", "qgemv_" + variant, routed, expected, nbytes, calls,
+                lambda v=variant: configured("auto", (qgemv.CONFIG, QGEMV_VARIANTS[v])), **info)
+    for variant, overrides in MOE_VARIANTS.items():
+        run.arm("experts.routed", variant, routed, expected, nbytes, calls,
+                lambda o=overrides: configured("triton", (fused_moe.CONFIG, o)), **info)
+
+    shared = {name: random_weight("fp8", n, kk) for name, n, kk in (("w1", I // w, D), ("w3", I // w, D),
+                                                                   ("w2", D, I // w))}
+    s_bytes = sum(s.nbytes for s in shared.values())
+
+    def shared_expert(i):
+        return moe_mod.shared_expert(x, shared, limit)
+
+    with configured("torch"):
+        s_expected = shared_expert(0)
+    s_info = dict(fmt="fp8", N=I // w, K=D, kind="shared", launches_fused=2)
+    run.arm("experts.shared", "torch_dequant_gemm", shared_expert, s_expected, s_bytes, 50,
+            lambda: configured("torch"), **s_info)
+    for variant in ("v1_default", "v2_default"):  # gate/up/w2 linears and the activation's torch ops
+        run.arm("experts.shared", "qgemv_" + variant, shared_expert, s_expected, s_bytes, 50,
+                lambda v=variant: configured("auto", (qgemv.CONFIG, QGEMV_VARIANTS[v])), **s_info)
+        for mv in ("fused_default", "fused_shared_n8_k1024", "fused_shared_n2"):  # kernel 1, then the w2 linear
+            run.arm("experts.shared", f"{mv}+{variant}_w2", shared_expert, s_expected, s_bytes, 50,
+                    lambda o=MOE_VARIANTS[mv], v=variant: configured(
+                        "triton", (fused_moe.CONFIG, o), (qgemv.CONFIG, QGEMV_VARIANTS[v])), **s_info)
+
+
+ATTENTION = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "indexer.wq_b")
+SHARED = ("shared.w1", "shared.w3", "shared.w2")
+
+
+def summarise(run: Runner, w: int):
+    """QGEMV_BEST per shape; QGEMV_LAYER per qgemv variant: attention's quantised linears plus the MoE
+    (routed + shared) unfused with that variant, and fused (best fused arms, w2 with that variant)."""
+    for shape, arms in run.times.items():
+        best = min(arms, key=arms.get)
+        emit("QGEMV_BEST", shape=shape, variant=best, us=round(arms[best], 2),
+             fraction=round(run.bytes[shape] / (arms[best] * 1e-6) / run.bw, 3))
+    t = run.times
+    for variant in QGEMV_VARIANTS:
+        if not all(variant in t.get(s, {}) for s in ATTENTION + SHARED):
+            continue
+        attention = sum(t[s][variant] for s in ATTENTION)
+        rec = {"variant": variant, "attention_us": round(attention, 1), "world": w}
+        moe_bytes = run.bytes.get("experts.routed", 0) + run.bytes.get("experts.shared", 0)
+        nbytes = sum(run.bytes[s] for s in ATTENTION) + moe_bytes
+        unfused = t.get("experts.routed", {}).get("qgemv_" + variant)
+        if unfused is not None:
+            rec["moe_unfused_us"] = round(unfused + sum(t[s][variant] for s in SHARED), 1)
+        fused_routed = [us for v, us in t.get("experts.routed", {}).items() if v in MOE_VARIANTS]
+        fused_shared = [us for v, us in t.get("experts.shared", {}).items() if v.endswith(f"+{variant}_w2")]
+        if fused_routed and fused_shared:
+            rec["moe_fused_us"] = round(min(fused_routed) + min(fused_shared), 1)
+        for key in ("moe_unfused_us", "moe_fused_us"):
+            if key in rec:
+                us = attention + rec[key]
+                rec[key.replace("_us", "_layer_fraction")] = round(nbytes / (us * 1e-6) / run.bw, 3)
+        rec["layer_bytes"] = nbytes
+        emit("QGEMV_LAYER", scope="one layer on rank 0 at decode (1 row): attention's FP8 linears once each, "
+             "3 local routed FP4 experts, the shared-expert slice", **rec)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--local-experts", type=int, default=16, help="stack size (the rows read are 6 of them)")
+    ap.add_argument("--arms", default=".", help="regex over variant names (e.g. 'torch|default')")
     args = ap.parse_args()
     cfg, w = preset("flash"), args.world
-    D, k = cfg.hidden_size, cfg.num_experts_per_tok
-    heads = cfg.num_attention_heads // w
-    groups = cfg.o_groups // w
-    shapes = [  # name, fmt, N, K, kind
-        ("wq_a", "fp8", cfg.q_lora_rank, D, "linear"),
-        ("wq_b", "fp8", heads * cfg.head_dim, cfg.q_lora_rank, "linear"),
-        ("wkv", "fp8", cfg.head_dim, D, "linear"),
-        ("wo_a", "fp8", groups * cfg.o_lora_rank, heads * cfg.head_dim // groups, "grouped"),
-        ("wo_b", "fp8", D, cfg.o_groups * cfg.o_lora_rank // w, "linear"),
-        ("indexer.wq_b", "fp8", cfg.index_n_heads * cfg.index_head_dim, cfg.q_lora_rank, "linear"),
-        ("shared.w1", "fp8", cfg.moe_intermediate_size // w, D, "linear"),
-        ("shared.w3", "fp8", cfg.moe_intermediate_size // w, D, "linear"),
-        ("shared.w2", "fp8", D, cfg.moe_intermediate_size // w, "linear"),
-        ("experts.w1", "fp4", cfg.moe_intermediate_size, D, "experts"),
-        ("experts.w3", "fp4", cfg.moe_intermediate_size, D, "experts"),
-        ("experts.w2", "fp4", D, cfg.moe_intermediate_size, "experts"),
-    ]
     bw = bandwidth()
-    emit("BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name(), scope="d2d copy of 2 GiB, read+written")
-    ids = torch.tensor([1, 3, 4, 7, 9, 12][:k], device="cuda") % args.local_experts
-    totals: dict[str, list[float]] = {}
-    layer_bytes = 0
-    for name, fmt, n, kk, kind in shapes:
-        weight = make(fmt, n, kk, args.local_experts if kind == "experts" else 0)
-        groups_here = groups if kind == "grouped" else 1
-        x = torch.randn(1, kk * groups_here, device="cuda", dtype=torch.bfloat16)
-        if kind == "experts":
-            per = weight.data[0].nbytes + weight.scale[0].nbytes
-            nbytes = per * len(ids)
-
-            def ref():
-                sel = QWeight(weight.data[ids], weight.scale[ids], fmt)
-                return torch.einsum("rnk,k->rn", sel.dequant(torch.bfloat16), x[0])
-
-            def fused():
-                return qgemv.expert_linear(x, weight, ids, len(ids))
-        elif kind == "grouped":
-            nbytes = weight.nbytes
-
-            def ref():
-                wo = weight.dequant(torch.bfloat16).view(groups_here, n // groups_here, -1)
-                return torch.einsum("tgi,goi->tgo", x.view(1, groups_here, -1), wo).flatten(1)
-
-            def fused():
-                return qgemv.grouped_linear(x, weight, groups_here)
-        else:
-            nbytes = weight.nbytes
-
-            def ref():
-                return torch.nn.functional.linear(x, weight.dequant(torch.bfloat16))
-
-            def fused():
-                return qgemv.linear(x, weight)
-        layer_bytes += nbytes
-        expected = ref().float().flatten()
-        arms = {"torch_dequant_gemm": ref}
-        for cname in CONFIGS:
-            arms[cname] = fused
-        for arm, fn in arms.items():
-            saved = dict(qgemv.CONFIG)
-            qgemv.CONFIG.update(CONFIGS.get(arm, {}))
-            try:
-                got = fn().float().flatten()
-                err = float((got - expected).abs().max() / expected.abs().max())
-                us = timed(fn)
-            except Exception as e:  # a configuration that does not compile or fit is reported, not fatal
-                emit("QGEMV", shape=name, arm=arm, error=f"{type(e).__name__}: {str(e)[:200]}")
-                continue
-            finally:
-                qgemv.CONFIG.clear()
-                qgemv.CONFIG.update(saved)
-            totals.setdefault(arm, []).append(us)
-            emit("QGEMV", shape=name, fmt=fmt, N=n, K=kk, kind=kind, arm=arm, us=round(us, 2),
-                 bytes=nbytes, gb_s=round(nbytes / us / 1e3, 1), of_bandwidth=round(nbytes / (us * 1e-6) / bw, 3),
-                 max_rel_err=err)
-    for arm, t in totals.items():
-        if len(t) == len(shapes):
-            emit("QGEMV_LAYER", arm=arm, us=round(sum(t), 1), bytes=layer_bytes,
-                 of_bandwidth=round(layer_bytes / (sum(t) * 1e-6) / bw, 3), world=w,
-                 scope="one layer's quantised linears at decode (1 row), rank 0 of --world")
+    emit("BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+          scope="d2d copy of 2 GiB, read+written")
+    run = Runner(bw, re.compile(args.arms))
+    bench_dense(run, cfg, w)
+    bench_moe(run, cfg, w)
+    summarise(run, w)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import commit, compressor, dequant, door, hc, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import commit, compressor, dequant, door, hc, moe, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
@@ -29,6 +29,14 @@ from dsv4.model.weights import QWeight  # noqa: E402
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
 compiled: set = set()
+
+
+def aligned(a) -> bool:
+    """Whether Triton's launcher would mark this argument 16-divisible, as it does on a GPU (what lets it
+    emit 16-byte loads): a pointer 16-byte aligned, an integer a multiple of 16."""
+    if isinstance(a, torch.Tensor):
+        return a.data_ptr() % 16 == 0
+    return isinstance(a, int) and not isinstance(a, bool) and a % 16 == 0
 
 
 def compile_only(fn, t):
@@ -39,11 +47,17 @@ def compile_only(fn, t):
             def run(*args, **constexprs):
                 options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
                 names = jit.arg_names
-                sig, key = {}, []
-                for name, a in zip(names, args):
+                sig, key, attrs = {}, [], {}
+                for i, (name, a) in enumerate(zip(names, args)):
+                    if type(a) is int and a == 1:  # the launcher makes an integer 1 a constant
+                        constexprs[name] = 1
+                        continue
                     sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (
                         "fp32" if isinstance(a, float) else "i32")
                     key.append(sig[name])
+                    if aligned(a):
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                        key.append("D")
                 for name, v in constexprs.items():
                     sig[name] = "constexpr"
                     key.append((name, v))
@@ -51,7 +65,7 @@ def compile_only(fn, t):
                 if k in compiled:
                     return
                 src = ASTSource(fn=jit, signature=sig,
-                                constexprs={(names.index(n),): v for n, v in constexprs.items()})
+                                constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
                 out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
                 assert out.asm.get("cubin"), k
                 compiled.add(k)
@@ -128,7 +142,36 @@ for cfg in ({"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 12
             {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8}):
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+# v2 (split-K and not, every weight kind) at its default tiles and at the other tiles the benchmark sweeps.
+for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
+                               "v2_num_warps": 8}):
+    qgemv.CONFIG.update(cfg)
+    qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    qgemv.CONFIG.update(default)
+qgemv.CONFIG.update(kernel="v2")
+qgemv_variants(torch.float32, torch.float32)
 qgemv.CONFIG.update(default)
+
+
+def moe_variants(dtype, scale_dtype):
+    """The Flash decode shapes of rank 0 of 2: 128 local FP4 experts (I 2048, D 4096), the FP8 shared
+    expert's rows 1024..2047 (starting at a scale block), and FP8 experts (expert_dtype fp8)."""
+    ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=dtype)
+    x = torch.zeros(1, 4096, dtype=dtype)
+    fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
+           for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    moe.routed(x, ids, weights, fp4, 0, 10.0)
+    fp8 = [QWeight(torch.zeros(4, n, k, dtype=torch.float8_e4m3fn), torch.zeros(4, n // 128, k // 128,
+                                                                                dtype=scale_dtype), "fp8")
+           for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    moe.routed(x, ids, weights, fp8, 0, 10.0)
+    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype),
+                     "fp8", 1024, 0)
+    moe.shared_gate_up(x, shared, shared, 10.0)
+
+
+moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
+moe_variants(torch.float32, torch.float32)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

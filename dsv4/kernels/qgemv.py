@@ -14,6 +14,15 @@ Three shapes of the same product:
   K-wide slice of x;
 - routed experts: row r uses expert `expert[r]` of a stacked weight and x row
   r // ROWS_PER_X (the k selected experts of one token share its input).
+
+Two kernels compute it; CONFIG["kernel"] picks one. "v1" (_qgemv_kernel) is the one the GPU
+checks passed with. "v2" (_qgemv2_kernel) is built to stream at the memory's rate: 3-D tiles
+whose inner axis is one scale block (FP8: 128 inputs; FP4: 4 words of 8 inputs), so a scale is
+applied once per block and the weight loads are 16-byte vectors; FP4 decoded two values per
+operation from 32-bit words (e2m1 placed in fp16 bits, exact subnormals included); and split-K
+for the shapes with few output rows: SPLITS programs per row block write fp32 partials that a
+second launch sums in a fixed order (deterministic, no atomics). The helpers _fp8_rows and
+_fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
 """
 
 import torch
@@ -22,17 +31,30 @@ from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
 from . import cdiv, interpreting, launcher
 
 try:
+    import triton
     import triton.language as tl
     from triton.language import constexpr
+
+    device_function = triton.jit  # a helper called from kernels must be a Triton function on the GPU
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
+    def device_function(fn):
+        return fn
+
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
-# The launch configuration. DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
+# The launch configuration. v1's keys: DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
 # across lanes once at the end (fewer shuffles per byte) and allows FP8 tiles wider than a scale
-# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. Chosen from
-# its run on an H200 (benchmarks/RESULTS.md, session 3): one Flash layer's linears 438 -> 256 us.
-CONFIG = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
+# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. v1's
+# configuration was chosen from its run on an H200 (benchmarks/RESULTS.md, session 3): one Flash
+# layer's linears 438 -> 256 us. v2 becomes the default once it has passed the GPU checks too.
+#
+# v2's keys: rows per program, inputs per K tile (FP8: a multiple of 128, FP4: of 32), warps, and
+# split-K: "v2_split_k" programs along K per row block, or 0 to double it while the launch has
+# fewer than "v2_programs" programs and each split keeps at least one K tile.
+CONFIG = {"kernel": "v1", "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
+          "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
+          "v2_programs": 264}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -101,6 +123,114 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
     tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
+
+@device_function
+def _scale(sc, E8M0: constexpr):
+    """Stored scales -> fp32: a ue8m0 byte is the exponent field of a power of two."""
+    if E8M0:
+        sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return sc
+
+
+@device_function
+def _fp8_rows(x_row, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
+              BLOCK_N: constexpr, BLOCK_K: constexpr):
+    """fp32 [BLOCK_N]: rows n of an FP8 weight [N, K] (128x128 block scales) times x over inputs [k_lo, min(k_lo + SPAN, K)).
+    A tile is [BLOCK_N, BLOCK_K // 128, 128]: the inner axis shares one scale, applied after its sum."""
+    KB: constexpr = BLOCK_K // 128
+    blocks = tl.arange(0, KB)
+    col = blocks[:, None] * 128 + tl.arange(0, 128)[None, :]
+    n_ok = n < N
+    w_rows = w + n.to(tl.int64)[:, None, None] * K
+    s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
+    acc = tl.zeros([BLOCK_N, KB], dtype=tl.float32)
+    for k0 in range(0, SPAN, BLOCK_K):
+        kk = k_lo + k0 + col
+        ok = kk < K
+        wv = tl.load(w_rows + kk[None, :, :], mask=n_ok[:, None, None] & ok[None, :, :], other=0.0).to(tl.float32)
+        xv = tl.load(x_row + kk, mask=ok, other=0.0).to(tl.float32)
+        blk = (k_lo + k0) // 128 + blocks
+        sc = tl.load(s_rows + blk[None, :], mask=n_ok[:, None] & (blk * 128 < K)[None, :], other=0)
+        acc += tl.sum(wv * xv[None, :, :], axis=2) * _scale(sc, E8M0)
+    return tl.sum(acc, axis=1)
+
+
+@device_function
+def _fp4_rows(x_row, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
+              BLOCK_N: constexpr, BLOCK_K: constexpr):
+    """fp32 [BLOCK_N]: rows n of an FP4 weight [N, K] times x over inputs [k_lo, min(k_lo + SPAN, K)), w read as int32 words
+    (8 e2m1 inputs each, input 8i + q in bits 4q..4q+3), one scale per 32 inputs (4 words).
+
+    Nibbles q and q + 4 of a word sit 16 bits apart, so one mask-and-shift places both in the fp16 bit
+    layout: magnitude bits (exponent 2, mantissa 1) at fp16 bits 9-11, sign at bit 15. That fp16 is the
+    e2m1 value times 2**-14 (e2m1's subnormal 0.5 lands on an fp16 subnormal, exactly), and 2**14 is
+    folded into the scale."""
+    G: constexpr = BLOCK_K // 32
+    # Tiles are [G, BLOCK_N, 4]: a thread then holds one group of several rows, which share its x values.
+    groups = tl.arange(0, G)
+    words = groups[:, None] * 4 + tl.arange(0, 4)[None, :]
+    n_ok = n < N
+    w_rows = w + n.to(tl.int64)[None, :, None] * (K // 8)
+    s_rows = s + n.to(tl.int64)[None, :] * S_STRIDE
+    acc = tl.zeros([G, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, SPAN, BLOCK_K):
+        wi = (k_lo + k0) // 8 + words
+        ok = wi < K // 8
+        wv = tl.load(w_rows + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
+        xs = x_row + wi * 8
+        part = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
+        for q in tl.static_range(4):
+            u = wv >> (4 * q)
+            t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
+            lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            x_lo = tl.load(xs + q, mask=ok, other=0.0).to(tl.float32)
+            x_hi = tl.load(xs + (q + 4), mask=ok, other=0.0).to(tl.float32)
+            part += lo * x_lo[:, None, :]  # two statements: two fused multiply-adds
+            part += hi * x_hi[:, None, :]
+        grp = (k_lo + k0) // 32 + groups
+        sc = tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
+        acc += tl.sum(part, axis=2) * (_scale(sc, E8M0) * 16384.0)
+    return tl.sum(acc, axis=0)
+
+
+def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
+                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
+                   EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                   SPLITS: constexpr, K_CHUNK: constexpr):
+    """Grid (row blocks, SPLITS, rows). SPLITS > 1: y_ptr is fp32 partials [rows, SPLITS, N]."""
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    r = tl.program_id(2).to(tl.int64)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_row = x_ptr + (r // ROWS_PER_X) * x_stride
+    if GROUP_N > 0:
+        x_row += ((nb * BLOCK_N) // GROUP_N) * K
+    w, s = w_ptr, s_ptr
+    if EXPERTS:
+        e = tl.load(e_ptr + r).to(tl.int64)
+        w += e * w_expert_stride
+        s += e * s_expert_stride
+    k_lo = split * K_CHUNK
+    if FP4:
+        acc = _fp4_rows(x_row, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+    else:
+        acc = _fp8_rows(x_row, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+    if SPLITS == 1:
+        tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n < N)
+    else:
+        tl.store(y_ptr + (r * SPLITS + split) * N + n, acc, mask=n < N)
+
+
+def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):
+    """y[r, n] = sum over s of partials[r, s, n], s ascending: one order, so one result."""
+    r = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        acc += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=n < N, other=0.0)
+    tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n < N)
+
 def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
     if w.fmt not in ("fp8", "fp4") or rows > MAX_ROWS or w.scale is None or x.numel() == 0:
         return False
@@ -109,13 +239,28 @@ def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
         return False
     if w.fmt == "fp8":
         return w.col0 % FP8_BLOCK == 0  # a K tile of 128 then has one scale per row
-    return w.col0 == 0 and w.row0 == 0 and w.shape[1] % 2 == 0
+    words = CONFIG["kernel"] == "v2"  # v2 reads 8 inputs (4 bytes) at a time
+    return w.col0 == 0 and w.row0 == 0 and w.shape[1] % (8 if words else 2) == 0
+
+
+def block_n() -> int:
+    """Rows per program of the configured kernel (a grouped linear's group must hold whole blocks)."""
+    return CONFIG["v2_block_n" if CONFIG["kernel"] == "v2" else "block_n"]
+
+
+def _operands(w: QWeight, words: bool):
+    """(data, scale) as the kernels read them: FP4 bytes (or int32 words of 8 inputs), scales as bytes."""
+    scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
+    if w.fmt == "fp8":
+        return w.data, scale
+    return w.data.view(torch.int32 if words else torch.uint8), scale
 
 
 def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0):
+    if CONFIG["kernel"] == "v2":
+        return _launch2(x, w, y, rows, experts, rows_per_x, group_n)
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
-    scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
-    data = w.data.view(torch.uint8) if w.fmt == "fp4" else w.data
+    data, scale = _operands(w, words=False)
     lead = data.dim() - 2
     c = CONFIG
     block_n = c["block_n"]
@@ -128,6 +273,40 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
         ROWS_PER_X=rows_per_x, EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n,
         BLOCK_K=c["block_k_fp4"] if w.fmt == "fp4" else (c["block_k_fp8"] if c["defer"] else 128),
         DEFER=c["defer"], **extra)
+    return y
+
+
+def splits_for(programs: int, tiles: int) -> int:
+    """v2's split-K: CONFIG's, or doubled from 1 while the launch is short of CONFIG["v2_programs"]."""
+    splits = CONFIG["v2_split_k"]
+    if not splits:
+        splits = 1
+        while programs * splits < CONFIG["v2_programs"] and splits * 2 <= tiles:
+            splits *= 2
+    return max(1, min(splits, tiles))
+
+
+def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int):
+    N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
+    fp4 = w.fmt == "fp4"
+    data, scale = _operands(w, words=True)
+    lead = data.dim() - 2
+    c = CONFIG
+    block_n, block_k = c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"]
+    tiles = cdiv(K, block_k)
+    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n) * rows, tiles)) * block_k
+    splits = cdiv(K, k_chunk)  # no split left without inputs
+    out = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}
+    launcher(_qgemv2_kernel, x)[(cdiv(N, block_n), splits, rows)](
+        x, data, scale, experts if experts is not None else scale, out, N, x.stride(0),
+        data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
+        w.row0 % FP8_BLOCK if not fp4 else 0,
+        K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
+        EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLITS=splits, K_CHUNK=k_chunk, **extra)
+    if splits > 1:
+        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](out, y, N, SPLITS=splits, BLOCK=1024)
     return y
 
 

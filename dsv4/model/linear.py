@@ -28,7 +28,7 @@ def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
     """Block-diagonal linear (attention's wo_a): x [T, groups * Kg], w [groups * O, Kg] -> [T, groups * O]."""
     T, O = x.shape[0], w.shape[0] // groups
-    if _fused(x, w, T) and O % qgemv.CONFIG["block_n"] == 0:
+    if _fused(x, w, T) and O % qgemv.block_n() == 0:
         return qgemv.grouped_linear(x, w, groups)
     wo = w.dequant(x.dtype).view(groups, O, -1)
     return torch.einsum("tgi,goi->tgo", x.reshape(T, groups, -1), wo).flatten(1)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
+from ..kernels import moe as fused_moe
 from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
 from .moe_prefill import grouped_experts
@@ -79,9 +80,12 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     weights = torch.where(mine, weights, 0.0).to(x.dtype)
     limit = cfg.swiglu_limit
     if T * k <= n:
+        stacks = [experts[name] for name in ("w1", "w3", "w2")]
+        if fused_moe.supported(x, stacks) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+            # Two launches on the stored bytes; experts of other ranks are skipped unread.
+            return fused_moe.routed(x, ids, weights, stacks, first, limit)
         # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
         e = local.clamp(0, n - 1).flatten()
-        stacks = [experts[name] for name in ("w1", "w3", "w2")]
         if experts_fused(x, stacks):
             # The same SwiGLU on the stored FP8/FP4 bytes of the selected experts (no gather, no dequant).
             h = swiglu_act(expert_linear(x, stacks[0], e, k), expert_linear(x, stacks[1], e, k), limit)
@@ -99,6 +103,14 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
     ids, weights = route(x, tokens, w, cfg)
     out = routed(x, ids, weights, w["experts"], first, cfg)
     if "shared" in w:
-        s = w["shared"]
-        out = out + linear(swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), cfg.swiglu_limit), s["w2"])
+        out = out + shared_expert(x, w["shared"], cfg.swiglu_limit)
     return out
+
+
+def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
+    """This rank's slice of the shared expert (intermediate rows of w1/w3, columns of w2)."""
+    if fused_moe.shared_supported(x, s["w1"], s["w3"]) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+        h = fused_moe.shared_gate_up(x, s["w1"], s["w3"], limit)  # gate, up and activation in one launch
+    else:
+        h = swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), limit)
+    return linear(h, s["w2"])

@@ -1,0 +1,160 @@
+"""The routed experts of a decode step in two launches (reference: dsv4.model.moe.routed).
+
+Kernel 1 (_gate_up_kernel): for each (token, selected expert) row that this rank owns, gate (w1)
+and up (w3) read in one program from their stored FP4/FP8 bytes, then the SwiGLU activation:
+h = silu(gate clamped above) * (up clamped both ways), h [T * k, I]. Kernel 2 (_down_kernel): for
+each token, the down projection (w2) of each selected local expert and the routing-weighted sum
+over the k experts in their routing order (a fixed order, no atomics: deterministic). An expert
+another rank owns is skipped in both kernels before any weight load: it reads no byte and adds
+nothing (the reference adds its output times weight 0).
+
+Rounding follows the reference: each projection's output, the activation's silu and product, each
+expert's output and its product with the routing weight are rounded to x's dtype; sums are fp32.
+
+The same kernel 1 runs the shared expert's gate and up (one FP8 weight pair, no routing).
+"""
+
+import torch
+
+from ..model.weights import FP8_BLOCK, QWeight
+from . import cdiv, interpreting, launcher
+from .qgemv import MAX_ROWS, _fp4_rows, _fp8_rows, _operands
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+# Rows per program and inputs per K tile of each kernel (FP8 tiles a multiple of 128 inputs, FP4 of 32),
+# and warps. benchmarks/qgemv_bench.py sweeps them. The shared expert's gate/up has few rows (I / ranks)
+# and no routing: narrower programs fill the SMs.
+CONFIG = {"gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4, "block_k_fp4": 1024, "block_k_fp8": 512,
+          "num_warps": 4}
+
+
+def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
+                    s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr, FP4: constexpr,
+                    E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+    """Grid (row blocks of I, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one weight pair."""
+    nb = tl.program_id(0)
+    r = tl.program_id(1).to(tl.int64)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_row = x_ptr + (r // TOPK) * K
+    if ROUTED:
+        e = tl.load(ids_ptr + r).to(tl.int64) - first
+    else:
+        e = r * 0
+    if (e >= 0) & (e < n_local):
+        w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
+        w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
+        if FP4:
+            gate = _fp4_rows(x_row, w1, s1, n, I, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            up = _fp4_rows(x_row, w3, s3, n, I, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        else:
+            gate = _fp8_rows(x_row, w1, s1, n, I, row_skew, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            up = _fp8_rows(x_row, w3, s3, n, I, row_skew, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        dt = h_ptr.dtype.element_ty
+        gate = tl.minimum(gate.to(dt).to(tl.float32), limit)
+        up = tl.minimum(tl.maximum(up.to(dt).to(tl.float32), -limit), limit)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        tl.store(h_ptr + r * I + n, (act * up).to(dt), mask=n < I)
+
+
+def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, y_ptr, D, first, n_local, w_expert_stride, s_expert_stride,
+                 I: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
+                 BLOCK_N: constexpr, BLOCK_K: constexpr):
+    """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j]."""
+    nb = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    dt = y_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(TOPK):
+        r = t * TOPK + j
+        e = tl.load(ids_ptr + r).to(tl.int64) - first
+        if (e >= 0) & (e < n_local):
+            w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
+            if FP4:
+                out = _fp4_rows(h_ptr + r * I, w, s, n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            else:
+                out = _fp8_rows(h_ptr + r * I, w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            weight = tl.load(wt_ptr + r).to(tl.float32)
+            acc += (out.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)
+
+
+def _readable(w: QWeight) -> bool:
+    if w.fmt not in ("fp8", "fp4") or w.scale is None or w.scale.dtype not in (torch.float8_e8m0fnu, torch.float32):
+        return False
+    if not (w.data.is_contiguous() and w.scale.is_contiguous()):
+        return False
+    if w.fmt == "fp4":
+        return w.row0 == 0 and w.col0 == 0 and w.shape[1] % 8 == 0  # int32 words of 8 inputs
+    return w.col0 % FP8_BLOCK == 0
+
+
+def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
+    """Stacked [E, N, K] experts w1, w3, w2 of one format that the kernels read; x [T, D] of few rows."""
+    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or x.shape[0] > MAX_ROWS:
+        return False
+    w1, w3, w2 = stacks
+    return (len({w.fmt for w in stacks}) == 1 and all(_readable(w) for w in stacks)
+            and all(w.data.dim() == 3 for w in stacks) and w1.shape == w3.shape
+            and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride())
+
+
+def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
+    """The shared expert's gate/up ([I, D] each, this rank's rows) for kernel 1."""
+    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or x.shape[0] > MAX_ROWS:
+        return False
+    return (w1.fmt == w3.fmt and _readable(w1) and _readable(w3) and w1.data.dim() == 2 and w1.shape == w3.shape
+            and w1.scale.shape == w3.scale.shape and w1.row0 == w3.row0)
+
+
+def _options() -> dict:
+    return {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+
+
+def _block_k(w: QWeight) -> int:
+    return CONFIG["block_k_fp4" if w.fmt == "fp4" else "block_k_fp8"]
+
+
+def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int):
+    d1, s1 = _operands(w1, words=True)
+    d3, s3 = _operands(w3, words=True)
+    routed = ids is not None
+    I, rows = w1.shape[0], x.shape[0] * topk
+    h = torch.empty(rows, I, dtype=x.dtype, device=x.device)
+    launcher(_gate_up_kernel, x)[(cdiv(I, block_n), rows)](
+        x, d1, s1, d3, s3, ids if routed else s1, h, I, first, n_local,
+        d1.stride(0) if routed else 0, s1.stride(0) if routed else 0,
+        w1.row0 % FP8_BLOCK if w1.fmt == "fp8" else 0, float(limit),
+        K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
+        ROUTED=routed, BLOCK_N=block_n, BLOCK_K=_block_k(w1), **_options())
+    return h
+
+
+def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
+           limit: float) -> torch.Tensor:
+    """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
+    w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x)."""
+    T, k = ids.shape
+    w1, w3, w2 = stacks
+    n_local = w1.data.shape[0]
+    ids = ids.contiguous()
+    h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"])
+    d2, s2 = _operands(w2, words=True)
+    D, block_n = w2.shape[0], CONFIG["down_block_n"]
+    y = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
+        h, d2, s2, ids, weights.contiguous(), y, D, first, n_local, d2.stride(0), s2.stride(0),
+        I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
+        BLOCK_N=block_n, BLOCK_K=_block_k(w2), **_options())
+    return y
+
+
+def shared_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight, limit: float) -> torch.Tensor:
+    """x [T, D] -> the shared expert's activation [T, I] (its w2 stays a linear)."""
+    return _gate_up(x, w1, w3, None, 0, 1, 1, limit, CONFIG["shared_block_n"])

@@ -1,0 +1,254 @@
+"""qgemv's v2 kernel (split-K, FP4 words) and the two-launch MoE decode (dsv4.kernels.moe) against the
+torch reference (dequantise + matmul), on fresh random weights.
+
+On CPU the kernels run through Triton's interpreter (conftest), on a GPU compiled. Tolerances: fp32
+outputs within rtol = atol = 1e-5 (sums in another order); bf16 outputs within one bf16 rounding step
+(rtol 2**-7, atol 1e-5: the sums may differ in their last fp32 bits and so round to the neighbouring
+bf16); an expert's bf16 chain of roundings within 2**-6 of the largest output (close_chain).
+Determinism: two runs are bit-identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4 import kernels
+from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
+from dsv4.config import preset
+from dsv4.kernels import moe as fused_moe
+from dsv4.kernels import qgemv
+from dsv4.model import linear as linear_mod
+from dsv4.model import moe as moe_mod
+from dsv4.model.weights import QWeight
+
+pytest.importorskip("triton")
+
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def close(a, b, dtype):
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-5)
+
+
+def close_chain(a, b, dtype):
+    """An expert is a chain of bf16 roundings (gate/up, silu, product, down, weighting), where an
+    element one bf16 step apart early moves later sums by several steps: bf16 outputs agree within
+    2**-6 of the largest output (each is within ~2**-7 of it from the exact float64 result)."""
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(a.float(), b.float(), rtol=0, atol=2 ** -6 * float(b.float().abs().max()))
+
+
+def both(monkeypatch, fn):
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = fn()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    return ref, fn()
+
+
+def quantised(fmt: str, rows: int, cols: int, g, experts: int = 0) -> QWeight:
+    q = quantize_fp8 if fmt == "fp8" else quantize_fp4
+    parts = [q(torch.randn(rows, cols, generator=g) * 0.05) for _ in range(max(experts, 1))]
+    data, scale = (torch.stack(p) for p in zip(*parts)) if experts else parts[0]
+    return QWeight(data, scale, fmt)
+
+
+# ---- qgemv v2 ------------------------------------------------------------------------------------
+
+V2 = {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 256, "v2_block_k_fp4": 64}
+
+
+@pytest.fixture(params=[0, 1, 3], ids=["split_auto", "split_1", "split_3"])
+def v2(request, monkeypatch):
+    """v2 with small tiles; split-K automatic (here: as many splits as K tiles), off, or 3."""
+    for key, value in {**V2, "v2_split_k": request.param}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,T,N,K,dtype", [("fp8", 1, 300, 640, torch.float32), ("fp8", 3, 256, 200, torch.bfloat16),
+                                             ("fp4", 1, 96, 256, torch.float32), ("fp4", 2, 40, 160, torch.bfloat16)])
+def test_v2_linear(monkeypatch, v2, device, fmt, T, N, K, dtype):
+    g = torch.Generator().manual_seed(N + K)
+    w = quantised(fmt, N, K, g).to(device)
+    x = torch.randn(T, K, generator=g).to(dtype).to(device)
+    assert qgemv.supported(x, w, T)
+    ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+    assert got.dtype == dtype and got.shape == (T, N)
+    close(got, ref, dtype)
+    assert torch.equal(got, linear_mod.linear(x, w))  # deterministic, split or not
+
+
+def test_v2_split_choice(monkeypatch):
+    """Automatic split-K doubles while the launch is short of programs, never past the K tiles."""
+    monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", 0)
+    monkeypatch.setitem(qgemv.CONFIG, "v2_programs", 264)
+    assert qgemv.splits_for(64, 8) == 8  # wq_a at BLOCK_N 16: 64 programs, 8 tiles of 512
+    assert qgemv.splits_for(64, 2) == 2
+    assert qgemv.splits_for(1024, 2) == 1  # wq_b: enough programs
+    monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", 4)
+    assert qgemv.splits_for(1024, 8) == 4 and qgemv.splits_for(1024, 2) == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v2_slices_grouped_and_experts(monkeypatch, device):
+    """A row slice starting inside a scale block, float32 scales, the grouped wo_a and stacked experts."""
+    for key, value in {**V2, "v2_split_k": 2}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(5)
+    full = quantised("fp8", 512, 512, g)
+    sliced = QWeight(full.data[64:320, 128:].contiguous(), full.scale[0:3, 1:].contiguous(), "fp8", 64, 128)
+    for w in (sliced, QWeight(full.data, full.scale.float(), "fp8")):
+        w = w.to(device)
+        x = torch.randn(1, w.shape[1], generator=g).to(device)
+        ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+        close(got, ref, torch.float32)
+    groups = 4
+    w = quantised("fp8", groups * 64, 384, g).to(device)
+    x = torch.randn(2, groups * 384, generator=g).to(device)
+    ref, got = both(monkeypatch, lambda: linear_mod.grouped_linear(x, w, groups))
+    close(got, ref, torch.float32)
+    for fmt in ("fp4", "fp8"):
+        stack = quantised(fmt, 64, 256, g, experts=5).to(device)
+        x = torch.randn(2, 256, generator=g).to(device)
+        ids = torch.tensor([0, 4, 3, 2, 4, 1], device=device)
+        got = qgemv.expert_linear(x, stack, ids, 3)
+        ref = torch.einsum("rnk,rk->rn", stack.dequant(torch.float32)[ids], x.repeat_interleave(3, dim=0))
+        close(got, ref, torch.float32)
+
+
+# ---- the MoE decode in two launches ---------------------------------------------------------------
+
+def expert_stacks(fmt: str, n: int, D: int, I: int, g) -> dict:
+    return {"w1": quantised(fmt, I, D, g, experts=n), "w3": quantised(fmt, I, D, g, experts=n),
+            "w2": quantised(fmt, D, I, g, experts=n)}
+
+
+def poisoned(stacks: dict, experts: list[int]) -> dict:
+    """The same stacks with the given experts' weights unreadable: scales 0xFF (NaN in e8m0, inf in the
+    kernels), FP8 data NaN (on a GPU; the interpreter converts it to a number): any read of them
+    reaches the output as NaN or inf."""
+    out = {}
+    for name, w in stacks.items():
+        data, scale = w.data.clone(), w.scale.clone()
+        for e in experts:
+            scale[e].view(torch.uint8).fill_(0xFF)
+            if w.fmt == "fp8":
+                data[e].view(torch.uint8).fill_(0x7F)
+        out[name] = QWeight(data, scale, w.fmt)
+    return out
+
+
+def route_case(device):
+    """Rank 1 of 2 over 32 experts (ids 16..31 local, stack slots 0..15): token 0 picks three local experts
+    (slots 1, 2, 4) and three remote ones, token 1 one local (slot 5) and five remote."""
+    ids = torch.tensor([[1, 2, 5, 17, 18, 20], [0, 3, 4, 6, 7, 21]], device=device)
+    weights = torch.tensor([[0.3, 0.2, 0.1, 0.15, 0.05, 0.2], [0.1, 0.1, 0.2, 0.2, 0.3, 0.1]], device=device)
+    return ids, weights, 16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,T,dtype", [("fp4", 2, torch.float32), ("fp4", 1, torch.bfloat16),
+                                         ("fp8", 2, torch.bfloat16)])
+def test_moe_decode_against_reference(monkeypatch, device, fmt, T, dtype):
+    """moe.routed's decode branch: the two kernels against gathering, dequantising and matmuls. The swiglu
+    limit is low enough that both clamps bite."""
+    g = torch.Generator().manual_seed(3)
+    D, I = 128, 64 if fmt == "fp4" else 128
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(T, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    ids, weights = ids[:T], weights[:T].to(dtype)
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 0.3
+    assert fused_moe.supported(x, [stacks[k] for k in ("w1", "w3", "w2")])
+    ref, got = both(monkeypatch, lambda: moe_mod.routed(x, ids, weights, stacks, first, cfg))
+    assert got.dtype == dtype and got.shape == (T, D)
+    close_chain(got, ref, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the witness computes with the poison
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["fp4", "fp8"])
+def test_moe_decode_reads_no_remote_expert(monkeypatch, device, fmt):
+    """Remote experts read nothing: the local experts no token picked (stack slots 0, 3, 6, 15; the
+    reference's clamp reads slot 0 for remote ids below the range) are poisoned, and the output is still finite and
+    bit-identical to the output with them intact. Two runs are bit-identical."""
+    g = torch.Generator().manual_seed(4)
+    D, I = 128, 128
+    clean = expert_stacks(fmt, 16, D, I, g)
+    bad = poisoned(clean, [0, 3, 6, 15])
+    clean, bad = ({k: v.to(device) for k, v in s.items()} for s in (clean, bad))
+    x = torch.randn(2, D, generator=g).to(device)
+    ids, weights, first = route_case(device)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    cfg = preset("tiny")
+    got = moe_mod.routed(x, ids, weights, bad, first, cfg)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, moe_mod.routed(x, ids, weights, clean, first, cfg))
+    assert torch.equal(got, moe_mod.routed(x, ids, weights, bad, first, cfg))
+    # The witness: the path that clamps remote ids into the stack reads poisoned slot 0.
+    monkeypatch.setattr(fused_moe, "supported", lambda x, stacks: False)
+    assert not torch.isfinite(moe_mod.routed(x, ids, weights, bad, first, cfg)).all()
+    monkeypatch.undo()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    # A token whose experts are all remote gets exactly 0.
+    remote = torch.tensor([[0, 1, 2, 3, 4, 5]], device=device)
+    assert torch.equal(moe_mod.routed(x[:1], remote, weights[:1], bad, first, cfg), torch.zeros(1, D, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_expert_gate_up(monkeypatch, device, dtype):
+    """The shared expert with kernel 1 on its gate/up: this rank's rows of w1/w3 start inside a scale block."""
+    g = torch.Generator().manual_seed(6)
+    D, I_full = 256, 384
+    w1, w3, w2 = quantised("fp8", I_full, D, g), quantised("fp8", I_full, D, g), quantised("fp8", D, I_full, g)
+    rows = slice(64, 256)
+
+    def rows_of(w):
+        return QWeight(w.data[rows].contiguous(), w.scale[0:2].contiguous(), "fp8", rows.start, 0)
+
+    cols = QWeight(w2.data[:, 128:320].contiguous(), w2.scale[:, 1:3].contiguous(), "fp8", 0, 128)
+    s = {"w1": rows_of(w1).to(device), "w3": rows_of(w3).to(device), "w2": cols.to(device)}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    assert fused_moe.shared_supported(x, s["w1"], s["w3"])
+    ref, got = both(monkeypatch, lambda: moe_mod.shared_expert(x, s, 0.5))
+    close_chain(got, ref, dtype)
+
+
+def test_moe_kernels_stay_off_in_auto_mode(monkeypatch):
+    """Until a GPU run checks them, "auto" keeps the reference (and the GPU-checked qgemv path)."""
+    assert fused_moe.GPU_CHECKED is False
+    monkeypatch.setenv("DSV4_KERNELS", "auto")
+    assert not kernels.use_triton(torch.zeros(1), gpu_checked=fused_moe.GPU_CHECKED)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/qgemv_bench.py end to end on `tiny` widths through the interpreter (timings faked): every
+    arm it prints is correct against its reference, and the summaries come out."""
+    import json
+    import sys
+
+    import benchmarks.qgemv_bench as bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1 << 15)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
+                                      "qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
+    assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE for r in records), records
+    assert {r["variant"] for r in records if r["shape"] == "experts.routed"} == {
+        "torch_dequant_gemm", "qgemv_v2_default", "fused_default"}
+    assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
