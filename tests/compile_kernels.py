@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
+from dsv4.kernels import attention, commit, hc, norm, qgemv, rope  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -53,7 +53,7 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (commit, hc, norm, rope, qgemv):
+for module in (attention, commit, hc, norm, rope, qgemv):
     module.launcher = compile_only
 
 def qgemv_variants(dtype, scale_dtype):
@@ -86,6 +86,33 @@ for dtype in (torch.float32, torch.bfloat16):
     for scale_dtype in (torch.float8_e8m0fnu, torch.float32):
         qgemv_variants(dtype, scale_dtype)
 
+
+
+def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca")):
+    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows."""
+    z = dict(dtype=dtype)
+    args = (torch.zeros(T, H, hd, **z), torch.zeros(128, hd, **z), torch.zeros(T, hd, **z),
+            torch.zeros(T, 128 + T, dtype=torch.bool), torch.zeros(H), torch.zeros(T, half), torch.zeros(T, half))
+    comp, new = torch.zeros(rows, hd, **z), torch.zeros(2, hd, **z)
+    extra = {"sliding": {},
+             "csa": dict(comp=comp, new=new, sel=torch.zeros(T, 512, dtype=torch.int64),
+                         valid=torch.zeros(T, 512, dtype=torch.bool)),
+             "hca": dict(comp=comp, new=new, committed=torch.zeros(rows, dtype=torch.bool),
+                         new_visible=torch.zeros(T, 2, dtype=torch.bool))}
+    for kind in kinds:
+        assert attention.supported(*args, **extra[kind])
+        attention.attention(*args, **extra[kind])
+
+
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)  # Flash, a rank of 2: tensor-core tiles
+attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU tests)
+attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
+# A launch variant benchmarks/attention_bench.py tries: several tiles per program.
+default = dict(attention.CONFIG)
+attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
+attention.CONFIG.update(default)
+
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)
 for cfg in ({"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
@@ -96,4 +123,4 @@ qgemv.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-sys.exit(0 if names == ["_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)
+sys.exit(0 if names == ["_attn_combine_kernel", "_attn_split_kernel", "_commit_kernel", "_hc_post_kernel", "_hc_pre_kernel", "_qgemv_kernel", "_rms_norm_kernel", "_rope_kernel"] else 1)
