@@ -28,7 +28,6 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = False
 MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the reference
-SLIDING, CSA, HCA = 0, 1, 2
 # block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
 # times variants.
 CONFIG = {"block_n": 32, "tiles": 1, "block_h": 32, "num_warps": 8, "combine_warps": 4}
@@ -36,10 +35,10 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
-                       m_ptr, l_ptr, acc_ptr, NS, NW, sel_stride, ok_stride, scale,
-                       T: constexpr, H: constexpr, HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr,
-                       SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr, BLOCK_N: constexpr,
-                       USE_DOT: constexpr, DOT_F32: constexpr, PRECISION: constexpr):
+                       m_ptr, l_ptr, acc_ptr, NS, NW, sel_stride, ok_stride, scale, T: constexpr, H: constexpr,
+                       HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr,
+                       SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr,
+                       DOT_F32: constexpr):
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.program_id(2).to(tl.int64)
@@ -75,7 +74,7 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
         if DOT_F32:
             kt = kt.to(tl.float32)
         if USE_DOT:
-            sc = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+            sc = tl.dot(q, tl.trans(kt), input_precision="ieee")
         else:  # too few heads for a tensor-core tile
             sc = tl.sum(q[:, None, :].to(tl.float32) * kt[None, :, :].to(tl.float32), axis=2)
         sc = tl.where(ok[None, :], sc * scale, float("-inf"))
@@ -84,7 +83,7 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
         p = tl.exp(sc - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         if USE_DOT:
-            pv = tl.dot(p.to(dt).to(kt.dtype), kt, input_precision=PRECISION)
+            pv = tl.dot(p.to(dt).to(kt.dtype), kt, input_precision="ieee")
         else:
             pv = tl.sum(p[:, :, None] * kt[None, :, :].to(tl.float32), axis=1)
         acc = acc * alpha[:, None] + pv
@@ -147,13 +146,10 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype."""
     T, H, hd = q.shape
     W, half = win.shape[0], cos.shape[-1]
-    if comp is None:
-        mode, n_keys, rows, masks = SLIDING, W + T, (q, q), (visible, visible, visible)
-    elif sel is not None:
-        mode, n_keys, rows, masks = CSA, W + T + sel.shape[-1], (comp, new), (sel, valid, visible)
-    else:
-        mode, n_keys, rows, masks = HCA, W + T + comp.shape[0] + new.shape[0], (comp, new), (visible, committed,
-                                                                                            new_visible)
+    picks, all_rows = sel is not None, comp is not None and sel is None  # CSA, HCA
+    n_keys = W + T + (sel.shape[-1] if picks else (comp.shape[0] + new.shape[0] if all_rows else 0))
+    rows = (comp, new) if comp is not None else (q, q)  # q: an unread stand-in
+    masks = (sel, valid, visible) if picks else ((visible, committed, new_visible) if all_rows else (visible,) * 3)
     c = CONFIG
     block_h = min(c["block_h"], next_pow2(H))
     use_dot = block_h >= 16 and hd >= 16
@@ -167,11 +163,10 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     warps = (lambda n: {}) if interpreting() else (lambda n: {"num_warps": n})
     launcher(_attn_split_kernel, q)[(splits, cdiv(H, block_h), T)](
         q, win, kv, visible, *rows, *masks, m, l, acc, rows[0].shape[0], rows[1].shape[0],
-        sel.stride(0) if mode == CSA else 0, valid.stride(0) if mode == CSA else 0, float(hd ** -0.5),
-        T=T, H=H, HD=hd, W=W, K=sel.shape[-1] if mode == CSA else 0, PICKS=mode == CSA, ALL_ROWS=mode == HCA, SPLITS=splits, TILES=c["tiles"],
-        BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot, DOT_F32=interpreting() and q.dtype != torch.float32,
-        PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",
-        **warps(c["num_warps"]))
+        sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
+        T=T, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
+        TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
+        DOT_F32=interpreting() and q.dtype != torch.float32, **warps(c["num_warps"]))
     launcher(_attn_combine_kernel, q)[(H, T)](
         m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=hd - 2 * half, HALF=half, SPLITS=splits,
         BLOCK_S=next_pow2(splits), BLOCK_D=min(128, next_pow2(max(hd - 2 * half, 1))), **warps(c["combine_warps"]))
