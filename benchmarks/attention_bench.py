@@ -40,6 +40,7 @@ CASES = [("sliding", SLIDING, 131072), ("csa_512_of_128k", CSA, 131072), ("hca_4
          ("hca_128k", HCA, 131072)]
 CONFIGS = {
     "default": {},
+    "n16_w4": {"block_n": 16, "num_warps": 4},
     "n16_t2_w4": {"block_n": 16, "tiles": 2, "num_warps": 4},
     "n64_h16_w8": {"block_n": 64, "block_h": 16, "num_warps": 8},
     "n32_t2_w8": {"block_n": 32, "tiles": 2, "num_warps": 8},
