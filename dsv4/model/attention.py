@@ -10,6 +10,9 @@ groups of heads to `o_lora_rank` each (wo_a), then mixes them (wo_b).
 
 With TP a rank holds `heads` of the heads (whole output groups); the K=V head,
 compressors and indexer are replicated. The output is a partial sum to reduce.
+
+_attend is the attention core and the reference of its fused form, dsv4.kernels.attention (two
+launches for decode chunks of up to 8 tokens, reading the picked rows in place).
 """
 
 from __future__ import annotations
