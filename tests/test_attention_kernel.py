@@ -132,3 +132,18 @@ def test_unsupported_shapes_take_the_reference(monkeypatch):
     assert not fused.supported(*args, **extra)
     args, extra = case(HCA, 21, 1, 2, 48, torch.float32, "cpu")
     assert not fused.supported(*args, **extra)
+
+
+def test_model_decode_takes_the_kernel(monkeypatch):
+    """Every layer of a decode step (sliding, CSA, HCA) dispatches to the kernel; a prefill of 9 does not."""
+    import dsv4
+
+    calls, kernel = [], fused.attention
+    monkeypatch.setattr(fused, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    state = model.new_state(32)
+    model.prefill(state, list(range(1, 10)))
+    assert not calls
+    model.decode(state, 10)
+    assert len(calls) == model.cfg.num_hidden_layers
