@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import commit, compressor, dequant, door, hc, moe, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, compressor, dequant, door, hc, moe, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.model.weights import QWeight  # noqa: E402
@@ -135,6 +135,33 @@ def compressor_variants(dtype):
 
 for dtype in (torch.float32, torch.bfloat16):
     compressor_variants(dtype)
+
+
+
+def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca")):
+    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows."""
+    z = dict(dtype=dtype)
+    args = (torch.zeros(T, H, hd, **z), torch.zeros(128, hd, **z), torch.zeros(T, hd, **z),
+            torch.zeros(T, 128 + T, dtype=torch.bool), torch.zeros(H), torch.zeros(T, half), torch.zeros(T, half))
+    comp, new = torch.zeros(rows, hd, **z), torch.zeros(2, hd, **z)
+    extra = {"sliding": {},
+             "csa": dict(comp=comp, new=new, sel=torch.zeros(T, 512, dtype=torch.int64),
+                         valid=torch.zeros(T, 512, dtype=torch.bool)),
+             "hca": dict(comp=comp, new=new, committed=torch.zeros(rows, dtype=torch.bool),
+                         new_visible=torch.zeros(T, 2, dtype=torch.bool))}
+    for kind in kinds:
+        assert attention.supported(*args, **extra[kind])
+        attention.attention(*args, **extra[kind])
+
+
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)  # Flash, a rank of 2: tensor-core tiles
+attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU tests)
+attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
+# A launch variant benchmarks/attention_bench.py tries: several tiles per program.
+default = dict(attention.CONFIG)
+attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
+attention.CONFIG.update(default)
 
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)

@@ -10,13 +10,18 @@ groups of heads to `o_lora_rank` each (wo_a), then mixes them (wo_b).
 
 With TP a rank holds `heads` of the heads (whole output groups); the K=V head,
 compressors and indexer are replicated. The output is a partial sum to reduce.
+
+_attend is the attention core and the reference of its fused form, dsv4.kernels.attention (two
+launches for decode chunks of up to 8 tokens, reading the picked rows in place).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..config import CSA, ModelConfig
+from ..kernels import attention as fused
 from .compressor import Write, compress, index_topk
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
@@ -37,12 +42,8 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
     kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
 
     visible, slots = step.sliding()
-    keys = torch.cat([cache.win, kv])
     writes.append(Write(cache.win, slots, kv[T - min(T, cfg.sliding_window):]))
-    scale = hd ** -0.5
-    logits = [torch.einsum("thd,kd->thk", q, keys).mul(scale).masked_fill(~visible.unsqueeze(1), float("-inf"))]
-    values = [keys]
-
+    extra = {}
     if m:
         csa = cfg.layer_types[layer] == CSA
         win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
@@ -53,20 +54,46 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
             ccos, csin = step.cos_sin("compress")
             sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
                                     cfg.index_n_heads, cfg.index_head_dim)
-            ns = cache.comp.shape[0]
-            from_new = sel >= ns
-            picked = torch.where(from_new.unsqueeze(-1), new[(sel - ns).clamp(0, new.shape[0] - 1)],
-                                 cache.comp[sel.clamp(max=ns - 1)])  # [T, K, hd]
-            logits.append(torch.einsum("thd,tkd->thk", q, picked).mul(scale)
-                          .masked_fill(~valid.unsqueeze(1), float("-inf")))
-            values.append(picked)
+            extra = dict(comp=cache.comp, new=new, sel=sel, valid=valid)
         else:
-            for rows, vis in ((cache.comp, win.committed.expand(T, -1)), (new, win.visible)):
-                logits.append(torch.einsum("thd,kd->thk", q, rows).mul(scale)
-                              .masked_fill(~vis.unsqueeze(1), float("-inf")))
-                values.append(rows)
+            extra = dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
 
-    sink = w["attn_sink"].to(q.dtype).view(1, heads, 1).expand(T, heads, 1)
+    args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
+    if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
+        out = fused.attention(*args, **extra)
+    else:
+        out = _attend(*args, **extra)
+
+    groups = cfg.o_groups * heads // cfg.num_attention_heads
+    return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])
+
+
+def _attend(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
+            new_visible=None) -> torch.Tensor:
+    """Queries q [T, heads, hd] over the sliding window [win; kv] (masked by visible [T, W + T]) and the
+    compressed rows: CSA's picks sel [T, K] into [comp | new] (masked by valid), or HCA's every row of
+    comp (masked by committed) and new (masked by new_visible [T, n_win]). Sink, softmax, the output's
+    rope slice rotated back."""
+    T, heads, hd = q.shape
+    keys = torch.cat([win, kv])
+    scale = hd ** -0.5
+    logits = [torch.einsum("thd,kd->thk", q, keys).mul(scale).masked_fill(~visible.unsqueeze(1), float("-inf"))]
+    values = [keys]
+    if sel is not None:
+        ns = comp.shape[0]
+        from_new = sel >= ns
+        picked = torch.where(from_new.unsqueeze(-1), new[(sel - ns).clamp(0, new.shape[0] - 1)],
+                             comp[sel.clamp(max=ns - 1)])  # [T, K, hd]
+        logits.append(torch.einsum("thd,tkd->thk", q, picked).mul(scale)
+                      .masked_fill(~valid.unsqueeze(1), float("-inf")))
+        values.append(picked)
+    elif comp is not None:
+        for rows, vis in ((comp, committed.expand(T, -1)), (new, new_visible)):
+            logits.append(torch.einsum("thd,kd->thk", q, rows).mul(scale)
+                          .masked_fill(~vis.unsqueeze(1), float("-inf")))
+            values.append(rows)
+
+    sink = sink.to(q.dtype).view(1, heads, 1).expand(T, heads, 1)
     joint = torch.cat(logits + [sink], dim=-1)
     probs = torch.softmax(joint - joint.amax(dim=-1, keepdim=True), dim=-1)
     out, start = None, 0
@@ -75,7 +102,4 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
         start += lg.shape[-1]
         o = torch.einsum("thk,kd->thd", p, v) if v.dim() == 2 else torch.einsum("thk,tkd->thd", p, v)
         out = o if out is None else out + o
-    out = apply_rope(out, cos, sin, inverse=True)
-
-    groups = cfg.o_groups * heads // cfg.num_attention_heads
-    return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])
+    return apply_rope(out, cos, sin, inverse=True)

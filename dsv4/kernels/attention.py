@@ -1,0 +1,173 @@
+"""Decode attention of one layer in two kernels (reference: dsv4.model.attention._attend).
+
+All heads share one K=V row per key (MQA), so a program loads a tile of key rows once and scores
+every head of its block against it (one [heads, hd] x [hd, keys] product), then adds p * v from the
+same tile. The keys a layer sees form one index space, read in place by index:
+
+    [ring W | chunk T]            the sliding window, masked by `visible` [T, W + T]
+    CSA: [K picks]                pick i is row sel[t, i] of [comp | new], masked by `valid` [T, K]
+    HCA: [comp rows | new rows]   masked by `committed` [Ns] and `new_visible` [T, n_win]
+
+Flash-decoding: the index space is cut into SPLITS contiguous ranges, one program each (per query
+and head block), each leaving an online-softmax partial (max, sum, unnormalised output) in fp32.
+The second kernel combines a head's partials in split order (deterministic, no atomics) with the
+head's sink logit, which joins the denominator only, and rotates the output's rope slice back at
+the query position. Logits and sums are fp32; p is rounded to the keys' dtype for the p * v
+product, as flash attention does; the output is rounded once, to q's dtype.
+"""
+
+import torch
+
+from . import cdiv, interpreting, launcher, next_pow2
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the reference
+# block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
+# times variants.
+CONFIG = {"block_n": 32, "tiles": 1, "block_h": 32, "num_warps": 8, "combine_warps": 4}
+_NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
+
+
+def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
+                       m_ptr, l_ptr, acc_ptr, NS, NW, sel_stride, ok_stride, scale, T: constexpr, H: constexpr,
+                       HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr,
+                       SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr,
+                       DOT_F32: constexpr):
+    s = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t = tl.program_id(2).to(tl.int64)
+    h_ok = h < H
+    d = tl.arange(0, HD)
+    q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
+    dt = q.dtype
+    if DOT_F32:  # Triton 3.6's interpreter multiplies 16-bit dot operands as raw bits: widen them (exactly)
+        q = q.to(tl.float32)
+    S0 = W + T
+    m = tl.full([BLOCK_H], _NO_MAX, dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HD], dtype=tl.float32)
+    for i in range(TILES):
+        j = (s * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        in0 = j < S0
+        ok = tl.load(vis_ptr + t * S0 + j, mask=in0, other=0) != 0
+        row = tl.where(j < W, win_ptr + j * HD, kv_ptr + (j - W) * HD)
+        j1 = j - S0
+        if PICKS:  # CSA
+            in1 = (j1 >= 0) & (j1 < K)
+            idx = tl.load(sel_ptr + t * sel_stride + j1, mask=in1, other=0)
+            row = tl.where(in1, tl.where(idx < NS, comp_ptr + idx * HD, new_ptr + (idx - NS) * HD), row)
+            ok = tl.where(in1, tl.load(ok_ptr + t * ok_stride + j1, mask=in1, other=0) != 0, ok)
+        if ALL_ROWS:  # HCA
+            in1 = (j1 >= 0) & (j1 < NS)
+            j2 = j1 - NS
+            in2 = (j2 >= 0) & (j2 < NW)
+            row = tl.where(in1, comp_ptr + j1 * HD, tl.where(in2, new_ptr + j2 * HD, row))
+            ok = tl.where(in1, tl.load(ok_ptr + j1, mask=in1, other=0) != 0, ok)
+            ok = tl.where(in2, tl.load(ok_new_ptr + t * NW + j2, mask=in2, other=0) != 0, ok)
+        kt = tl.load(row[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, HD], K = V
+        if DOT_F32:
+            kt = kt.to(tl.float32)
+        if USE_DOT:
+            sc = tl.dot(q, tl.trans(kt), input_precision="ieee")
+        else:  # too few heads for a tensor-core tile
+            sc = tl.sum(q[:, None, :].to(tl.float32) * kt[None, :, :].to(tl.float32), axis=2)
+        sc = tl.where(ok[None, :], sc * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            pv = tl.dot(p.to(dt).to(kt.dtype), kt, input_precision="ieee")
+        else:
+            pv = tl.sum(p[:, :, None] * kt[None, :, :].to(tl.float32), axis=1)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    part = (t * H + h) * SPLITS + s
+    tl.store(m_ptr + part, m, mask=h_ok)
+    tl.store(l_ptr + part, l, mask=h_ok)
+    tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc, mask=h_ok[:, None])
+
+
+def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, H: constexpr, HD: constexpr,
+                         NOPE: constexpr, HALF: constexpr, SPLITS: constexpr, BLOCK_S: constexpr, BLOCK_D: constexpr):
+    h = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    r = t * H + h
+    sp = tl.arange(0, BLOCK_S)
+    s_ok = sp < SPLITS
+    ms = tl.load(m_ptr + r * SPLITS + sp, mask=s_ok, other=_NO_MAX)
+    ls = tl.load(l_ptr + r * SPLITS + sp, mask=s_ok, other=0.0)
+    dt = out_ptr.dtype.element_ty
+    sink = tl.load(sink_ptr + h).to(dt).to(tl.float32)  # the reference adds the sink in q's dtype
+    mx = tl.maximum(tl.max(ms, axis=0), sink)
+    wt = tl.exp(ms - mx)
+    wt = wt / (tl.sum(wt * ls, axis=0) + tl.exp(sink - mx))
+    parts = acc_ptr + (r * SPLITS + sp[:, None]) * HD
+    out = out_ptr + r * HD
+    dd = tl.arange(0, BLOCK_D)
+    for d0 in range(0, NOPE, BLOCK_D):
+        dm = (d0 + dd) < NOPE
+        a = tl.load(parts + d0 + dd[None, :], mask=s_ok[:, None] & dm[None, :], other=0.0)
+        tl.store(out + d0 + dd, tl.sum(wt[:, None] * a, axis=0).to(dt), mask=dm)
+    k = tl.arange(0, HALF)
+    even = tl.sum(wt[:, None] * tl.load(parts + NOPE + 2 * k[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+    odd = tl.sum(wt[:, None] * tl.load(parts + NOPE + 2 * k[None, :] + 1, mask=s_ok[:, None], other=0.0), axis=0)
+    c = tl.load(cos_ptr + t * HALF + k)
+    sn = tl.load(sin_ptr + t * HALF + k)
+    tl.store(out + NOPE + 2 * k, (even * c + odd * sn).to(dt))  # rotated by -sin: the inverse
+    tl.store(out + NOPE + 2 * k + 1, (odd * c - even * sn).to(dt))
+
+
+def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
+              new_visible=None) -> bool:
+    T, H, hd = q.shape
+    half = cos.shape[-1]
+    rows = [x for x in (q, win, kv, comp, new) if x is not None]
+    masks = [x for x in (visible, committed, new_visible) if x is not None]
+    picks = [x for x in (sel, valid) if x is not None]
+    return (1 <= T <= MAX_T and hd == next_pow2(hd) and half == next_pow2(half) and 2 * half <= hd
+            and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and all(x.is_contiguous() and x.dtype == q.dtype and x.shape[-1] == hd for x in rows)
+            and all(x.is_contiguous() and x.dtype == torch.bool for x in masks)
+            and all(x.stride(-1) == 1 for x in picks)
+            and all(x.is_contiguous() and x.dtype == torch.float32 for x in (cos, sin))
+            and sink.is_contiguous() and sink.numel() == H)
+
+
+def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
+              new_visible=None) -> torch.Tensor:
+    """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
+    (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype."""
+    T, H, hd = q.shape
+    W, half = win.shape[0], cos.shape[-1]
+    picks, all_rows = sel is not None, comp is not None and sel is None  # CSA, HCA
+    n_keys = W + T + (sel.shape[-1] if picks else (comp.shape[0] + new.shape[0] if all_rows else 0))
+    rows = (comp, new) if comp is not None else (q, q)  # q: an unread stand-in
+    masks = (sel, valid, visible) if picks else ((visible, committed, new_visible) if all_rows else (visible,) * 3)
+    c = CONFIG
+    block_h = min(c["block_h"], next_pow2(H))
+    use_dot = block_h >= 16 and hd >= 16
+    block_n = c["block_n"] if use_dot else 16
+    splits = cdiv(cdiv(n_keys, block_n), c["tiles"])
+    f32 = dict(dtype=torch.float32, device=q.device)
+    m = torch.empty(T, H, splits, **f32)
+    l = torch.empty(T, H, splits, **f32)
+    acc = torch.empty(T, H, splits, hd, **f32)
+    out = torch.empty_like(q)
+    warps = (lambda n: {}) if interpreting() else (lambda n: {"num_warps": n})
+    launcher(_attn_split_kernel, q)[(splits, cdiv(H, block_h), T)](
+        q, win, kv, visible, *rows, *masks, m, l, acc, rows[0].shape[0], rows[1].shape[0],
+        sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
+        T=T, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
+        TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
+        DOT_F32=interpreting() and q.dtype != torch.float32, **warps(c["num_warps"]))
+    launcher(_attn_combine_kernel, q)[(H, T)](
+        m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=hd - 2 * half, HALF=half, SPLITS=splits,
+        BLOCK_S=next_pow2(splits), BLOCK_D=min(128, next_pow2(max(hd - 2 * half, 1))), **warps(c["combine_warps"]))
+    return out
