@@ -1,40 +1,64 @@
 #!/usr/bin/env bash
 # One device call on 2 x H200 (nvidia-h200-x2): the GPU checks and benchmarks of a change, results under $OUT.
-#   GPU 0: CUDA kernel tests + replay identity, then mini against HF (fp32);
-#   GPU 1: mini decode with the torch reference, the GPU-checked kernels (auto) and every kernel
-#          (triton), then the kernel profile and the GEMV's launch configurations;
-#   both:  MINI_GATE=1: the gate on mini at the seed's sizes (256/256, 2 ranks);
-#          then the gate on FLASH_PRIME/FLASH_OUTPUT (flash, 2 ranks; 0 skips it).
-# Usage: OUT=dir [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64 GATE_TIMEOUT=330] bash benchmarks/gpu_checks.sh
+#   phase 1, in parallel:
+#     GPU 0: every CUDA test (kernels against their references, replay identity on mini) with every
+#            kernel on (DSV4_KERNELS=triton), then mini against HF (fp32);
+#     GPU 1: the kernel benchmarks (GEMV and MoE, attention, compressor), then mini decode per policy;
+#   phase 2, both GPUs:
+#     FLASH_BENCH=1: flash decode on 2 ranks, every kernel on, with the phase profile (dsv4 bench --profile),
+#                    then the same with the GEMV v2 (DSV4_QGEMV=v2) and the one-shot all-reduce (DSV4_REDUCE=symm);
+#     PREFILL=1:     flash prefill of 4096 tokens on 2 ranks (benchmarks/prefill_bench.py);
+#     MINI_GATE=1:   the gate on mini at the seed's sizes (256/256, 2 ranks);
+#     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes.
+# Usage: OUT=dir [KERNELS=triton] [FLASH_BENCH=1] [PREFILL=1] [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] \
+#        bash benchmarks/gpu_checks.sh
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?}
+KERNELS=${KERNELS:-triton}
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
+nvidia-smi -L >> "$OUT/versions.txt"
 (
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 240 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
-  echo "pytest rc=$?" >> "$OUT/pytest_gpu.txt"
-  timeout 100 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
+  export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=$KERNELS
+  timeout 260 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
+    tests/test_attention_kernel.py tests/test_compressor_kernel.py tests/test_route_kernel.py tests/test_door_kernel.py \
+    tests/test_prefill.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  echo "pytest rc=$? kernels=$KERNELS" >> "$OUT/pytest_gpu.txt"
+  timeout 90 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  DSV4_KERNELS=torch timeout 120 python benchmarks/decode_bench.py --rows 4 --steps 64 > "$OUT/decode_torch.txt" 2>&1
-  timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_auto.txt" 2>&1
-  # every kernel, those not yet checked on a GPU included (kernels.use_triton(gpu_checked=False))
-  DSV4_KERNELS=triton timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_triton.txt" 2>&1
-  timeout 60 python benchmarks/kernel_profile.py --preset mini > "$OUT/profile_mini.txt" 2>&1
-  timeout 150 python benchmarks/qgemv_bench.py > "$OUT/qgemv.txt" 2>&1
+  timeout 150 python benchmarks/qgemv_bench.py --world 2 --arms 'torch|default|v2_n8|fused_n8|fused_k512' > "$OUT/qgemv.txt" 2>&1
+  timeout 60 python benchmarks/attention_bench.py > "$OUT/attention.txt" 2>&1
+  timeout 60 python benchmarks/compressor_bench.py > "$OUT/compressor.txt" 2>&1
+  for k in auto $KERNELS; do
+    DSV4_KERNELS=$k timeout 60 python -m dsv4.cli bench --preset mini --device cuda --prime 128 --steps 64 --rows 2 \
+      >> "$OUT/bench_mini.txt" 2>&1
+  done
 ) &
 wait
-KERNELS=auto
-grep -q "pytest rc=0" "$OUT/pytest_gpu.txt" || KERNELS=torch  # a failing kernel must not sink the flash run
+flash_bench() {  # $1: label, rest: env assignments
+  local label=$1; shift
+  env DSV4_KERNELS=$KERNELS "$@" timeout "${FLASH_BENCH_TIMEOUT:-150}" python -m dsv4.cli bench --preset flash \
+    --device cuda --ranks 2 --prime 64 --steps 32 --rows 2 --profile > "$OUT/bench_flash_$label.txt" 2>&1
+  echo "bench rc=$? $*" >> "$OUT/bench_flash_$label.txt"
+}
+if [ "${FLASH_BENCH:-0}" = 1 ]; then
+  flash_bench base
+  flash_bench v2_symm DSV4_QGEMV=v2 DSV4_REDUCE=symm
+fi
+if [ "${PREFILL:-0}" = 1 ]; then
+  DSV4_KERNELS=$KERNELS timeout 150 python benchmarks/prefill_bench.py flash --sizes 4096 --runs 2 \
+    > "$OUT/prefill_flash.txt" 2>&1
+  echo "prefill rc=$?" >> "$OUT/prefill_flash.txt"
+fi
 if [ "${MINI_GATE:-0}" = 1 ]; then
-  /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 400 \
+  /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 300 \
     python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
 fi
 if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
-  /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-330}" \
+  /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-300}" \
     python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" \
     --out "$OUT/gate_flash.txt" > "$OUT/gate_flash_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_flash_time.txt"

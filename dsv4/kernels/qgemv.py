@@ -25,6 +25,8 @@ second launch sums in a fixed order (deterministic, no atomics). The helpers _fp
 _fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
 """
 
+import os
+
 import torch
 
 from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
@@ -52,7 +54,7 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # v2's keys: rows per program, inputs per K tile (FP8: a multiple of 128, FP4: of 32), warps, and
 # split-K: "v2_split_k" programs along K per row block, or 0 to double it while the launch has
 # fewer than "v2_programs" programs and each split keeps at least one K tile.
-CONFIG = {"kernel": "v1", "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
+CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v1"), "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264}
 

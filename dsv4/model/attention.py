@@ -22,11 +22,13 @@ import torch
 from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
+from ..profile import phase
 from .compressor import Write, compress, index_topk
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import Step
+
 
 
 def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
@@ -45,18 +47,8 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
     writes.append(Write(cache.win, slots, kv[T - min(T, cfg.sliding_window):]))
     extra = {}
     if m:
-        csa = cfg.layer_types[layer] == CSA
-        win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
-        new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes)
-        if csa:
-            i = w["indexer"]
-            inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes)
-            ccos, csin = step.cos_sin("compress")
-            sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
-                                    cfg.index_n_heads, cfg.index_head_dim)
-            extra = dict(comp=cache.comp, new=new, sel=sel, valid=valid)
-        else:
-            extra = dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
+        with phase("compressor"):
+            extra = _compressed(x, q_res, step, w, cache, layer, cfg, writes)
 
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
@@ -66,6 +58,22 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
     return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])
+
+
+def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write]) -> dict:
+    """The compressed rows this layer's queries see: the compressor's entries and, for CSA, the indexer's picks."""
+    m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
+    csa = cfg.layer_types[layer] == CSA
+    win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
+    new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes)
+    if not csa:
+        return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
+    i = w["indexer"]
+    inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes)
+    ccos, csin = step.cos_sin("compress")
+    sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
+                            cfg.index_n_heads, cfg.index_head_dim)
+    return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 
 def _attend(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
