@@ -14,6 +14,7 @@ the state rows attention reads at the current position.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import time
 
@@ -39,61 +40,52 @@ def _marking():
 
 
 def phase_breakdown(run_step, steps: int) -> dict:
-    """Run `run_step()` `steps` times under the profiler -> {phase: {"us": per step, "kernels": per step}}
-    (us: GPU kernel time; on CPU, host time)."""
+    """Run `run_step()` `steps` times under the profiler -> {phase: {"us": per step, "kernels": per step}}.
+
+    A kernel belongs to the innermost phase range open on the host when it was launched; its time is
+    its own GPU duration (a range's span on the GPU would also count the gaps, e.g. waiting for a
+    peer in a collective). On CPU (no kernels) each phase gets the host time of the ops it ran.
+    """
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with _marking(), torch.profiler.profile(activities=acts) as prof:
         for _ in range(steps):
             run_step()
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
-    out = {p: {"us": 0.0, "kernels": 0} for p in PHASES + ("other",)}
     events = prof.events()
-    marked = [e for e in events if e.name.startswith(_PREFIX)]
-    for e in marked:
-        inner = _nested(e)
-        us = _device_us(e) - sum(_device_us(c) for c in inner)
-        n = _kernels(e) - sum(_kernels(c) for c in inner)
-        slot = out.setdefault(e.name[len(_PREFIX):], {"us": 0.0, "kernels": 0})
+    ranges = sorted(((e.time_range.start, e.time_range.end, e.name[len(_PREFIX):], e.thread) for e in events
+                     if e.name.startswith(_PREFIX)), key=lambda r: r[0])
+    starts = [r[0] for r in ranges]
+    out = {p: {"us": 0.0, "kernels": 0} for p in PHASES + ("other",)}
+    for e in events:
+        if e.name.startswith(_PREFIX):
+            continue
+        if cuda:
+            if not e.kernels:
+                continue
+            us, n = sum(k.duration for k in e.kernels), len(e.kernels)
+        elif e.cpu_parent is None or e.cpu_parent.name.startswith(_PREFIX):
+            us, n = e.cpu_time_total, 0  # an op called from dsv4's code (its children are inside its time)
+        else:
+            continue
+        slot = out.setdefault(_innermost(ranges, starts, e.time_range.start, e.thread), {"us": 0.0, "kernels": 0})
         slot["us"] += us / steps
         slot["kernels"] += n / steps
-    total_us = sum(_device_us(e) for e in events if e.cpu_parent is None and not e.name.startswith(_PREFIX)) + \
-        sum(_device_us(e) for e in marked if not _has_marked_parent(e))
-    total_k = sum(_kernels(e) for e in events if e.cpu_parent is None and not e.name.startswith(_PREFIX)) + \
-        sum(_kernels(e) for e in marked if not _has_marked_parent(e))
-    out["other"] = {"us": max(0.0, total_us / steps - sum(v["us"] for v in out.values())),
-                    "kernels": max(0.0, total_k / steps - sum(v["kernels"] for v in out.values()))}
     return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 1)} for k, v in out.items()}
 
 
-def _device_us(e) -> float:
-    """GPU time under e; on a CPU run (no kernels) its host time instead."""
-    if torch.cuda.is_available():
-        return float(getattr(e, "device_time_total", 0.0) or 0.0)
-    return float(e.cpu_time_total)
-
-
-def _kernels(e) -> int:
-    return len(e.kernels) + sum(_kernels(c) for c in e.cpu_children)
-
-
-def _nested(e) -> list:
-    """The nearest marked ranges below e."""
-    found = []
-    for c in e.cpu_children:
-        found += [c] if c.name.startswith(_PREFIX) else _nested(c)
-    return found
-
-
-def _has_marked_parent(e) -> bool:
-    p = e.cpu_parent
-    while p is not None:
-        if p.name.startswith(_PREFIX):
-            return True
-        p = p.cpu_parent
-    return False
+def _innermost(ranges, starts, t, thread) -> str:
+    """The phase of the latest-starting range that contains host time t on this thread (ranges nest)."""
+    i = bisect.bisect_right(starts, t) - 1
+    while i >= 0:
+        start, end, name, th = ranges[i]
+        if th == thread and end >= t:
+            return name
+        i -= 1
+    return "other"
 
 
 # ---- bytes ------------------------------------------------------------------
