@@ -41,11 +41,11 @@ def _model(args):
 def _load(args):
     import torch
 
-    import dsv4
+    from .api import load
 
     source = args.model or args.preset or "tiny"
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    return dsv4.load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+    return load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
 
 
 def cmd_generate(args) -> int:

@@ -71,7 +71,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .engine import Model, PerRankViews, load
+from .engine import ModelCommon, build, placement
+from .interface import RANK_CALLS
 
 DEFAULT_TIMEOUT = 120.0  # seconds a collective or a rank's answer may take before the driver gives up
 _CLOSE_GRACE = 10.0  # seconds a worker gets to leave after close() before it is terminated
@@ -201,8 +202,8 @@ def _worker(conn, rank: int, world: int, port: int, spec: dict):
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
                               timeout=datetime.timedelta(seconds=spec["timeout"]))
         group = _init_group(store, _backend(device), rank, world, spec["timeout"])
-        me = _Rank(load(spec["path"], device=device, dtype=spec["dtype"], ranks=world, rank=rank, group=group,
-                        init=spec["init"], seed=spec["seed"]))
+        me = _Rank(build(spec["path"], device, spec["dtype"], rank=rank, world=world, group=group,
+                         init=spec["init"], seed=spec["seed"]))
         conn.send(("ok", None))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises it
         conn.send(("err", _pack(e)))
@@ -284,8 +285,10 @@ class DistributedState:
         return f"DistributedState(id={self._sid}, capacity={self.capacity}, host_pos={self.host_pos})"
 
 
-class DistributedModel(PerRankViews):
-    """The Model API over N ranks (see the module docstring); rank 0 is `self.local`."""
+class DistributedModel(ModelCommon):
+    """The DecodeModel calls over N ranks (see the module docstring); rank 0 is `self.local`.
+
+    Each call of dsv4.interface.RANK_CALLS is forwarded as that table says (see `_forward`)."""
 
     def __init__(self, spec: dict, world: int, timeout: float):
         self.world, self.timeout, self.rank = world, timeout, 0
@@ -294,7 +297,7 @@ class DistributedModel(PerRankViews):
         self._next_sid = 0
         self._workers: list[_Worker] = []
         self._group, self._threads = None, None
-        self.last_tokens: list[int] = []  # every rank's token from the last step
+        self.last_tokens: list[int] = []  # every rank's token from the last step or draw
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a torch.distributed group (another "
                                "DistributedModel, or torchrun): close() that model, or use "
@@ -324,8 +327,8 @@ class DistributedModel(PerRankViews):
             self._threads = _share_cores(device, world)
             local_err = None
             try:
-                self.local = load(spec["path"], device=_rank_device(device, 0), dtype=spec["dtype"], ranks=world,
-                                  rank=0, group=self._group, init=spec["init"], seed=spec["seed"])
+                self.local = build(spec["path"], _rank_device(device, 0), spec["dtype"], rank=0, world=world,
+                                   group=self._group, init=spec["init"], seed=spec["seed"])
             except Exception as e:  # noqa: BLE001 - raised after the workers' outcome is known
                 local_err = e
             self._raise_first(local_err, self._collect("load"))
@@ -478,65 +481,19 @@ class DistributedModel(PerRankViews):
         self._call(None, "new_state", sid, capacity)
         return DistributedState(self, sid, self._rank.states[sid])
 
-    def prefill(self, state, ids, chunk_size: int = 64) -> torch.Tensor:
-        return self._call(None, "prefill", state, ids, chunk_size)
-
-    def decode(self, state, token: int) -> torch.Tensor:
-        return self._call(None, "decode", state, token)
-
-    def step(self, state, token: int, sampling=None) -> int:
-        """Every rank samples; they must agree (same logits, same u), else RankError."""
-        self.last_tokens = self._call(None, "step", state, token, sampling, want=True)
-        if len(set(self.last_tokens)) != 1:
-            raise self._fail(f"ranks sampled different tokens {self.last_tokens} at position {state.host_pos}")
-        return self.last_tokens[0]
-
-    def check_capturable(self, state, ids, sampling=None) -> int | None:
-        """Every rank runs its step (or chunk) under the host-sync guard (see Model.check_capturable)."""
-        return self._call(None, "check_capturable", state, ids, sampling)
-
-    generate = Model.generate  # written against the API above, so they run unchanged here
-    sample_tokens = Model.sample_tokens
-
-    def enable_replay(self, state, sampling=None):
-        self._call(None, "enable_replay", state, sampling)
-
-    def replay_counts(self, state) -> list[int]:
-        return self.local.replay_counts(state._local)
-
-    def captures(self, state) -> int:
-        return self.local.captures(state._local)
-
-    def graph_census(self, state) -> dict:
-        return self.local.graph_census(state._local)
-
-    def digests(self, state) -> tuple[str, str, int]:
-        return self.local.digests(state._local)
-
-    def logits_sha(self, state) -> str:
-        return self.local.logits_sha(state._local)
-
-    def draw(self, state, sampling) -> int:
-        """Every rank draws from its logits; they must agree, as in step."""
-        tokens = self.each("draw", state, sampling)
-        if len(set(tokens)) != 1:
-            raise self._fail(f"ranks drew different tokens {tokens} at position {state.host_pos}")
+    def _forward(self, how: str, name: str, args, kwargs):
+        """One call of RANK_CALLS, run as `how` says (see dsv4.interface)."""
+        if how == "local":
+            local = lambda a: a._local if isinstance(a, DistributedState) else a  # noqa: E731
+            return getattr(self.local, name)(*map(local, args), **{k: local(v) for k, v in kwargs.items()})
+        if how == "all":
+            return self._call(None, name, *args, **kwargs)
+        tokens = self._call(None, name, *args, want=True, **kwargs)
+        self.last_tokens = tokens
+        if len(set(tokens)) != 1:  # same logits and the same u on every rank, or a rank is wrong
+            state = args[0] if args else kwargs["state"]
+            raise self._fail(f"ranks sampled different tokens {tokens} at position {state.host_pos}")
         return tokens[0]
-
-    def arm_refusal(self, layer: int, rank: int, code: int, site: str = "attention"):
-        self._call(None, "arm_refusal", layer, rank, code, site)
-
-    def reset_refusals(self):
-        self._call(None, "reset_refusals")
-
-    def census(self) -> torch.Tensor:
-        return self.local.census()
-
-    def memory_allocated(self) -> int:
-        return self.local.memory_allocated()
-
-    def synchronize(self):
-        self._call(None, "synchronize")
 
     # ---- per-rank views: one entry per rank, as Model's (which has one rank) --
     def each(self, name: str, *args) -> list:
@@ -547,12 +504,25 @@ class DistributedModel(PerRankViews):
         return [w for per_rank in self.each("refusal_words") for w in per_rank]
 
 
+def _forwarded(name: str, how: str):
+    def call(self, *args, **kwargs):
+        return self._forward(how, name, args, kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"Model.{name}, run on {'rank 0' if how == 'local' else 'every rank'} ({how!r}: dsv4.interface)."
+    return call
+
+
+for _name, _how in RANK_CALLS.items():
+    setattr(DistributedModel, _name, _forwarded(_name, _how))
+
+
 def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int = 0,
                  timeout: float = DEFAULT_TIMEOUT) -> DistributedModel:
     """Start ranks-1 workers, join them with this process as rank 0, and load every rank's slice."""
     if not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks {ranks!r}: a positive integer")
-    device = torch.device(device)
+    device, dtype = placement(device, dtype)
     spec = dict(path=str(path_or_preset), device=device.type, dtype=dtype, init=init, seed=seed,
                 timeout=float(timeout))
     return DistributedModel(spec, ranks, float(timeout))
@@ -570,7 +540,8 @@ def from_torchrun(path_or_preset, device=None, timeout: float = DEFAULT_TIMEOUT,
         device = torch.device("cuda", local)
     if not dist.is_initialized():
         dist.init_process_group(_backend(device), timeout=datetime.timedelta(seconds=timeout))
-    return load(path_or_preset, device=device, ranks=world, rank=rank, group=dist.group.WORLD, **kw)
+    device, dtype = placement(device, kw.pop("dtype", None))
+    return build(path_or_preset, device, dtype, rank=rank, world=world, group=dist.group.WORLD, **kw)
 
 
 __all__ = ["DistributedModel", "DistributedState", "RankError", "load_spawned", "from_torchrun", "DEFAULT_TIMEOUT"]
