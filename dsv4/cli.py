@@ -49,6 +49,7 @@ def _load(args):
 
 
 def cmd_generate(args) -> int:
+    from .generation import generate
     from .sampler import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -57,7 +58,7 @@ def cmd_generate(args) -> int:
         start = time.perf_counter()
         n = 0
         sys.stdout.write(args.prompt)
-        for piece in model.generate(args.prompt, max_tokens=args.max_tokens, sampling=sampling):
+        for piece in generate(model, args.prompt, max_tokens=args.max_tokens, sampling=sampling):
             sys.stdout.write(piece)
             sys.stdout.flush()
             n += 1
