@@ -19,10 +19,9 @@ import statistics
 
 import torch
 
-from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
 from dsv4.config import preset
 from dsv4.kernels import qgemv
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight, quantize_fp4, quantize_fp8
 
 CONFIGS = {
     "default": {},

@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
-from dsv4.model.weights import QWeight  # noqa: E402
+from dsv4.formats import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}

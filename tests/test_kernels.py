@@ -22,7 +22,7 @@ from dsv4.config import preset
 from dsv4.kernels import qgemv
 from dsv4.model import hc, norm, rope
 from dsv4.model import linear as linear_mod
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 
 pytest.importorskip("triton")
 
@@ -202,7 +202,7 @@ def test_tiny_model_through_the_kernels(monkeypatch, request, device, source):
 # ---- the decode GEMV on stored FP8/FP4 weights ---------------------------------------------------
 
 def quantised(fmt: str, rows: int, cols: int, g, experts: int = 0, scale_dtype=None) -> QWeight:
-    from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
+    from dsv4.formats import quantize_fp4, quantize_fp8
 
     q = quantize_fp8 if fmt == "fp8" else quantize_fp4
     parts = [q(torch.randn(rows, cols, generator=g) * 0.05) for _ in range(max(experts, 1))]

@@ -18,7 +18,7 @@ Three shapes of the same product:
 
 import torch
 
-from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
+from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
 from . import cdiv, interpreting, launcher
 
 try:

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import HASH_MOE, ModelConfig
+from ..formats import QWeight
 from ..kernels import commit as fused_commit
+from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..state import DecodeState
 from .attention import attention
@@ -24,7 +26,6 @@ from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
 from .step import Step
-from .weights import QWeight, check_split, expert_range
 
 
 def _stack(ws: list[QWeight]) -> QWeight:

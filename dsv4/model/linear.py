@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels import qgemv
-from .weights import QWeight
+from ..formats import QWeight
 
 
 def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from .linear import expert_linear, experts_fused, linear
-from .weights import QWeight
+from ..formats import QWeight
 
 
 def score(logits: torch.Tensor, func: str) -> torch.Tensor:
