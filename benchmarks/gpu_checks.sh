@@ -18,10 +18,11 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  DSV4_KERNELS=torch timeout 120 python benchmarks/decode_bench.py --rows 4 --steps 64 > "$OUT/decode_torch.txt" 2>&1
-  timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_auto.txt" 2>&1
-  # every kernel, those not yet checked on a GPU included (kernels.use_triton(gpu_checked=False))
-  DSV4_KERNELS=triton timeout 120 python benchmarks/decode_bench.py --rows 8 --steps 64 > "$OUT/decode_triton.txt" 2>&1
+  BENCH="python -m dsv4.cli bench --preset mini --device cuda --prime 256 --steps 64"
+  DSV4_KERNELS=torch timeout 120 $BENCH --rows 2 > "$OUT/decode_torch.txt" 2>&1
+  timeout 120 $BENCH --rows 4 > "$OUT/decode_auto.txt" 2>&1
+  # every kernel, those not yet checked on a GPU included (a kernel module's GPU_CHECKED = False)
+  DSV4_KERNELS=triton timeout 120 $BENCH --rows 4 > "$OUT/decode_triton.txt" 2>&1
   timeout 60 python benchmarks/kernel_profile.py --preset mini > "$OUT/profile_mini.txt" 2>&1
   timeout 150 python benchmarks/qgemv_bench.py > "$OUT/qgemv.txt" 2>&1
 ) &

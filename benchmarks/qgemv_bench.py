@@ -14,13 +14,13 @@ three routed-expert stacks, the three shared-expert linears), its time and its e
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 
 from dsv4.config import preset
 from dsv4.kernels import qgemv
+from dsv4.receipts import emit, provenance
 from dsv4.formats import QWeight, quantize_fp4, quantize_fp8
 
 CONFIGS = {
@@ -30,10 +30,6 @@ CONFIGS = {
     "defer_n64_k128_w8": {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8},
     "defer_n16_k512_w8": {"defer": True, "block_n": 16, "block_k_fp8": 512, "block_k_fp4": 256, "num_warps": 8},
 }
-
-
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
 
 
 def timed(fn, calls: int = 50, reps: int = 10) -> float:
@@ -102,7 +98,7 @@ def main():
         ("experts.w2", "fp4", D, cfg.moe_intermediate_size, "experts"),
     ]
     bw = bandwidth()
-    emit("BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name(), scope="d2d copy of 2 GiB, read+written")
+    emit("BANDWIDTH", provenance("cuda", "flash"), bytes_per_s=bw, scope="d2d copy of 2 GiB, read+written")
     ids = torch.tensor([1, 3, 4, 7, 9, 12][:k], device="cuda") % args.local_experts
     totals: dict[str, list[float]] = {}
     layer_bytes = 0

@@ -142,7 +142,7 @@ def cmd_bench(args) -> int:
         return 2
     start = time.perf_counter()
     with _model(args) as model:
-        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start)
+        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.preset)
 
 
 def cmd_gate(args) -> int:
