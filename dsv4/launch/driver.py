@@ -1,235 +1,30 @@
-"""One model over N ranks (TP/EP, SPMD): spawned from this process, or under torchrun.
-
-Spawned (what `dsv4.load(path, ranks=N)` does):
-
-    model = dsv4.load("tiny", device="cpu", ranks=2)       # a DistributedModel
-    with model:                                            # close() on exit
-        state = model.new_state(256)
-        logits = model.prefill(state, ids)
-        token = model.step(state, ids[-1], sampling)
-
-Rank 0 lives in the calling process and drives; ranks 1..N-1 are `spawn`ed
-worker processes. torch.distributed joins them (gloo on CPU, NCCL on GPU with
-rank r on cuda:r, rendezvous on a free localhost port) and every rank builds
-only its own slice of the weights (`dsv4.load(..., rank=r, group=...)`).
-Each call on the DistributedModel is sent to every worker over a pipe and run
-by every rank on its local Model (the same forward everywhere, so the
-collectives pair up); the driver then collects each rank's outcome. States
-live in every process under one id; `new_state` returns a handle whose reads
-come from rank 0's copy. An error on any rank is raised by the driver with its
-type and message (the rank in a note).
-
-Failures are bounded. A worker found dead before a call, or dying during one
-on gloo (its sockets close), fails that call at once with `RankError`; a rank
-that hangs fails it within about 2 x `timeout` (the process group's timeout on
-rank 0's collective, then as long again for the silent rank's answer). The
-model is then unusable and its workers are stopped. On NCCL a rank that dies
-in the middle of a call leaves rank 0 waiting on the device, where only
-torch's NCCL watchdog reaches (after `timeout`, and by torch's default
-TORCH_NCCL_ASYNC_ERROR_HANDLING it ends the process): an abort from rank 0
-alone does not end that wait (measured: NCCL's abort wants every rank).
-`close()` (also the context manager, `__del__` and an atexit hook) drops every
-state's captured graph first (NCCL cannot tear down a communicator a live graph
-uses), leaves the group together with the workers and stops them. On CPU every rank, the calling process included (until close()),
-keeps at most cpu_count // N intra-op threads (torch.set_num_threads). Workers are
-spawned, so a script that loads with ranks > 1 must keep its top level under
-`if __name__ == "__main__":`.
-
-The control plane is pipes rather than a second process group: a worker
-waiting for its next command must wait without a deadline, while the driver
-waiting for an answer must not; a pipe plus the process sentinel give both.
-
-torchrun (multi-node is torchrun's job): every process runs the same script,
-
-    torchrun --nproc-per-node 2 script.py
-    # script.py
-    model = dsv4.launch.from_torchrun("/path/to/checkpoint")   # this rank's Model
-    state = model.new_state(256)
-    ...                                # every rank makes the same calls, in the same order
-
-`from_torchrun` initialises the default process group from the environment
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) when it is not yet, puts rank r
-on cuda:LOCAL_RANK (or the CPU with gloo) and returns the rank-local `Model`.
-"""
+"""The driver: rank 0 in the calling process, ranks 1..N-1 spawned; every call goes to every rank
+and comes back checked (see dsv4.launch)."""
 
 from __future__ import annotations
 
 import atexit
 import datetime
-import gc
 import multiprocessing as mp
 import multiprocessing.connection as mpc
-import os
-import pickle
 import signal
-import threading
 import time
-import traceback
 import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .engine import ModelCommon, build, placement
-from .interface import RANK_CALLS
+from ..engine import ModelCommon, build, placement
+from ..interface import RANK_CALLS
+from .group import DEFAULT_TIMEOUT, backend, init_group, leave_group, rank_device, share_cores
+from .worker import Rank, Ref, drop_states, serve, unpack_error
 
-DEFAULT_TIMEOUT = 120.0  # seconds a collective or a rank's answer may take before the driver gives up
 _CLOSE_GRACE = 10.0  # seconds a worker gets to leave after close() before it is terminated
 
 
 class RankError(RuntimeError):
     """A rank died, hung or fell out of step: the distributed model cannot be used any more."""
-
-
-# ---------------------------------------------------------------------------
-# Every rank's end: a Model and its states by id
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A state on the wire: the id every rank files its copy under."""
-
-    sid: int
-
-
-class _Rank:
-    def __init__(self, model):
-        self.model, self.states = model, {}
-
-    def run(self, frees, target, name, args, kwargs):
-        for sid in frees:  # handles the driver let go of since the last call
-            self.states.pop(sid, None)
-        args = [self._resolve(a) for a in args]
-        kwargs = {k: self._resolve(v) for k, v in kwargs.items()}
-        if name == "new_state":
-            sid, capacity = args
-            self.states[sid] = self.model.new_state(capacity)
-            return None
-        obj = self.model if target is None else self.states[target.sid]
-        return getattr(obj, name)(*args, **kwargs)
-
-    def _resolve(self, a):
-        return self.states[a.sid] if isinstance(a, _Ref) else a
-
-
-def _pack(e: BaseException) -> tuple[bytes, str]:
-    """An exception for the pipe (its own pickle when it has one) and its traceback text."""
-    tb = "".join(traceback.format_exception(e))
-    try:
-        return pickle.dumps(e), tb
-    except Exception:  # noqa: BLE001 - an unpicklable exception still travels, as text
-        return pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}")), tb
-
-
-def _unpack(packed: tuple[bytes, str], rank: int) -> BaseException:
-    try:
-        e = pickle.loads(packed[0])
-    except Exception:  # noqa: BLE001 - a class that pickles but does not unpickle (odd __init__)
-        e = RuntimeError(packed[1].strip().splitlines()[-1])
-    e.add_note(f"(raised on rank {rank}; its traceback:)\n{packed[1]}")
-    return e
-
-
-# ---------------------------------------------------------------------------
-# Process groups
-# ---------------------------------------------------------------------------
-
-
-def _backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def _rank_device(device: torch.device, rank: int) -> torch.device:
-    if device.type == "cuda":
-        torch.cuda.set_device(rank)
-        return torch.device("cuda", rank)
-    return device
-
-
-def _share_cores(device: torch.device, world: int) -> int:
-    """Cap this rank's intra-op threads; returns the count before, for close() to put back."""
-    before = torch.get_num_threads()
-    # CPU ranks share the host's cores; oversubscribed (and spinning in OpenMP) they crawl.
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, min(before, (os.cpu_count() or 1) // world)))
-    return before
-
-
-def _init_group(store, backend: str, rank: int, world: int, timeout: float):
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
-    return dist.group.WORLD
-
-
-def _drop_states(me: "_Rank | None"):
-    """Free every state's captured graph: NCCL cannot tear down a communicator a live graph still uses."""
-    if me is None:
-        return
-    for state in me.states.values():
-        state.replay = None  # handles the caller still holds keep their (graph-less) state
-    me.states.clear()
-    gc.collect()
-
-
-def _leave_group(limit: float) -> bool:
-    """destroy_process_group, bounded: NCCL's teardown waits for every rank, and a dead one never comes."""
-    if not dist.is_initialized():
-        return True
-    t = threading.Thread(target=dist.destroy_process_group, daemon=True, name="dsv4-leave")
-    t.start()
-    t.join(limit)
-    return not t.is_alive()
-
-
-def _orphan_guard(parent: int):
-    # A worker whose driver is gone (killed, say) may sit in a collective forever: leave.
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
-def _worker(conn, rank: int, world: int, port: int, spec: dict):
-    # Ctrl-C reaches the whole process group; the driver decides what an interrupt means.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_orphan_guard, args=(os.getppid(),), daemon=True).start()
-    try:
-        conn.send(("hello", os.getpid()))
-        device = _rank_device(torch.device(spec["device"]), rank)
-        _share_cores(device, world)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
-                              timeout=datetime.timedelta(seconds=spec["timeout"]))
-        group = _init_group(store, _backend(device), rank, world, spec["timeout"])
-        me = _Rank(build(spec["path"], device, spec["dtype"], rank=rank, world=world, group=group,
-                         init=spec["init"], seed=spec["seed"]))
-        conn.send(("ok", None))
-    except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises it
-        conn.send(("err", _pack(e)))
-        return
-    try:
-        while True:
-            try:
-                cmd = conn.recv()
-            except EOFError:  # the driver is gone
-                break
-            if cmd is None:
-                _drop_states(me)
-                break
-            *call, want = cmd
-            try:
-                value = me.run(*call)
-                conn.send(("ok", value if want else None))
-            except Exception as e:  # noqa: BLE001 - the same error is raised by the driver
-                conn.send(("err", _pack(e)))
-    finally:
-        _leave_group(limit=spec["timeout"])
-
-
-# ---------------------------------------------------------------------------
-# The driver
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -312,7 +107,7 @@ class DistributedModel(ModelCommon):
             ctx = mp.get_context("spawn")
             for r in range(1, world):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(child, r, world, store.port, spec), daemon=True,
+                proc = ctx.Process(target=serve, args=(child, r, world, store.port, spec), daemon=True,
                                    name=f"dsv4-rank{r}")
                 proc.start()
                 child.close()
@@ -323,11 +118,11 @@ class DistributedModel(ModelCommon):
                 e.add_note("a script that loads with ranks > 1 needs its top level under "
                            "`if __name__ == '__main__':` (spawned workers re-import the main module)")
                 raise
-            self._group = _init_group(store, _backend(device), 0, world, timeout)
-            self._threads = _share_cores(device, world)
+            self._group = init_group(store, backend(device), 0, world, timeout)
+            self._threads = share_cores(device, world)
             local_err = None
             try:
-                self.local = build(spec["path"], _rank_device(device, 0), spec["dtype"], rank=0, world=world,
+                self.local = build(spec["path"], rank_device(device, 0), spec["dtype"], rank=0, world=world,
                                    group=self._group, init=spec["init"], seed=spec["seed"])
             except Exception as e:  # noqa: BLE001 - raised after the workers' outcome is known
                 local_err = e
@@ -335,7 +130,7 @@ class DistributedModel(ModelCommon):
         except BaseException:
             self.close()
             raise
-        self._rank = _Rank(self.local)
+        self._rank = Rank(self.local)
         self.cfg, self.tokenizer = self.local.cfg, self.local.tokenizer
         self.device, self.dtype = self.local.device, self.local.dtype
 
@@ -366,10 +161,10 @@ class DistributedModel(ModelCommon):
         self._raise_first(local_err, replies)
         return [value] + [replies[w.rank] for w in self._workers] if want else value
 
-    def _ref(self, state: DistributedState) -> _Ref:
+    def _ref(self, state: DistributedState) -> Ref:
         if state._model is not self:
             raise ValueError("that state belongs to another model")
-        return _Ref(state._sid)
+        return Ref(state._sid)
 
     def _check_usable(self):
         if self.closed:
@@ -408,7 +203,7 @@ class DistributedModel(ModelCommon):
         errors = {}
         for r, (kind, v) in replies.items():
             if kind == "err":
-                errors[r] = _unpack(v, r)
+                errors[r] = unpack_error(v, r)
             replies[r] = v
         failed = ([0] if local_err is not None else []) + sorted(errors)
         if not failed:
@@ -432,10 +227,10 @@ class DistributedModel(ModelCommon):
                 w.conn.send(None)
             except OSError:
                 pass
-        _drop_states(getattr(self, "_rank", None))
+        drop_states(getattr(self, "_rank", None))
         if self._group is not None:
             # While the workers leave theirs: NCCL's teardown wants every rank at once.
-            _leave_group(limit=max(grace, 5.0))
+            leave_group(limit=max(grace, 5.0))
             self._group = None
         deadline = time.monotonic() + grace
         for w in self._workers:
@@ -526,22 +321,3 @@ def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int
     spec = dict(path=str(path_or_preset), device=device.type, dtype=dtype, init=init, seed=seed,
                 timeout=float(timeout))
     return DistributedModel(spec, ranks, float(timeout))
-
-
-def from_torchrun(path_or_preset, device=None, timeout: float = DEFAULT_TIMEOUT, **kw):
-    """Inside a torchrun process: join the group from the environment and return this rank's Model."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise RuntimeError("from_torchrun needs RANK and WORLD_SIZE in the environment (run under torchrun)")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    if not dist.is_initialized():
-        dist.init_process_group(_backend(device), timeout=datetime.timedelta(seconds=timeout))
-    device, dtype = placement(device, kw.pop("dtype", None))
-    return build(path_or_preset, device, dtype, rank=rank, world=world, group=dist.group.WORLD, **kw)
-
-
-__all__ = ["DistributedModel", "DistributedState", "RankError", "load_spawned", "from_torchrun", "DEFAULT_TIMEOUT"]
