@@ -17,7 +17,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4.kernels import commit, hc, norm, qgemv, rope  # noqa: E402
+from dsv4.kernels import commit, hc, hc_post, norm, qgemv, rope  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
@@ -53,7 +53,7 @@ def compile_only(fn, t):
     return Launch()
 
 
-for module in (commit, hc, norm, rope, qgemv):
+for module in (commit, hc, hc_post, norm, rope, qgemv):
     module.launcher = compile_only
 
 def qgemv_variants(dtype, scale_dtype):
@@ -73,7 +73,7 @@ def qgemv_variants(dtype, scale_dtype):
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
     hc.hc_pre(h, torch.zeros(24, 4 * 4096), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
-    hc.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
+    hc_post.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
     for keep in (None, torch.ones(2, dtype=torch.bool)):
         commit.commit(torch.zeros(8, 512, dtype=dtype), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512),
                       keep, torch.zeros(()))

@@ -12,15 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
 from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight
-from ..kernels import commit as fused_commit
 from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..state import DecodeState
 from .attention import attention
-from .compressor import Write
+from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
 from .moe import moe
 from .norm import rms_norm
@@ -137,13 +135,7 @@ class Transformer:
         self.comm.end_step()
         verdict = self.comm.verdict
         ok = verdict == 0
-        for w in writes:
-            if kernels.use_triton(w.buf, gpu_checked=False) and fused_commit.supported(w.buf, w.index, w.rows):
-                fused_commit.commit(w.buf, w.index, w.rows, w.keep, verdict)
-                continue
-            keep = ok if w.keep is None else ok & w.keep
-            keep = keep.view(-1, *([1] * (w.rows.dim() - 1))) if keep.dim() else keep
-            w.buf.index_copy_(0, w.index, torch.where(keep, w.rows.to(w.buf.dtype), w.buf[w.index]))
+        commit(writes, verdict)
         last = h[-1]
         state.hidden.copy_(torch.where(ok, last, state.hidden))
         state.pos.add_(ok.long() * tokens.shape[0])
