@@ -13,7 +13,6 @@ ALLREDUCE record per (impl, mode) from rank 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -23,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dsv4.parallel import Comm
+from dsv4.receipts import emit, provenance
 
 
 def worker(rank: int, world: int, port: int, layers: int, hidden: int, reps: int):
@@ -36,7 +36,7 @@ def worker(rank: int, world: int, port: int, layers: int, hidden: int, reps: int
             comm = Comm(layers, "cuda", rank=rank, world=world, group=dist.group.WORLD, reduce=impl)
         except Exception as e:  # noqa: BLE001 - report and go on with the other impl
             if rank == 0:
-                print("ALLREDUCE", json.dumps({"impl": impl, "error": str(e)[:300]}), flush=True)
+                emit("ALLREDUCE", impl=impl, error=str(e)[:300])
             continue
 
         def all_of_them():
@@ -71,12 +71,10 @@ def worker(rank: int, world: int, port: int, layers: int, hidden: int, reps: int
         ok = bool(torch.isfinite(out).all())
         if rank == 0:
             for mode, vals in (("eager", eager), ("graph", replays)):
-                print("ALLREDUCE", json.dumps({
-                    "impl": impl, "mode": mode, "reductions": n, "payload": [hidden + 1, "bfloat16"],
-                    "us_per_reduction_median": round(1e6 * statistics.median(vals), 2),
-                    "us_per_reduction_min": round(1e6 * min(vals), 2), "reps": reps, "finite": ok,
-                    "scope": "door: census+arming+health flag+reduce, wall / reductions",
-                    "device": torch.cuda.get_device_name(), "ranks": world}), flush=True)
+                emit("ALLREDUCE", provenance("cuda"), impl=impl, mode=mode, reductions=n,
+                     payload=[hidden + 1, "bfloat16"], us_per_reduction_median=round(1e6 * statistics.median(vals), 2),
+                     us_per_reduction_min=round(1e6 * min(vals), 2), reps=reps, finite=ok,
+                     scope="door: census+arming+health flag+reduce, wall / reductions", ranks=world)
     dist.destroy_process_group()
 
 

@@ -35,7 +35,7 @@ from dsv4.config import CSA, HCA, preset
 from dsv4.model.compressor import compress, index_topk
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 
 ARMS = ("torch", "auto", "triton")
 CALLS = ("csa", "csa_indexer", "hca", "index_topk")

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 
 import torch
 
 import dsv4
+from dsv4.receipts import emit, provenance
 from dsv4.sampler import sample
 
 
@@ -45,13 +44,11 @@ def main():
             count[e.name] += 1
     total = sum(time_us.values())
     for name, t in time_us.most_common(args.top):
-        print("KERNEL", json.dumps({"name": name[:160], "per_step": count[name] / args.steps,
-                                    "us_per_step": round(t / args.steps, 1), "share": round(t / total, 4)}))
-    print("PROFILE_SUMMARY", json.dumps({
-        "preset": args.preset, "prime": args.prime, "steps": args.steps,
-        "kernels_per_step": sum(count.values()) / args.steps, "kernel_us_per_step": round(total / args.steps, 1),
-        "distinct_kernels": len(time_us), "kernels": os.environ.get("DSV4_KERNELS", "auto"),
-        "device": torch.cuda.get_device_name(), "scope": "summed CUDA kernel time of eager model.step"}))
+        emit("KERNEL", name=name[:160], per_step=count[name] / args.steps, us_per_step=round(t / args.steps, 1),
+             share=round(t / total, 4))
+    emit("PROFILE_SUMMARY", provenance(model.device, args.preset), prime=args.prime, steps=args.steps,
+         kernels_per_step=sum(count.values()) / args.steps, kernel_us_per_step=round(total / args.steps, 1),
+         distinct_kernels=len(time_us), scope="summed CUDA kernel time of eager model.step")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,13 @@ forward over the sequence; dsv4 runs the same positions by prefill, then one-tok
 Per position: max |diff| / max |logit|; argmax agreement. A bf16 dsv4 run is reported beside it.
 """
 
-import json
-import subprocess
 import sys
 
 import torch
 
 import dsv4
 from dsv4.oracle import hf_model_from
+from dsv4.receipts import emit, provenance
 
 N, P = int(sys.argv[1]) if len(sys.argv) > 1 else 300, 40
 
@@ -43,7 +42,5 @@ for name, ours in (("dsv4_fp32", ours32), ("dsv4_bf16", ours16)):
     errs = [rel(a, b) for a, b in zip(ours, ref)]
     agree = float((ours.argmax(-1) == ref.argmax(-1)).float().mean())
     res[name] = {"max_rel_err": max(errs), "median_rel_err": sorted(errs)[len(errs) // 2], "argmax_agree": agree}
-commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-print("MINI_VS_HF", json.dumps({"positions": N - P + 1, "prefill": P, "hf_dtype": "float32 (experts stored bf16)",
-                                **res, "finite": bool(torch.isfinite(ours16).all() and torch.isfinite(ours32).all()),
-                                "device": torch.cuda.get_device_name(), "commit": commit or "see RESULTS.md"}))
+emit("MINI_VS_HF", provenance("cuda", "mini"), positions=N - P + 1, prefill=P, hf_dtype="float32 (experts stored bf16)",
+     **res, finite=bool(torch.isfinite(ours16).all() and torch.isfinite(ours32).all()))

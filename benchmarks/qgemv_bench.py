@@ -39,7 +39,7 @@ from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import qgemv
 from dsv4.model import moe as moe_mod
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 
 V1_DEFER = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
 QGEMV_VARIANTS = {  # qgemv.CONFIG overrides

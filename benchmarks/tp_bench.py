@@ -12,17 +12,13 @@ Prints one JSON record per line (rank 0):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
 import dsv4
-
-
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
+from dsv4.receipts import emit, provenance
 
 
 def rel(a, b):
@@ -59,9 +55,8 @@ def main():
     t = time.perf_counter()
     model = dsv4.load(args.preset, device=args.device, ranks=2, seed=0)
     build = time.perf_counter() - t
-    emit("TP_BUILD", preset=args.preset, ranks=2, build_s=round(build, 2),
-         gib_per_rank=[round(m / 2**30, 2) for m in model.each("memory_allocated")],
-         device=torch.cuda.get_device_name() if graph_arm else "cpu", dtype=str(model.dtype))
+    emit("TP_BUILD", provenance(model.device, args.preset), ranks=2, build_s=round(build, 2),
+         gib_per_rank=[round(m / 2**30, 2) for m in model.each("memory_allocated")], dtype=str(model.dtype))
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = model.tokenizer.encode("The engine that people who run DeepSeek-V4 on their own GPUs reach for first.")
     cap = len(prompt) + args.steps + 8

@@ -1,8 +1,10 @@
 """dsv4: a Python inference engine for DeepSeek-V4."""
 
+from .api import load
 from .config import ConfigError, ModelConfig
-from .engine import CapacityError, Model, QuarantineError, RefusalError, load
+from .engine import CapacityError, Model, QuarantineError, RefusalError
+from .interface import DecodeModel
 from .sampler import SamplingParams
 
-__all__ = ["load", "Model", "ModelConfig", "ConfigError", "SamplingParams", "RefusalError", "CapacityError",
-           "QuarantineError"]
+__all__ = ["load", "DecodeModel", "Model", "ModelConfig", "ConfigError", "SamplingParams", "RefusalError",
+           "CapacityError", "QuarantineError"]

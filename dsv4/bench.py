@@ -2,12 +2,15 @@
 
 One load. Prime a deterministic prompt, then rows of `steps` sampled steps from the same restored
 prefix, alternating arms ABBA (eager, graph, graph, eager, ...), each timed end to end
-(model.step: forward, commit, head, sampling, readback). Prints JSON records:
+(model.step: forward, commit, head, sampling, readback) with the gate's timing
+(dsv4.gate.timing). Prints JSON records (dsv4.receipts), provenance included:
 
   BENCH_BUILD    load wall, device, ranks, dtype, memory per rank
   BENCH_ROW      one row: arm and tok/s
   BENCH_SUMMARY  median tok/s per arm, their ratio, whether both arms sampled the same stream,
-                 all-reduces per token per rank (census), the graph's census
+                 all-reduces per token per rank (census), the graph's census and captures, and
+                 on CUDA the launches of one step of each arm on rank 0 (torch.profiler: CUDA
+                 kernels and copies; eager launches its kernels one by one, the graph replays them)
 
 On CPU there is no graph arm: its rows run the eager step and are marked so. Exit 1 when the arms
 sampled different streams (the replay is then wrong, and its speed means nothing).
@@ -15,25 +18,22 @@ sampled different streams (the replay is then wrong, and its speed means nothing
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-import time
 
 import torch
+
+from .gate.timing import arms, timed_steps
+from .receipts import emit, provenance
+from .sampler import SamplingParams
 
 PROMPT = "The engine that people who run DeepSeek-V4 on their own GPUs reach for first."
 
 
-def emit(tag: str, **rec):
-    print(tag, json.dumps(rec), flush=True)
-
-
-def run_bench(model, prime: int, steps: int, rows: int, build_s: float, profile: bool = False) -> int:
-    from .sampler import SamplingParams
-
+def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: str | None = None,
+              profile: bool = False) -> int:
     graph_arm = model.device.type == "cuda"
-    emit("BENCH_BUILD", build_s=round(build_s, 2), device=str(model.device), ranks=model.world,
+    emit("BENCH_BUILD", provenance(model.device, preset), build_s=round(build_s, 2), ranks=model.world,
          dtype=str(model.dtype).removeprefix("torch."), layers=model.cfg.num_hidden_layers,
          gib_per_rank=[round(m / 2**30, 2) for m in model.each("memory_allocated")])
     sp = SamplingParams(temperature=1.0, seed=20260907)
@@ -48,54 +48,61 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, profile:
         graph.restore(prefix)
         model.enable_replay(graph, sp)
         model.step(graph, first, sp)  # the capture, outside the timed rows
+    launches = count_launches(model, prefix, eager, graph, first, sp) if graph_arm else {}
     walls = {"eager": [], "graph": []}
     streams = {}
     census0 = [torch.as_tensor(c) for c in model.each("census")]
-    for row in range(rows * 2):
-        arm = ("eager", "graph", "graph", "eager")[row % 4]
+    for row, arm in enumerate(arms(rows * 2, 1)):
         state = graph if arm == "graph" and graph_arm else eager
         state.restore(prefix)
-        carry, tokens = first, []
-        model.synchronize()
-        t = time.perf_counter()
-        for _ in range(steps):
-            carry = model.step(state, carry, sp)
-            tokens.append(carry)
-        model.synchronize()
-        walls[arm].append(time.perf_counter() - t)
-        streams.setdefault(arm, tokens)
+        tokens, last, ns = timed_steps(model, state, first, steps, sp)
+        walls[arm].append(ns / 1e9)
+        streams.setdefault(arm, tokens[1:] + [last])
         emit("BENCH_ROW", row=row, arm=arm, graph_arm=graph_arm, tok_s=round(steps / walls[arm][-1], 3))
     census = [float((torch.as_tensor(c) - c0).sum()) for c, c0 in zip(model.each("census"), census0)]
     e, g = (steps / statistics.median(walls[a]) for a in ("eager", "graph"))
     same = streams["eager"] == streams["graph"]
-    emit("BENCH_SUMMARY", prime=prime, steps_per_row=steps, rows_per_arm=rows, eager_tok_s=round(e, 3),
-         graph_tok_s=round(g, 3) if graph_arm else None, graph_over_eager=round(g / e, 3) if graph_arm else None,
-         same_stream=same, graph_arm=graph_arm,
+    emit("BENCH_SUMMARY", provenance(model.device, preset), prime=prime, steps_per_row=steps, rows_per_arm=rows,
+         eager_tok_s=round(e, 3), graph_tok_s=round(g, 3) if graph_arm else None,
+         graph_over_eager=round(g / e, 3) if graph_arm else None, same_stream=same, graph_arm=graph_arm,
          reductions_per_token_per_rank=[c / (2 * rows * steps) for c in census],
          graph_census=model.graph_census(graph) if graph_arm else {},
+         captures=model.captures(graph) if graph_arm else 0, **launches,
          timing_scope="model.step: forward+commit+head+sample+readback, median row")
     if profile:
-        _profile(model, prefix, first, sp, steps / statistics.median(walls["graph" if graph_arm else "eager"]))
+        _profile(model, prefix, first, sp, steps / statistics.median(walls["graph" if graph_arm else "eager"]), preset)
     if not same:
         print("dsv4 bench: eager and graph sampled different streams", file=sys.stderr)
         return 1
     return 0
 
 
-def _profile(model, prefix, first: int, sp, tok_s: float):
+def count_launches(model, prefix, eager, graph, first: int, sp) -> dict:
+    """CUDA kernels and copies of one model.step per arm, on rank 0 (the graph's second replay)."""
+    counts = {}
+    for arm, state in (("eager_cuda_kernels_per_token", eager), ("graph_replay_kernels_per_token", graph)):
+        state.restore(prefix)
+        model.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model.step(state, first, sp)
+            model.synchronize()
+        counts[arm] = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return counts
+
+
+def _profile(model, prefix, first: int, sp, tok_s: float, preset: str | None):
     """BENCH_PROFILE per rank: phases (GPU us and kernels per token, from eager steps: the graph replays the
     same kernels), bytes read per token, and the roofline fraction of the timed arm at the copy bandwidth
     measured now on rank 0's device."""
-    from .profile import copy_bandwidth
+    from .measure import copy_bandwidth
 
     scratch = model.new_state(prefix.capacity)
     scratch.restore(prefix)
-    per_rank = model.each("profile_steps", scratch, first, sp, 4) if model.world == 1 else \
-        model.profile_steps(scratch, first, sp, 4)
+    per_rank = model.each("profile_steps", scratch, first, sp, 4)
     bandwidth = copy_bandwidth(model.device)
     for rank, rec in enumerate(per_rank):
         total = rec["bytes_per_token"]["total"]
-        emit("BENCH_PROFILE", rank=rank, **rec, copy_bytes_per_s=bandwidth, timed_tok_s=round(tok_s, 3),
+        emit("BENCH_PROFILE", provenance(model.device, preset), rank=rank, **rec, copy_bytes_per_s=bandwidth, timed_tok_s=round(tok_s, 3),
              roofline_tok_s=round(bandwidth / total, 1) if bandwidth == bandwidth else None,
              roofline_fraction=round(tok_s * total / bandwidth, 4) if bandwidth == bandwidth else None,
              scope="phases: kernel time of eager model.step; bytes: weights touched + cache rows read, this rank")

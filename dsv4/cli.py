@@ -41,14 +41,15 @@ def _model(args):
 def _load(args):
     import torch
 
-    import dsv4
+    from .api import load
 
     source = args.model or args.preset or "tiny"
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    return dsv4.load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+    return load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
 
 
 def cmd_generate(args) -> int:
+    from .generation import generate
     from .sampler import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -57,7 +58,7 @@ def cmd_generate(args) -> int:
         start = time.perf_counter()
         n = 0
         sys.stdout.write(args.prompt)
-        for piece in model.generate(args.prompt, max_tokens=args.max_tokens, sampling=sampling):
+        for piece in generate(model, args.prompt, max_tokens=args.max_tokens, sampling=sampling):
             sys.stdout.write(piece)
             sys.stdout.flush()
             n += 1
@@ -141,7 +142,8 @@ def cmd_bench(args) -> int:
         return 2
     start = time.perf_counter()
     with _model(args) as model:
-        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.profile)
+        return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.preset,
+                         args.profile)
 
 
 def cmd_gate(args) -> int:

@@ -1,4 +1,7 @@
-"""The public API: load a model, make decode states, prefill, decode, step, generate.
+"""One rank's engine: build a rank's Model; make decode states, prefill, decode, step, generate.
+
+`dsv4.load` (dsv4.api) builds through `build` here for one rank, and through dsv4.launch for
+several (whose ranks each build here). Model offers the DecodeModel calls (dsv4.interface):
 
     model = dsv4.load("tiny")                     # preset: random weights, no download
     model = dsv4.load("/path/to/checkpoint")      # official format (FP8/FP4 or plain)
@@ -16,12 +19,16 @@ from typing import Iterator, Sequence
 
 import torch
 
+from . import generation
+from .checkpoint.init import random_weights
+from .checkpoint.load import load_weights
 from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
 from .profile import phase
 from .sampler import SamplingParams, sample
 from .state import CapacityError, DecodeState, QuarantineError
+from .tokenizer import Tokenizer, build_tokenizer
 
 
 class RefusalError(RuntimeError):
@@ -32,30 +39,23 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
-         seed: int = 0, rank: int = 0, group=None) -> "Model":
-    """Load a checkpoint directory or build a preset.
+def placement(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
+    """The device (cuda when available) and the compute dtype (bf16 on cuda, fp32 elsewhere) of a load."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return device, dtype or _default_dtype(device)
+
+
+def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, *, rank: int = 0, world: int = 1,
+          group=None, init: str | None = None, seed: int = 0) -> "Model":
+    """One rank's Model: rank `rank` of `world` (joined through `group` when world > 1).
 
     A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
-    directly on `device`; a directory is read in the official format. `ranks > 1` splits the
-    model over that many ranks (see dsv4.parallel); `rank`/`group` are for a process that is
-    already one rank of a torchrun group.
+    directly on `device`; a directory is read in the official format.
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = dtype or _default_dtype(device)
-    if ranks != 1 and group is None:
-        from .launch import load_spawned  # noqa: PLC0415 - only multi-rank loads need it
-
-        return load_spawned(path_or_preset, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
-    world = ranks
-    from .tokenizer import Tokenizer, build_tokenizer
-
     name = str(path_or_preset)
     if name in PRESETS and not Path(name).is_dir():
         if init not in (None, "random"):
             raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
-        from .checkpoint.init import random_weights
-
         cfg = preset(name)
         weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
         tokenizer = Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
@@ -65,13 +65,9 @@ def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *,
             raise FileNotFoundError(f"{name!r} is neither a checkpoint directory nor a preset "
                                     f"(allowed presets: {sorted(PRESETS)})")
         if init == "random":
-            from .checkpoint.init import random_weights
-
             cfg = ModelConfig.from_json(path / "config.json")
             weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
         else:
-            from .checkpoint.load import load_weights
-
             cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype)
         tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else \
             Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
@@ -81,9 +77,20 @@ def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *,
     return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tokenizer)
 
 
-class PerRankViews:
-    """Per-rank views for gates and tests, one entry per rank, all built on `each(name, *args)`
-    (a Model has one rank; a DistributedModel asks every rank)."""
+class ModelCommon:
+    """What Model and DistributedModel share, written against the DecodeModel calls: generation, and
+    per-rank views for gates and tests, one entry per rank, built on `each(name, *args)` (a Model has
+    one rank; a DistributedModel asks every rank)."""
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
+                 capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
+        """Yield the text of each generated token (dsv4.generation.generate)."""
+        return generation.generate(self, prompt, max_tokens, sampling, capacity, stop_at_eos)
+
+    def sample_tokens(self, ids: Sequence[int], max_tokens: int, sampling=None,
+                      capacity: int | None = None) -> Iterator[int]:
+        """Prefill `ids`, then yield up to max_tokens sampled tokens (dsv4.generation.sample_tokens)."""
+        return generation.sample_tokens(self, ids, max_tokens, sampling, capacity)
 
     def digests_all(self, state) -> list[tuple[str, str, int]]:
         return self.each("digests", state)
@@ -122,7 +129,7 @@ def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1) -> int:
     return chunk
 
 
-class Model(PerRankViews):
+class Model(ModelCommon):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
         self.comm = transformer.comm
@@ -258,7 +265,7 @@ class Model(PerRankViews):
 
     def profile_steps(self, state: DecodeState, token: int, sampling, steps: int = 4) -> dict:
         """Eager steps under the profiler: GPU time and kernels per phase, bytes read per token on this rank."""
-        from . import profile
+        from . import measure
 
         carry = [token]
 
@@ -266,35 +273,10 @@ class Model(PerRankViews):
             carry[0] = self.step(state, carry[0], sampling)
 
         pos = state.host_pos
-        with profile.recording_routes() as picks:
-            phases = profile.phase_breakdown(one, steps)
+        with measure.recording_routes() as picks:
+            phases = measure.phase_breakdown(one, steps)
         return {"phases_us_per_token": phases,
-                "bytes_per_token": profile.bytes_per_token(self.transformer, picks, steps, pos)}
-
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
-                 capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
-        """Yield the text of each generated token."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        for token in self.sample_tokens(ids, max_tokens, sampling, capacity):
-            if stop_at_eos and token == self.cfg.eos_token_id:
-                return
-            yield self.tokenizer.decode([token])
-
-    def sample_tokens(self, ids: Sequence[int], max_tokens: int, sampling=None,
-                      capacity: int | None = None) -> Iterator[int]:
-        """Prefill `ids`, then yield up to max_tokens sampled tokens, each fed back as the next input
-        (EOS included: where to stop is the caller's)."""
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
-        state = self.new_state(capacity or len(ids) + max_tokens)
-        if len(ids) > 1:
-            self.prefill(state, ids[:-1])
-        token = ids[-1]
-        for _ in range(max_tokens):
-            token = self.step(state, token, sampling)
-            yield token
-            if state.host_pos + 1 > state.capacity:
-                return
+                "bytes_per_token": measure.bytes_per_token(self.transformer, picks, steps, pos)}
 
     # ---- full-token replay --------------------------------------------------
     def enable_replay(self, state: DecodeState, sampling=None):
@@ -350,4 +332,4 @@ class Model(PerRankViews):
         return [getattr(self, name)(*args)]
 
 
-__all__ = ["load", "Model", "RefusalError", "CapacityError", "QuarantineError"]
+__all__ = ["build", "placement", "Model", "ModelCommon", "RefusalError", "CapacityError", "QuarantineError"]

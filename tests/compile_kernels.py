@@ -21,10 +21,10 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, compressor, dequant, door, hc, moe, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, compressor, dequant, door, hc, hc_post, moe, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
-from dsv4.model.weights import QWeight  # noqa: E402
+from dsv4.formats import QWeight  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
@@ -95,7 +95,7 @@ def qgemv_variants(dtype, scale_dtype):
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
     hc.hc_pre(h, torch.zeros(24, 4 * 4096), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
-    hc.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
+    hc_post.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
     for keep in (None, torch.ones(2, dtype=torch.bool)):
         commit.commit(torch.zeros(8, 512, dtype=dtype), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512),
                       keep, torch.zeros(()))

@@ -9,10 +9,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dsv4.checkpoint import CheckpointError, load_weights, quantize_fp4, quantize_fp8, random_weights, synth
+from dsv4.checkpoint import CheckpointError, load_weights, random_weights, synth
 from dsv4.checkpoint.load import INDEX
 from dsv4.config import FP8_QUANTIZATION, preset
-from dsv4.model.weights import FP4_VALUES, QWeight, local_slice, storage, tensor_specs, unpack_fp4
+from dsv4.formats import FP4_VALUES, QWeight, quantize_fp4, quantize_fp8, unpack_fp4
+from dsv4.layout import local_slice, storage, tensor_specs
 
 F32 = torch.float32
 synth_mod = importlib.import_module("dsv4.checkpoint.synth")  # the package attribute `synth` is the function

@@ -19,7 +19,7 @@ from dsv4.kernels import compressor as fused
 from dsv4.model.compressor import compress, index_topk
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 from dsv4.syncguard import NoHostSync
 
 pytest.importorskip("triton")

@@ -22,7 +22,7 @@ from dsv4.config import preset
 from dsv4.kernels import qgemv
 from dsv4.model import hc, norm, rope
 from dsv4.model import linear as linear_mod
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 
 pytest.importorskip("triton")
 
@@ -121,7 +121,7 @@ def test_rope(monkeypatch, device, shape, half, inverse, dtype):
 @pytest.mark.parametrize("with_keep", [False, True])
 def test_commit(monkeypatch, device, verdict, with_keep):
     """A staged write lands where keep holds and only when the verdict is 0 (bit-exact: it copies)."""
-    from dsv4.model.compressor import Write
+    from dsv4.model.commit import Write
     from dsv4.kernels import commit as fused
 
     g = torch.Generator().manual_seed(3)
@@ -202,7 +202,7 @@ def test_tiny_model_through_the_kernels(monkeypatch, request, device, source):
 # ---- the decode GEMV on stored FP8/FP4 weights ---------------------------------------------------
 
 def quantised(fmt: str, rows: int, cols: int, g, experts: int = 0, scale_dtype=None) -> QWeight:
-    from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
+    from dsv4.formats import quantize_fp4, quantize_fp8
 
     q = quantize_fp8 if fmt == "fp8" else quantize_fp4
     parts = [q(torch.randn(rows, cols, generator=g) * 0.05) for _ in range(max(experts, 1))]
@@ -331,3 +331,23 @@ def test_auto_keeps_kernels_not_yet_checked_on_a_gpu_on_their_reference(monkeypa
     assert not kernels.use_triton(t, gpu_checked=False)
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     assert kernels.use_triton(t, gpu_checked=False)
+
+
+def test_each_kernel_module_declares_whether_it_is_gpu_checked(monkeypatch):
+    """kernels.enabled reads the module's GPU_CHECKED: "auto" runs a checked kernel on CUDA only and
+    an unchecked one nowhere; DSV4_KERNELS=triton runs both."""
+    import types
+
+    from dsv4.kernels import commit, hc, hc_post, norm, rope
+
+    assert (hc.GPU_CHECKED, norm.GPU_CHECKED, rope.GPU_CHECKED) == (True, True, True)
+    assert (hc_post.GPU_CHECKED, commit.GPU_CHECKED) == (False, False)
+    checked, unchecked = types.SimpleNamespace(GPU_CHECKED=True), types.SimpleNamespace(GPU_CHECKED=False)
+    t = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("DSV4_KERNELS", "auto")
+    assert kernels.enabled(checked, t) == (t.is_cuda and kernels.use_triton(t))
+    assert not kernels.enabled(unchecked, t)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert kernels.enabled(checked, t) and kernels.enabled(unchecked, t)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    assert not kernels.enabled(checked, t)

@@ -187,6 +187,23 @@ def workers_gone(pids) -> bool:
     return not any(running(p) for p in pids) and not multiprocessing.active_children()
 
 
+def test_both_models_offer_the_declared_calls(one, two):
+    """Model and DistributedModel satisfy dsv4.DecodeModel; every per-rank call is forwarded from
+    dsv4.interface.RANK_CALLS, and every other call of the protocol is the driver's own."""
+    from dsv4.interface import RANK_CALLS
+    from dsv4.launch import DistributedModel
+
+    assert isinstance(one, dsv4.DecodeModel) and isinstance(two, dsv4.DecodeModel)
+    declared = {n for n in dir(dsv4.DecodeModel) if not n.startswith("_")}
+    assert set(RANK_CALLS) <= declared
+    assert all(callable(getattr(DistributedModel, n)) for n in RANK_CALLS)
+    s = two.new_state(8)
+    two.prefill(s, PROMPT)
+    assert two.digests(s)[2] == len(PROMPT)  # "local": rank 0's copy, through the state's handle
+    token = two.draw(s, SP)  # "agree": every rank drew, the same token
+    assert two.last_tokens == [token, token]
+
+
 def test_dead_worker_fails_fast_and_close_cleans_up(two):
     st = two.new_state(8)
     pids = two.pids
@@ -214,3 +231,4 @@ def test_hung_worker_times_out(two):
             model.decode(st, 1)
         assert time.monotonic() - t0 < 3 * model.timeout
     assert workers_gone(pids)
+

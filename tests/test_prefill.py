@@ -20,7 +20,7 @@ from dsv4.model import moe
 from dsv4.model.moe import swiglu, swiglu_act, take
 from dsv4 import kernels
 from dsv4.model.moe_prefill import dequant_stack, grouped_experts
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 from dsv4.state import CapacityError
 from dsv4.syncguard import NoHostSync
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from dsv4 import kernels
-from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
+from dsv4.formats import quantize_fp4, quantize_fp8
 from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import qgemv
 from dsv4.model import linear as linear_mod
 from dsv4.model import moe as moe_mod
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight
 
 pytest.importorskip("triton")
 

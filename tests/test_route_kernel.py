@@ -30,7 +30,7 @@ def _reference(logits, bias, tokens, tid2eid, cfg):
     w = {"tid2eid": tid2eid} if tid2eid is not None else {"bias": bias}
     # the reference from the logits on: moe.route with an identity gate
     ident = torch.eye(logits.shape[1], dtype=logits.dtype)
-    from dsv4.model.weights import QWeight
+    from dsv4.formats import QWeight
 
     w["gate"] = QWeight(ident)
     return moe.route(logits, tokens, w, cfg)

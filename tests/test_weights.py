@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from dsv4.checkpoint.quant import quantize_fp4, quantize_fp8
-from dsv4.model.weights import QWeight
+from dsv4.formats import QWeight, quantize_fp4, quantize_fp8
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,8 +1,9 @@
-"""The official DeepSeek-V4 checkpoint format: quantisation, synthetic writer, loader, random init."""
+"""The official DeepSeek-V4 checkpoint format on disk: loader, synthetic writer, random init.
+
+Its layout (names, shapes, rank slices) is dsv4.layout; its number formats dsv4.formats."""
 
 from .init import random_weights
 from .load import CheckpointError, load_weights
-from .quant import quantize_fp4, quantize_fp8
 from .synth import synth
 
-__all__ = ["CheckpointError", "load_weights", "quantize_fp4", "quantize_fp8", "random_weights", "synth"]
+__all__ = ["CheckpointError", "load_weights", "random_weights", "synth"]

@@ -23,7 +23,8 @@ import re
 import torch
 
 from ..config import ModelConfig
-from ..model.weights import FP4_BLOCK, FP4_VALUES, FP8_BLOCK, QWeight, Spec, local_slice, storage, tensor_specs
+from ..formats import FP4_BLOCK, FP4_VALUES, FP8_BLOCK, QWeight
+from ..layout import Spec, as_memory, check_rank, local_slice, storage, tensor_specs
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
@@ -206,8 +207,6 @@ def stored(name: str, spec: Spec, cfg: ModelConfig, seed: int, device="cpu", key
 def random_weights(cfg: ModelConfig, *, rank: int = 0, world: int = 1, device="cpu",
                    dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor | QWeight]:
     """This rank's weights, in the form `load_weights` returns, drawn on `device` without touching disk."""
-    from .load import as_memory, check_rank  # the one definition of the in-memory form
-
     check_rank(cfg, rank, world)
     specs = tensor_specs(cfg, rank, world)
     out: dict[str, torch.Tensor | QWeight] = {}

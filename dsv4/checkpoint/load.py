@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 
 from ..config import ConfigError, ModelConfig
-from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight, Spec, check_split, local_slice, storage, tensor_specs
+from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
+from ..layout import Spec, as_memory, check_rank, local_slice, scale_name, storage, tensor_specs
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -33,18 +34,6 @@ def _err(file, name: str | None, msg: str) -> CheckpointError:
     return CheckpointError(f"{file}: " + (f"tensor {name!r}: " if name else "") + msg)
 
 
-def scale_name(name: str) -> str:
-    """Official sibling of a quantised weight: `x.wq_a.weight` -> `x.wq_a.scale`."""
-    return name[: -len(".weight")] + ".scale"
-
-
-def check_rank(cfg: ModelConfig, rank: int, world: int) -> None:
-    if not 0 <= rank < world:
-        raise ValueError(f"rank={rank} is not in [0, world={world})")
-    if world > 1:
-        check_split(cfg, world)
-
-
 def _header(file: Path) -> dict[str, tuple[str, list[int]]]:
     try:
         with open(file, "rb") as f:
@@ -53,21 +42,6 @@ def _header(file: Path) -> dict[str, tuple[str, list[int]]]:
     except (OSError, struct.error, ValueError) as e:
         raise _err(file, None, f"not a readable safetensors file ({e})") from None
     return {k: (v["dtype"], v["shape"]) for k, v in head.items() if k != "__metadata__"}
-
-
-def as_memory(name: str, kind: str, data: torch.Tensor, scale: torch.Tensor | None, row0: int, col0: int,
-              device, dtype: torch.dtype):
-    """The in-memory form the model reads: QWeight for every linear, plain tensors otherwise."""
-    if kind in ("fp8", "fp4"):
-        if kind == "fp4" and data.dtype != torch.int8:
-            data = data.view(torch.int8)
-        return QWeight(data.to(device), scale.to(device), kind, row0, col0)
-    if kind == "int":
-        return data.to(device=device, dtype=torch.int64)
-    if kind == "fp32":
-        return data.to(device=device, dtype=torch.float32)  # kept fp32 whatever dtype (HF: keep-in-fp32)
-    t = data.to(device).to(dtype)
-    return t if name == "embed.weight" else QWeight(t, fmt="dense")
 
 
 def _expected_shapes(spec: Spec, kind: str) -> tuple[list[int], list[int] | None]:

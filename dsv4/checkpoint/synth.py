@@ -17,10 +17,11 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from ..config import FP8_QUANTIZATION, ModelConfig
-from ..model.weights import FP4_BLOCK, FP8_BLOCK, storage, tensor_specs
+from ..formats import FP4_BLOCK, FP8_BLOCK
+from ..layout import scale_name, storage, tensor_specs
 from ..tokenizer import build_tokenizer, save_tokenizer
 from .init import stored
-from .load import INDEX, scale_name
+from .load import INDEX
 
 QUANTS = ("none", "fp8")
 

@@ -9,7 +9,7 @@ the tolerance).
 
 Policy, `DSV4_KERNELS`:
 - "auto" (default): Triton for CUDA tensors when triton imports, torch otherwise
-  (a kernel not yet checked on a GPU stays on its reference: see use_triton);
+  (a kernel not yet checked on a GPU stays on its reference: see enabled);
 - "torch": always the torch reference (the benchmark's reference arm);
 - "triton": always Triton; CPU tensors run through Triton's interpreter
   (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
@@ -41,10 +41,16 @@ def _triton_available() -> bool:
     return True
 
 
+def enabled(kernel, t: torch.Tensor) -> bool:
+    """Whether the model runs `kernel` (a module of dsv4.kernels) on t, by DSV4_KERNELS and the
+    module's own `GPU_CHECKED`: promoting a kernel is that one line in its file."""
+    return use_triton(t, gpu_checked=kernel.GPU_CHECKED)
+
+
 def use_triton(t: torch.Tensor, gpu_checked: bool = True) -> bool:
     """gpu_checked=False marks a kernel not yet through the GPU checks (its CUDA tests, the replay
     identity, the gate: benchmarks/gpu_checks.sh): "auto" keeps the torch reference for it, and
-    only DSV4_KERNELS=triton runs it."""
+    only DSV4_KERNELS=triton runs it. A kernel module declares it as GPU_CHECKED (see enabled)."""
     m = mode()
     if m == "torch":
         return False

@@ -26,7 +26,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the reference
 # block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
 # times variants.

@@ -1,5 +1,4 @@
-"""The commit of one staged write in one kernel (reference: the loop in
-dsv4.model.forward.Transformer.transaction): `buf[index[i]] = rows[i]` for each row i whose
+"""The commit of one staged write in one kernel (reference: dsv4.model.commit.commit): `buf[index[i]] = rows[i]` for each row i whose
 `keep[i]` holds, when the step's verdict is 0. Rows that do not hold are not written at all
 (the reference writes their old values back); a step's kept rows have distinct indices.
 """
@@ -13,6 +12,8 @@ try:
     from triton.language import constexpr
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
+
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
 
 
 def _commit_kernel(buf_ptr, index_ptr, rows_ptr, keep_ptr, verdict_ptr, ROW: constexpr, HAS_KEEP: constexpr,

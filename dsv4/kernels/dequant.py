@@ -10,7 +10,7 @@ fp32, so the output equals the reference bit for bit (for a scale byte of 0, 2**
 
 import torch
 
-from ..model.weights import QWeight
+from ..formats import QWeight
 from . import cdiv, launcher
 
 try:

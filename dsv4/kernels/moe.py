@@ -16,7 +16,7 @@ The same kernel 1 runs the shared expert's gate and up (one FP8 weight pair, no 
 
 import torch
 
-from ..model.weights import FP8_BLOCK, QWeight
+from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, interpreting, launcher
 from .qgemv import MAX_ROWS, _fp4_rows, _fp8_rows, _operands
 
@@ -26,7 +26,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 # Rows per program and inputs per K tile of each kernel (FP8 tiles a multiple of 128 inputs, FP4 of 32),
 # and warps. benchmarks/qgemv_bench.py sweeps them. The shared expert's gate/up has few rows (I / ranks)
 # and no routing: narrower programs fill the SMs.

@@ -15,6 +15,8 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
+
 
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
     r = tl.program_id(0).to(tl.int64)

@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from ..model.weights import FP4_BLOCK, FP8_BLOCK, QWeight
+from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
 from . import cdiv, interpreting, launcher
 
 try:
@@ -43,6 +43,8 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
     def device_function(fn):
         return fn
+
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
 
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
 # The launch configuration. v1's keys: DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces

@@ -15,6 +15,8 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
+GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
+
 
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, sign, H: constexpr, DIM: constexpr, NOPE: constexpr, HALF: constexpr,
                  BLOCK: constexpr):

@@ -14,26 +14,15 @@ earlier tokens come from a ring of the last R projected rows (R = 2m with overla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .. import kernels
 from ..kernels import compressor as fused
+from .commit import Write
 from .linear import linear
 from .norm import rms_norm
 from .rope import apply_rope
 from .step import Windows
-
-
-@dataclass
-class Write:
-    """A staged write: `buf[index] = rows` where `keep` (and the step's verdict) hold."""
-
-    buf: torch.Tensor
-    index: torch.Tensor
-    rows: torch.Tensor
-    keep: torch.Tensor | None = None
 
 
 def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool, eps: float,

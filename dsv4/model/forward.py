@@ -12,20 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
 from ..config import HASH_MOE, ModelConfig
-from ..kernels import commit as fused_commit
+from ..formats import QWeight
+from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
 from ..state import DecodeState
 from .attention import attention
-from .compressor import Write
+from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
 from .step import Step
-from .weights import QWeight, check_split, expert_range
 
 
 def _stack(ws: list[QWeight]) -> QWeight:
@@ -149,20 +148,10 @@ class Transformer:
         verdict = self.comm.verdict
         ok = verdict == 0
         with phase("commit"):
-            self._commit(writes, ok, verdict)
+            commit(writes, verdict)
         last = h[-1]
         state.hidden.copy_(torch.where(ok, last, state.hidden))
         state.pos.add_(ok.long() * tokens.shape[0])
         state.counts[1].add_(ok.long())
         state.logits.copy_(torch.where(ok, self.head(last), state.logits))
         return verdict
-
-    @staticmethod
-    def _commit(writes: list[Write], ok, verdict):
-        for w in writes:
-            if kernels.use_triton(w.buf) and fused_commit.supported(w.buf, w.index, w.rows):
-                fused_commit.commit(w.buf, w.index, w.rows, w.keep, verdict)
-                continue
-            keep = ok if w.keep is None else ok & w.keep
-            keep = keep.view(-1, *([1] * (w.rows.dim() - 1))) if keep.dim() else keep
-            w.buf.index_copy_(0, w.index, torch.where(keep, w.rows.to(w.buf.dtype), w.buf[w.index]))

@@ -13,15 +13,16 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
-from ..kernels import hc as fused
+from ..kernels import hc as fused_pre
+from ..kernels import hc_post as fused_post
 from .norm import unweighted_rms_norm
 
 
 def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
-    if kernels.use_triton(h) and fused.supported(h, hc):
-        return fused.hc_pre(h, fn, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
+    if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
+        return fused_pre.hc_pre(h, fn, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
     pre_w, post_w, comb_w = F.linear(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
@@ -39,8 +40,8 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 
 def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """new[k] = post[k] * out + sum_j comb[j, k] * h[j]  (comb is applied transposed)."""
-    if kernels.use_triton(h) and fused.supported(h, h.shape[-2]):
-        return fused.hc_post(out, post, comb, h)
+    if kernels.enabled(fused_post, h) and fused_post.supported(h, h.shape[-2]):
+        return fused_post.hc_post(out, post, comb, h)
     dtype = h.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
 

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels import qgemv
-from .weights import QWeight
+from ..formats import QWeight
 
 
 def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
-    return w.fmt != "dense" and kernels.use_triton(x) and qgemv.supported(x, w, rows)
+    return w.fmt != "dense" and kernels.enabled(qgemv, x) and qgemv.supported(x, w, rows)
 
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:

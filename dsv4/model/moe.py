@@ -23,8 +23,8 @@ from ..config import ModelConfig
 from ..kernels import moe as fused_moe
 from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
+from ..formats import QWeight
 from .moe_prefill import grouped_experts
-from .weights import QWeight
 
 
 def score(logits: torch.Tensor, func: str) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from .. import kernels
 from ..kernels import dequant
-from .weights import QWeight
+from ..formats import QWeight
 
 # Experts dequantised per step: the reference dequant's int64 index per stored byte is 32 MB per
 # Flash expert, so the transient stays ~0.5 GB beside the dense stack.

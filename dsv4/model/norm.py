@@ -7,7 +7,7 @@ from ..kernels import norm as fused
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if kernels.use_triton(x) and fused.supported(x, weight):
+    if kernels.enabled(fused, x) and fused.supported(x, weight):
         return fused.rms_norm(x, weight, eps)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -16,6 +16,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """q_b's per-head norm and mHC's input norm have no weight."""
-    if kernels.use_triton(x) and fused.supported(x, None):
+    if kernels.enabled(fused, x) and fused.supported(x, None):
         return fused.rms_norm(x, None, eps)
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)

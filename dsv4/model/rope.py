@@ -33,7 +33,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
 
     cos/sin are [T, rd/2]; when x has a heads axis after T they broadcast over it.
     """
-    if kernels.use_triton(x) and fused.supported(x, cos):
+    if kernels.enabled(fused, x) and fused.supported(x, cos):
         return fused.apply_rope(x, cos, sin, inverse)
     if inverse:
         sin = -sin

@@ -1,14 +1,14 @@
-"""Weight containers and the official tensor layout.
+"""The official tensor layout: every tensor's name, shape, storage and how ranks split it.
 
 Every tensor the model reads is named as in the official DeepSeek-V4 checkpoint
 (`layers.N.attn.wq_a.weight`, `layers.N.ffn.experts.E.w1.weight`, `hc_head_fn`, ...).
 `tensor_specs(cfg, rank, world)` is the single description of that layout: the
 checkpoint writer, the loader and the random initialiser all build from it, and
 each builds only the slice of a rank (heads, groups, experts, intermediate rows,
-vocab rows) so a rank never materialises what it does not own.
+vocab rows) so a rank never materialises what it does not own. `as_memory` is the
+one in-memory form the loader and the initialiser hand to the model.
 
-Quantised weights stay quantised in memory (`QWeight`) and are dequantised
-where they are used.
+Beside dsv4.formats on the bottom floor: it imports only the config and the formats.
 """
 
 from __future__ import annotations
@@ -17,96 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import CSA, HASH_MOE, ModelConfig
-
-FP8_BLOCK = 128  # dense linears: 128x128 weight blocks, one ue8m0 scale each
-FP4_BLOCK = 32  # routed experts: one ue8m0 scale per 32 inputs (along K)
-
-# E2M1 value of each nibble (sign bit 3).
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-@dataclass
-class QWeight:
-    """A linear weight [out, in]: dense, FP8 e4m3 with 128x128 block scales, or FP4 e2m1 (two per byte).
-
-    `row0`/`col0` are the offsets of this slice inside the full tensor, so a rank's slice that
-    starts inside a scale block still finds its scale.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor | None = None
-    fmt: str = "dense"  # "dense" | "fp8" | "fp4"
-    row0: int = 0
-    col0: int = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        rows, cols = self.data.shape[-2:]
-        return (rows, cols * 2) if self.fmt == "fp4" else (rows, cols)
-
-    def dequant(self, dtype: torch.dtype) -> torch.Tensor:
-        if self.fmt == "dense":
-            return self.data if self.data.dtype == dtype else self.data.to(dtype)
-        rows, cols = self.shape
-        br, bc = (FP8_BLOCK, FP8_BLOCK) if self.fmt == "fp8" else (1, FP4_BLOCK)
-        if not (self.row0 % br or self.col0 % bc or rows % br or cols % bc):
-            return self._dequant_blocks(dtype, br, bc)
-        return self._dequant_any(dtype)
-
-    def _dequant_blocks(self, dtype, br: int, bc: int) -> torch.Tensor:
-        """Whole scale blocks: one broadcast multiply. Exact in bf16 and fp32 alike (e4m3 and e2m1 values
-        times a power of two), so it equals the general path bit for bit."""
-        rows, cols = self.shape
-        lead = self.data.shape[:-2]
-        if self.fmt == "fp8":
-            values = self.data.to(dtype)
-        else:
-            values = unpack_fp4(self.data, dtype)
-        blocks = values.view(*lead, rows // br, br, cols // bc, bc)
-        scale = self.scale.float().to(dtype)[..., :, None, :, None]
-        return (blocks * scale).view(*lead, rows, cols)
-
-    def _dequant_any(self, dtype: torch.dtype) -> torch.Tensor:
-        rows, cols = self.shape
-        if self.fmt == "fp8":
-            values = self.data.float()
-            br, bc = FP8_BLOCK, FP8_BLOCK
-        else:
-            values = unpack_fp4(self.data)
-            br, bc = 1, FP4_BLOCK
-        scale = self.scale.float()
-        scale = scale.repeat_interleave(br, dim=-2)[..., self.row0 % br: self.row0 % br + rows, :]
-        scale = scale.repeat_interleave(bc, dim=-1)[..., self.col0 % bc: self.col0 % bc + cols]
-        return (values * scale).to(dtype)
-
-    def to(self, device) -> "QWeight":
-        return QWeight(self.data.to(device), None if self.scale is None else self.scale.to(device),
-                       self.fmt, self.row0, self.col0)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
-
-
-_LUTS: dict[tuple, torch.Tensor] = {}
-
-
-def unpack_fp4(packed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Two e2m1 values per byte, low nibble first -> `dtype`, twice as wide (one table lookup per byte)."""
-    key = (packed.device, dtype)
-    lut = _LUTS.get(key)
-    if lut is None:  # made once per device: a host->device copy must not happen inside a graph capture
-        pairs = [(FP4_VALUES[b & 0xF], FP4_VALUES[b >> 4]) for b in range(256)]
-        lut = _LUTS[key] = torch.tensor(pairs, dtype=dtype, device=packed.device)
-    u8 = packed.view(torch.uint8)
-    both = lut.index_select(0, u8.flatten().long())  # [n, 2]
-    return both.view(*packed.shape[:-1], packed.shape[-1] * 2)
-
-
-# ---------------------------------------------------------------------------
-# The layout
-# ---------------------------------------------------------------------------
+from .config import CSA, HASH_MOE, ModelConfig
+from .formats import QWeight
 
 
 @dataclass(frozen=True)
@@ -222,3 +134,30 @@ def local_slice(spec: Spec) -> tuple[int, int, int] | None:
     dim, parts, index = spec.split
     n = spec.shape[dim] // parts
     return dim, index * n, n
+
+
+def scale_name(name: str) -> str:
+    """Official sibling of a quantised weight: `x.wq_a.weight` -> `x.wq_a.scale`."""
+    return name[: -len(".weight")] + ".scale"
+
+
+def check_rank(cfg: ModelConfig, rank: int, world: int) -> None:
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in [0, world={world})")
+    if world > 1:
+        check_split(cfg, world)
+
+
+def as_memory(name: str, kind: str, data: torch.Tensor, scale: torch.Tensor | None, row0: int, col0: int,
+              device, dtype: torch.dtype):
+    """The in-memory form the model reads: QWeight for every linear, plain tensors otherwise."""
+    if kind in ("fp8", "fp4"):
+        if kind == "fp4" and data.dtype != torch.int8:
+            data = data.view(torch.int8)
+        return QWeight(data.to(device), scale.to(device), kind, row0, col0)
+    if kind == "int":
+        return data.to(device=device, dtype=torch.int64)
+    if kind == "fp32":
+        return data.to(device=device, dtype=torch.float32)  # kept fp32 whatever dtype (HF: keep-in-fp32)
+    t = data.to(device).to(dtype)
+    return t if name == "embed.weight" else QWeight(t, fmt="dense")

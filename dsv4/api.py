@@ -1,0 +1,31 @@
+"""`dsv4.load`: one rank builds here through dsv4.engine, several through dsv4.launch.
+
+    model = dsv4.load("tiny")                          # preset: random weights, no download
+    model = dsv4.load("/path/to/checkpoint")           # official format (FP8/FP4 or plain)
+    model = dsv4.load("flash", device="cuda", ranks=2) # TP/EP over two spawned ranks
+
+Either way the model offers the DecodeModel calls (dsv4.interface).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine import build, placement
+from .interface import DecodeModel
+from .launch import load_spawned
+
+
+def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
+         seed: int = 0, rank: int = 0, group=None) -> DecodeModel:
+    """Load a checkpoint directory or build a preset.
+
+    A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
+    directly on `device`; a directory is read in the official format. `ranks > 1` splits the
+    model over that many spawned ranks (a dsv4.launch.DistributedModel); `rank`/`group` are for a
+    process that is already one rank of a torchrun group (see dsv4.launch.from_torchrun).
+    """
+    device, dtype = placement(device, dtype)
+    if ranks != 1 and group is None:
+        return load_spawned(path_or_preset, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
+    return build(path_or_preset, device, dtype, rank=rank, world=ranks, group=group, init=init, seed=seed)

@@ -1,0 +1,158 @@
+"""Where a decode step's time and bytes go: the phase breakdown, bytes read per token, the roofline.
+
+`phase_breakdown` sums the GPU kernel time and the kernel count under each phase (dsv4.profile)
+of eager steps (the same kernels a replayed graph runs), a nested phase counted in itself only.
+`bytes_per_token` counts the weight bytes one token reads on this rank: every dense weight the
+step touches, the routed experts this rank actually ran (the router's picks recorded over the
+profiled steps), the vocab-parallel head; plus the state rows attention reads at the position.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import time
+
+import torch
+
+from .profile import PREFIX, PHASES, marking
+
+
+def phase_breakdown(run_step, steps: int) -> dict:
+    """Run `run_step()` `steps` times under the profiler -> {phase: {"us": per step, "kernels": per step}}.
+
+    A kernel belongs to the innermost phase range open on the host when it was launched; its time is
+    its own GPU duration (a range's span on the GPU would also count the gaps, e.g. waiting for a
+    peer in a collective). On CPU (no kernels) each phase gets the host time of the ops it ran.
+    """
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    cuda = torch.cuda.is_available()
+    if cuda:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with marking(), torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            run_step()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    ranges = sorted(((e.time_range.start, e.time_range.end, e.name[len(PREFIX):], e.thread) for e in events
+                     if e.name.startswith(PREFIX)), key=lambda r: r[0])
+    starts = [r[0] for r in ranges]
+    out = {p: {"us": 0.0, "kernels": 0} for p in PHASES + ("other",)}
+    for e in events:
+        if e.name.startswith(PREFIX):
+            continue
+        if cuda:
+            if not e.kernels:
+                continue
+            us, n = sum(k.duration for k in e.kernels), len(e.kernels)
+        elif e.cpu_parent is None or e.cpu_parent.name.startswith(PREFIX):
+            us, n = e.cpu_time_total, 0  # an op called from dsv4's code (its children are inside its time)
+        else:
+            continue
+        slot = out.setdefault(_innermost(ranges, starts, e.time_range.start, e.thread), {"us": 0.0, "kernels": 0})
+        slot["us"] += us / steps
+        slot["kernels"] += n / steps
+    return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 1)} for k, v in out.items()}
+
+
+def _innermost(ranges, starts, t, thread) -> str:
+    """The phase of the latest-starting range that contains host time t on this thread (ranges nest)."""
+    i = bisect.bisect_right(starts, t) - 1
+    while i >= 0:
+        start, end, name, th = ranges[i]
+        if th == thread and end >= t:
+            return name
+        i -= 1
+    return "other"
+
+
+# ---- bytes ------------------------------------------------------------------
+
+def _nbytes(w) -> int:
+    if isinstance(w, torch.Tensor):
+        return w.numel() * w.element_size()
+    data, scale = w.data, w.scale
+    return data.numel() * data.element_size() + (0 if scale is None else scale.numel() * scale.element_size())
+
+
+def _walk(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _walk(v)
+    elif isinstance(tree, (tuple, list)):
+        for v in tree:
+            yield from _walk(v)
+    elif tree is not None and (isinstance(tree, torch.Tensor) or hasattr(tree, "scale")):
+        yield tree
+
+
+@contextlib.contextmanager
+def recording_routes():
+    """Record the routed expert ids of every MoE call while inside (a benchmark's view of the router)."""
+    from .model import moe
+
+    picks: list[torch.Tensor] = []
+    route = moe.route
+
+    def recorded(*args, **kwargs):
+        ids, weights = route(*args, **kwargs)
+        picks.append(ids.detach().clone())
+        return ids, weights
+
+    moe.route = recorded
+    try:
+        yield picks
+    finally:
+        moe.route = route
+
+
+def bytes_per_token(transformer, picks: list[torch.Tensor], steps: int, pos: int) -> dict:
+    """Bytes one decode token reads on this rank: weights touched and the cache rows attention reads."""
+    tf, cfg = transformer, transformer.cfg
+    dense = expert_bytes = 0
+    for L in tf.layers:
+        experts = L["ffn"]["experts"]
+        # the hash table is read one row per token: k ids
+        dense += sum(_nbytes(w) for w in _walk({k: v for k, v in L["ffn"].items() if k not in ("experts", "tid2eid")}))
+        dense += cfg.num_experts_per_tok * 8 if "tid2eid" in L["ffn"] else 0
+        dense += sum(_nbytes(w) for w in _walk([L["attn"], L["hc"], L["attn_norm"], L["ffn_norm"]]))
+        n = experts["w1"].data.shape[0]
+        expert_bytes += sum(_nbytes(experts[k]) for k in ("w1", "w3", "w2")) // n  # one expert's three
+    lo = tf.experts.start
+    local = sum(int(((p >= lo) & (p < lo + tf.experts.stop - tf.experts.start)).sum()) for p in picks)
+    per_expert = expert_bytes / len(tf.layers)
+    routed = local / steps * per_expert
+    head = _nbytes(tf.head_w) + _nbytes(tf.norm) + sum(_nbytes(w) for w in tf.hc_head)
+    embed_row = tf.embed.shape[-1] * tf.embed.element_size()
+    hd, isz = cfg.head_dim, torch.tensor([], dtype=tf.dtype).element_size()
+    cache = 0
+    for i in range(cfg.num_hidden_layers):
+        m = cfg.compress_rate(i)
+        cache += min(pos, cfg.sliding_window) * hd * isz
+        if m and cfg.layer_types[i] == "compressed_sparse_attention":
+            cache += min(cfg.index_topk, pos // m) * hd * isz + (pos // m) * cfg.index_head_dim * isz
+        elif m:
+            cache += (pos // m) * hd * isz
+    return {"dense": dense, "routed_experts": round(routed), "local_expert_runs_per_token": round(local / steps, 2),
+            "head": head, "embedding_row": embed_row, "cache": cache,
+            "total": round(dense + routed + head + embed_row + cache)}
+
+
+def copy_bandwidth(device, gib: float = 2.0, reps: int = 5) -> float:
+    """Bytes per second of a device-to-device copy (read + written), median of `reps`."""
+    if torch.device(device).type != "cuda":
+        return float("nan")
+    n = int(gib * 2**30)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    del a, b
+    return 2 * n / sorted(times)[len(times) // 2]
