@@ -238,3 +238,19 @@ def test_sort_key_encoding_orders_as_the_stable_sort():
     assert torch.equal(sel, ref_sel) and torch.equal(valid, ref_scores > float("-inf"))
     assert torch.equal(key_scores(keys), torch.where(scores == 0, 0.0, scores))
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("overlap,m,dim,pos", [(False, 64, 256, 130), (True, 8, 256, 21)])
+def test_pool_channel_split_is_bit_identical(monkeypatch, device, overlap, m, dim, pos):
+    """Splitting a window's channels over programs (then norm + rope in a second launch) changes no bit."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    w, x, ring_kv, ring_gate = compressor_inputs(m, dim, overlap, 1, torch.bfloat16, device, seed=pos)
+    rows = 64 // m + 2
+    store = torch.zeros(rows, dim, dtype=torch.bfloat16, device=device)
+    _, win = windows(pos, 1, m, ring_kv.shape[0], rows, device)
+    got = {}
+    for split_above in (0, 1 << 30):
+        monkeypatch.setattr(fused, "POOL_SPLIT_ABOVE", split_above)
+        got[split_above] = run_compress(w, x, ring_kv, ring_gate, store, win, overlap)[0]
+    assert torch.equal(got[0], got[1 << 30])

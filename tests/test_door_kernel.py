@@ -8,16 +8,18 @@ import torch
 from dsv4 import kernels
 from dsv4.parallel import Comm
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
+
 
 @pytest.mark.skipif(not kernels._triton_available(), reason="needs triton")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 64), (3, 2500)])
 def test_door_pack_matches_reference(monkeypatch, dtype, shape):
-    x = torch.randn(*shape).to(dtype)
+    x = torch.randn(*shape).to(dtype).to(DEVICE)
     results = {}
     for mode in ("torch", "triton"):
         monkeypatch.setenv("DSV4_KERNELS", mode)
-        comm = Comm(4, "cpu")
+        comm = Comm(4, DEVICE)
         comm.arm_refusal(2, 0, 7, "moe")
         comm.begin_step()
         outs = [comm.all_reduce(x, layer, site) for layer in range(4) for site in ("attention", "moe")]

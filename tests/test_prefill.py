@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dsv4
-from dsv4.checkpoint import quantize_fp4
+from dsv4.formats import quantize_fp4
 from dsv4.engine import PREFILL_CHUNK, prefill_chunk
 from dsv4.model import moe
 from dsv4.model.moe import swiglu, swiglu_act, take

@@ -116,3 +116,13 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def device_function(fn):
+    """A helper called from kernels: on the GPU it must be a Triton function itself (the compiler refuses
+    plain Python callees, which the interpreter accepts), so it is jitted when triton imports."""
+    try:
+        import triton
+    except ImportError:  # the torch reference runs without triton; the kernels are never built then
+        return fn
+    return triton.jit(fn)

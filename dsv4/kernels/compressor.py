@@ -17,7 +17,7 @@ reference's stable descending sort (-0.0 counts as 0.0, as in the sort's compari
 
 import torch
 
-from . import cdiv, launcher, next_pow2
+from . import cdiv, device_function, launcher, next_pow2
 
 try:
     import triton.language as tl
@@ -29,20 +29,24 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 
 # Keys below this hold a finite score (above -inf): (~ordered(-inf)) << 32, ordered(-inf) = 0x807FFFFF.
 _VISIBLE_BELOW = 0x7F800000 << 32
+POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
+POOL_CHANNELS = 64
 _INDEX_BITS = 0xFFFFFFFF
 
 
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
                  cos_ptr, sin_ptr, out_ptr, eps, R, M: constexpr, DIM: constexpr, WIDTH: constexpr,
-                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr):
+                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr):
+    """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
+    only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel."""
     w = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, DIM)
+    c = tl.program_id(1) * CB + tl.arange(0, CB)
     s = tl.arange(0, BS)
     dt = out_ptr.dtype.element_ty
 
     # Pass 1: per channel, the running max of gate + ape over the slots and the sum of exp below it.
-    mx = tl.full([DIM], float("-inf"), tl.float32)
-    den = tl.zeros([DIM], tl.float32)
+    mx = tl.full([CB], float("-inf"), tl.float32)
+    den = tl.zeros([CB], tl.float32)
     for s0 in range(0, SLOTS, BS):
         j = s0 + s
         inside = j < SLOTS
@@ -72,7 +76,7 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         mx = new_mx
 
     # Pass 2: the weights (rounded to the rows' dtype) times kv, each product rounded, summed in fp32.
-    acc = tl.zeros([DIM], tl.float32)
+    acc = tl.zeros([CB], tl.float32)
     for s0 in range(0, SLOTS, BS):
         j = s0 + s
         inside = j < SLOTS
@@ -99,8 +103,24 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         v = tl.where(in_ring[:, None], tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
                      tl.load(kv_ptr + (row - R)[:, None] * WIDTH + off, mask=new_ok, other=0.0))
         acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
-    pooled = acc.to(dt).to(tl.float32)
+    if CB < DIM:
+        tl.store(out_ptr + w * DIM + c, acc.to(dt))
+    else:
+        _norm_rope(acc.to(dt).to(tl.float32), norm_ptr, cos_ptr, sin_ptr, out_ptr, w, eps, DIM, HALF)
 
+
+def _norm_rope_kernel(pooled_ptr, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, DIM: constexpr, HALF: constexpr):
+    """RMSNorm and RoPE of the channel-split pool's rows (one program per window)."""
+    w = tl.program_id(0).to(tl.int64)
+    pooled = tl.load(pooled_ptr + w * DIM + tl.arange(0, DIM)).to(tl.float32)
+    _norm_rope(pooled, norm_ptr, cos_ptr, sin_ptr, out_ptr, w, eps, DIM, HALF)
+
+
+@device_function
+def _norm_rope(pooled, norm_ptr, cos_ptr, sin_ptr, out_ptr, w, eps, DIM: constexpr, HALF: constexpr):
+    """A pooled row's RMSNorm (weighted) and RoPE at its window's first position, rounded as the reference."""
+    dt = out_ptr.dtype.element_ty
+    c = tl.arange(0, DIM)
     rstd = tl.rsqrt(tl.sum(pooled * pooled, axis=0) / DIM + eps)
     y = (pooled * rstd).to(dt).to(tl.float32)
     y = (tl.load(norm_ptr + c).to(tl.float32) * y).to(dt).to(tl.float32)
@@ -133,12 +153,19 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
     n_win, half = win.cur.shape[0], win.cos.shape[-1]
     out = torch.empty(n_win, dim, dtype=kv.dtype, device=kv.device)
     slots = 2 * m if overlap else m
-    block = min(next_pow2(slots), max(1, 8192 // dim))
-    launcher(_pool_kernel, kv)[(n_win,)](
+    # A long window (HCA's 128 slots x 512 channels) read by one program per window is one SM's worth of
+    # bandwidth: split its channels over programs, then norm and rotate in a second launch.
+    cb = min(dim, POOL_CHANNELS) if slots * dim > POOL_SPLIT_ABOVE else dim
+    block = min(next_pow2(slots), max(1, 8192 // cb))
+    pooled = torch.empty_like(out) if cb < dim else out
+    launcher(_pool_kernel, kv)[(n_win, dim // cb)](
         kv, gate.contiguous(), ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
-        win.sin.contiguous(), out, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots,
-        OVERLAP=overlap, HALF=half, BS=block, num_warps=4 if dim * block <= 4096 else 8)
+        win.sin.contiguous(), pooled, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots,
+        OVERLAP=overlap, HALF=half, BS=block, CB=cb, num_warps=4 if cb * block <= 4096 else 8)
+    if cb < dim:
+        launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
+                                                  win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
     return out
 
 

@@ -30,33 +30,28 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, interpreting, launcher
+from . import cdiv, device_function, interpreting, launcher
 
 try:
-    import triton
     import triton.language as tl
     from triton.language import constexpr
-
-    device_function = triton.jit  # a helper called from kernels must be a Triton function on the GPU
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
-
-    def device_function(fn):
-        return fn
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
 
 MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and use one GEMM
 # The launch configuration. v1's keys: DEFER sums each tile into a [BLOCK_N, BLOCK_K] accumulator and reduces
 # across lanes once at the end (fewer shuffles per byte) and allows FP8 tiles wider than a scale
-# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. v1's
-# configuration was chosen from its run on an H200 (benchmarks/RESULTS.md, session 3): one Flash
-# layer's linears 438 -> 256 us. v2 becomes the default once it has passed the GPU checks too.
+# block; benchmarks/qgemv_bench.py times the variants against the device's bandwidth. From its runs
+# on an H200 (benchmarks/RESULTS.md, session 3): one Flash layer's attention linears v1 84 us, v2
+# 40 us; v2 is the default (DSV4_QGEMV=v1 keeps the first kernel, with its best configuration).
 #
 # v2's keys: rows per program, inputs per K tile (FP8: a multiple of 128, FP4: of 32), warps, and
 # split-K: "v2_split_k" programs along K per row block, or 0 to double it while the launch has
 # fewer than "v2_programs" programs and each split keeps at least one K tile.
-CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v1"), "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
+CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
+          "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264}
 
