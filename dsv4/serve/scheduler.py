@@ -85,7 +85,8 @@ class Scheduler:
             if self.stopping or self.error is not None:
                 raise RequestError("the server is shutting down" if self.stopping else
                                    f"the engine stopped: {self.error!r}", status=503, kind="server_error")
-            if len(self.waiting) + 1 - len(self.free) > self.max_waiting:
+            waiting = sum(not s.cancelled for s in self.waiting)
+            if waiting + 1 - len(self.free) > self.max_waiting:
                 raise QueueFull
             self.waiting.append(seq)
             self.cond.notify()
