@@ -11,7 +11,8 @@ import time
 
 def _add_model_args(p: argparse.ArgumentParser):
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="checkpoint directory (official format)")
+    src.add_argument("--model", help="checkpoint directory (official format) or Hugging Face repo id "
+                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only)")
     src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
@@ -43,7 +44,17 @@ def _load(args):
 
     import dsv4
 
-    source = args.model or args.preset or "tiny"
+    from pathlib import Path
+
+    from .config import PRESETS
+
+    # --model: a directory wins over a preset of the same name; else a preset name or a repo id.
+    # --preset: only a preset.
+    if args.preset and args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
+    source = args.preset or "tiny"
+    if args.model:
+        source = Path(args.model) if Path(args.model).is_dir() else args.model
     dtype = getattr(torch, args.dtype) if args.dtype else None
     return dsv4.load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
 

@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .config import ModelConfig, PRESETS, preset
+from .config import ModelConfig, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
 from .sampler import SamplingParams, sample
@@ -32,36 +32,36 @@ def _default_dtype(device: torch.device) -> torch.dtype:
 
 def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
          seed: int = 0, rank: int = 0, group=None) -> "Model":
-    """Load a checkpoint directory or build a preset.
+    """Load a checkpoint directory, a Hugging Face repo id, or build a preset (dsv4.hub.resolve's rules).
 
     A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
-    directly on `device`; a directory is read in the official format. `ranks > 1` splits the
+    directly on `device`; a directory (or a repo's snapshot in the Hugging Face cache, downloaded
+    when not there) is read in the official format. `ranks > 1` splits the
     model over that many ranks (see dsv4.parallel); `rank`/`group` are for a process that is
     already one rank of a torchrun group.
     """
+    from .hub import resolve
+
+    source = resolve(path_or_preset)  # before spawning: ranks read one resolved directory
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or _default_dtype(device)
     if ranks != 1 and group is None:
         from .launch import load_spawned  # noqa: PLC0415 - only multi-rank loads need it
 
-        return load_spawned(path_or_preset, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
+        return load_spawned(source, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
     world = ranks
     from .tokenizer import Tokenizer, build_tokenizer
 
-    name = str(path_or_preset)
-    if name in PRESETS and not Path(name).is_dir():
+    if isinstance(source, str):  # a preset
         if init not in (None, "random"):
             raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
         from .checkpoint.init import random_weights
 
-        cfg = preset(name)
+        cfg = preset(source)
         weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
         tokenizer = Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
     else:
-        path = Path(name)
-        if not path.is_dir():
-            raise FileNotFoundError(f"{name!r} is neither a checkpoint directory nor a preset "
-                                    f"(allowed presets: {sorted(PRESETS)})")
+        path = source
         if init == "random":
             from .checkpoint.init import random_weights
 
