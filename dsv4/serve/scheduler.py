@@ -118,6 +118,10 @@ class Scheduler:
     # ---- the scheduler thread ------------------------------------------------
     def _loop(self):
         try:
+            if self.model.device.type == "cuda":
+                import torch
+
+                torch.cuda.set_device(self.model.device)  # a new thread starts on cuda:0
             while self._admit():
                 self._round()
         except BaseException as e:  # noqa: BLE001 - the engine is unusable; tell every handler why
