@@ -175,7 +175,7 @@ def test_stop_string_cuts_the_text(client):
 
 
 def test_concurrent_streams_equal_their_solo_streams(client, server):
-    prompts = [("the river starts high in the hills " * 11, 6)] + [(f"prompt number {i} " * (i + 1), 10)
+    prompts = [("the river starts high in the hills " * 11, 5)] + [(f"prompt number {i} " * (i + 1), 8)
                                                                   for i in range(7)]
     jobs = [dict(model=NAME, prompt=p, max_tokens=n, temperature=1.0, seed=100 + i)
             for i, (p, n) in enumerate(prompts)]
@@ -232,23 +232,27 @@ def test_queue_full_gives_429_with_retry_after(model):
         assert "dsv4_requests_rejected_total" in httpx.get(root(srv) + "/metrics").text
 
 
-def test_huge_prompt_does_not_stall_a_stream(client, server, model):
+def test_huge_prompt_does_not_stall_a_stream(client, server):
     big = "hello world, and more words " * 25000  # 0.7 MB: seconds of tokenisation
-    start = time.perf_counter()
-    model.tokenizer.encode(big)
-    tokenise = time.perf_counter() - start
     stamps, answer = [], []
+
+    def send():
+        start = time.perf_counter()
+        answer.append(post(server, "/v1/completions", {"prompt": big}))
+        answer.append((start, time.perf_counter()))
+
     stream = client.completions.create(model=NAME, prompt="keep going", max_tokens=60, seed=9, stream=True)
     it = iter(stream)
     next(it)
-    t = threading.Thread(target=lambda: answer.append(post(server, "/v1/completions", {"prompt": big})))
+    t = threading.Thread(target=send)
     t.start()
     for _ in it:
         stamps.append(time.perf_counter())
     t.join(60)
     assert answer[0].status_code == 400 and answer[0].json()["error"]["code"] == "context_length_exceeded"
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    assert max(gaps) < max(0.5, tokenise / 2), (max(gaps), tokenise)
+    start, end = answer[1]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > start and a < end]
+    assert gaps and max(gaps) < max(0.5, (end - start) / 2), (gaps, end - start)
 
 
 # Every field of the openai client's request types: implemented, or refused (400 naming it) unless neutral.

@@ -17,6 +17,9 @@ step is its own transaction on its own state, and the sampler is keyed by (seed,
 sequence's tokens are the same alone or among others, and the same as `Model.sample_tokens`
 (whose prefill chunks have the same boundaries).
 
+n choices of one request would be n Sequences whose events carry their index; per-row logit
+processing would be per-Sequence parameters applied in `_decode`'s batched sampling.
+
 Events go back to the handler's asyncio loop as ("token", id), ("done", finish_reason) or
 ("error", RequestError); the scheduler finishes a sequence at EOS or max_tokens, the handler by
 `cancel()` (a stop string, a client gone).

@@ -17,6 +17,7 @@ import json
 import logging
 import socket
 import threading
+import time
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -172,6 +173,7 @@ def _parse(server: Server, raw: bytes, chat: bool):
 
 
 async def _serve(server: Server, request: Request, chat: bool):
+    arrived = time.perf_counter()  # time to first token counts reading and tokenising the prompt too
     raw = await _body(server, request)
     req = await run_in_threadpool(_parse, server, raw, chat)  # JSON and tokenisation: off the event loop
     loop, queue = asyncio.get_running_loop(), asyncio.Queue()
@@ -182,7 +184,7 @@ async def _serve(server: Server, request: Request, chat: bool):
         except RuntimeError:  # the loop is closed: the server is going down
             seq.cancel()
 
-    seq = Sequence(req.prompt_ids, req.max_tokens, req.sampling, emit)
+    seq = Sequence(req.prompt_ids, req.max_tokens, req.sampling, emit, arrived)
     try:
         server.scheduler.submit(seq)
     except QueueFull:
