@@ -327,8 +327,9 @@ def test_bad_requests_name_the_field(server, path, body, status, words):
     assert all(w in message for w in words), message
 
 
-def test_body_that_is_not_json(server):
-    r = post(server, "/v1/completions", content=b"{not json")
+@pytest.mark.parametrize("raw", [b"{not json", b"[" * 100000 + b"]" * 100000, b"\xff\xfe"])
+def test_body_that_is_not_json(server, raw):
+    r = post(server, "/v1/completions", content=raw)
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 

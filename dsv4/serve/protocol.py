@@ -284,13 +284,19 @@ def _prompt_ids(prompt, model) -> list[int]:
 
 class TextStream:
     """Tokens in, text deltas out: characters split across tokens come out whole, and a tail that
-    could begin a stop string is held back until it cannot."""
+    could begin a stop string is held back until it cannot.
+
+    Each token decodes a short window (the tokens since the last whole character, after one
+    token of context), not the whole output: a long generation costs O(1) per token.
+    """
 
     def __init__(self, tokenizer, eos_id: int, stop: list[str]):
         self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, stop
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.out: list[int] = []
-        self.sent = 0
+        self.text = ""  # the whole characters decoded so far
+        self.prefix = self.read = 0  # out[prefix:read]: context already in text; out[read:]: not yet
+        self.sent = 0  # characters of text released
         self.finish: str | None = None
         self.n = 0  # tokens sampled (an EOS counts; a token past a stop string does not exist)
 
@@ -301,18 +307,17 @@ class TextStream:
             self.finish = "stop"
             return self._rest()
         self.out.append(token)
-        text = self.tokenizer.decode(self.out)
-        hits = [i for i in (text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
+        if not self._decode(final=False):
+            return ""  # a character still being spelt out by the next token
+        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
         if hits:
             self.finish = "stop"
-            delta, self.sent = text[self.sent:max(self.sent, min(hits))], len(text)
+            delta, self.sent = self.text[self.sent:max(self.sent, min(hits))], len(self.text)
             return delta
-        if text.endswith("\ufffd"):
-            return ""  # a character still being spelt out by the next token
-        safe = len(text) - self.hold
+        safe = len(self.text) - self.hold
         if safe <= self.sent:
             return ""
-        delta, self.sent = text[self.sent:safe], safe
+        delta, self.sent = self.text[self.sent:safe], safe
         return delta
 
     def end(self, reason: str) -> str:
@@ -320,9 +325,19 @@ class TextStream:
         self.finish = reason
         return self._rest()
 
+    def _decode(self, final: bool) -> bool:
+        """Append the window's new whole characters to text (any at all when final)."""
+        before = self.tokenizer.decode(self.out[self.prefix:self.read])
+        now = self.tokenizer.decode(self.out[self.prefix:])
+        if not final and (len(now) <= len(before) or now.endswith("\ufffd")):
+            return False
+        self.text += now[len(before):]
+        self.prefix, self.read = self.read, len(self.out)
+        return True
+
     def _rest(self) -> str:
-        text = self.tokenizer.decode(self.out)
-        delta, self.sent = text[self.sent:], len(text)
+        self._decode(final=True)
+        delta, self.sent = self.text[self.sent:], len(self.text)
         return delta
 
 

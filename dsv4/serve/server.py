@@ -165,6 +165,8 @@ def _parse(server: Server, raw: bytes, chat: bool):
         body = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"the request body is not JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("the request body is not JSON this server reads: nested too deeply") from None
     name = body.get("model") if isinstance(body, dict) else None
     if name not in (None, server.model_name):
         raise RequestError(f"model {name!r} is not served here; this server serves {server.model_name!r}", "model",
