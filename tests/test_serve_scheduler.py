@@ -9,6 +9,7 @@ queue refuses.
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 
@@ -102,3 +103,24 @@ def test_cancel_frees_the_slot_and_a_full_queue_refuses(model):
         assert len(sched.free) == 1 and sched.slots[0].host_pos == 0  # released and zeroed
     finally:
         sched.stop()
+
+
+def test_text_stream_releases_the_whole_text(model):
+    """TextStream's deltas join to tokenizer.decode of all the tokens (multi-byte characters split
+    across tokens included), cut before the first stop string."""
+    from dsv4.serve.protocol import TextStream
+
+    tok, rng = model.tokenizer, random.Random(0)
+    texts = ["日本語のテキスト and 中文 mixed ✓ émojis 🎉🎉", "plain words only here"]
+    for trial in range(200):
+        ids = (tok.encode(rng.choice(texts), add_bos=False) if trial % 3 == 0 else
+               [rng.randrange(2, tok.vocab_size) for _ in range(rng.randrange(1, 40))])
+        full = tok.decode(ids)
+        stop = [full[3:5]] if trial % 2 and len(full) > 6 and full[3:5].strip() else []
+        stream, got = TextStream(tok, model.cfg.eos_token_id, stop), ""
+        for t in ids:
+            got += stream.push(t)
+            if stream.finish:
+                break
+        got += "" if stream.finish else stream.end("length")
+        assert got == (full[:full.find(stop[0])] if stop else full), (trial, ids, stop)
