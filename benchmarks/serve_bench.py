@@ -11,6 +11,8 @@ seconds. Prints one record per line, `TAG {json}`:
            after the first), completion tokens, e2e_s
   LEVEL    per concurrency: aggregate tok/s (completion tokens / wall time of the level), ttft and
            tpot percentiles, errors
+  IDENTITY request i has the same prompt and seed at every level: its text must be the same alone and
+           among others (exit 1 when not)
 
 CPU smoke (seconds):  python benchmarks/serve_bench.py --preset tiny --device cpu --concurrency 1,4 \\
                       --prompt-tokens 32 --max-tokens 8
@@ -20,6 +22,7 @@ GPU:                  python benchmarks/serve_bench.py --preset flash --device c
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -59,7 +62,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     sent = time.perf_counter()
     first = last = None
-    usage = None
+    usage, pieces = None, []
     stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
                                        stream=True, stream_options={"include_usage": True})
     for chunk in stream:
@@ -67,13 +70,15 @@ def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: in
         if chunk.choices:
             first = first or now
             last = now
+            pieces.append(chunk.choices[0].text)
         if chunk.usage is not None:
             usage = chunk.usage
     n = usage.completion_tokens if usage else 0
     end = time.perf_counter()
     first = first or end
     return {"ttft_s": round(first - sent, 4), "tpot_s": round((last - first) / (n - 1), 5) if n > 1 and last else None,
-            "completion_tokens": n, "e2e_s": round(end - sent, 4)}
+            "completion_tokens": n, "e2e_s": round(end - sent, 4),
+            "text_sha": hashlib.sha256("".join(pieces).encode()).hexdigest()[:16]}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -83,7 +88,7 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 5)
 
 
-def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -> None:
+def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -> list[dict]:
     total = args.requests or 2 * concurrency
     deadline = time.monotonic() + args.level_timeout
     lock, issued, records, errors = threading.Lock(), [0], [], []
@@ -103,7 +108,7 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -
                 continue
             emit("REQUEST", concurrency=concurrency, index=i, **rec)
             with lock:
-                records.append(rec)
+                records.append({"index": i, **rec})
 
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -120,6 +125,19 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -
          ttft_p50_s=pct([r["ttft_s"] for r in records], 0.5), ttft_p90_s=pct([r["ttft_s"] for r in records], 0.9),
          tpot_p50_s=pct([r["tpot_s"] for r in records], 0.5), tpot_p90_s=pct([r["tpot_s"] for r in records], 0.9),
          prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timed_out=time.monotonic() > deadline)
+    return records
+
+
+def identity(levels: dict[int, list[dict]]) -> bool:
+    """Request i sends the same prompt and seed at every level: its text must not depend on the company it had."""
+    texts: dict[int, set[str]] = {}
+    for records in levels.values():
+        for r in records:
+            texts.setdefault(r["index"], set()).add(r["text_sha"])
+    compared = [i for i in texts if sum(any(r["index"] == i for r in rs) for rs in levels.values()) > 1]
+    differ = sorted(i for i in compared if len(texts[i]) > 1)
+    emit("IDENTITY", requests_compared=len(compared), differing=differ)
+    return not differ
 
 
 def main():
@@ -149,8 +167,9 @@ def main():
         rng = random.Random(0)
         prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
         one_request(client, model, prompts[0], 4, seed=0)  # warm-up: first-call costs stay out of the levels
-        for c in args.levels:
-            run_level(client, model, args, c, prompts)
+        levels = {c: run_level(client, model, args, c, prompts) for c in args.levels}
+        if not identity(levels):
+            raise SystemExit(1)
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGINT)
