@@ -196,7 +196,7 @@ async def _serve(server: Server, request: Request, chat: bool):
                       headers={"Retry-After": str(RETRY_AFTER_S)})
     reply = _Reply(server, req, seq, queue)
     if req.stream:
-        return StreamingResponse(reply.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _Stream(reply)
     watch = asyncio.create_task(_watch_disconnect(request, queue))
     try:
         return JSONResponse(await reply.whole())
@@ -204,12 +204,28 @@ async def _serve(server: Server, request: Request, chat: bool):
         return Response(status_code=499)  # nobody reads it; the slot is already freed
     finally:
         watch.cancel()
+        reply.close()
 
 
 async def _watch_disconnect(request: Request, queue: asyncio.Queue):
     while (await request.receive())["type"] != "http.disconnect":
         pass
     queue.put_nowait(("gone", None))
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events that cancel their sequence however the response ends, even when the client
+    left before the first event (then the event generator never runs)."""
+
+    def __init__(self, reply: "_Reply"):
+        super().__init__(reply.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.reply = reply
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.reply.close()
 
 
 class _Reply:
@@ -219,9 +235,19 @@ class _Reply:
         self.server, self.req, self.seq, self.queue = server, req, seq, queue
         self.text = TextStream(server.model.tokenizer, server.model.cfg.eos_token_id, req.stop)
         self.id = response_id(req.chat)
+        self.closed = False
+
+    def close(self):
+        """Cancel the sequence (a no-op once it finished) and count how the request ended, once."""
+        if self.closed:
+            return
+        self.closed = True
+        self.seq.cancel()
+        self.server.scheduler.wake()
+        self.server.metrics.finish(self.text.finish or "abort")
 
     async def deltas(self):
-        """(text delta, finish_reason or None); the last has a finish_reason. Cancels the sequence
+        """(text delta, finish_reason or None); the last has a finish_reason. Closes the reply
         however it ends (finished, a stop string, an error, the client gone)."""
         try:
             while True:
@@ -241,9 +267,7 @@ class _Reply:
                 else:
                     raise ClientGone
         finally:
-            self.seq.cancel()
-            self.server.scheduler.wake()
-            self.server.metrics.finish(self.text.finish or "abort")
+            self.close()
 
     def usage(self) -> dict:
         p, n = len(self.req.prompt_ids), self.text.n
