@@ -12,20 +12,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from .engine import build, placement
+from .hub import resolve
 from .interface import DecodeModel
 from .launch import load_spawned
 
 
 def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
          seed: int = 0, rank: int = 0, group=None) -> DecodeModel:
-    """Load a checkpoint directory or build a preset.
+    """Load a checkpoint directory, a Hugging Face repo id, or build a preset (dsv4.hub.resolve's rules).
 
     A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
-    directly on `device`; a directory is read in the official format. `ranks > 1` splits the
+    directly on `device`; a directory (or a repo's snapshot in the Hugging Face cache, downloaded
+    when not there) is read in the official format. `ranks > 1` splits the
     model over that many spawned ranks (a dsv4.launch.DistributedModel); `rank`/`group` are for a
     process that is already one rank of a torchrun group (see dsv4.launch.from_torchrun).
     """
+    source = resolve(path_or_preset)  # before spawning: every rank reads one resolved directory
     device, dtype = placement(device, dtype)
     if ranks != 1 and group is None:
-        return load_spawned(path_or_preset, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
-    return build(path_or_preset, device, dtype, rank=rank, world=ranks, group=group, init=init, seed=seed)
+        return load_spawned(source, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed)
+    return build(source, device, dtype, rank=rank, world=ranks, group=group, init=init, seed=seed)

@@ -11,7 +11,8 @@ import time
 
 def _add_model_args(p: argparse.ArgumentParser):
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="checkpoint directory (official format)")
+    src.add_argument("--model", help="checkpoint directory (official format) or Hugging Face repo id "
+                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only)")
     src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
@@ -43,7 +44,17 @@ def _load(args):
 
     from .api import load
 
-    source = args.model or args.preset or "tiny"
+    from pathlib import Path
+
+    from .config import PRESETS
+
+    # --model: a directory wins over a preset of the same name; else a preset name or a repo id.
+    # --preset: only a preset.
+    if args.preset and args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
+    source = args.preset or "tiny"
+    if args.model:
+        source = Path(args.model) if Path(args.model).is_dir() else args.model
     dtype = getattr(torch, args.dtype) if args.dtype else None
     return load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
 
@@ -121,16 +132,19 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     from .serve import Server
 
+    if args.verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with _model(args) as model:
-        server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose)
+        server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
+                        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting)
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
-              f"{model.device} x{model.world})", file=sys.stderr, flush=True)
+              f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world})", file=sys.stderr, flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             pass
-        finally:
-            server.server_close()
     return 0
 
 
@@ -178,6 +192,10 @@ def main(argv=None) -> int:
     sv.add_argument("--served-model-name", default="dsv4", help="the model id clients send and /v1/models lists")
     sv.add_argument("--max-model-len", type=int, default=None,
                     help="prompt + completion tokens per request (default min(8192, max_position_embeddings))")
+    sv.add_argument("--max-num-seqs", type=int, default=16,
+                    help="sequences decoding at once (each holds a preallocated state of --max-model-len tokens)")
+    sv.add_argument("--max-waiting", type=int, default=64,
+                    help="requests that may wait for a sequence slot; beyond it: 429 with Retry-After")
     sv.add_argument("--verbose", action="store_true", help="log each request")
     sv.set_defaults(fn=cmd_serve)
 

@@ -49,11 +49,12 @@ def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, 
           group=None, init: str | None = None, seed: int = 0) -> "Model":
     """One rank's Model: rank `rank` of `world` (joined through `group` when world > 1).
 
-    A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
-    directly on `device`; a directory is read in the official format.
+    `path_or_preset` as dsv4.hub.resolve leaves it: a preset name (tiny, mini, flash) gets random
+    weights (`init="random"`, `seed`), built directly on `device`; anything else is a checkpoint
+    directory, read in the official format.
     """
     name = str(path_or_preset)
-    if name in PRESETS and not Path(name).is_dir():
+    if name in PRESETS:
         if init not in (None, "random"):
             raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
         cfg = preset(name)

@@ -140,7 +140,8 @@ class Tokenizer:
         return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        # encode_batch, not encode: it releases the GIL, so a long text stalls no other thread (a server's).
+        ids = self.tok.encode_batch([text], add_special_tokens=False)[0].ids
         return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:

@@ -1,24 +1,31 @@
-"""`dsv4 serve`: the OpenAI protocol over HTTP, on the tiny preset (CPU).
+"""`dsv4 serve`: the OpenAI API over HTTP, on the tiny preset (CPU), driven by the `openai` client.
 
-The server runs in a thread on an ephemeral port; requests go through urllib as a client's would.
-Checked: what /v1/models lists; a seeded completion equals the engine's own sampled stream
-(Model.step with the same seed) and the greedy one equals argmax decoding; streaming deltas join
-to the non-streaming text with the same finish_reason and usage; chat goes through DeepSeek's chat
-encoding; stop strings cut the text; bad requests get a 4xx naming the field and the limit.
+The server (FastAPI + uvicorn, one scheduler thread) runs in a thread on an ephemeral port.
+Checked: /v1/models, /health, /metrics; a seeded completion equals the engine's own sampled stream
+and the greedy one argmax decoding; streams join to the non-streamed text (usage only with
+stream_options.include_usage); chat goes through DeepSeek's chat encoding; stop strings cut the
+text; 8 concurrent streams each equal their solo stream; a client leaving mid-stream (or before a
+non-streamed answer) frees its slot and the next request is served; a full queue answers 429 with
+Retry-After; a huge prompt is tokenised without stalling a running stream; every OpenAI request
+field is either honoured or refused with a 400 naming it.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
+import time
+import typing
 
+import httpx
+import openai
 import pytest
 import torch
 
 import dsv4
 from dsv4.serve import Server, chat_text
+
+NAME = "tiny-test"
 
 
 @pytest.fixture(scope="module")
@@ -28,65 +35,82 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(model):
-    srv = Server(model, "127.0.0.1", 0, model_name="tiny-test", max_model_len=256)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=256, max_num_seqs=8) as srv:
+        yield srv
 
 
-def call(server, path, body=None, raw: bytes | None = None):
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(server.url.removesuffix("/v1") + path, data=data,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.headers.get("Content-Type"), r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type"), e.read().decode()
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
+
+
+def root(server) -> str:
+    return server.url.removesuffix("/v1")
+
+
+def post(server, path, body=None, timeout=60, **kw):
+    return httpx.post(root(server) + path, json=body, timeout=timeout, **kw)
+
+
+def running(server) -> int:
+    return httpx.get(root(server) + "/health", timeout=10).json()["running"]
+
+
+def wait_for(cond, seconds=15.0):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def engine_stream(model, ids, n, sampling):
-    state = model.new_state(len(ids) + n)
-    model.prefill(state, ids[:-1])
-    token, out = ids[-1], []
-    for _ in range(n):
-        token = model.step(state, token, sampling)
-        if token == model.cfg.eos_token_id:
+    out = []
+    for t in model.sample_tokens(ids, n, sampling):
+        if t == model.cfg.eos_token_id:
             break
-        out.append(token)
+        out.append(t)
     return out
 
 
-def test_models_and_health(server):
-    status, _, text = call(server, "/v1/models")
-    assert status == 200
-    assert [m["id"] for m in json.loads(text)["data"]] == ["tiny-test"]
-    assert call(server, "/health")[0] == 200
+def stream_text(stream) -> tuple[str, str, list]:
+    chunks = list(stream)
+    pieces = [c.choices[0].text if hasattr(c.choices[0], "text") else (c.choices[0].delta.content or "")
+              for c in chunks if c.choices]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return "".join(pieces), finish[-1], chunks
 
 
-def test_seeded_completion_is_the_engines_stream(server, model):
-    body = {"model": "tiny-test", "prompt": "hello there", "max_tokens": 12, "temperature": 1.0, "seed": 7}
-    status, _, text = call(server, "/v1/completions", body)
-    assert status == 200, text
-    out = json.loads(text)
+def test_models_health_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    health = httpx.get(root(server) + "/health").json()
+    assert health["status"] == "ok"
+    client.completions.create(model=NAME, prompt="count me", max_tokens=3, seed=1)
+    r = httpx.get(root(server) + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    for name in ("dsv4_num_requests_running", "dsv4_num_requests_waiting", "dsv4_prompt_tokens_total",
+                 "dsv4_generation_tokens_total", "dsv4_time_to_first_token_seconds_bucket",
+                 "dsv4_time_per_output_token_seconds_bucket", "dsv4_requests_finished_total"):
+        assert f'{name}{{' in r.text, name
+    line = next(x for x in r.text.splitlines() if x.startswith("dsv4_generation_tokens_total{"))
+    assert float(line.split()[-1]) >= 3
+
+
+def test_seeded_completion_is_the_engines_stream(client, model):
+    out = client.completions.create(model=NAME, prompt="hello there", max_tokens=12, temperature=1.0, seed=7)
     ids = model.tokenizer.encode("hello there")
     expected = engine_stream(model, ids, 12, dsv4.SamplingParams(temperature=1.0, seed=7))
-    assert out["object"] == "text_completion" and out["model"] == "tiny-test"
-    assert out["choices"][0]["text"] == model.tokenizer.decode(expected)
-    finish = out["choices"][0]["finish_reason"]
-    assert finish == ("length" if len(expected) == 12 else "stop")
-    assert out["usage"]["prompt_tokens"] == len(ids)
-    assert out["usage"]["completion_tokens"] == min(12, len(expected) + 1)
-    # The same seed again gives the same text (the sampler is keyed by (seed, position)).
-    assert json.loads(call(server, "/v1/completions", body)[2])["choices"][0]["text"] == out["choices"][0]["text"]
+    assert out.object == "text_completion" and out.model == NAME
+    assert out.choices[0].text == model.tokenizer.decode(expected)
+    assert out.choices[0].finish_reason == ("length" if len(expected) == 12 else "stop")
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.usage.completion_tokens == min(12, len(expected) + 1)
+    again = client.completions.create(model=NAME, prompt="hello there", max_tokens=12, temperature=1.0, seed=7)
+    assert again.choices[0].text == out.choices[0].text  # the sampler is keyed by (seed, position)
 
 
-def test_greedy_completion_from_token_ids(server, model):
+def test_greedy_completion_from_token_ids(client, model):
     ids = model.tokenizer.encode("abc")
-    status, _, text = call(server, "/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0})
-    assert status == 200, text
+    out = client.completions.create(model=NAME, prompt=ids, max_tokens=6, temperature=0)
     state = model.new_state(len(ids) + 6)
     logits = model.prefill(state, ids)
     greedy = []
@@ -96,89 +120,217 @@ def test_greedy_completion_from_token_ids(server, model):
             break
         greedy.append(t)
         logits = model.decode(state, t)
-    assert json.loads(text)["choices"][0]["text"] == model.tokenizer.decode(greedy)
+    assert out.choices[0].text == model.tokenizer.decode(greedy)
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", {"prompt": "stream me", "max_tokens": 10, "seed": 3}),
-    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"},
-                                           {"role": "user", "content": "hi"}], "max_tokens": 10, "seed": 3}),
-])
-def test_stream_joins_to_the_whole_response(server, path, body):
-    status, _, whole = call(server, path, body)
-    assert status == 200, whole
-    whole = json.loads(whole)
-    status, ctype, text = call(server, path, {**body, "stream": True})
-    assert status == 200 and ctype == "text/event-stream"
-    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    chat = path.endswith("chat/completions")
-    pieces = [c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"] for c in chunks]
-    assert len({c["id"] for c in chunks}) == 1
-    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
-    assert chunks[-1]["usage"] == whole["usage"]
-    got = "".join(pieces)
-    assert got == (whole["choices"][0]["message"]["content"] if chat else whole["choices"][0]["text"])
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("usage", [False, True])
+def test_stream_joins_to_the_whole_response(client, chat, usage):
     if chat:
-        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-        assert whole["object"] == "chat.completion" and chunks[0]["object"] == "chat.completion.chunk"
+        create, args = client.chat.completions.create, {"messages": [{"role": "system", "content": "be brief"},
+                                                                     {"role": "user", "content": "hi"}]}
+    else:
+        create, args = client.completions.create, {"prompt": "stream me"}
+    args.update(model=NAME, max_tokens=10, seed=3)
+    whole = create(**args)
+    extra = {"stream_options": {"include_usage": True}} if usage else {}
+    text, finish, chunks = stream_text(create(**args, stream=True, **extra))
+    assert len({c.id for c in chunks}) == 1
+    assert finish == whole.choices[0].finish_reason
+    assert text == (whole.choices[0].message.content if chat else whole.choices[0].text)
+    if usage:
+        assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+        assert all(c.usage is None for c in chunks[:-1])
+    else:
+        assert all(c.usage is None and c.choices for c in chunks)
+    if chat:
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert whole.object == "chat.completion" and chunks[0].object == "chat.completion.chunk"
 
 
-def test_chat_uses_deepseek_chat_encoding(server, model):
+def test_chat_uses_deepseek_chat_encoding(client, model):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": [{"type": "text", "text": "again"}]}]
     assert chat_text(messages) == ("<｜User｜>hi<｜Assistant｜></think>hello<｜end▁of▁sentence｜>"
                                    "<｜User｜>again<｜Assistant｜></think>")
-    body = {"messages": messages, "max_tokens": 5, "seed": 11}
-    out = json.loads(call(server, "/v1/chat/completions", body)[2])
+    out = client.chat.completions.create(model=NAME, messages=messages, max_tokens=5, seed=11)
     ids = model.tokenizer.encode(chat_text(messages))
-    assert out["usage"]["prompt_tokens"] == len(ids)
+    assert out.usage.prompt_tokens == len(ids)
     expected = engine_stream(model, ids, 5, dsv4.SamplingParams(seed=11))
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": model.tokenizer.decode(expected)}
+    assert (out.choices[0].message.role, out.choices[0].message.content) == ("assistant",
+                                                                            model.tokenizer.decode(expected))
 
 
-def test_stop_string_cuts_the_text(server):
-    base = {"prompt": "stop test", "max_tokens": 20, "seed": 5}
-    full = json.loads(call(server, "/v1/completions", base)[2])["choices"][0]["text"]
+def test_stop_string_cuts_the_text(client):
+    base = {"model": NAME, "prompt": "stop test", "max_tokens": 20, "seed": 5}
+    full = client.completions.create(**base).choices[0].text
     cut = next((i for i in range(3, len(full) - 1) if full[i:i + 2].strip() and full.find(full[i:i + 2]) == i), None)
     if cut is None:
         pytest.fail(f"no usable stop string in {full!r}")
     stop = full[cut:cut + 2]
-    for stream in (False, True):
-        status, _, text = call(server, "/v1/completions", {**base, "stop": [stop], "stream": stream})
-        assert status == 200
-        if stream:
-            chunks = [json.loads(e.removeprefix("data: ")) for e in text.split("\n\n") if e and "[DONE]" not in e]
-            got, finish = "".join(c["choices"][0]["text"] for c in chunks), chunks[-1]["choices"][0]["finish_reason"]
-        else:
-            got, finish = json.loads(text)["choices"][0]["text"], json.loads(text)["choices"][0]["finish_reason"]
-        assert (got, finish) == (full[:cut], "stop")
+    out = client.completions.create(**base, stop=[stop])
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (full[:cut], "stop")
+    text, finish, _ = stream_text(client.completions.create(**base, stop=stop, stream=True))
+    assert (text, finish) == (full[:cut], "stop")
+
+
+def test_concurrent_streams_equal_their_solo_streams(client, server):
+    prompts = [("the river starts high in the hills " * 11, 5)] + [(f"prompt number {i} " * (i + 1), 8)
+                                                                  for i in range(7)]
+    jobs = [dict(model=NAME, prompt=p, max_tokens=n, temperature=1.0, seed=100 + i)
+            for i, (p, n) in enumerate(prompts)]
+    solo = [stream_text(client.completions.create(**j, stream=True))[:2] for j in jobs]
+    got, spans = [None] * len(jobs), [None] * len(jobs)
+
+    def one(i):
+        pieces, first = [], None
+        for c in client.completions.create(**jobs[i], stream=True):
+            first = first or time.monotonic()
+            pieces.append(c)
+        got[i] = stream_text(pieces)[:2]
+        spans[i] = (first, time.monotonic())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == solo
+    assert max(s[0] for s in spans) < min(s[1] for s in spans)  # they did run together
+
+
+def test_disconnects_free_the_slot(client, server):
+    stream = client.completions.create(model=NAME, prompt="leave early", max_tokens=200, seed=1, stream=True)
+    next(iter(stream))
+    assert running(server) == 1
+    stream.close()
+    wait_for(lambda: running(server) == 0)
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+        post(server, "/v1/completions", {"prompt": "wait for me", "max_tokens": 200, "seed": 2}, timeout=0.5)
+    wait_for(lambda: running(server) == 0)
+    assert client.completions.create(model=NAME, prompt="next", max_tokens=3, seed=3).usage.completion_tokens >= 1
+
+
+def test_queue_full_gives_429_with_retry_after(model):
+    with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=256, max_num_seqs=1, max_waiting=1) as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+        stream = c.completions.create(model=NAME, prompt="hold the slot", max_tokens=200, seed=1, stream=True)
+        next(iter(stream))
+        waiter = []
+        t = threading.Thread(target=lambda: waiter.append(post(srv, "/v1/completions", {"prompt": "x",
+                                                                                        "max_tokens": 2})))
+        t.start()
+        wait_for(lambda: httpx.get(root(srv) + "/health").json()["waiting"] == 1)
+        r = post(srv, "/v1/completions", {"prompt": "y", "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"].isdigit()
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        with pytest.raises(openai.RateLimitError):
+            c.completions.create(model=NAME, prompt="z", max_tokens=2)
+        stream.close()
+        t.join(60)
+        assert waiter[0].status_code == 200, waiter[0].text
+        assert "dsv4_requests_rejected_total" in httpx.get(root(srv) + "/metrics").text
+
+
+def test_huge_prompt_does_not_stall_a_stream(client, server):
+    big = "hello world, and more words " * 25000  # 0.7 MB: seconds of tokenisation
+    stamps, answer = [], []
+
+    def send():
+        start = time.perf_counter()
+        answer.append(post(server, "/v1/completions", {"prompt": big}))
+        answer.append((start, time.perf_counter()))
+
+    stream = client.completions.create(model=NAME, prompt="keep going", max_tokens=60, seed=9, stream=True)
+    it = iter(stream)
+    next(it)
+    t = threading.Thread(target=send)
+    t.start()
+    for _ in it:
+        stamps.append(time.perf_counter())
+    t.join(60)
+    assert answer[0].status_code == 400 and answer[0].json()["error"]["code"] == "context_length_exceeded"
+    start, end = answer[1]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > start and a < end]
+    assert gaps and max(gaps) < max(0.5, (end - start) / 2), (gaps, end - start)
+
+
+# Every field of the openai client's request types: implemented, or refused (400 naming it) unless neutral.
+IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+               "stop", "stream", "stream_options", "user", "safety_identifier", "prompt_cache_key"}
+REFUSED = {
+    "n": 2, "best_of": 2, "echo": True, "suffix": "end", "logprobs": 2, "top_logprobs": 3,
+    "frequency_penalty": 0.5, "presence_penalty": 1.0, "logit_bias": {"5": 10}, "response_format":
+    {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+    "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
+    "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high",
+    "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",
+    "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
+    "parallel_tool_calls": "sometimes",
+    # vLLM's extensions
+    "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True,
+}
+
+
+def _fields(module) -> set[str]:
+    return set(typing.get_type_hints(module.CompletionCreateParamsBase))
+
+
+@pytest.mark.parametrize("path,fields", [
+    ("/v1/completions", _fields(openai.types.completion_create_params)),
+    ("/v1/chat/completions", _fields(openai.types.chat.completion_create_params)),
+])
+def test_every_openai_field_is_honoured_or_refused(server, path, fields):
+    unknown = fields - IMPLEMENTED - set(REFUSED)
+    assert not unknown, f"decide for {sorted(unknown)}: implement or refuse"
+    base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    base["max_tokens"] = 2
+    for name in sorted(fields & set(REFUSED)):
+        r = post(server, path, {**base, name: REFUSED[name]})
+        assert r.status_code == 400, (name, r.text)
+        assert r.json()["error"]["param"] == name and r.json()["error"]["message"].startswith(name + ":"), r.text
+    neutral = {"n": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "user": "me", "top_k": -1,
+               **({"logprobs": False, "response_format": {"type": "text"}, "tools": []} if "chat" in path else {})}
+    assert post(server, path, {**base, **neutral}).status_code == 200
 
 
 @pytest.mark.parametrize("path,body,status,words", [
     ("/v1/completions", {"prompt": "x", "max_tokens": 500}, 400, ["max_tokens", "[1, "]),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, ["n: only 1"]),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, ["temperature", "[0.0, 2.0]"]),
-    ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, ["'gpt-4'", "'tiny-test'"]),
+    ("/v1/completions", {"prompt": "x", "seed": 2 ** 64}, 400, ["seed", "2**64"]),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, 400, ["seed"]),
+    ("/v1/completions", {"prompt": "x", "top_k": -2}, 400, ["top_k", "[-1, "]),
+    ("/v1/completions", {"prompt": "x", "top_k": 10 ** 6}, 400, ["top_k", "512"]),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, ["stream: true or false"]),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, ["stream_options"]),
+    ("/v1/completions", {"prompt": "x", "mystery": 1}, 400, ["mystery"]),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, ["'gpt-4'", f"'{NAME}'"]),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, ["99999", "[0, 512)"]),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, ["one prompt per request"]),
     ("/v1/completions", {"prompt": "word " * 200}, 400, ["max_model_len 256"]),
     ("/v1/completions", {"max_tokens": 3}, 400, ["prompt"]),
     ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, ["logprobs"]),
+    ("/v1/completions", [1, 2], 400, ["JSON object"]),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, ["messages[0].role"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": "a"}]}, 400,
+     ["messages[0].name"]),
     ("/v1/chat/completions", {"messages": []}, 400, ["messages"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, 400,
+     ["max_completion_tokens"]),
     ("/v1/embeddings", {"input": "x"}, 404, ["POST /v1/embeddings"]),
 ])
 def test_bad_requests_name_the_field(server, path, body, status, words):
-    got, ctype, text = call(server, path, body)
-    assert got == status and ctype == "application/json"
-    message = json.loads(text)["error"]["message"]
+    r = post(server, path, body)
+    assert r.status_code == status and r.headers["content-type"] == "application/json"
+    message = r.json()["error"]["message"]
     assert all(w in message for w in words), message
 
 
-def test_body_that_is_not_json(server):
-    status, _, text = call(server, "/v1/completions", raw=b"{not json")
-    assert status == 400 and "not JSON" in json.loads(text)["error"]["message"]
+@pytest.mark.parametrize("raw", [b"{not json", b"[" * 100000 + b"]" * 100000, b"\xff\xfe"])
+def test_body_that_is_not_json(server, raw):
+    r = post(server, "/v1/completions", content=raw)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
 
 
 def test_max_model_len_above_the_model_is_refused(model):
@@ -186,7 +338,13 @@ def test_max_model_len_above_the_model_is_refused(model):
         Server(model, "127.0.0.1", 0, max_model_len=10 ** 6)
 
 
-def test_cli_serve_starts_and_answers(tmp_path):
+def test_port_in_use_is_one_line(model, server):
+    port = int(server.url.rsplit(":", 1)[1].removesuffix("/v1"))
+    with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}"):
+        Server(model, "127.0.0.1", port)
+
+
+def test_cli_serve_starts_and_answers():
     """`dsv4 serve --preset tiny --port 0` prints its URL, answers, and stops on SIGINT."""
     import os
     import re
@@ -195,18 +353,15 @@ def test_cli_serve_starts_and_answers(tmp_path):
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", "serve", "--preset", "tiny", "--device", "cpu",
-                             "--port", "0", "--served-model-name", "cli-tiny"],
+                             "--port", "0", "--served-model-name", "cli-tiny", "--max-num-seqs", "2"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         line = proc.stderr.readline()
         url = re.search(r"at (http://\S+/v1)", line)
         assert url, line
-        with urllib.request.urlopen(url.group(1) + "/models", timeout=30) as r:
-            assert json.loads(r.read())["data"][0]["id"] == "cli-tiny"
-        req = urllib.request.Request(url.group(1) + "/completions", data=json.dumps(
-            {"prompt": "hi", "max_tokens": 3, "seed": 1}).encode(), headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert json.loads(r.read())["usage"]["completion_tokens"] >= 1
+        c = openai.OpenAI(base_url=url.group(1), api_key="none", max_retries=0, timeout=60)
+        assert c.models.list().data[0].id == "cli-tiny"
+        assert c.completions.create(model="cli-tiny", prompt="hi", max_tokens=3, seed=1).usage.completion_tokens >= 1
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

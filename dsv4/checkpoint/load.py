@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 from pathlib import Path
 
 import torch
@@ -152,6 +153,14 @@ class _Handles:
         return self._open[file]
 
 
+def _progress(path: Path, total: int, rank: int):
+    """A bar over the tensors read, naming the shard; shown by rank 0 on a terminal only."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"loading {path.name}", unit="tensor", leave=False,
+                disable=rank != 0 or not sys.stderr.isatty())
+
+
 def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: int = 1, device="cpu",
                  dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, torch.Tensor | QWeight]]:
     """(cfg, this rank's weights). Quantised weights stay quantised (QWeight); see `as_memory`."""
@@ -170,10 +179,12 @@ def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: 
     specs = tensor_specs(cfg, rank, world)
     handles = _Handles(where)
     out: dict[str, torch.Tensor | QWeight] = {}
-    # tid2eid first: its values are the one check that needs data.
-    order = sorted(specs, key=lambda n: storage(specs[n], cfg) != "int")
-    with torch.no_grad():
+    # tid2eid first: its values are the one check that needs data; then shard by shard.
+    order = sorted(specs, key=lambda n: (storage(specs[n], cfg) != "int", str(where[n])))
+    with torch.no_grad(), _progress(path, len(order), rank) as bar:
         for name in order:
+            bar.set_postfix_str(where[name].name, refresh=False)
+            bar.update()
             spec = specs[name]
             kind = storage(spec, cfg)
             data, scale, row0, col0 = _read(handles, name, spec, kind)

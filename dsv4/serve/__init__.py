@@ -1,6 +1,8 @@
-"""OpenAI-compatible serving: `protocol` (requests, chat encoding, generation), `server` (HTTP)."""
+"""OpenAI-compatible serving: `protocol` (requests, chat encoding, text), `scheduler` (the engine's one
+thread), `server` (FastAPI + uvicorn), `metrics` (Prometheus)."""
 
 from .protocol import RequestError, chat_text
+from .scheduler import Scheduler
 from .server import Server
 
-__all__ = ["RequestError", "Server", "chat_text"]
+__all__ = ["RequestError", "Scheduler", "Server", "chat_text"]

@@ -1,0 +1,183 @@
+"""Load on `dsv4 serve` through the real HTTP server and the `openai` client, at several concurrencies.
+
+Starts `python -m dsv4.cli serve` on a free localhost port (or drives --url), then for each
+concurrency C runs --requests requests (default 2 C) from C client threads, each a streamed
+completion of --max-tokens tokens from a --prompt-tokens prompt of random token ids (seeded, so
+reruns send the same prompts). Bounded: every level stops issuing requests after --level-timeout
+seconds. Prints one record per line, `TAG {json}`:
+
+  BUILD    the server's command line and how long it took to answer
+  REQUEST  per request: ttft_s (request sent -> first streamed token), tpot_s (time per output token
+           after the first), completion tokens, e2e_s
+  LEVEL    per concurrency: aggregate tok/s (completion tokens / wall time of the level), ttft and
+           tpot percentiles, errors
+  IDENTITY request i has the same prompt and seed at every level: its text must be the same alone and
+           among others (exit 1 when not)
+
+CPU smoke (seconds):  python benchmarks/serve_bench.py --preset tiny --device cpu --concurrency 1,4 \\
+                      --prompt-tokens 32 --max-tokens 8
+GPU:                  python benchmarks/serve_bench.py --preset flash --device cuda --ranks 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+
+
+def emit(tag, **rec):
+    print(tag, json.dumps(rec), flush=True)
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "dsv4.cli", "serve", "--port", "0", "--served-model-name", "bench",
+           "--max-num-seqs", str(max(args.levels)), "--max-waiting", str(4 * max(args.levels)),
+           "--max-model-len", str(args.prompt_tokens + args.max_tokens + 8)]
+    cmd += ["--model", args.model] if args.model else ["--preset", args.preset]
+    cmd += ["--ranks", str(args.ranks)] + (["--device", args.device] if args.device else [])
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in proc.stderr:
+        found = re.search(r"at (http://\S+/v1)", line)
+        if found:
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep it drained
+            emit("BUILD", cmd=" ".join(cmd[1:]), ready_s=round(time.perf_counter() - start, 2), banner=line.strip())
+            return proc, found.group(1)
+        sys.stderr.write(line)
+    raise SystemExit(f"the server exited (code {proc.wait()}) before it answered")
+
+
+def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
+    sent = time.perf_counter()
+    first = last = None
+    usage, pieces = None, []
+    stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
+                                       stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices:
+            first = first or now
+            last = now
+            pieces.append(chunk.choices[0].text)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    n = usage.completion_tokens if usage else 0
+    end = time.perf_counter()
+    first = first or end
+    return {"ttft_s": round(first - sent, 4), "tpot_s": round((last - first) / (n - 1), 5) if n > 1 and last else None,
+            "completion_tokens": n, "e2e_s": round(end - sent, 4),
+            "text_sha": hashlib.sha256("".join(pieces).encode()).hexdigest()[:16]}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 5)
+
+
+def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -> list[dict]:
+    total = args.requests or 2 * concurrency
+    deadline = time.monotonic() + args.level_timeout
+    lock, issued, records, errors = threading.Lock(), [0], [], []
+
+    def worker():
+        while True:
+            with lock:
+                if issued[0] >= total or time.monotonic() > deadline:
+                    return
+                i = issued[0]
+                issued[0] += 1
+            try:
+                rec = one_request(client, model, prompts[i % len(prompts)], args.max_tokens, seed=i)
+            except Exception as e:  # noqa: BLE001 - a failed request is a result too
+                with lock:
+                    errors.append(repr(e)[:200])
+                continue
+            emit("REQUEST", concurrency=concurrency, index=i, **rec)
+            with lock:
+                records.append({"index": i, **rec})
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    tokens = sum(r["completion_tokens"] for r in records)
+    emit("LEVEL", concurrency=concurrency, requests=len(records), errors=len(errors), first_error=errors[:1],
+         wall_s=round(wall, 3), completion_tokens=tokens, aggregate_tok_s=round(tokens / wall, 2),
+         per_request_tok_s=round(statistics.median(r["completion_tokens"] / r["e2e_s"] for r in records), 2)
+         if records else None,
+         ttft_p50_s=pct([r["ttft_s"] for r in records], 0.5), ttft_p90_s=pct([r["ttft_s"] for r in records], 0.9),
+         tpot_p50_s=pct([r["tpot_s"] for r in records], 0.5), tpot_p90_s=pct([r["tpot_s"] for r in records], 0.9),
+         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timed_out=time.monotonic() > deadline)
+    return records
+
+
+def identity(levels: dict[int, list[dict]]) -> bool:
+    """Request i sends the same prompt and seed at every level: its text must not depend on the company it had."""
+    texts: dict[int, set[str]] = {}
+    for records in levels.values():
+        for r in records:
+            texts.setdefault(r["index"], set()).add(r["text_sha"])
+    compared = [i for i in texts if sum(any(r["index"] == i for r in rs) for rs in levels.values()) > 1]
+    differ = sorted(i for i in compared if len(texts[i]) > 1)
+    emit("IDENTITY", requests_compared=len(compared), differing=differ)
+    return not differ
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an already running server's base URL (http://host:port/v1); else one is started")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--model", help="checkpoint directory or Hugging Face repo id (instead of --preset)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default 2 x concurrency)")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds a level may issue requests")
+    args = ap.parse_args()
+    args.levels = [int(c) for c in args.concurrency.split(",")]
+    proc = None
+    if args.url:
+        url = args.url
+        emit("BUILD", url=url)
+    else:
+        proc, url = start_server(args)
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=args.level_timeout + 60)
+        model = client.models.list().data[0].id
+        vocab_hi = 256  # random ids among the first tokens: every vocabulary has them
+        rng = random.Random(0)
+        prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
+        one_request(client, model, prompts[0], 4, seed=0)  # warm-up: first-call costs stay out of the levels
+        levels = {c: run_level(client, model, args, c, prompts) for c in args.levels}
+        if not identity(levels):
+            raise SystemExit(1)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()

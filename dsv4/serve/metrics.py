@@ -1,0 +1,51 @@
+"""Prometheus metrics of one server (its own registry: servers in one process do not share counts)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def make(kind, name, doc, **kw):
+            return kind(name, doc, labels, registry=r, **kw).labels(model_name)
+
+        self.running = make(Gauge, "dsv4_num_requests_running", "Sequences holding a decode slot")
+        self.waiting = make(Gauge, "dsv4_num_requests_waiting", "Sequences waiting for a decode slot")
+        self.prompt_tokens = make(Counter, "dsv4_prompt_tokens", "Prompt tokens prefilled")
+        self.generation_tokens = make(Counter, "dsv4_generation_tokens", "Tokens sampled")
+        self.ttft = make(Histogram, "dsv4_time_to_first_token_seconds",
+                         "From the request's arrival to its first sampled token", buckets=_TTFT_BUCKETS)
+        self.tpot = make(Histogram, "dsv4_time_per_output_token_seconds",
+                         "Between consecutive sampled tokens of one sequence", buckets=_TPOT_BUCKETS)
+        self.rejected = make(Counter, "dsv4_requests_rejected", "Requests refused with 429 (queue full)")
+        self.finished = Counter("dsv4_requests_finished", "Requests ended, by finish reason",
+                                ["model_name", "finished_reason"], registry=r)
+        self.model_name = model_name
+
+    def first_token(self, seconds: float, prompt_tokens: int):
+        self.ttft.observe(seconds)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc()
+
+    def next_token(self, seconds: float):
+        self.tpot.observe(seconds)
+        self.generation_tokens.inc()
+
+    def queues(self, running: int, waiting: int):
+        self.running.set(running)
+        self.waiting.set(waiting)
+
+    def finish(self, reason: str):
+        self.finished.labels(self.model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

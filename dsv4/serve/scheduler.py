@@ -1,0 +1,225 @@
+"""One scheduler thread owns the engine; request handlers talk to it through queues.
+
+A request becomes one `Sequence` (its own prompt, sampling parameters and output queue). The
+scheduler holds a pool of `max_num_seqs` DecodeStates of `max_model_len` tokens, allocated once
+and reused (zeroed on release, so a reused slot is byte for byte a fresh one). Each round:
+
+  1. take what handlers sent (new sequences wait in arrival order; cancellations are flags);
+  2. admit waiting sequences into free slots;
+  3. advance every active sequence by one unit of work, round robin: a sequence still in its
+     prompt runs its next prefill chunk (`prefill_chunk` tokens), the others one sampled step
+     (`_decode`: today one `Model.step` per sequence; a batched step over all of them slots in
+     there, and with it per-row sampling and logit processing);
+  4. drop finished or cancelled sequences, zero their slots.
+
+So a long prompt costs the running sequences one chunk per round, not its whole prefill. Each
+step is its own transaction on its own state, and the sampler is keyed by (seed, position), so a
+sequence's tokens are the same alone or among others, and the same as `Model.sample_tokens`
+(whose prefill chunks have the same boundaries).
+
+n choices of one request would be n Sequences whose events carry their index; per-row logit
+processing would be per-Sequence parameters applied in `_decode`'s batched sampling.
+
+Events go back to the handler's asyncio loop as ("token", id), ("done", finish_reason) or
+("error", RequestError); the scheduler finishes a sequence at EOS or max_tokens, the handler by
+`cancel()` (a stop string, a client gone).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .protocol import RequestError
+
+log = logging.getLogger("dsv4.serve")
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the waiting queue holds max_waiting sequences."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: object  # SamplingParams
+    emit: object  # callable(event: tuple), thread-safe: delivers to the handler
+    arrived: float = field(default_factory=time.perf_counter)
+    slot: int | None = None
+    prefilled: int = 0  # prompt tokens (of prompt_ids[:-1]) already in the state
+    token: int | None = None  # the next step's input: the last prompt token, then each sampled one
+    generated: int = 0
+    last_emit: float | None = None
+    cancelled: bool = False
+
+    def cancel(self):
+        """Ask the scheduler to drop this sequence at its next round (any thread)."""
+        self.cancelled = True
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt_ids) - 1
+
+
+class Scheduler:
+    def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
+                 prefill_chunk: int = 64, metrics=None):
+        if max_num_seqs < 1 or max_waiting < 0 or prefill_chunk < 1:
+            raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
+                             f"prefill_chunk {prefill_chunk} >= 1 are required")
+        self.model, self.max_waiting, self.prefill_chunk, self.metrics = model, max_waiting, prefill_chunk, metrics
+        self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
+        self.free = list(range(max_num_seqs))
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="dsv4-scheduler", daemon=True)
+
+    # ---- handler side (any thread) ------------------------------------------
+    def submit(self, seq: Sequence):
+        """Queue a sequence; raises QueueFull when it would wait behind max_waiting others."""
+        with self.cond:
+            if self.stopping or self.error is not None:
+                raise RequestError("the server is shutting down" if self.stopping else
+                                   f"the engine stopped: {self.error!r}", status=503, kind="server_error")
+            waiting = sum(not s.cancelled for s in self.waiting)
+            if waiting + 1 - len(self.free) > self.max_waiting:
+                raise QueueFull
+            self.waiting.append(seq)
+            self.cond.notify()
+
+    def wake(self):
+        """Make a sleeping scheduler look at its sequences (after a cancel)."""
+        with self.cond:
+            self.cond.notify()
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self, timeout: float = 30.0):
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        with self.cond:
+            return len(self.running), len(self.waiting)
+
+    # ---- the scheduler thread ------------------------------------------------
+    def _loop(self):
+        try:
+            if self.model.device.type == "cuda":
+                import torch
+
+                torch.cuda.set_device(self.model.device)  # a new thread starts on cuda:0
+            while self._admit():
+                self._round()
+        except BaseException as e:  # noqa: BLE001 - the engine is unusable; tell every handler why
+            log.exception("dsv4 scheduler stopped")
+            self.error = e
+        with self.cond:
+            left = [*self.running, *self.waiting]
+            self.running, self.waiting = [], collections.deque()
+        for seq in left:
+            seq.emit(("error", RequestError("the server is shutting down" if self.error is None else
+                                            f"the engine stopped: {self.error!r}", status=503, kind="server_error")))
+        self._gauge()
+
+    def _admit(self) -> bool:
+        """Move waiting sequences into free slots; sleep while there is nothing to do. False: stop."""
+        with self.cond:
+            while not self.stopping and not self.running and not self.waiting:
+                self.cond.wait()
+            if self.stopping:
+                return False
+            if any(s.cancelled for s in self.waiting):
+                self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
+            while self.waiting and self.free:
+                seq = self.waiting.popleft()
+                seq.slot = self.free.pop()
+                seq.token = seq.prompt_ids[-1]
+                self.running.append(seq)
+        self._gauge()
+        return True
+
+    def _round(self):
+        for seq in self.running:
+            if not seq.cancelled and seq.prefilling:
+                self._guarded(seq, self._prefill)
+        self._decode([s for s in self.running if not s.cancelled and not s.prefilling])
+        done = [s for s in self.running if s.cancelled]
+        for seq in done:
+            self._zero(seq)
+        if done:
+            with self.cond:
+                self.running = [s for s in self.running if not s.cancelled]
+                self.free += [s.slot for s in done]
+            self._gauge()
+
+    def _prefill(self, seq: Sequence):
+        start = seq.prefilled
+        chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
+        self.model.prefill(self.slots[seq.slot], chunk, chunk_size=self.prefill_chunk)
+        seq.prefilled += len(chunk)
+
+    def _decode(self, seqs: list[Sequence]):
+        """One sampled step for each sequence (where a batched step over `seqs` goes)."""
+        for seq in seqs:
+            self._guarded(seq, self._step)
+
+    def _step(self, seq: Sequence):
+        seq.token = self.model.step(self.slots[seq.slot], seq.token, seq.sampling)
+        seq.generated += 1
+        self._observe(seq)
+        seq.emit(("token", seq.token))
+        if seq.token == self.model.cfg.eos_token_id:
+            self._finish(seq, "stop")
+        elif seq.generated >= seq.max_tokens:
+            self._finish(seq, "length")
+
+    def _guarded(self, seq: Sequence, work):
+        """Run one unit of a sequence's work; an engine error ends that sequence alone."""
+        try:
+            work(seq)
+        except Exception as e:  # noqa: BLE001 - a refused step or a bad state: this request fails, others go on
+            log.warning("dsv4 serve: a sequence failed: %r", e)
+            seq.emit(("error", RequestError(f"the engine failed this request: {e}", status=500,
+                                            kind="server_error")))
+            seq.cancel()
+
+    def _finish(self, seq: Sequence, reason: str):
+        seq.emit(("done", reason))
+        seq.cancel()
+
+    def _zero(self, seq: Sequence):
+        state = self.slots[seq.slot]
+        if state.host_pos or state.quarantine is not None:
+            state.discard()  # zeroed: the next sequence starts from a fresh state's bytes
+
+    # ---- metrics -------------------------------------------------------------
+    def _observe(self, seq: Sequence):
+        if self.metrics is None:
+            return
+        t = time.perf_counter()
+        if seq.last_emit is None:
+            self.metrics.first_token(t - seq.arrived, len(seq.prompt_ids))
+        else:
+            self.metrics.next_token(t - seq.last_emit)
+        seq.last_emit = t
+
+    def _gauge(self):
+        if self.metrics is not None:
+            self.metrics.queues(*self.counts())
