@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 
 import torch
@@ -34,6 +33,7 @@ from dsv4.kernels import attention as fused
 from dsv4.model.attention import _attend
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
+from dsv4.receipts import emit
 
 HEADS = 32
 CASES = [("sliding", SLIDING, 131072), ("csa_512_of_128k", CSA, 131072), ("hca_4k", HCA, 4096),
@@ -47,8 +47,6 @@ CONFIGS = {
 }
 
 
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
 
 
 def inputs(kind, capacity: int, device, dtype, T: int = 1, seed: int = 0):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 
@@ -36,13 +35,12 @@ from dsv4.model.compressor import compress, index_topk
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
 from dsv4.formats import QWeight
+from dsv4.receipts import emit
 
 ARMS = ("torch", "auto", "triton")
 CALLS = ("csa", "csa_indexer", "hca", "index_topk")
 
 
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
 
 
 def layer(cfg, committed: int, device, dtype, seed: int = 0):

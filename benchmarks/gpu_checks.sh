@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # One device call on 2 x H200 (nvidia-h200-x2): the GPU checks and benchmarks of a change, results under $OUT.
 #   phase 1, in parallel:
-#     GPU 0: every CUDA test (kernels against their references, replay identity on mini) with every
-#            kernel on (DSV4_KERNELS=triton), then mini against HF (fp32);
-#     GPU 1: the kernel benchmarks (GEMV and MoE, attention, compressor), then mini decode per policy;
+#     GPU 0: every CUDA test (kernels against their references, replay identity on mini) under
+#            DSV4_KERNELS=$KERNELS (default auto: the GPU-checked kernels), then mini against HF (fp32);
+#     GPU 1: KERNEL_BENCH=1: the kernel benchmarks (GEMV and MoE, attention, compressor); mini decode
+#            with the torch reference and with $KERNELS; SERVE_BENCH=1: the HTTP server on mini;
 #   phase 2, both GPUs:
-#     FLASH_BENCH=1: flash decode on 2 ranks, every kernel on, with the phase profile (dsv4 bench --profile),
-#                    then the same with the GEMV v2 (DSV4_QGEMV=v2) and the one-shot all-reduce (DSV4_REDUCE=symm);
+#     FLASH_BENCH=1: flash decode on 2 ranks with the phase profile (dsv4 bench --profile);
+#                    FLASH_SYMM=1 also with the one-shot all-reduce over symmetric memory (DSV4_REDUCE=symm);
 #     PREFILL=1:     flash prefill of 4096 tokens on 2 ranks (benchmarks/prefill_bench.py);
 #     MINI_GATE=1:   the gate on mini at the seed's sizes (256/256, 2 ranks);
 #     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes.
-# Usage: OUT=dir [KERNELS=triton] [FLASH_BENCH=1] [PREFILL=1] [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] \
-#        bash benchmarks/gpu_checks.sh
+# Usage: OUT=dir [KERNELS=auto|triton] [KERNEL_BENCH=1] [SERVE_BENCH=1] [FLASH_BENCH=1] [FLASH_SYMM=1] [PREFILL=1] \
+#        [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] bash benchmarks/gpu_checks.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?}
-KERNELS=${KERNELS:-triton}
+KERNELS=${KERNELS:-auto}
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
 nvidia-smi -L >> "$OUT/versions.txt"
 (
@@ -28,13 +29,20 @@ nvidia-smi -L >> "$OUT/versions.txt"
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  timeout 150 python benchmarks/qgemv_bench.py --world 2 --arms 'torch|default|v2_n8|fused_n8|fused_k512' > "$OUT/qgemv.txt" 2>&1
-  timeout 60 python benchmarks/attention_bench.py > "$OUT/attention.txt" 2>&1
-  timeout 60 python benchmarks/compressor_bench.py > "$OUT/compressor.txt" 2>&1
-  for k in auto $KERNELS; do
+  if [ "${KERNEL_BENCH:-0}" = 1 ]; then
+    timeout 150 python benchmarks/qgemv_bench.py --world 2 --arms 'torch|default|v2_n8|fused_n8|fused_k512' > "$OUT/qgemv.txt" 2>&1
+    timeout 60 python benchmarks/attention_bench.py > "$OUT/attention.txt" 2>&1
+    timeout 60 python benchmarks/compressor_bench.py > "$OUT/compressor.txt" 2>&1
+  fi
+  for k in torch $KERNELS; do
     DSV4_KERNELS=$k timeout 60 python -m dsv4.cli bench --preset mini --device cuda --prime 128 --steps 64 --rows 2 \
       >> "$OUT/bench_mini.txt" 2>&1
   done
+  if [ "${SERVE_BENCH:-0}" = 1 ]; then
+    DSV4_KERNELS=$KERNELS timeout 120 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 \
+      --prompt-tokens 64 --max-tokens 32 --level-timeout 30 > "$OUT/serve_mini.txt" 2>&1
+    echo "serve_bench rc=$?" >> "$OUT/serve_mini.txt"
+  fi
 ) &
 wait
 flash_bench() {  # $1: label, rest: env assignments
@@ -45,7 +53,7 @@ flash_bench() {  # $1: label, rest: env assignments
 }
 if [ "${FLASH_BENCH:-0}" = 1 ]; then
   flash_bench base
-  flash_bench v2_symm DSV4_QGEMV=v2 DSV4_REDUCE=symm
+  [ "${FLASH_SYMM:-0}" = 1 ] && flash_bench symm DSV4_REDUCE=symm
 fi
 if [ "${PREFILL:-0}" = 1 ]; then
   DSV4_KERNELS=$KERNELS timeout 150 python benchmarks/prefill_bench.py flash --sizes 4096 --runs 2 \

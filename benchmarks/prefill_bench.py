@@ -26,7 +26,6 @@ one warm-up. Prints one JSON record per line:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -38,12 +37,11 @@ import dsv4
 from dsv4.engine import PREFILL_BUDGET, prefill_chunk
 from dsv4.sampler import SamplingParams
 from dsv4.state import DecodeState
+from dsv4.receipts import emit
 
 GIB = 2 ** 30
 
 
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
 
 
 def commit_id() -> str:

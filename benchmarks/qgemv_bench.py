@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import re
@@ -40,6 +39,7 @@ from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import qgemv
 from dsv4.model import moe as moe_mod
 from dsv4.formats import QWeight
+from dsv4.receipts import emit
 
 V1_DEFER = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
 QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
@@ -66,8 +66,6 @@ DEVICE = "cuda"  # tests/test_qgemv.py runs the bookkeeping on CPU through the i
 TOLERANCE = 2 ** -6  # max_rel_err above this (bf16 chains agree far closer) marks an arm wrong
 
 
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
 
 
 def timed(fn, calls: int, reps: int = 10) -> float:

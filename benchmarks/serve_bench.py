@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import re
@@ -36,9 +35,9 @@ import time
 
 import openai
 
+from dsv4.receipts import emit
 
-def emit(tag, **rec):
-    print(tag, json.dumps(rec), flush=True)
+
 
 
 def start_server(args) -> tuple[subprocess.Popen, str]:

@@ -165,8 +165,9 @@ attention.CONFIG.update(default)
 
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)
-for cfg in ({"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
-            {"defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8}):
+for cfg in ({"kernel": "v1", "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
+            {"kernel": "v1", "defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8},
+            {"kernel": "v1", "defer": False, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": None}):
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
 # v2 (split-K and not, every weight kind) at its default tiles and at the other tiles the benchmark sweeps.

@@ -141,7 +141,7 @@ def test_model_decode_takes_the_kernel(monkeypatch):
     calls, kernel = [], fused.attention
     monkeypatch.setattr(fused, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    model = dsv4.load("tiny", device=DEVICES[0], dtype=torch.float32)  # CPU only through the interpreter
     state = model.new_state(32)
     model.prefill(state, list(range(1, 10)))
     assert not calls

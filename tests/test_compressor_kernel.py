@@ -221,9 +221,10 @@ def test_unsupported_shapes_take_the_reference(monkeypatch):
                                     torch.ones(32), cos, True)
     assert not fused.index_supported(torch.zeros(1, 4, 8), torch.zeros(6, 8), torch.zeros(2, 8), cos)
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    w, x, ring_kv, ring_gate = compressor_inputs(4, 24, True, 1, torch.float32, "cpu", seed=1)
-    _, win = windows(5, 1, 4, 8, 10, "cpu")
-    entries, _ = run_compress(w, x, ring_kv, ring_gate, torch.zeros(10, 24), win, True)
+    device = DEVICES[0]  # CPU only through the interpreter
+    w, x, ring_kv, ring_gate = compressor_inputs(4, 24, True, 1, torch.float32, device, seed=1)
+    _, win = windows(5, 1, 4, 8, 10, device)
+    entries, _ = run_compress(w, x, ring_kv, ring_gate, torch.zeros(10, 24, device=device), win, True)
     assert entries.shape == (win.cur.shape[0], 24)
 
 

@@ -222,11 +222,11 @@ def test_shared_expert_gate_up(monkeypatch, device, dtype):
     close_chain(got, ref, dtype)
 
 
-def test_moe_kernels_stay_off_in_auto_mode(monkeypatch):
-    """Until a GPU run checks them, "auto" keeps the reference (and the GPU-checked qgemv path)."""
-    assert fused_moe.GPU_CHECKED is False
+def test_moe_kernels_run_on_cuda_only_in_auto_mode(monkeypatch):
+    """GPU-checked: "auto" runs them on CUDA tensors and keeps the reference on CPU ones."""
+    assert fused_moe.GPU_CHECKED is True
     monkeypatch.setenv("DSV4_KERNELS", "auto")
-    assert not kernels.use_triton(torch.zeros(1), gpu_checked=fused_moe.GPU_CHECKED)
+    assert not kernels.enabled(fused_moe, torch.zeros(1))
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
