@@ -5,11 +5,11 @@
 #            DSV4_KERNELS=$KERNELS (default auto: the GPU-checked kernels), then mini against HF (fp32);
 #     GPU 1: KERNEL_BENCH=1: the kernel benchmarks (GEMV and MoE, attention, compressor); mini decode
 #            with the torch reference and with $KERNELS; SERVE_BENCH=1: the HTTP server on mini;
-#   phase 2, both GPUs:
+#   phase 2, both GPUs, in this order:
+#     MINI_GATE=1:   the gate on mini at the seed's sizes (256/256, 2 ranks);
 #     FLASH_BENCH=1: flash decode on 2 ranks with the phase profile (dsv4 bench --profile);
 #                    FLASH_SYMM=1 also with the one-shot all-reduce over symmetric memory (DSV4_REDUCE=symm);
 #     PREFILL=1:     flash prefill of 4096 tokens on 2 ranks (benchmarks/prefill_bench.py);
-#     MINI_GATE=1:   the gate on mini at the seed's sizes (256/256, 2 ranks);
 #     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes.
 # Usage: OUT=dir [KERNELS=auto|triton] [KERNEL_BENCH=1] [SERVE_BENCH=1] [FLASH_BENCH=1] [FLASH_SYMM=1] [PREFILL=1] \
 #        [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] bash benchmarks/gpu_checks.sh
@@ -21,11 +21,11 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 nvidia-smi -L >> "$OUT/versions.txt"
 (
   export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=$KERNELS
-  timeout 260 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
     tests/test_attention_kernel.py tests/test_compressor_kernel.py tests/test_route_kernel.py tests/test_door_kernel.py \
     tests/test_prefill.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest rc=$? kernels=$KERNELS" >> "$OUT/pytest_gpu.txt"
-  timeout 90 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
+  timeout 80 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
@@ -45,6 +45,11 @@ nvidia-smi -L >> "$OUT/versions.txt"
   fi
 ) &
 wait
+if [ "${MINI_GATE:-0}" = 1 ]; then
+  /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 300 \
+    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
+  echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
+fi
 flash_bench() {  # $1: label, rest: env assignments
   local label=$1; shift
   env DSV4_KERNELS=$KERNELS "$@" timeout "${FLASH_BENCH_TIMEOUT:-150}" python -m dsv4.cli bench --preset flash \
@@ -59,11 +64,6 @@ if [ "${PREFILL:-0}" = 1 ]; then
   DSV4_KERNELS=$KERNELS timeout 150 python benchmarks/prefill_bench.py flash --sizes 4096 --runs 2 \
     > "$OUT/prefill_flash.txt" 2>&1
   echo "prefill rc=$?" >> "$OUT/prefill_flash.txt"
-fi
-if [ "${MINI_GATE:-0}" = 1 ]; then
-  /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 300 \
-    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
-  echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
 fi
 if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
   /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-300}" \
