@@ -9,12 +9,22 @@ import sys
 import time
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, unless there is none to show or its text already says it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS \
+                or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_model_args(p: argparse.ArgumentParser):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", help="checkpoint directory (official format) or Hugging Face repo id "
                                      "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only)")
     src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
@@ -22,8 +32,8 @@ def _add_model_args(p: argparse.ArgumentParser):
 
 def _add_sampling_args(p: argparse.ArgumentParser, temperature: float, top_p: float, seed_help: str):
     p.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=top_p)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=top_p, help="nucleus: keep the smallest set of mass >= top-p")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = all)")
     p.add_argument("--seed", type=int, default=0, help=seed_help)
 
 
@@ -56,7 +66,25 @@ def _load(args):
     if args.model:
         source = Path(args.model) if Path(args.model).is_dir() else args.model
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    return load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+    return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+
+
+def _device(name: str | None):
+    """--device checked before any load: an unknown name, or CUDA where there is none, is one line."""
+    import torch
+
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: not a device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device here (torch {torch.__version__}"
+                         f"{', a CPU-only build' if torch.version.cuda is None else ''})")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: allowed cpu, cuda, cuda:N")
+    return device
 
 
 def cmd_generate(args) -> int:
@@ -88,7 +116,11 @@ def cmd_synth(args) -> int:
         print("dsv4 synth: give exactly one of --preset NAME or --config FILE", file=sys.stderr)
         return 2
     cfg = preset(args.preset) if args.preset else ModelConfig.from_json(args.config)
-    out = synth(cfg, args.out, seed=args.seed, quant=args.quant)
+    try:
+        out = synth(cfg, args.out, seed=args.seed, quant=args.quant, overwrite=args.overwrite)
+    except FileExistsError:
+        print(f"dsv4 synth: {args.out} already exists and is not empty (--overwrite replaces it)", file=sys.stderr)
+        return 2
     print(f"[dsv4] wrote {out}")
     return 0
 
@@ -167,13 +199,18 @@ def cmd_gate(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4", description="DeepSeek-V4 inference engine")
+    parser = argparse.ArgumentParser(prog="dsv4", description="DeepSeek-V4 inference engine",
+                                     formatter_class=_Help)
+    parser.add_argument("--version", action="version", version=f"dsv4 {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser
+    # every subcommand's --help shows its defaults
+    sub.add_parser = lambda *a, **k: add_parser(*a, formatter_class=_Help, **k)
 
     g = sub.add_parser("generate", help="generate text from a prompt")
     _add_model_args(g)
-    g.add_argument("--prompt", default="The quick brown fox")
-    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--prompt", default="The quick brown fox", help="the text to continue")
+    g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
     g.set_defaults(fn=cmd_generate)
 
@@ -187,8 +224,8 @@ def main(argv=None) -> int:
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     _add_model_args(sv)
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
     sv.add_argument("--served-model-name", default="dsv4", help="the model id clients send and /v1/models lists")
     sv.add_argument("--max-model-len", type=int, default=None,
                     help="prompt + completion tokens per request (default min(8192, max_position_embeddings))")
@@ -200,12 +237,13 @@ def main(argv=None) -> int:
     sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")
-    s.add_argument("--preset")
+    s.add_argument("--preset", help="tiny | mini | flash: the config to write")
     s.add_argument("--config", help="a config.json")
-    s.add_argument("--out", required=True)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="the checkpoint directory to write")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     s.add_argument("--quant", choices=["none", "fp8"], default="none",
                    help="fp8 = the official layout: FP8 e4m3 dense, FP4 e2m1 experts, ue8m0 scales")
+    s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (atomically)")
     s.set_defaults(fn=cmd_synth)
 
     b = sub.add_parser("bench", help="decode tok/s, eager against full-token graph replay (JSON records)")
@@ -220,11 +258,11 @@ def main(argv=None) -> int:
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
     _add_model_args(gt)
-    gt.add_argument("--prime", type=int, default=256)
-    gt.add_argument("--output", type=int, default=256)
+    gt.add_argument("--prime", type=int, default=256, help="prompt tokens primed before the checks")
+    gt.add_argument("--output", type=int, default=256, help="sampled tokens per correctness stream and ABBA row")
     gt.add_argument("--seed", type=int, default=20260907, help="sampling seed")
-    gt.add_argument("--reverse", action="store_true")
-    gt.add_argument("--profile", action="store_true")
+    gt.add_argument("--reverse", action="store_true", help="ABBA rows start with the graph arm")
+    gt.add_argument("--profile", action="store_true", help="also an unscored 32-step window under NVTX ranges")
     gt.add_argument("--out", help="also write the records to this file")
     gt.set_defaults(fn=cmd_gate)
 
@@ -234,6 +272,18 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"dsv4 {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C ends a command quietly
+        print(file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dsv4")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

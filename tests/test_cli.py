@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import dsv4
@@ -82,3 +83,38 @@ def test_bench_prints_its_records():
     assert summary["graph_arm"] is False and summary["graph_tok_s"] is None  # no CUDA graph on CPU
     assert summary["reductions_per_token_per_rank"] == [2.0 * 5]  # attention + MoE in each of tiny's 5 layers
     assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
+
+
+def test_version_module_entry_and_help_defaults():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "dsv4", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("dsv4 ")
+    help_text = subprocess.run([sys.executable, "-m", "dsv4", "generate", "--help"], capture_output=True,
+                               text=True).stdout
+    assert "(default: 32)" in help_text and "(default: None)" not in help_text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no CUDA")
+def test_a_missing_or_unknown_device_is_one_line(capsys):
+    from dsv4.cli import main
+
+    assert main(["generate", "--preset", "tiny", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device here" in err[0]
+    assert main(["generate", "--preset", "tiny", "--device", "gpu0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'gpu0'" in err[0]
+
+
+def test_synth_refuses_then_overwrites(tmp_path, capsys):
+    from dsv4.cli import main
+
+    out = tmp_path / "ckpt"
+    assert main(["synth", "--preset", "tiny", "--out", str(out)]) == 0
+    first = (out / "config.json").read_text()
+    assert main(["synth", "--preset", "tiny", "--out", str(out), "--seed", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["synth", "--preset", "tiny", "--out", str(out), "--seed", "1", "--overwrite"]) == 0
+    assert (out / "config.json").read_text() == first and (out / "model.safetensors.index.json").exists()
