@@ -10,13 +10,24 @@
 #     FLASH_BENCH=1: flash decode on 2 ranks with the phase profile (dsv4 bench --profile);
 #                    FLASH_SYMM=1 also with the one-shot all-reduce over symmetric memory (DSV4_REDUCE=symm);
 #     PREFILL=1:     flash prefill of 4096 tokens on 2 ranks (benchmarks/prefill_bench.py);
-#     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes.
+#     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes;
+#     FLASH_SERVE=1: the HTTP server on flash, 2 ranks, at concurrency 1, 4, 16 (benchmarks/serve_bench.py).
+#   BATCH=B: the gates also check B sequences in one batched step against each alone (--batch B).
+# Every output is written under a scratch folder and comes back as one archive, $OUT/results.tgz
+# (the device tool returns at most 8 files), next to $OUT/summary.txt (the tail of each output).
 # Usage: OUT=dir [KERNELS=auto|triton] [KERNEL_BENCH=1] [SERVE_BENCH=1] [FLASH_BENCH=1] [FLASH_SYMM=1] [PREFILL=1] \
 #        [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] bash benchmarks/gpu_checks.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:?}
+FINAL=${OUT:?}
+OUT=$(mktemp -d)
 KERNELS=${KERNELS:-auto}
+BATCH=${BATCH:-0}
+pack() {
+  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 25 "$f"; done > "$FINAL/summary.txt" 2>&1
+  tar czf "$FINAL/results.tgz" -C "$OUT" .
+}
+trap pack EXIT
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
 nvidia-smi -L >> "$OUT/versions.txt"
 (
@@ -47,7 +58,7 @@ nvidia-smi -L >> "$OUT/versions.txt"
 wait
 if [ "${MINI_GATE:-0}" = 1 ]; then
   /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 300 \
-    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
+    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --batch "$BATCH" --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
 fi
 flash_bench() {  # $1: label, rest: env assignments
@@ -67,7 +78,12 @@ if [ "${PREFILL:-0}" = 1 ]; then
 fi
 if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
   /usr/bin/time -f "wall %e s" -o "$OUT/gate_flash_time.txt" env DSV4_KERNELS=$KERNELS timeout "${GATE_TIMEOUT:-300}" \
-    python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" \
+    python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" --batch "$BATCH" \
     --out "$OUT/gate_flash.txt" > "$OUT/gate_flash_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_flash_time.txt"
+fi
+if [ "${FLASH_SERVE:-0}" = 1 ]; then
+  DSV4_KERNELS=$KERNELS timeout "${SERVE_TIMEOUT:-240}" python benchmarks/serve_bench.py --preset flash --device cuda \
+    --ranks 2 --concurrency 1,4,16 --prompt-tokens 64 --max-tokens 48 --level-timeout 60 > "$OUT/serve_flash.txt" 2>&1
+  echo "serve_bench rc=$?" >> "$OUT/serve_flash.txt"
 fi

@@ -262,6 +262,9 @@ def main(argv=None) -> int:
     gt.add_argument("--output", type=int, default=256, help="sampled tokens per correctness stream and ABBA row")
     gt.add_argument("--seed", type=int, default=20260907, help="sampling seed")
     gt.add_argument("--reverse", action="store_true", help="ABBA rows start with the graph arm")
+    gt.add_argument("--batch", type=int, default=0, metavar="B",
+                    help="also: B sequences decoded in one batched step against each alone, every byte "
+                         "compared (BATCH_IDENTITY), and a refusal inside a batched step (BATCH_REFUSAL)")
     gt.add_argument("--profile", action="store_true", help="also an unscored 32-step window under NVTX ranges")
     gt.add_argument("--out", help="also write the records to this file")
     gt.set_defaults(fn=cmd_gate)

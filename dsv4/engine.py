@@ -26,7 +26,7 @@ from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
 from .profile import phase
-from .sampler import SamplingParams, sample
+from .sampler import SamplingParams, SamplingRows, sample, sample_rows
 from .state import CapacityError, DecodeState, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
@@ -130,9 +130,22 @@ def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1) -> int:
     return chunk
 
 
+class Batch:
+    """The static buffers of a batched step over fixed states: what its graph reads (input tokens,
+    active rows, sampling rows), rewritten in place before each step."""
+
+    def __init__(self, states: list[DecodeState], device):
+        self.states = states
+        self.input = torch.zeros(len(states), dtype=torch.int64, device=device)
+        self.active = torch.zeros(len(states), dtype=torch.bool, device=device)
+        self.rows = SamplingRows(len(states), device)
+        self.replay = None  # a dsv4.replay.BatchReplay when the step runs as a graph
+
+
 class Model(ModelCommon):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
+        self._batches: dict[tuple[int, ...], Batch] = {}  # captured batch steps, by their states
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
 
@@ -161,7 +174,7 @@ class Model(ModelCommon):
 
     def _run(self, state: DecodeState, tokens: torch.Tensor) -> None:
         """One eager transaction on `tokens` (already on device); raises on a refusal."""
-        verdict = self.transformer.transaction(state, tokens)
+        verdict = self.transformer.transaction([state], tokens)
         self._settle(state, float(verdict), tokens.shape[0])
 
     def _settle(self, state: DecodeState, verdict: float, n: int) -> None:
@@ -232,10 +245,87 @@ class Model(ModelCommon):
 
     def step_device(self, state: DecodeState, sampling) -> torch.Tensor:
         """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64."""
-        verdict = self.transformer.transaction(state, state.input)
+        verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):
             state.token.copy_(sample(state.logits, sampling, state.pos))
         return torch.stack([state.token.double(), verdict.double()])
+
+    # ---- batched decode (continuous batching) -------------------------------
+    def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int], samplings: Sequence,
+                   active: Sequence[bool] | None = None, graph: bool = False) -> tuple[int, ...]:
+        """One sampled step for each of several sequences at once: states[b] takes tokens[b] and draws
+        with samplings[b] (a SamplingParams or None). One forward over all of them, one verdict, one
+        readback. Row b's token is bit-identical to `step(states[b], tokens[b], samplings[b])`: every
+        row of the step is computed as it would be alone (see dsv4.model.linear.rows_alone).
+
+        active[b] False: row b carries no sequence (a slot of a captured bucket that is free now); it
+        computes, commits nothing and reads -1. graph=True (CUDA): the step of this exact list of
+        states is captured into one CUDA graph at its first call and replayed after (dsv4.replay);
+        the tokens, the active rows and the sampling parameters are rewritten in place before each
+        replay, so sequences join and leave without a recapture. A refusal quarantines every active
+        state and raises RefusalError: nothing was committed for any row.
+        """
+        B = len(states)
+        active = [True] * B if active is None else [bool(a) for a in active]
+        if not B or len(tokens) != B or len(samplings) != B or len(active) != B:
+            raise ValueError(f"step_batch: {len(states)} states, {len(tokens)} tokens, {len(samplings)} "
+                             f"samplings and {len(active)} active flags: one each, at least one")
+        if len({id(s) for s in states}) != B:
+            raise ValueError("step_batch: a state appears twice in one step")
+        ids = self._tokens([t if a else 0 for t, a in zip(tokens, active)], "step_batch")
+        live = [s for s, a in zip(states, active) if a]
+        for s in live:
+            s.check_open()
+            s.check_room(1)
+        batch = self._batch(list(states), graph)
+        batch.input.copy_(ids)
+        batch.active.copy_(torch.tensor(active))
+        batch.rows.load([p or SamplingParams() for p in samplings])
+        if graph:
+            out = batch.replay.run()
+        else:
+            with torch.inference_mode():
+                out = self.step_batch_device(batch)
+        *drawn, verdict = out.tolist()
+        if verdict != 0:
+            message = self.refusal_message()
+            for s in live:
+                s.quarantine = message
+            raise RefusalError(message)
+        for s in live:
+            s.host_pos += 1
+        return tuple(int(t) if a else -1 for t, a in zip(drawn, active))
+
+    def _batch(self, states: list[DecodeState], graph: bool) -> "Batch":
+        if not graph:
+            return Batch(states, self.device)
+        if self.device.type != "cuda":
+            from .replay import ReplayError
+
+            raise ReplayError("step_batch(graph=True) needs CUDA states (the graph arm does not exist on CPU)")
+        key = tuple(id(s) for s in states)
+        batch = self._batches.get(key)
+        if batch is None or any(a is not b for a, b in zip(batch.states, states)):
+            from . import replay
+
+            batch = self._batches[key] = Batch(states, self.device)
+            batch.replay = replay.BatchReplay(self, batch)
+        return batch
+
+    def step_batch_device(self, batch: "Batch") -> torch.Tensor:
+        """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64."""
+        verdict = self.transformer.transaction(batch.states, batch.input, batch.active)
+        with phase("sampler"):
+            logits = torch.stack([s.logits for s in batch.states])
+            pos = torch.stack([s.pos for s in batch.states])
+            drawn = sample_rows(logits, batch.rows, pos)
+            for b, s in enumerate(batch.states):
+                s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
+        return torch.cat([drawn.double(), verdict.double().view(1)])
+
+    def batch_captures(self) -> int:
+        """Batch graphs captured so far (one per list of states, i.e. per bucket of a server)."""
+        return sum(b.replay.captures for b in self._batches.values())
 
     def check_capturable(self, state: DecodeState, ids: Sequence[int], sampling=None) -> int | None:
         """Run what a CUDA graph would capture under dsv4.syncguard.NoHostSync, then settle it as a step.
@@ -259,7 +349,7 @@ class Model(ModelCommon):
             else:
                 tokens = tokens.to(self.device)
                 with NoHostSync():
-                    v = self.transformer.transaction(state, tokens)
+                    v = self.transformer.transaction([state], tokens)
                 token, verdict = None, float(v)
         self._settle(state, verdict, tokens.shape[0])
         return None if token is None else int(token)

@@ -24,7 +24,7 @@ from .tokenizer import Tokenizer
 RANK_CALLS = {
     "prefill": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
-    "step": "agree", "draw": "agree",
+    "step": "agree", "draw": "agree", "step_batch": "agree", "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
     "logits_sha": "local", "census": "local", "memory_allocated": "local",
 }
@@ -53,6 +53,12 @@ class DecodeModel(Protocol):
     def step(self, state: DecodeState, token: int, sampling: SamplingParams | None = None) -> int: ...
 
     def draw(self, state: DecodeState, sampling: SamplingParams) -> int: ...
+
+    def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int],
+                   samplings: Sequence[SamplingParams | None], active: Sequence[bool] | None = None,
+                   graph: bool = False) -> tuple[int, ...]: ...
+
+    def batch_captures(self) -> int: ...
 
     def check_capturable(self, state: DecodeState, ids: Sequence[int],
                          sampling: SamplingParams | None = None) -> int | None: ...

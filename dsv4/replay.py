@@ -71,29 +71,81 @@ class FullTokenReplay:
                               "(a new graph would be a silent recapture)")
         if self.graph is None:
             self._capture(state)
-            self._replay_counting_nodes()
+            _replay_counting_nodes(self.graph, self.census)
         else:
             self.graph.replay()
         return self.out
 
-    def _replay_counting_nodes(self):
-        """The first replay, under the profiler: its kernel / memcpy / memset activities are the graph's nodes."""
-        replayed = False
+
+class BatchReplay:
+    """The batched step of fixed states (`engine.Batch`) captured once into one CUDA graph.
+
+    Its warm-up runs with every row inactive, so it commits nothing (no scratch states needed);
+    the caller's active rows are put back before the capture. Census as FullTokenReplay's.
+    """
+
+    def __init__(self, model, batch, warmup: int = 2):
+        self.model, self.batch, self.warmup = model, batch, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+        self.captures = 0
+        self.census: dict[str, int] = {}
+
+    def run(self) -> torch.Tensor:
+        if self.graph is None:
+            self._capture()
+            _replay_counting_nodes(self.graph, self.census)
+        else:
+            self.graph.replay()
+        return self.out
+
+    def _capture(self):
+        model, batch = self.model, self.batch
+        census_before = model.comm.census.clone()
+        active = batch.active.clone()
+        batch.active.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(self.warmup):
+                model.step_batch_device(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        model.comm.census.copy_(census_before)
+        batch.active.copy_(active)
+        graph = torch.cuda.CUDAGraph()
+        trace = collections.Counter()
+        model.transformer.trace = trace
         try:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                self.graph.replay()
-                replayed = True
-                torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - counting must never cost the replay
-            self.census["nodes_uncounted"] = str(e)[:200]
-            if not replayed:
-                self.graph.replay()
-            return
-        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        memcpy = sum(n.startswith("Memcpy") for n in names)
-        memset = sum(n.startswith("Memset") for n in names)
-        self.census.update(kernel_nodes=len(names) - memcpy - memset, memcpy_nodes=memcpy, memset_nodes=memset,
-                           collective_kernels=sum("nccl" in n.lower() or "all_reduce" in n.lower() for n in names))
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                self.out = model.step_batch_device(batch)
+        except Exception as e:
+            self.census = {"unsupported": 1}
+            raise ReplayError(f"capture of a {len(batch.states)}-row batch failed: {e}") from e
+        finally:
+            model.transformer.trace = None
+        self.graph = graph
+        self.captures += 1
+        self.census = {"rows": len(batch.states), "collectives": trace["collective"], "unsupported": 0}
+
+
+def _replay_counting_nodes(graph, census: dict):
+    """The first replay, under the profiler: its kernel / memcpy / memset activities are the graph's nodes."""
+    replayed = False
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            replayed = True
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - counting must never cost the replay
+        census["nodes_uncounted"] = str(e)[:200]
+        if not replayed:
+            graph.replay()
+        return
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    memcpy = sum(n.startswith("Memcpy") for n in names)
+    memset = sum(n.startswith("Memset") for n in names)
+    census.update(kernel_nodes=len(names) - memcpy - memset, memcpy_nodes=memcpy, memset_nodes=memset,
+                  collective_kernels=sum("nccl" in n.lower() or "all_reduce" in n.lower() for n in names))
 
 
 def enable(model, state, sampling):

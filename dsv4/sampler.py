@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "GREEDY", "uniform", "sample"]
+__all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows"]
 
 _MASK64 = (1 << 64) - 1
 _G = 0x9E3779B97F4A7C15
@@ -163,6 +163,31 @@ def _cumsum(x: torch.Tensor) -> torch.Tensor:
     return (inner + offsets.unsqueeze(-1)).flatten(-2)[..., :V]
 
 
+class SamplingRows:
+    """Per-row sampling parameters as device tensors [B]: what a batched step samples with.
+
+    A captured graph reads these buffers, so rows are rewritten in place between replays (`load`),
+    never reallocated. Row b of `sample_rows` equals `sample` with that row's SamplingParams, bit for
+    bit, whatever the other rows hold: every operation is per row.
+    """
+
+    def __init__(self, n: int, device, params: SamplingParams | None = None):
+        p = params or SamplingParams()
+        self.temperature = torch.full((n,), p.temperature, dtype=torch.float32, device=device)
+        self.top_p = torch.full((n,), p.top_p, dtype=torch.float32, device=device)
+        self.top_k = torch.full((n,), p.top_k, dtype=torch.int64, device=device)
+        self.key = torch.full((n,), _signed(_key(p.seed)), dtype=torch.int64, device=device)
+
+    def load(self, params: list[SamplingParams]) -> None:
+        """Row b takes params[b] (a host-to-device copy of four small tensors, outside any capture)."""
+        if len(params) != self.key.shape[0]:
+            raise ValueError(f"{len(params)} SamplingParams for {self.key.shape[0]} rows")
+        self.temperature.copy_(torch.tensor([p.temperature for p in params], dtype=torch.float32))
+        self.top_p.copy_(torch.tensor([p.top_p for p in params], dtype=torch.float32))
+        self.top_k.copy_(torch.tensor([p.top_k for p in params], dtype=torch.int64))
+        self.key.copy_(torch.tensor([_signed(_key(p.seed)) for p in params], dtype=torch.int64))
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor) -> torch.Tensor:
     """Pick token ids from `logits` [..., vocab] with the draw u(params.seed, pos).
 
@@ -170,7 +195,22 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     will occupy in the sequence). `pos` is an int or an integer tensor on
     logits' device whose shape broadcasts against ``logits.shape[:-1]``;
     the result is an int64 tensor of the broadcast shape (0-dim for a
-    [vocab] logits and an int / 0-dim pos).
+    [vocab] logits and an int / 0-dim pos). Every row is `sample_rows` with these params.
+    """
+    vocab = logits.shape[-1]
+    uniform(params.seed, pos if not isinstance(pos, torch.Tensor) else pos.reshape(-1)[:0])  # the draw's own checks of pos
+    if not isinstance(pos, torch.Tensor):
+        pos = torch.full((), pos, dtype=torch.int64, device=logits.device)  # a fill: capturable, unlike a copy
+    out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
+    n = math.prod(out_shape)
+    rows = SamplingRows(n, logits.device, params)
+    flat = logits.expand(*out_shape, vocab).reshape(n, vocab)
+    return sample_rows(flat, rows, pos.expand(out_shape).reshape(n)).view(out_shape)
+
+
+def sample_rows(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor) -> torch.Tensor:
+    """Pick one token id per row of `logits` [B, vocab] with row b's parameters and the draw
+    u(seed_b, pos[b]); -> int64 [B].
 
     temperature == 0: argmax, ties to the lowest token id.
     Otherwise: probs = softmax(logits.float() / temperature) in fp32; rank
@@ -179,44 +219,39 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     them is < top_p (rank 0 is always kept); then invert the kept CDF at
     u * kept_total: the chosen rank is the number of kept ranks whose
     cumulative mass is <= u * kept_total, clamped to the last kept rank.
-    No host sync and static shapes, so it is CUDA-graph capturable.
+    Branch-free on the parameters (a greedy row computes the draw too and takes the argmax), no
+    host sync and static shapes, so it is CUDA-graph capturable with the rows as static buffers.
     """
-    if isinstance(pos, torch.Tensor):
-        out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
-    else:
-        out_shape = logits.shape[:-1]
-
-    if params.is_greedy:
-        # torch.argmax returns the first maximal index on CPU and CUDA.
-        return torch.argmax(logits, dim=-1).expand(out_shape)
-
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    vocab = logits.shape[-1]
+    greedy = rows.temperature == 0
+    temperature = torch.where(greedy, 1.0, rows.temperature).unsqueeze(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    vocab = probs.shape[-1]
 
     # How many leading ranks survive top-p and top-k. Counting (rather than
     # masking rank by rank) keeps the kept set a prefix even if a parallel
-    # cumsum is not exactly monotone.
-    if params.top_p < 1:
-        cum = _cumsum(sorted_p)
-        before = torch.nn.functional.pad(cum[..., :-1], (1, 0))  # mass before each rank
-        n_keep = (before < params.top_p).sum(dim=-1, keepdim=True).clamp(min=1)
-    else:
-        # top_p == 1 keeps everything; a rounded cumsum reaching 1.0 early must not drop the tail.
-        n_keep = torch.full_like(sorted_p[..., :1], vocab, dtype=torch.int64)
-    if params.top_k:
-        n_keep = n_keep.clamp(max=params.top_k)
-    rank = torch.arange(vocab, device=logits.device)
-    keep = rank < n_keep
+    # cumsum is not exactly monotone. top_p == 1 keeps everything: a rounded
+    # cumsum reaching 1.0 early must not drop the tail.
+    top_p = rows.top_p.unsqueeze(-1)
+    before = torch.nn.functional.pad(_cumsum(sorted_p)[..., :-1], (1, 0))  # mass before each rank
+    n_keep = torch.where(top_p < 1, (before < top_p).sum(dim=-1, keepdim=True).clamp(min=1), vocab)
+    top_k = rows.top_k.unsqueeze(-1)
+    n_keep = torch.where(top_k > 0, torch.minimum(n_keep, top_k), n_keep)
+    keep = torch.arange(vocab, device=logits.device) < n_keep
 
     kcum = _cumsum(torch.where(keep, sorted_p, 0.0))
-    kept_total = kcum.gather(-1, n_keep - 1)  # [..., 1]
-    u = uniform(params.seed, pos)
-    if isinstance(u, torch.Tensor):
-        u = u.unsqueeze(-1)
+    kept_total = kcum.gather(-1, n_keep - 1)  # [B, 1]
+    u = _uniform_keyed(rows.key, pos).unsqueeze(-1)
     target = u * kept_total  # u < 1 in 24 bits, so target < kept_total exactly in fp32
 
-    chosen = ((kcum <= target) & keep).sum(dim=-1)
-    chosen = torch.minimum(chosen, n_keep.squeeze(-1) - 1)
-    order = order.expand(*out_shape, vocab)
-    return order.gather(-1, chosen.expand(out_shape).unsqueeze(-1)).squeeze(-1)
+    chosen = ((kcum <= target) & keep).sum(dim=-1, keepdim=True)
+    chosen = torch.minimum(chosen, n_keep - 1)
+    drawn = order.gather(-1, chosen).squeeze(-1)
+    # torch.argmax returns the first maximal index on CPU and CUDA.
+    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+
+
+def _uniform_keyed(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """uniform(seed, pos) from the seed's key (int64 bits), elementwise over tensors."""
+    x = _mix_t((pos.to(torch.int64) + 1) * _signed(_G) + key)
+    return _lsr(x, 40).to(torch.float32) * 2.0**-24

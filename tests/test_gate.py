@@ -25,7 +25,7 @@ def records(text: str) -> list[tuple[str, dict]]:
 def test_cpu_gate_two_ranks(tmp_path):
     out = tmp_path / "receipts.txt"
     proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "gate", "--preset", "tiny", "--device", "cpu",
-                           "--ranks", "2", "--prime", "32", "--output", "48", "--out", str(out)],
+                           "--ranks", "2", "--prime", "32", "--output", "48", "--batch", "3", "--out", str(out)],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = records(out.read_text())
@@ -34,6 +34,9 @@ def test_cpu_gate_two_ranks(tmp_path):
     assert tags[0] == "REPLAY_PROTOCOL" and protocol["ranks"] == 2 and protocol["graph_arm"] is False
     assert protocol["prime_tokens"] == 32 and protocol["sampled_output_tokens"] == 48
     assert any("graph arm absent" in d for d in protocol["differences"])
+    batch = [r for t, r in recs if t == "BATCH_IDENTITY"]
+    assert len(batch) == 1 and batch[0]["rows"] == 3 and batch[0]["tokens"] == 3 * 51 - 3
+    assert [r["rows_quarantined"] for t, r in recs if t == "BATCH_REFUSAL"] == [True]
     exact = [r for t, r in recs if t == "REPLAY_EXACT"]
     assert len(exact) >= 48 // 4 and all(r["all_rank_cache_hidden_logits"] for r in exact)
     refusals = [r for t, r in recs if t == "REPLAY_REFUSAL"]

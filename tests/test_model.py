@@ -95,7 +95,7 @@ def test_decode_never_reads_device_values_on_host(model, monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "item", spy)
     with torch.inference_mode():
-        model.transformer.transaction(state, torch.tensor([3]))
+        model.transformer.transaction([state], torch.tensor([3]))
     assert calls == []
 
 

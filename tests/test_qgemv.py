@@ -193,7 +193,7 @@ def test_moe_decode_reads_no_remote_expert(monkeypatch, device, fmt):
     assert torch.equal(got, moe_mod.routed(x, ids, weights, clean, first, cfg))
     assert torch.equal(got, moe_mod.routed(x, ids, weights, bad, first, cfg))
     # The witness: the path that clamps remote ids into the stack reads poisoned slot 0.
-    monkeypatch.setattr(fused_moe, "supported", lambda x, stacks: False)
+    monkeypatch.setattr(fused_moe, "supported", lambda x, stacks, rows=None: False)
     assert not torch.isfinite(moe_mod.routed(x, ids, weights, bad, first, cfg)).all()
     monkeypatch.undo()
     monkeypatch.setenv("DSV4_KERNELS", "triton")

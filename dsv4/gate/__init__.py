@@ -40,6 +40,9 @@ def run_gate(args) -> int:
     if args.prime < 8 or args.output < 8:
         print("dsv4 gate: --prime and --output must be at least 8", file=sys.stderr)
         return 2
+    if getattr(args, "batch", 0) < 0:
+        print(f"dsv4 gate: --batch {args.batch}: a number of rows >= 0", file=sys.stderr)
+        return 2
     source = args.model or args.preset or "tiny"
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model = load(source, device=args.device, dtype=dtype, ranks=args.ranks, seed=args.weight_seed)

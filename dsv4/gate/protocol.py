@@ -10,6 +10,7 @@ from ..engine import RefusalError
 from ..receipts import Receipts, provenance
 from ..sampler import SamplingParams
 from . import timing
+from .batch import batched_vs_solo
 from .checks import capture_once, census, check_census, expect, identity, looped, same
 
 PROMPT_TEXT = (
@@ -73,6 +74,8 @@ class Gate:
         self.r.emit("REPLAY_PROTOCOL", self.protocol_record(prime_wall, text_sha, schedule))
         inputs, expected_identity = self.correctness(prefix, first)
         self.refusals(prefix, inputs)
+        if getattr(self.args, "batch", 0):
+            batched_vs_solo(self, prefix, first)
         self.r.note("PASS replay correctness and live refusal cells; beginning bounded 20-row ABBA")
         timing.abba(self, prefix, first, inputs, expected_identity, schedule)
         if self.args.profile:

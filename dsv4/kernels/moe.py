@@ -95,9 +95,10 @@ def _readable(w: QWeight) -> bool:
     return w.col0 % FP8_BLOCK == 0
 
 
-def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
-    """Stacked [E, N, K] experts w1, w3, w2 of one format that the kernels read; x [T, D] of few rows."""
-    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or x.shape[0] > MAX_ROWS:
+def supported(x: torch.Tensor, stacks: list[QWeight], rows: int | None = None) -> bool:
+    """Stacked [E, N, K] experts w1, w3, w2 of one format that the kernels read; x [T, D] of few rows
+    (`rows`: the rows that count against MAX_ROWS, x's by default; 1 when every row must run alone)."""
+    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or (x.shape[0] if rows is None else rows) > MAX_ROWS:
         return False
     w1, w3, w2 = stacks
     return (len({w.fmt for w in stacks}) == 1 and all(_readable(w) for w in stacks)
@@ -105,9 +106,9 @@ def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
             and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride())
 
 
-def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
-    """The shared expert's gate/up ([I, D] each, this rank's rows) for kernel 1."""
-    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or x.shape[0] > MAX_ROWS:
+def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight, rows: int | None = None) -> bool:
+    """The shared expert's gate/up ([I, D] each, this rank's rows) for kernel 1 (`rows` as in supported)."""
+    if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0 or (x.shape[0] if rows is None else rows) > MAX_ROWS:
         return False
     return (w1.fmt == w3.fmt and _readable(w1) and _readable(w3) and w1.data.dim() == 2 and w1.shape == w3.shape
             and w1.scale.shape == w3.scale.shape and w1.row0 == w3.row0)

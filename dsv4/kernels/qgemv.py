@@ -293,7 +293,9 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     c = CONFIG
     block_n, block_k = c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"]
     tiles = cdiv(K, block_k)
-    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n) * rows, tiles)) * block_k
+    # The split depends on the weight alone, never on the rows: each row is then summed in one order
+    # whatever the batch (a sequence's tokens do not depend on who shares its step).
+    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles)) * block_k
     splits = cdiv(K, k_chunk)  # no split left without inputs
     out = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}

@@ -141,7 +141,10 @@ class DistributedModel(ModelCommon):
         Returns rank 0's value, or every rank's when `want`.
         """
         self._check_usable()
-        wire = lambda a: self._ref(a) if isinstance(a, DistributedState) else a  # noqa: E731
+        def wire(a):  # states, also inside a list of them (a batched step's), travel as Refs
+            if isinstance(a, (list, tuple)):
+                return type(a)(wire(b) for b in a)
+            return self._ref(a) if isinstance(a, DistributedState) else a
         frees, self._freed = self._freed, []
         cmd = (frees, wire(target), name, [wire(a) for a in args], {k: wire(v) for k, v in kwargs.items()})
         for w in self._workers:
@@ -286,8 +289,9 @@ class DistributedModel(ModelCommon):
         tokens = self._call(None, name, *args, want=True, **kwargs)
         self.last_tokens = tokens
         if len(set(tokens)) != 1:  # same logits and the same u on every rank, or a rank is wrong
-            state = args[0] if args else kwargs["state"]
-            raise self._fail(f"ranks sampled different tokens {tokens} at position {state.host_pos}")
+            state = args[0] if args else kwargs.get("state", kwargs.get("states"))
+            where = [s.host_pos for s in state] if isinstance(state, (list, tuple)) else state.host_pos
+            raise self._fail(f"ranks sampled different tokens {tokens} at position(s) {where}")
         return tokens[0]
 
     # ---- per-rank views: one entry per rank, as Model's (which has one rank) --

@@ -44,6 +44,8 @@ class Rank:
         return getattr(obj, name)(*args, **kwargs)
 
     def _resolve(self, a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._resolve(b) for b in a)
         return self.states[a.sid] if isinstance(a, Ref) else a
 
 

@@ -23,7 +23,7 @@ from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..profile import phase
-from .compressor import Write, compress, index_topk
+from .compressor import Write, compress, index_project, index_topk, project
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
@@ -31,48 +31,76 @@ from .step import Step
 
 
 
-def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
+def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
               writes: list[Write]) -> torch.Tensor:
-    """x [T, D] (normed collapsed streams) -> partial attention output [T, D]."""
-    T, hd, eps = x.shape[0], cfg.head_dim, cfg.rms_norm_eps
+    """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
+    attention output [B*T, D]. Projections run over every row at once; each sequence then attends
+    over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry)."""
+    B, T, hd, eps = len(steps), steps[0].T, cfg.head_dim, cfg.rms_norm_eps
+    R = B * T
     m = cfg.compress_rate(layer)
-    cos, sin = step.cos_sin("compress" if m else "main")
+    kind = "compress" if m else "main"
+    cos, sin = _rows([s.cos_sin(kind) for s in steps])
 
     q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
-    q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(T, heads, hd), eps)
+    q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(R, heads, hd), eps)
     q = apply_rope(q, cos, sin)
     kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
+    proj = _project(x, q_res, w, cfg) if m else None
 
-    visible, slots = step.sliding()
-    writes.append(Write(cache.win, slots, kv[T - min(T, cfg.sliding_window):]))
-    extra = {}
-    if m:
-        with phase("compressor"):
-            extra = _compressed(x, q_res, step, w, cache, layer, cfg, writes)
-
-    args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
-    if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
-        out = fused.attention(*args, **extra)
-    else:
-        out = _attend(*args, **extra)
+    outs = []
+    for b, (step, cache) in enumerate(zip(steps, caches)):
+        rows = slice(b * T, (b + 1) * T)
+        visible, slots = step.sliding()
+        writes.append(Write(cache.win, slots, kv[rows][T - min(T, cfg.sliding_window):], step.keep(slots.shape[0])))
+        extra = {}
+        if m:
+            with phase("compressor"):
+                extra = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, writes,
+                                    {k: tuple(t[rows] for t in v) for k, v in proj.items()})
+        cos_b, sin_b = step.cos_sin(kind)
+        args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
+        if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
+            outs.append(fused.attention(*args, **extra))
+        else:
+            outs.append(_attend(*args, **extra))
+    out = outs[0] if B == 1 else torch.cat(outs)
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
-    return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])
+    return linear(grouped_linear(out.reshape(R, -1), w["wo_a"], groups), w["wo_b"])
 
 
-def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write]) -> dict:
+def _rows(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's (cos, sin) rows, stacked sequence-major (one sequence: its own, uncopied)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _project(x, q_res, w: dict, cfg: ModelConfig) -> dict:
+    """The compressors' and the indexer's projections of every row (row-wise, so once for all sequences)."""
+    proj = {"compressor": project(x, w["compressor"])}
+    if "indexer" in w:
+        proj["indexer"] = project(x, w["indexer"])
+        proj["index_q"] = index_project(q_res, x, w["indexer"], cfg.index_n_heads, cfg.index_head_dim)
+    return proj
+
+
+def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write],
+                proj: dict) -> dict:
     """The compressed rows this layer's queries see: the compressor's entries and, for CSA, the indexer's picks."""
     m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
     csa = cfg.layer_types[layer] == CSA
     win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
-    new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes)
+    new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
+                   proj["compressor"])
     if not csa:
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
-    inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes)
+    inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"])
     ccos, csin = step.cos_sin("compress")
     sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
-                            cfg.index_n_heads, cfg.index_head_dim)
+                            cfg.index_n_heads, cfg.index_head_dim, proj["index_q"])
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 

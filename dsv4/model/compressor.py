@@ -25,21 +25,26 @@ from .rope import apply_rope
 from .step import Windows
 
 
+def project(x, w: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compressor's (kv, gate) rows of x [T, D] (row-wise: a batched step projects every sequence at once)."""
+    return linear(x, w["wkv"]), linear(x, w["wgate"])
+
+
 def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool, eps: float,
-             writes: list[Write]) -> torch.Tensor:
-    """Entries [n_win, dim] of the windows a chunk x [T, D] touches; stages its ring rows and closed entries."""
+             writes: list[Write], proj=None) -> torch.Tensor:
+    """Entries [n_win, dim] of the windows a chunk x [T, D] touches; stages its ring rows and closed entries.
+    `proj`: the chunk's (kv, gate) when already projected (`project`)."""
     T = x.shape[0]
-    kv = linear(x, w["wkv"])
-    gate = linear(x, w["wgate"])
+    kv, gate = proj if proj is not None else project(x, w)
     if kernels.use_triton(kv, gpu_checked=fused.GPU_CHECKED) and fused.pool_supported(
             kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
         entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps)
     else:
         entries = _pool(kv, gate, ring_kv, ring_gate, w, win, overlap, eps)
     n = min(T, ring_kv.shape[0])
-    writes.append(Write(ring_kv, win.slots, kv[T - n:]))
-    writes.append(Write(ring_gate, win.slots, gate[T - n:]))
-    writes.append(Write(store, win.store_index, entries, win.closed))
+    writes.append(Write(ring_kv, win.slots, kv[T - n:], win.ring_keep))
+    writes.append(Write(ring_gate, win.slots, gate[T - n:], win.ring_keep))
+    writes.append(Write(store, win.store_index, entries, win.store_keep))
     return entries
 
 
@@ -61,15 +66,21 @@ def _pool(kv, gate, ring_kv, ring_gate, w: dict, win: Windows, overlap: bool, ep
     return apply_rope(rms_norm(pooled, w["norm"], eps), win.cos, win.sin)
 
 
-def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int):
+def index_project(q_res, x, w: dict, n_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indexer's queries [T, n_heads, head_dim] and head weights [T, n_heads] (row-wise)."""
+    return linear(q_res, w["wq_b"]).view(x.shape[0], n_heads, head_dim), linear(x, w["weights_proj"])
+
+
+def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int,
+               proj=None):
     """Lightning indexer: pick each query's top-k compressed entries (ties to the lowest index).
 
     Index space: [committed rows 0..Ns) then [this chunk's windows Ns..Ns+n_win).
-    Returns (selected [T, K] indices into that space, valid [T, K] bool).
+    Returns (selected [T, K] indices into that space, valid [T, K] bool). `proj`: (q, weights) when
+    already projected (`index_project`).
     """
     T = x.shape[0]
-    q = linear(q_res, w["wq_b"]).view(T, n_heads, head_dim)
-    weights = linear(x, w["weights_proj"])
+    q, weights = proj if proj is not None else index_project(q_res, x, w, n_heads, head_dim)
     if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.index_supported(q, icomp, inew, cos):
         keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
         return fused.topk(keys, min(topk, keys.shape[-1]))

@@ -10,7 +10,6 @@ branch on device values, no shape that depends on data.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight
@@ -21,6 +20,7 @@ from ..state import DecodeState
 from .attention import attention
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
+from .rows import dense, rows_alone
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
@@ -93,28 +93,35 @@ class Transformer:
                 "norm": wt[p + "norm.weight"]}
 
     # ---- the math ----------------------------------------------------------
-    def forward(self, state: DecodeState, tokens: torch.Tensor) -> tuple[list[Write], torch.Tensor]:
-        """tokens [T] at positions state.pos.. -> (staged writes, final streams [T, hc, D])."""
-        cfg, comm = self.cfg, self.comm
-        T = tokens.shape[0]
-        step = Step(state.pos, T, self.rope, cfg.sliding_window)
+    def forward(self, states: list[DecodeState], tokens: torch.Tensor,
+                active: torch.Tensor | None = None) -> tuple[list[Write], torch.Tensor]:
+        """tokens [B*T]: T tokens for each of the B states (sequence-major), each at its own position
+        state.pos.. -> (staged writes, final streams [B*T, hc, D]). Everything but attention runs
+        over all rows at once; with one token per sequence (decode) each row comes out as it would
+        alone (rows_alone), so a sequence's step does not depend on the others in it."""
+        cfg = self.cfg
+        B = len(states)
+        T = tokens.shape[0] // B
+        steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b])
+                 for b, s in enumerate(states)]
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
-        h = x.unsqueeze(1).expand(T, cfg.hc_mult, cfg.hidden_size).contiguous()
+        h = x.unsqueeze(1).expand(B * T, cfg.hc_mult, cfg.hidden_size).contiguous()
         writes: list[Write] = []
-        for i, L in enumerate(self.layers):
-            with phase("mhc"):
-                post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
-            with phase("attention"):
-                a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), step, L["attn"],
-                              state.layers[i], i, cfg, self.heads, writes)
-            h = self._post(self._reduce(a, i, "attention"), post, comb, h)
-            with phase("mhc"):
-                post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
-            with phase("moe"):
-                f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"], self.experts.start,
-                        cfg)
-            h = self._post(self._reduce(f, i, "moe"), post, comb, h)
+        with rows_alone(T == 1):
+            for i, L in enumerate(self.layers):
+                with phase("mhc"):
+                    post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
+                with phase("attention"):
+                    a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), steps, L["attn"],
+                                  [s.layers[i] for s in states], i, cfg, self.heads, writes)
+                h = self._post(self._reduce(a, i, "attention"), post, comb, h)
+                with phase("mhc"):
+                    post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
+                with phase("moe"):
+                    f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"],
+                            self.experts.start, cfg)
+                h = self._post(self._reduce(f, i, "moe"), post, comb, h)
         return writes, h
 
     def _reduce(self, x, layer: int, site: str):
@@ -132,26 +139,39 @@ class Transformer:
             return hc_post(reduced, post, comb, h)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Streams [hc, D] of the last token -> fp32 logits [vocab] (vocab-parallel, gathered)."""
-        with phase("head"):
-            y = rms_norm(hc_head(h.unsqueeze(0), *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
-            local = F.linear(y, self.head_w.dequant(self.dtype))[0]
-            return self.comm.all_gather(local).float()
+        """Streams [B, hc, D] of each sequence's last token -> fp32 logits [B, vocab] (vocab-parallel,
+        gathered); each row as it would be alone."""
+        B = h.shape[0]
+        with phase("head"), rows_alone():
+            y = rms_norm(hc_head(h, *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
+            local = dense(y, self.head_w.dequant(self.dtype))  # [B, vocab / world]
+            full = self.comm.all_gather(local.reshape(-1))  # rank-major: [world * B * vocab / world]
+            return full.view(self.comm.world, B, -1).transpose(0, 1).reshape(B, -1).float()
 
     # ---- the transaction ---------------------------------------------------
-    def transaction(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
-        """forward -> verdict -> commit -> head for tokens [T]; returns the device verdict (0 = committed)."""
+    def transaction(self, states: list[DecodeState], tokens: torch.Tensor,
+                    active: torch.Tensor | None = None) -> torch.Tensor:
+        """forward -> verdict -> commit -> head for T tokens of each state (tokens [B*T], sequence-major);
+        returns the device verdict (0 = committed). One verdict for the whole step: a refused
+        collective commits nothing for any sequence. `active` [B] bool: rows that commit (a batched
+        step's rows without a sequence compute and change nothing; None: all)."""
+        B = len(states)
+        T = tokens.shape[0] // B
         self.comm.begin_step()
-        state.counts[0].add_(1)
-        writes, h = self.forward(state, tokens)
+        for b, s in enumerate(states):
+            s.counts[0].add_(1 if active is None else active[b].long())
+        writes, h = self.forward(states, tokens, active)
         self.comm.end_step()
         verdict = self.comm.verdict
         ok = verdict == 0
         with phase("commit"):
             commit(writes, verdict)
-        last = h[-1]
-        state.hidden.copy_(torch.where(ok, last, state.hidden))
-        state.pos.add_(ok.long() * tokens.shape[0])
-        state.counts[1].add_(ok.long())
-        state.logits.copy_(torch.where(ok, self.head(last), state.logits))
+        last = h[T - 1::T]  # each sequence's last row [B, hc, D]
+        logits = self.head(last)
+        for b, s in enumerate(states):
+            keep = ok if active is None else ok & active[b]
+            s.hidden.copy_(torch.where(keep, last[b], s.hidden))
+            s.pos.add_(keep.long() * T)
+            s.counts[1].add_(keep.long())
+            s.logits.copy_(torch.where(keep, logits[b], s.logits))
         return verdict

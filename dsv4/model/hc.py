@@ -9,12 +9,13 @@ stochastic stream mixer). The head collapses the streams once more.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
 from ..kernels import hc as fused_pre
 from ..kernels import hc_post as fused_post
+from .linear import dense
+from .rows import per_row
 from .norm import unweighted_rms_norm
 
 
@@ -23,8 +24,14 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     hc, eps = cfg.hc_mult, cfg.hc_eps
     if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
         return fused_pre.hc_pre(h, fn, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
+    return _hc_pre(h, fn, base, scale, cfg)
+
+
+@per_row()
+def _hc_pre(h, fn, base, scale, cfg: ModelConfig):
+    hc, eps = cfg.hc_mult, cfg.hc_eps
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
-    pre_w, post_w, comb_w = F.linear(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
+    pre_w, post_w, comb_w = dense(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
@@ -42,12 +49,18 @@ def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.
     """new[k] = post[k] * out + sum_j comb[j, k] * h[j]  (comb is applied transposed)."""
     if kernels.enabled(fused_post, h) and fused_post.supported(h, h.shape[-2]):
         return fused_post.hc_post(out, post, comb, h)
+    return _hc_post(out, post, comb, h)
+
+
+@per_row(1, 2, 3)
+def _hc_post(out, post, comb, h):
     dtype = h.dtype
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
 
 
+@per_row()
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """Final collapse of the streams [T, hc, D] -> [T, D]."""
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
-    pre = torch.sigmoid(F.linear(flat, fn.float()) * scale.float() + base.float()) + cfg.hc_eps
+    pre = torch.sigmoid(dense(flat, fn.float()) * scale.float() + base.float()) + cfg.hc_eps
     return (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)

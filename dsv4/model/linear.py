@@ -3,16 +3,19 @@
 Decode (a few rows) on a GPU runs the fused GEMV on the stored FP8/FP4 bytes
 (dsv4.kernels.qgemv); otherwise the weight is dequantised to x's dtype and one
 GEMM runs (the reference, and prefill's path). Dense weights always take the GEMM.
+
+In a decode step every row must come out as it would alone (dsv4.model.rows): the GEMV computes
+each row on its own; the GEMM fallback runs row by row there (`dense`).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels import qgemv
 from ..formats import QWeight
+from .rows import dense, per_row, rows_per_weight
 
 
 def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
@@ -20,18 +23,22 @@ def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
 
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    if _fused(x, w, x.numel() // x.shape[-1]):
+    if _fused(x, w, rows_per_weight(x)):
         return qgemv.linear(x, w)
-    return F.linear(x, w.dequant(x.dtype))
+    return dense(x, w.dequant(x.dtype))
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
     """Block-diagonal linear (attention's wo_a): x [T, groups * Kg], w [groups * O, Kg] -> [T, groups * O]."""
     T, O = x.shape[0], w.shape[0] // groups
-    if _fused(x, w, T) and O % qgemv.block_n() == 0:
+    if _fused(x, w, rows_per_weight(x)) and O % qgemv.block_n() == 0:
         return qgemv.grouped_linear(x, w, groups)
-    wo = w.dequant(x.dtype).view(groups, O, -1)
-    return torch.einsum("tgi,goi->tgo", x.reshape(T, groups, -1), wo).flatten(1)
+    return _grouped(x, w.dequant(x.dtype).view(groups, O, -1))
+
+
+@per_row()
+def _grouped(x: torch.Tensor, wo: torch.Tensor) -> torch.Tensor:
+    return torch.einsum("tgi,goi->tgo", x.reshape(x.shape[0], wo.shape[0], -1), wo).flatten(1)
 
 
 def experts_fused(x: torch.Tensor, stacks: list[QWeight]) -> bool:

@@ -23,6 +23,7 @@ from ..config import ModelConfig
 from ..kernels import moe as fused_moe
 from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
+from .rows import per_row, rows_per_weight
 from ..formats import QWeight
 from .moe_prefill import grouped_experts
 
@@ -42,6 +43,11 @@ def route(x, tokens, w: dict, cfg: ModelConfig):
                                                                                                  cfg.scoring_func):
         return fused_route.route(logits, tokens, w.get("bias"), w.get("tid2eid"), cfg.num_experts_per_tok,
                                  cfg.norm_topk_prob, cfg.routed_scaling_factor)
+    return _route(logits, tokens, w, cfg)
+
+
+@per_row(1)
+def _route(logits, tokens, w: dict, cfg: ModelConfig):
     scores = score(logits, cfg.scoring_func)
     if "tid2eid" in w:
         ids = w["tid2eid"][tokens]
@@ -55,6 +61,7 @@ def route(x, tokens, w: dict, cfg: ModelConfig):
     return ids, weights * cfg.routed_scaling_factor
 
 
+@per_row(1)
 def swiglu_act(gate, up, limit: float):
     """What sits between an expert's projections: silu(gate clamped above) * (up clamped both ways)."""
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
@@ -72,16 +79,20 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
 
 
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
-    """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x)."""
+    """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x).
+
+    Decode rows (rows_alone) always take the per-(token, expert) path, whatever their number: the
+    grouped path's sums would depend on which other rows share the step."""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
     local = ids - first
     mine = (local >= 0) & (local < n)
     weights = torch.where(mine, weights, 0.0).to(x.dtype)
     limit = cfg.swiglu_limit
-    if T * k <= n:
+    alone = rows_per_weight(x) == 1
+    if T * k <= n or alone:
         stacks = [experts[name] for name in ("w1", "w3", "w2")]
-        if fused_moe.supported(x, stacks) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+        if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
             # Two launches on the stored bytes; experts of other ranks are skipped unread.
             return fused_moe.routed(x, ids, weights, stacks, first, limit)
         # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
@@ -109,7 +120,7 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
 
 def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
     """This rank's slice of the shared expert (intermediate rows of w1/w3, columns of w2)."""
-    if fused_moe.shared_supported(x, s["w1"], s["w3"]) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+    if fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
         h = fused_moe.shared_gate_up(x, s["w1"], s["w3"], limit)  # gate, up and activation in one launch
     else:
         h = swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), limit)

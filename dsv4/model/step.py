@@ -45,12 +45,18 @@ class Windows:
     store_index: torch.Tensor  # [n_win] store row of each window (id modulo the store's rows)
     committed: torch.Tensor  # [rows] store row holds a closed window
     visible: torch.Tensor  # [T, n_win] window visible to each query: closed and w < (q+1)//m
+    store_keep: torch.Tensor  # [n_win] the store write commits: closed (and the sequence's row is active)
+    ring_keep: torch.Tensor | None  # [len(slots)] the ring writes commit (None: always, with the verdict)
 
 
 class Step:
-    def __init__(self, pos: torch.Tensor, T: int, rope: Rope, window: int):
-        self.pos, self.T, self.rope, self.window = pos, T, rope, window
+    """One sequence's share of a step. `active` (a 0-dim bool, or None for always): whether this
+    sequence's row of a batched step commits; its writes carry it as their keep mask."""
+
+    def __init__(self, pos: torch.Tensor, T: int, rope: Rope, window: int, active: torch.Tensor | None = None):
+        self.pos, self.T, self.rope, self.window, self.active = pos, T, rope, window, active
         self.device = pos.device
+        self._keeps: dict[int, torch.Tensor] = {}
         self.positions = pos + torch.arange(T, device=self.device)
         self._cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._windows: dict[tuple[int, int, int], Windows] = {}
@@ -60,6 +66,14 @@ class Step:
         if kind not in self._cos_sin:
             self._cos_sin[kind] = self.rope.cos_sin(self.positions, kind)
         return self._cos_sin[kind]
+
+    def keep(self, n: int) -> torch.Tensor | None:
+        """The keep mask of a write of n rows with no mask of its own: None, or `active` for each row."""
+        if self.active is None:
+            return None
+        if n not in self._keeps:
+            self._keeps[n] = self.active.expand(n).clone()  # a kernel reads it per row: no broadcast strides
+        return self._keeps[n]
 
     def sliding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(visible [T, W+T] over keys [ring | chunk], ring slots of the chunk's kept rows)."""
@@ -93,5 +107,7 @@ class Step:
             wids=wids, closed=closed, cur=stream_row(cur), prev=stream_row(cur - m),
             prev_live=(cur - m >= 0).unsqueeze(-1), cos=cos, sin=sin, slots=ring_slots(pos, T, R, dev),
             store_index=torch.remainder(wids, rows),
+            store_keep=closed if self.active is None else closed & self.active,
+            ring_keep=self.keep(min(T, R)),
             committed=torch.arange(rows, device=dev) < pos // m,
             visible=closed.unsqueeze(0) & (wids.unsqueeze(0) < ((self.positions + 1) // m).unsqueeze(-1)))

@@ -6,16 +6,21 @@ and reused (zeroed on release, so a reused slot is byte for byte a fresh one). E
 
   1. take what handlers sent (new sequences wait in arrival order; cancellations are flags);
   2. admit waiting sequences into free slots;
-  3. advance every active sequence by one unit of work, round robin: a sequence still in its
-     prompt runs its next prefill chunk (`prefill_chunk` tokens), the others one sampled step
-     (`_decode`: today one `Model.step` per sequence; a batched step over all of them slots in
-     there, and with it per-row sampling and logit processing);
+  3. advance every active sequence by one unit of work: a sequence still in its prompt runs its
+     next prefill chunk (`prefill_chunk` tokens); all the others take one batched step together
+     (`Model.step_batch`: one forward for all of them, each row with its own position, caches and
+     sampling parameters on the device);
   4. drop finished or cancelled sequences, zero their slots.
 
-So a long prompt costs the running sequences one chunk per round, not its whole prefill. Each
-step is its own transaction on its own state, and the sampler is keyed by (seed, position), so a
-sequence's tokens are the same alone or among others, and the same as `Model.sample_tokens`
-(whose prefill chunks have the same boundaries).
+So a long prompt costs the running sequences one chunk per round, not its whole prefill. A batched
+step computes every row as that row alone (dsv4.model.rows) and the sampler is keyed by (seed,
+position), so a sequence's tokens are the same alone or among any others, and the same as
+`Model.sample_tokens` (whose prefill chunks have the same boundaries).
+
+On CUDA the batched step is a captured graph per bucket of slots (1, 2, 4, ... up to max_num_seqs):
+a round runs the smallest bucket holding every decoding sequence's slot, the bucket's other slots
+as inactive rows (they compute and commit nothing). Slots are handed out lowest first, so the
+buckets stay small; sequences join and leave between steps without a recapture.
 
 n choices of one request would be n Sequences whose events carry their index; per-row logit
 processing would be per-Sequence parameters applied in `_decode`'s batched sampling.
@@ -67,12 +72,15 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
-                 prefill_chunk: int = 64, metrics=None):
+                 prefill_chunk: int = 64, metrics=None, graphs: bool | None = None):
         if max_num_seqs < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
                              f"prefill_chunk {prefill_chunk} >= 1 are required")
         self.model, self.max_waiting, self.prefill_chunk, self.metrics = model, max_waiting, prefill_chunk, metrics
         self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
+        # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
+        self.graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.buckets = sorted({min(1 << i, max_num_seqs) for i in range(max_num_seqs.bit_length() + 1)})
         self.free = list(range(max_num_seqs))
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -149,7 +157,8 @@ class Scheduler:
                 self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
             while self.waiting and self.free:
                 seq = self.waiting.popleft()
-                seq.slot = self.free.pop()
+                self.free.sort(reverse=True)
+                seq.slot = self.free.pop()  # the lowest free slot: the batch's bucket stays small
                 seq.token = seq.prompt_ids[-1]
                 self.running.append(seq)
         self._gauge()
@@ -176,12 +185,34 @@ class Scheduler:
         seq.prefilled += len(chunk)
 
     def _decode(self, seqs: list[Sequence]):
-        """One sampled step for each sequence (where a batched step over `seqs` goes)."""
-        for seq in seqs:
-            self._guarded(seq, self._step)
+        """One batched step for every decoding sequence: eager over their own slots, or the graph of
+        the smallest bucket of slots that holds them all."""
+        if not seqs:
+            return
+        if self.graphs:
+            size = next(b for b in self.buckets if b > max(s.slot for s in seqs))
+            by_slot = {s.slot: s for s in seqs}
+            rows = [by_slot.get(i) for i in range(size)]
+            states = self.slots[:size]
+        else:
+            rows, states = seqs, [self.slots[s.slot] for s in seqs]
+        try:
+            out = self.model.step_batch(states, [0 if s is None else s.token for s in rows],
+                                        [None if s is None else s.sampling for s in rows],
+                                        [s is not None for s in rows], graph=self.graphs)
+        except Exception as e:  # noqa: BLE001 - a refused step: every sequence in it fails, others go on
+            log.warning("dsv4 serve: a batched step failed: %r", e)
+            for seq in seqs:
+                seq.emit(("error", RequestError(f"the engine failed this request: {e}", status=500,
+                                                kind="server_error")))
+                seq.cancel()
+            return
+        for seq, token in zip(rows, out):
+            if seq is not None:
+                self._took(seq, token)
 
-    def _step(self, seq: Sequence):
-        seq.token = self.model.step(self.slots[seq.slot], seq.token, seq.sampling)
+    def _took(self, seq: Sequence, token: int):
+        seq.token = token
         seq.generated += 1
         self._observe(seq)
         seq.emit(("token", seq.token))

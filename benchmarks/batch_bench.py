@@ -1,0 +1,106 @@
+"""Batched decode speed (Model.step_batch as a captured graph) at several batch sizes, beside the
+single-sequence full-token graph of the same build in the same run.
+
+    python benchmarks/batch_bench.py flash --ranks 2 [--sizes 1 2 4 8 16 32] [--steps 32] [--rows 3]
+    python benchmarks/batch_bench.py tiny --device cpu --sizes 1 4 --steps 4 --rows 2   (eager smoke)
+
+For each size B: B states primed from one --prime-token prefix, every row active with its own seed;
+the batch graph is captured (untimed), then --rows rows of --steps batched steps are timed; the
+median row gives ms per step and aggregate tok/s (B tokens per step). SOLO: one state's full-token
+graph (Model.step), timed the same way. One record per line:
+
+  BATCH_BUILD  preset, ranks, device, commit, build wall
+  BATCH_SOLO   ms per token and tok/s of the single-sequence graph
+  BATCH        B, ms per step, aggregate tok/s, per-sequence tok/s, speedup over SOLO's tok/s
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import dsv4
+from dsv4.receipts import emit, provenance
+from dsv4.sampler import SamplingParams
+
+
+def timed_rows(run_row, rows: int) -> list[float]:
+    out = []
+    for _ in range(rows):
+        start = time.perf_counter()
+        run_row()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("preset")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--prime", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=3)
+    args = ap.parse_args()
+    start = time.perf_counter()
+    model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
+    graph = model.device.type == "cuda"
+    emit("BATCH_BUILD", build_s=round(time.perf_counter() - start, 1), ranks=args.ranks, graph=graph,
+         **provenance(model.device, args.preset))
+    capacity = args.prime + 8 + args.steps * (args.rows + 1)
+    prompt = [(i * 7919 + 13) % model.cfg.vocab_size for i in range(args.prime)]
+    prefix = model.new_state(capacity)
+    model.prefill(prefix, prompt)
+
+    solo = model.new_state(capacity)
+    solo.restore(prefix)
+    sampling = SamplingParams(temperature=1.0, seed=1)
+    if graph:
+        model.enable_replay(solo, sampling)
+    carry = [prompt[-1]]
+
+    def solo_row():
+        for _ in range(args.steps):
+            carry[0] = model.step(solo, carry[0], sampling)
+        model.synchronize()
+
+    solo_row()  # the capture, untimed
+    solo_s = statistics.median(timed_rows(solo_row, args.rows))
+    solo_tok_s = args.steps / solo_s
+    emit("BATCH_SOLO", ms_per_token=round(1e3 * solo_s / args.steps, 3), tok_s=round(solo_tok_s, 1))
+    solo.discard()
+    del solo
+
+    for B in args.sizes:
+        states = [model.new_state(capacity) for _ in range(B)]
+        for s in states:
+            s.restore(prefix)
+        samplings = [SamplingParams(temperature=1.0, seed=b) for b in range(B)]
+        tokens = [prompt[-1]] * B
+
+        def batch_row():
+            nonlocal tokens
+            for _ in range(args.steps):
+                tokens = list(model.step_batch(states, tokens, samplings, graph=graph))
+            model.synchronize()
+
+        batch_row()  # the capture, untimed
+        s = statistics.median(timed_rows(batch_row, args.rows))
+        agg = B * args.steps / s
+        emit("BATCH", rows=B, ms_per_step=round(1e3 * s / args.steps, 3), tok_s=round(agg, 1),
+             per_sequence_tok_s=round(agg / B, 1), vs_solo=round(agg / solo_tok_s, 2),
+             steps=args.steps, timed_rows=args.rows)
+        for st in states:
+            st.discard()
+        del states
+    close = getattr(model, "close", None)
+    if close:
+        close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Rows alone: a decode step computes every row as that row would be computed alone.
+
+A batched decode step holds one token of each of several sequences. For a sequence's tokens not to
+depend on who shares its step (batched == solo, bit for bit), every row-wise operation must give
+a row the bits it gives that row alone. The fused kernels do by construction (one program per row,
+a reduction order that depends on the weight alone). The torch reference does not promise it: a
+GEMM takes another kernel for one row than for several; ATen's CPU elementwise loops compute a
+tensor's last elements with scalar math and the rest with SIMD (so a row's transcendentals depend
+on where the row sits); a CUDA reduction's split depends on how many outputs it has. So under
+`rows_alone` the reference runs row by row (`dense`, `per_row`). The forward turns it on for every
+step of one token per sequence, a solo step included, so solo and batched take the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+
+import torch
+import torch.nn.functional as F
+
+_ROWS_ALONE = contextvars.ContextVar("dsv4_rows_alone", default=False)
+
+
+@contextlib.contextmanager
+def rows_alone(on: bool = True):
+    """Within: every product over rows gives each row what it gives that row alone."""
+    token = _ROWS_ALONE.set(on)
+    try:
+        yield
+    finally:
+        _ROWS_ALONE.reset(token)
+
+
+def rows_per_weight(x: torch.Tensor) -> int:
+    """The rows a kernel's row limit counts: x's, or 1 under rows_alone (the kernel choice must not
+    depend on the batch, and the fused kernels compute each row on its own anyway)."""
+    return 1 if _ROWS_ALONE.get() else x.numel() // x.shape[-1]
+
+
+def per_row(*sliced: int):
+    """Decorator for a row-wise torch reference f(x, ...): under rows_alone, with several rows, run
+    it on each row alone and stack the results (a tensor or a tuple of tensors, row-major). The
+    positional arguments numbered in `sliced` (besides x) are per-row too and are sliced alike."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(x, *args, **kwargs):
+            n = x.shape[0]
+            if not _ROWS_ALONE.get() or n < 2:
+                return fn(x, *args, **kwargs)
+            outs = []
+            for r in range(n):
+                row = [a[r:r + 1] if i + 1 in sliced else a for i, a in enumerate(args)]
+                outs.append(fn(x[r:r + 1], *row, **kwargs))
+            if isinstance(outs[0], tuple):
+                return tuple(torch.cat(parts) for parts in zip(*outs))
+            return torch.cat(outs)
+        return run
+    return wrap
+
+
+@per_row()
+def dense(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight), row by row under rows_alone (x [rows, K])."""
+    return F.linear(x, weight)

@@ -1,0 +1,183 @@
+"""Batched decode (Model.step_batch): a sequence's tokens and committed bytes are bit-identical alone
+and in a batch of any size with any other sequences, sampled and greedy, on 1 rank and on 2 (gloo).
+
+"Alone" is Model.step on its own state (the solo decode every other test checks against HF); the
+batch rows come from one forward over all of them. Bit-identical means equal tokens and equal
+digests of every committed buffer, step by step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4 import RefusalError, SamplingParams
+from dsv4.checkpoint.synth import synth
+from dsv4.config import preset
+from dsv4.engine import Batch
+from dsv4.sampler import SamplingRows, sample, sample_rows
+from dsv4.syncguard import NoHostSync
+
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [3], [40, 41], [7, 7, 7, 7], [500, 20, 30],
+           [8, 9], [100, 200, 300, 400, 500, 1, 2]]
+SAMPLINGS = [SamplingParams(temperature=t, top_p=p, top_k=k, seed=i)
+             for i, (t, p, k) in enumerate([(1.0, 1.0, 0), (0.7, 0.9, 5), (0.0, 1.0, 0), (1.3, 0.8, 0),
+                                            (1.0, 1.0, 3), (0.5, 0.95, 0), (2.0, 1.0, 0), (0.0, 1.0, 0)])]
+STEPS = 12  # enough to cross the tiny model's compression windows (rates 4 and 8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dsv4.load("tiny", device="cpu")
+
+
+def prefilled(model, i, capacity=64):
+    state = model.new_state(capacity)
+    if len(PROMPTS[i]) > 1:
+        model.prefill(state, PROMPTS[i][:-1])
+    return state
+
+
+def solo(model, i, steps=STEPS):
+    state, token, out, digests = prefilled(model, i), PROMPTS[i][-1], [], []
+    for _ in range(steps):
+        token = model.step(state, token, SAMPLINGS[i])
+        out.append(token)
+        digests.append(state.digest())
+    return out, digests
+
+
+@pytest.fixture(scope="module")
+def solos(model):
+    return [solo(model, i) for i in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("rows", [[0, 1], [2, 5, 7], list(range(8))])
+def test_batched_equals_solo(model, solos, rows):
+    states = [prefilled(model, i) for i in rows]
+    tokens = [PROMPTS[i][-1] for i in rows]
+    for step in range(STEPS):
+        tokens = list(model.step_batch(states, tokens, [SAMPLINGS[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert tokens[b] == solos[i][0][step], f"sequence {i}, step {step}: batched token differs from solo"
+            assert states[b].digest() == solos[i][1][step], f"sequence {i}, step {step}: committed bytes differ"
+
+
+def test_sequences_join_and_leave_between_steps(model, solos):
+    """Each sequence enters the running batch at its own step and leaves after its own count."""
+    start = {0: 0, 1: 2, 2: 3, 3: 3, 4: 5, 5: 6, 6: 8, 7: 9}
+    length = {i: STEPS - (i % 3) - start[i] // 2 for i in start}
+    states, token, done = {}, {}, {i: [] for i in start}
+    for step in range(STEPS + 8):
+        for i, s in start.items():
+            if s == step:
+                states[i], token[i] = prefilled(model, i), PROMPTS[i][-1]
+        running = [i for i in states if len(done[i]) < length[i]]
+        if not running:
+            continue
+        out = model.step_batch([states[i] for i in running], [token[i] for i in running],
+                               [SAMPLINGS[i] for i in running])
+        for i, t in zip(running, out):
+            token[i] = t
+            done[i].append(t)
+    for i in start:
+        assert done[i] == solos[i][0][:length[i]], f"sequence {i}"
+
+
+def test_inactive_rows_commit_nothing(model, solos):
+    states = [prefilled(model, i) for i in range(3)]
+    idle = states[1].digest()
+    tokens = [PROMPTS[i][-1] for i in range(3)]
+    out = model.step_batch(states, tokens, SAMPLINGS[:3], active=[True, False, True])
+    assert out[1] == -1 and out[0] == solos[0][0][0] and out[2] == solos[2][0][0]
+    assert states[1].digest() == idle and states[1].host_pos == len(PROMPTS[1]) - 1
+
+
+def test_refused_batch_commits_nothing_for_any_row(model):
+    states = [prefilled(model, i) for i in range(3)]
+    before = [s.digest() for s in states]
+    model.arm_refusal(1, 0, 7, "moe")
+    try:
+        with pytest.raises(RefusalError, match="layer 1 site moe"):
+            model.step_batch(states, [PROMPTS[i][-1] for i in range(3)], SAMPLINGS[:3])
+    finally:
+        model.reset_refusals()
+    assert [s.digest() for s in states] == before
+    for s in states:
+        assert s.quarantine is not None
+        with pytest.raises(dsv4.QuarantineError):
+            model.step(s, 1, SAMPLINGS[0])
+
+
+def test_bad_batches_are_refused_naming_what(model):
+    a, b = model.new_state(8), model.new_state(8)
+    with pytest.raises(ValueError, match="2 states, 1 tokens"):
+        model.step_batch([a, b], [1], [None, None])
+    with pytest.raises(ValueError, match="appears twice"):
+        model.step_batch([a, a], [1, 2], [None, None])
+    with pytest.raises(ValueError, match="outside"):
+        model.step_batch([a, b], [1, model.cfg.vocab_size], [None, None])
+    assert a.host_pos == 0 and b.host_pos == 0
+
+
+def test_capacity_refused_before_any_row_runs(model):
+    full, other = model.new_state(1), model.new_state(8)
+    model.step(full, 1)
+    with pytest.raises(dsv4.CapacityError, match="capacity of 1"):
+        model.step_batch([other, full], [1, 2], [None, None])
+    assert other.host_pos == 0 and other.digest() == model.new_state(8).digest()
+
+
+def test_batched_step_makes_no_host_sync(model):
+    states = [prefilled(model, i) for i in range(4)]
+    batch = Batch(states, model.device)
+    batch.input.copy_(torch.tensor([PROMPTS[i][-1] for i in range(4)]))
+    batch.active.copy_(torch.tensor([True, True, False, True]))
+    batch.rows.load(SAMPLINGS[:4])
+    with torch.inference_mode(), NoHostSync():
+        model.step_batch_device(batch)
+
+
+def test_sample_rows_row_equals_sample_alone():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(len(SAMPLINGS), 300, generator=gen) * 3
+    pos = torch.arange(40, 40 + len(SAMPLINGS))
+    rows = SamplingRows(len(SAMPLINGS), "cpu")
+    rows.load(SAMPLINGS)
+    got = sample_rows(logits, rows, pos)
+    for b, p in enumerate(SAMPLINGS):
+        assert int(got[b]) == int(sample(logits[b], p, int(pos[b]))), f"row {b} ({p})"
+        assert int(got[b]) == int(sample_rows(logits[b:b + 1], _rows([p]), pos[b:b + 1])[0])
+
+
+def _rows(params):
+    rows = SamplingRows(len(params), "cpu")
+    rows.load(params)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    ckpt = synth(preset("tiny"), tmp_path_factory.mktemp("batch") / "tiny", seed=5, quant="none")
+    model = dsv4.load(ckpt, device="cpu", dtype=torch.float32, ranks=2)
+    yield model
+    model.close()
+
+
+def test_two_ranks_batched_equals_solo(two):
+    rows = [0, 3, 6]
+    expect = {}
+    for i in rows:
+        state, token, out = prefilled(two, i), PROMPTS[i][-1], []
+        for _ in range(6):
+            token = two.step(state, token, SAMPLINGS[i])
+            out.append((token, state.digest()))
+        expect[i] = out
+    states = [prefilled(two, i) for i in rows]
+    tokens = [PROMPTS[i][-1] for i in rows]
+    for step in range(6):
+        tokens = list(two.step_batch(states, tokens, [SAMPLINGS[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert (tokens[b], states[b].digest()) == expect[i][step], f"sequence {i}, step {step}"
+    assert len({d[1] for d in two.digests_all(states[0])}) == 1  # the streams agree on every rank
