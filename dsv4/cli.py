@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import re
 import sys
 import time
 
@@ -88,7 +89,7 @@ def _device(name: str | None):
 
 
 def cmd_generate(args) -> int:
-    from .generation import generate
+    from .generation import text_deltas
     from .sampler import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -96,16 +97,30 @@ def cmd_generate(args) -> int:
     with _model(args) as model:
         start = time.perf_counter()
         n = 0
-        sys.stdout.write(args.prompt)
-        for piece in generate(model, args.prompt, max_tokens=args.max_tokens, sampling=sampling):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            n += 1
+        _show(args.prompt)
+        for piece, n in text_deltas(model, model.tokenizer.encode(args.prompt), args.max_tokens, sampling):
+            _show(piece)
         wall = time.perf_counter() - start
         sys.stdout.write("\n")
         print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
               f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
     return 0
+
+
+# C0/C1 controls but newline and tab, line/paragraph separators, bidi embeddings and isolates: on a
+# terminal they ring, move the cursor or reorder what follows (a random model samples them freely).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` with its unprintable characters escaped as Python spells them (\\x07, \\u202e)."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _show(text: str) -> None:
+    """Write generated text to stdout: escaped on a terminal, raw into a pipe or file."""
+    sys.stdout.write(terminal_text(text) if sys.stdout.isatty() else text)
+    sys.stdout.flush()
 
 
 def cmd_synth(args) -> int:
@@ -154,8 +169,7 @@ def cmd_chat(args) -> int:
             reply = []
             for text, _, _ in generate(model, Request(ids, min(args.max_tokens, room), sampling)):
                 reply.append(text)
-                sys.stdout.write(text)
-                sys.stdout.flush()
+                _show(text)
             sys.stdout.write("\n")
             messages.append({"role": "assistant", "content": "".join(reply)})
     return 0

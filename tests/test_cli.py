@@ -118,3 +118,50 @@ def test_synth_refuses_then_overwrites(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert main(["synth", "--preset", "tiny", "--out", str(out), "--seed", "1", "--overwrite"]) == 0
     assert (out / "config.json").read_text() == first and (out / "model.safetensors.index.json").exists()
+
+
+def _on_a_terminal(*args) -> str:
+    """stdout of `python -m dsv4.cli ARGS` written to a pseudo-terminal."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", *args], stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=240)
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr.read()
+    return out.decode("utf-8", "replace")
+
+
+def test_unprintable_text_is_escaped_on_a_terminal_only():
+    from dsv4.cli import terminal_text
+
+    assert terminal_text("a\x07b\x1b[2J\u202e日本\n\tz\r") == "a\\x07b\\x1b[2J\\u202e日本\n\tz\\r"
+    args = ("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "ding\x07dong", "--max-tokens", "2")
+    assert "ding\\x07dong" in _on_a_terminal(*args)
+    piped = dsv4_cli(*args)
+    assert piped.returncode == 0 and piped.stdout.startswith("ding\x07dong")
+
+
+def test_generate_prints_the_decode_of_the_sampled_tokens():
+    """The printed text is the tokenizer's decode of the whole sampled stream: characters split over
+    tokens are not printed as replacement-character pieces."""
+    proc = dsv4_cli("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "日本語", "--max-tokens", "24",
+                    "--seed", "1")  # seed 1 samples two-byte characters over two tokens
+    assert proc.returncode == 0, proc.stderr
+    model = dsv4.load("tiny", device="cpu")
+    ids = model.tokenizer.encode("日本語")
+    tokens = list(model.sample_tokens(ids, 24, dsv4.SamplingParams(seed=1)))
+    n = tokens.index(model.cfg.eos_token_id) + 1 if model.cfg.eos_token_id in tokens else len(tokens)
+    assert proc.stdout == "日本語" + model.tokenizer.decode(tokens[:n]) + "\n"
+    assert f"[dsv4] {n} tokens in" in proc.stderr  # the EOS, when sampled, counts
