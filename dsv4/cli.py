@@ -8,6 +8,8 @@ import itertools
 import re
 import sys
 import time
+import warnings
+from pathlib import Path
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -20,15 +22,21 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _add_model_args(p: argparse.ArgumentParser):
-    src = p.add_mutually_exclusive_group()
+def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True):
+    src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="checkpoint directory (official format) or Hugging Face repo id "
-                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only)")
-    src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
+                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only); "
+                                     "never a preset")
+    src.add_argument("--preset", help="tiny | mini | flash (random weights, no download); never a directory")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
+    if stand_in:
+        p.add_argument("--stand-in-tokenizer", action="store_true",
+                       help="a checkpoint without tokenizer.json: use a byte-level stand-in with a random "
+                            "vocabulary (without this flag its absence is an error)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, temperature: float, top_p: float, seed_help: str):
@@ -55,19 +63,34 @@ def _load(args):
 
     from .api import load
 
+    source = _source(args)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    with warnings.catch_warnings():
+        # --preset tiny beside a ./tiny directory: the flag already said which one is meant
+        warnings.filterwarnings("ignore", message=".* is the preset; the directory")
+        return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed,
+                    tokenizer="stand-in" if getattr(args, "stand_in_tokenizer", False) else None)
+
+
+def _source(args):
+    """What --preset or --model names, each only what its flag says: --preset a preset (a ./tiny
+    directory never shadows it), --model a directory or a Hugging Face repo id (never a preset)."""
     from pathlib import Path
 
     from .config import PRESETS
+    from .hub import REPO_ID
 
-    # --model: a directory wins over a preset of the same name; else a preset name or a repo id.
-    # --preset: only a preset.
-    if args.preset and args.preset not in PRESETS:
-        raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
-    source = args.preset or "tiny"
-    if args.model:
-        source = Path(args.model) if Path(args.model).is_dir() else args.model
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+    if args.preset is not None:
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
+        return args.preset
+    if Path(args.model).is_dir():
+        return Path(args.model)
+    if REPO_ID.match(args.model):
+        return args.model
+    hint = f" (the preset: --preset {args.model})" if args.model in PRESETS else ""
+    raise FileNotFoundError(f"--model {args.model!r}: no such directory, and not a Hugging Face repo id "
+                            f"(owner/name){hint}")
 
 
 def _device(name: str | None):
@@ -207,8 +230,12 @@ def cmd_bench(args) -> int:
 
 
 def cmd_gate(args) -> int:
+    from .config import PRESETS
     from .gate import run_gate
 
+    _device(args.device)
+    if isinstance(_source(args), Path) and args.model in PRESETS:
+        args.model = f"./{args.model}"  # the directory, as dsv4.load reads a bare preset name as the preset
     return run_gate(args)
 
 
@@ -271,7 +298,7 @@ def main(argv=None) -> int:
     b.set_defaults(fn=cmd_bench)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
-    _add_model_args(gt)
+    _add_model_args(gt, stand_in=False)
     gt.add_argument("--prime", type=int, default=256, help="prompt tokens primed before the checks")
     gt.add_argument("--output", type=int, default=256, help="sampled tokens per correctness stream and ABBA row")
     gt.add_argument("--seed", type=int, default=20260907, help="sampling seed")

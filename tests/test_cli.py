@@ -1,13 +1,17 @@
 """The command line: the README's quick start and `dsv4 synth`."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import dsv4
+
+_ROOT = Path(dsv4.__file__).resolve().parent.parent
 
 
 def dsv4_cli(*args, timeout=240):
@@ -165,3 +169,82 @@ def test_generate_prints_the_decode_of_the_sampled_tokens():
     n = tokens.index(model.cfg.eos_token_id) + 1 if model.cfg.eos_token_id in tokens else len(tokens)
     assert proc.stdout == "日本語" + model.tokenizer.decode(tokens[:n]) + "\n"
     assert f"[dsv4] {n} tokens in" in proc.stderr  # the EOS, when sampled, counts
+
+
+def _one_line(proc) -> str:
+    """The single stderr line of a command that failed with exit 2 (no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from dsv4.checkpoint import synth
+
+    return synth(dsv4.config.preset("tiny"), tmp_path_factory.mktemp("cli") / "ck", quant="fp8",
+                 max_shard_bytes=150_000)
+
+
+def test_damaged_checkpoints_are_one_line(tiny_ckpt, tmp_path):
+    import shutil
+
+    path = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, path)
+    shard = sorted(path.glob("model-*.safetensors"))[0]
+    data = shard.read_bytes()
+    run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
+    shard.write_bytes(data[:-100])
+    assert _one_line(dsv4_cli(*run)) .startswith(f"dsv4 generate: {shard}: truncated")
+    shard.write_bytes(bytes(range(256)) * (len(data) // 256))
+    assert f"{shard}: not a safetensors file" in _one_line(dsv4_cli(*run))
+    shard.unlink()
+    assert f"{shard}: tensor " in _one_line(dsv4_cli(*run))  # named by the index, the file is gone
+
+
+def test_missing_tokenizer_needs_the_stand_in_flag(tiny_ckpt, tmp_path):
+    import shutil
+
+    path = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, path)
+    (path / "tokenizer.json").unlink()
+    run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
+    assert f"{path / 'tokenizer.json'}: no such file" in _one_line(dsv4_cli(*run))
+    ok = dsv4_cli(*run, "--stand-in-tokenizer")
+    assert ok.returncode == 0 and "stand-in tokenizer" in ok.stderr, ok.stderr
+
+
+def test_presets_and_directories_are_explicit(tiny_ckpt, tmp_path):
+    """--preset tiny beside a ./tiny checkpoint is the preset (and says nothing about it); --model tiny
+    is the directory, and without one an error pointing to --preset."""
+    import shutil
+
+    from dsv4.checkpoint import synth
+
+    synth(dsv4.config.preset("tiny").replace(num_hidden_layers=3, layer_types=["sliding_attention"] * 3,
+                                             mlp_layer_types=["hash_moe", "moe", "moe"]), tmp_path / "tiny")
+
+    def layers(*args):
+        proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "bench", *args, "--device", "cpu", "--prime", "8",
+                               "--steps", "2", "--rows", "1"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=240, env={**os.environ, "PYTHONPATH": str(_ROOT)})
+        assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
+        return json.loads(proc.stdout.splitlines()[0].split(" ", 1)[1])["layers"]
+
+    assert layers("--preset", "tiny") == 5 and layers("--model", "tiny") == 3
+    shutil.rmtree(tmp_path / "tiny")
+    proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "generate", "--model", "tiny", "--device", "cpu"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(_ROOT)})
+    assert "--preset tiny" in _one_line(proc)
+    assert dsv4_cli("generate", "--device", "cpu").returncode == 2  # a source is required: no silent default
+
+
+def test_not_enough_memory_is_one_line(capsys, monkeypatch):
+    from dsv4.checkpoint import memory
+    from dsv4.cli import main
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "available RAM"))
+    assert main(["generate", "--preset", "tiny", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "preset 'tiny': its weights need 3.4 MiB (float32 on cpu), 0.0 MiB available RAM" in err[0], err
