@@ -201,6 +201,7 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     from .serve import Server
 
+    _port_free(args.host, args.port)  # before a load that may take minutes
     if args.verbose:
         import logging
 
@@ -215,6 +216,15 @@ def cmd_serve(args) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _port_free(host: str, port: int) -> None:
+    import socket
+
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def cmd_bench(args) -> int:

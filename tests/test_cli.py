@@ -248,3 +248,28 @@ def test_not_enough_memory_is_one_line(capsys, monkeypatch):
     assert main(["generate", "--preset", "tiny", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "preset 'tiny': its weights need 3.4 MiB (float32 on cpu), 0.0 MiB available RAM" in err[0], err
+
+
+def test_port_in_use_is_one_line_before_loading():
+    """The port is checked before the load: with --preset flash the memory check would speak first."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = dsv4_cli("serve", "--preset", "flash", "--device", "cpu", "--port", str(port))
+    assert _one_line(proc).startswith(f"dsv4 serve: cannot listen on 127.0.0.1:{port}: ")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctrl_c_ends_quietly(command):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", command, "--preset", "tiny", "--device", "cpu",
+                             "--max-tokens", "3000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdin.write(b"hello\n")  # chat's first turn
+    proc.stdin.flush()
+    assert proc.stdout.read(1)  # it is generating
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == b"", err.decode()
