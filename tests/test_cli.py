@@ -86,6 +86,8 @@ def test_bench_prints_its_records():
     assert summary["same_stream"] and summary["eager_tok_s"] > 0
     assert summary["graph_arm"] is False and summary["graph_tok_s"] is None  # no CUDA graph on CPU
     assert summary["reductions_per_token_per_rank"] == [2.0 * 5]  # attention + MoE in each of tiny's 5 layers
+    rows = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("BENCH_ROW ")]
+    assert [row["arm"] for row in rows] == ["eager"] * 4  # the arm that ran: no graph on CPU
     assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
 
 
