@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
+import os
 import re
 import sys
 import time
@@ -33,6 +35,10 @@ def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True):
                    help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch's intra-op work (default: OMP_NUM_THREADS when set, else the "
+                        "cores this process may use that the load average leaves idle, at most 8 and at most "
+                        "torch's own default, at least 1)")
     if stand_in:
         p.add_argument("--stand-in-tokenizer", action="store_true",
                        help="a checkpoint without tokenizer.json: use a byte-level stand-in with a random "
@@ -112,6 +118,8 @@ def _device(name: str | None):
 
 
 def cmd_generate(args) -> int:
+    import torch
+
     from .generation import text_deltas
     from .sampler import SamplingParams
 
@@ -125,8 +133,10 @@ def cmd_generate(args) -> int:
             _show(piece)
         wall = time.perf_counter() - start
         sys.stdout.write("\n")
+        threads = f", {torch.get_num_threads()} CPU threads" if model.device.type == "cpu" else ""
         print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
-              f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
+              f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}{threads}",
+              file=sys.stderr)
     return 0
 
 
@@ -319,6 +329,8 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "threads"):
+            _set_threads(args.threads)
         return args.fn(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"dsv4 {args.command}: {e}", file=sys.stderr)
@@ -326,6 +338,51 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C ends a command quietly
         print(file=sys.stderr)
         return 130
+
+
+def _set_threads(requested: int | None) -> None:
+    """torch's intra-op threads here, and OMP_NUM_THREADS for the ranks this process spawns. OpenMP
+    threads spin at every barrier: more of them than idle cores (a CPU quota, a busy machine) makes
+    a CPU decode many times slower than one thread would."""
+    import torch
+
+    if requested is not None and requested < 1:
+        raise ValueError(f"--threads {requested}: at least 1")
+    if requested is None and os.environ.get("OMP_NUM_THREADS"):
+        return  # the user's choice, which torch already read
+    n = requested or cpu_threads(torch.get_num_threads(), _usable_cores(), os.cpu_count() or 1, os.getloadavg()[0])
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+
+
+def cpu_threads(torch_default: int, cores: int, cpus: int, load: float) -> int:
+    """The default thread count: of the `cores` this process may use, those its share of the machine's
+    load average (`load` over all `cpus`) leaves idle; at most 8 and torch's own default; at least 1."""
+    busy = round(load * cores / cpus)
+    return max(1, min(torch_default, 8, cores - busy))
+
+
+def _usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), fewer under a cgroup CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def _cpu_quota() -> float | None:
+    """CPUs' worth of time this cgroup may use (v2 cpu.max, else v1 cfs), None without a quota."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        try:
+            quota, period = (v1 / "cpu.cfs_quota_us").read_text(), (v1 / "cpu.cfs_period_us").read_text()
+        except OSError:
+            return None
+    try:
+        return None if quota.strip() in ("max", "-1") else int(quota) / int(period)
+    except ValueError:
+        return None
 
 
 def _version() -> str:

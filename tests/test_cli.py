@@ -275,3 +275,35 @@ def test_ctrl_c_ends_quietly(command):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.strip() == b"", err.decode()
+
+
+def test_cpu_thread_default():
+    from dsv4.cli import cpu_threads
+
+    assert cpu_threads(torch_default=64, cores=64, cpus=64, load=0.1) == 8  # at most 8
+    assert cpu_threads(torch_default=4, cores=64, cpus=64, load=0.0) == 4  # never above torch's own
+    assert cpu_threads(torch_default=2, cores=2, cpus=2, load=1.2) == 1  # a busy 2-core machine: one thread
+    assert cpu_threads(torch_default=2, cores=2, cpus=2, load=9.0) == 1  # at least 1
+    assert cpu_threads(torch_default=64, cores=4, cpus=64, load=32.0) == 2  # its share of the load: 4/64 of it
+
+
+def test_threads_flag_and_environment(monkeypatch):
+    from dsv4 import cli
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    flag = subprocess.run([sys.executable, "-m", "dsv4.cli", "generate", "--preset", "tiny", "--device", "cpu",
+                           "--max-tokens", "2", "--threads", "3"], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert flag.returncode == 0 and ", 3 CPU threads" in flag.stderr, flag.stderr
+    assert "--threads 0: at least 1" in _one_line(dsv4_cli("generate", "--preset", "tiny", "--threads", "0"))
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(cli, "cpu_threads", lambda *a: 1)
+        monkeypatch.setenv("OMP_NUM_THREADS", str(before))
+        cli._set_threads(None)  # the user's OMP_NUM_THREADS stands
+        assert torch.get_num_threads() == before
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        cli._set_threads(None)  # unset: the default, also for the ranks this process spawns
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)
