@@ -237,6 +237,10 @@ class ModelConfig:
             d = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not valid JSON (not UTF-8 text)") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(d, dict):

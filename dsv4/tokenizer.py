@@ -112,6 +112,10 @@ def save_tokenizer(tok: _HFTokenizer, directory: str | Path, model_max_length: i
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def _token_string(v) -> str | None:
     # tokenizer_config.json spells a token either as a string or as an AddedToken dict.
     return v.get("content") if isinstance(v, dict) else v
@@ -133,11 +137,19 @@ class Tokenizer:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no tokenizer.json")
-        tok = _HFTokenizer.from_file(str(file))
+        try:
+            tok = _HFTokenizer.from_file(str(file))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ValueError(f"{file}: not a readable tokenizer ({_first_line(e)})") from None
         bos_s, eos_s = BOS_TOKEN, EOS_TOKEN
         conf = path / "tokenizer_config.json"
         if conf.is_file():
-            c = json.loads(conf.read_text())
+            try:
+                c = json.loads(conf.read_text())
+            except ValueError as e:
+                raise ValueError(f"{conf}: not valid JSON ({_first_line(e)})") from None
+            if not isinstance(c, dict):
+                raise ValueError(f"{conf}: not a JSON object")
             bos_s = _token_string(c.get("bos_token")) or bos_s
             eos_s = _token_string(c.get("eos_token")) or eos_s
         bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)

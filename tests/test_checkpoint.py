@@ -536,3 +536,12 @@ def test_missing_tokenizer_is_an_error_unless_the_stand_in_is_asked_for(ckpts, t
     assert model.tokenizer.decode(model.tokenizer.encode("hello", add_bos=False)) == "hello"
     with pytest.raises(ValueError, match="tokenizer='bpe'"):
         dsv4.load(path, device="cpu", tokenizer="bpe")
+
+
+@pytest.mark.parametrize("text", ["\x89 not json", '{"weight_map": [1]}', "[]", '{"weight_map": {"a": 3}}'])
+def test_damaged_index_is_named(ckpts, tmp_path, text):
+    path = tmp_path / "ck"
+    shutil.copytree(ckpts["none"], path)
+    (path / INDEX).write_text(text)
+    with pytest.raises(CheckpointError, match=f"^{path / INDEX}: not a valid index"):
+        load_weights(path)

@@ -80,6 +80,12 @@ def test_bad_files_and_values(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         ModelConfig.from_json(bad)
+    bad.write_bytes(b"\x89\xff\x00 random")
+    with pytest.raises(ConfigError, match=f"^{bad}: not valid JSON"):
+        ModelConfig.from_json(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=f"^{bad}: not a JSON object"):
+        ModelConfig.from_json(bad)
     with pytest.raises(ConfigError, match="compress_ratios"):
         ModelConfig.from_dict({**FLASH_OFFICIAL, "compress_ratios": [0, 0] + [8] * 41})
     with pytest.raises(ConfigError, match="model_type"):

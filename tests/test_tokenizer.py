@@ -132,3 +132,13 @@ def test_generate_decodes_incrementally(tok, text):
     assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
     # without the EOS stop: the script runs to max_tokens, the EOS decodes to nothing
     assert "".join(generate(_Scripted(tok, ids + [tok.eos_id]), [0], len(ids) + 1, stop_at_eos=False)) == text
+
+
+def test_damaged_tokenizer_files_are_named(tok, tmp_path):
+    save_tokenizer(tok.tok, tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{broken")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer_config.json'}: not valid JSON"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes(b"\x00\xff garbage")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer.json'}: not a readable tokenizer"):
+        Tokenizer.from_dir(tmp_path)

@@ -91,8 +91,10 @@ def _locate(path: Path) -> tuple[dict[str, Path], Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             raise _err(index, None, f"not a valid index ({e!r})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise _err(index, None, "not a valid index (weight_map is not a table of tensor name -> file)")
         where = {}
         for name, file in weight_map.items():
             if name.startswith("mtp."):
