@@ -81,8 +81,6 @@ def _load(args):
 def _source(args):
     """What --preset or --model names, each only what its flag says: --preset a preset (a ./tiny
     directory never shadows it), --model a directory or a Hugging Face repo id (never a preset)."""
-    from pathlib import Path
-
     from .config import PRESETS
     from .hub import REPO_ID
 
