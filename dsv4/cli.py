@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import math
+import os
+import re
 import sys
 import time
+import warnings
+from pathlib import Path
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -19,15 +24,25 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _add_model_args(p: argparse.ArgumentParser):
-    src = p.add_mutually_exclusive_group()
+def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True):
+    src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="checkpoint directory (official format) or Hugging Face repo id "
-                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only)")
-    src.add_argument("--preset", help="tiny | mini | flash (random weights, no download)")
+                                     "(owner/name[@revision]; HF_HUB_OFFLINE=1: from the cache only); "
+                                     "never a preset")
+    src.add_argument("--preset", help="tiny | mini | flash (random weights, no download); never a directory")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="compute dtype")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch's intra-op work (default: OMP_NUM_THREADS when set, else the "
+                        "cores this process may use that the load average leaves idle, at most 8 and at most "
+                        "torch's own default, at least 1)")
+    if stand_in:
+        p.add_argument("--stand-in-tokenizer", action="store_true",
+                       help="a checkpoint without tokenizer.json: use a byte-level stand-in with a random "
+                            "vocabulary (without this flag its absence is an error)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, temperature: float, top_p: float, seed_help: str):
@@ -54,19 +69,32 @@ def _load(args):
 
     from .api import load
 
-    from pathlib import Path
-
-    from .config import PRESETS
-
-    # --model: a directory wins over a preset of the same name; else a preset name or a repo id.
-    # --preset: only a preset.
-    if args.preset and args.preset not in PRESETS:
-        raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
-    source = args.preset or "tiny"
-    if args.model:
-        source = Path(args.model) if Path(args.model).is_dir() else args.model
+    source = _source(args)
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed)
+    with warnings.catch_warnings():
+        # --preset tiny beside a ./tiny directory: the flag already said which one is meant
+        warnings.filterwarnings("ignore", message=".* is the preset; the directory")
+        return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed,
+                    tokenizer="stand-in" if getattr(args, "stand_in_tokenizer", False) else None)
+
+
+def _source(args):
+    """What --preset or --model names, each only what its flag says: --preset a preset (a ./tiny
+    directory never shadows it), --model a directory or a Hugging Face repo id (never a preset)."""
+    from .config import PRESETS
+    from .hub import REPO_ID
+
+    if args.preset is not None:
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset {args.preset!r}: allowed {sorted(PRESETS)}")
+        return args.preset
+    if Path(args.model).is_dir():
+        return Path(args.model)
+    if REPO_ID.match(args.model):
+        return args.model
+    hint = f" (the preset: --preset {args.model})" if args.model in PRESETS else ""
+    raise FileNotFoundError(f"--model {args.model!r}: no such directory, and not a Hugging Face repo id "
+                            f"(owner/name){hint}")
 
 
 def _device(name: str | None):
@@ -88,7 +116,9 @@ def _device(name: str | None):
 
 
 def cmd_generate(args) -> int:
-    from .generation import generate
+    import torch
+
+    from .generation import text_deltas
     from .sampler import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -96,16 +126,32 @@ def cmd_generate(args) -> int:
     with _model(args) as model:
         start = time.perf_counter()
         n = 0
-        sys.stdout.write(args.prompt)
-        for piece in generate(model, args.prompt, max_tokens=args.max_tokens, sampling=sampling):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-            n += 1
+        _show(args.prompt)
+        for piece, n in text_deltas(model, model.tokenizer.encode(args.prompt), args.max_tokens, sampling):
+            _show(piece)
         wall = time.perf_counter() - start
         sys.stdout.write("\n")
+        threads = f", {torch.get_num_threads()} CPU threads" if model.device.type == "cpu" else ""
         print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
-              f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}", file=sys.stderr)
+              f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}{threads}",
+              file=sys.stderr)
     return 0
+
+
+# C0/C1 controls but newline and tab, line/paragraph separators, bidi embeddings and isolates: on a
+# terminal they ring, move the cursor or reorder what follows (a random model samples them freely).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(text: str) -> str:
+    """`text` with its unprintable characters escaped as Python spells them (\\x07, \\u202e)."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def _show(text: str) -> None:
+    """Write generated text to stdout: escaped on a terminal, raw into a pipe or file."""
+    sys.stdout.write(terminal_text(text) if sys.stdout.isatty() else text)
+    sys.stdout.flush()
 
 
 def cmd_synth(args) -> int:
@@ -154,8 +200,7 @@ def cmd_chat(args) -> int:
             reply = []
             for text, _, _ in generate(model, Request(ids, min(args.max_tokens, room), sampling)):
                 reply.append(text)
-                sys.stdout.write(text)
-                sys.stdout.flush()
+                _show(text)
             sys.stdout.write("\n")
             messages.append({"role": "assistant", "content": "".join(reply)})
     return 0
@@ -164,6 +209,7 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     from .serve import Server
 
+    _port_free(args.host, args.port)  # before a load that may take minutes
     if args.verbose:
         import logging
 
@@ -180,6 +226,15 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _port_free(host: str, port: int) -> None:
+    import socket
+
+    try:
+        socket.create_server((host, port)).close()
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def cmd_bench(args) -> int:
     from .bench import run_bench
 
@@ -193,8 +248,12 @@ def cmd_bench(args) -> int:
 
 
 def cmd_gate(args) -> int:
+    from .config import PRESETS
     from .gate import run_gate
 
+    _device(args.device)
+    if isinstance(_source(args), Path) and args.model in PRESETS:
+        args.model = f"./{args.model}"  # the directory, as dsv4.load reads a bare preset name as the preset
     return run_gate(args)
 
 
@@ -257,7 +316,7 @@ def main(argv=None) -> int:
     b.set_defaults(fn=cmd_bench)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
-    _add_model_args(gt)
+    _add_model_args(gt, stand_in=False)
     gt.add_argument("--prime", type=int, default=256, help="prompt tokens primed before the checks")
     gt.add_argument("--output", type=int, default=256, help="sampled tokens per correctness stream and ABBA row")
     gt.add_argument("--seed", type=int, default=20260907, help="sampling seed")
@@ -271,6 +330,8 @@ def main(argv=None) -> int:
 
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "threads"):
+            _set_threads(args.threads)
         return args.fn(args)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"dsv4 {args.command}: {e}", file=sys.stderr)
@@ -278,6 +339,51 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C ends a command quietly
         print(file=sys.stderr)
         return 130
+
+
+def _set_threads(requested: int | None) -> None:
+    """torch's intra-op threads here, and OMP_NUM_THREADS for the ranks this process spawns. OpenMP
+    threads spin at every barrier: more of them than idle cores (a CPU quota, a busy machine) makes
+    a CPU decode many times slower than one thread would."""
+    import torch
+
+    if requested is not None and requested < 1:
+        raise ValueError(f"--threads {requested}: at least 1")
+    if requested is None and os.environ.get("OMP_NUM_THREADS"):
+        return  # the user's choice, which torch already read
+    n = requested or cpu_threads(torch.get_num_threads(), _usable_cores(), os.cpu_count() or 1, os.getloadavg()[0])
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+
+
+def cpu_threads(torch_default: int, cores: int, cpus: int, load: float) -> int:
+    """The default thread count: of the `cores` this process may use, those its share of the machine's
+    load average (`load` over all `cpus`) leaves idle; at most 8 and torch's own default; at least 1."""
+    busy = round(load * cores / cpus)
+    return max(1, min(torch_default, 8, cores - busy))
+
+
+def _usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), fewer under a cgroup CPU quota."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def _cpu_quota() -> float | None:
+    """CPUs' worth of time this cgroup may use (v2 cpu.max, else v1 cfs), None without a quota."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+    except (OSError, ValueError):
+        try:
+            quota, period = (v1 / "cpu.cfs_quota_us").read_text(), (v1 / "cpu.cfs_period_us").read_text()
+        except OSError:
+            return None
+    try:
+        return None if quota.strip() in ("max", "-1") else int(quota) / int(period)
+    except ValueError:
+        return None
 
 
 def _version() -> str:

@@ -26,6 +26,26 @@ EXPERT_DTYPES = ("fp4", "fp8", "bf16")
 # Legacy `compress_ratios` (official config.json) map a rate to a layer type.
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
+# What a config.json must say (one spelling of each group; the official Flash config.json says all):
+# left out, each would silently take the Flash value (or, for the grouped ones, a value that differs
+# from what HF's DeepseekV4Config reads into the same file).
+REQUIRED_KEYS = (
+    ("vocab_size",), ("hidden_size",), ("num_hidden_layers",), ("num_attention_heads",), ("head_dim",),
+    ("q_lora_rank",), ("o_groups",), ("o_lora_rank",), ("sliding_window",), ("index_n_heads",),
+    ("index_head_dim",), ("index_topk",), ("n_routed_experts",), ("num_experts_per_tok",),
+    ("n_shared_experts",), ("moe_intermediate_size",), ("scoring_func",), ("routed_scaling_factor",),
+    ("swiglu_limit",), ("hc_mult",), ("hc_sinkhorn_iters",), ("hc_eps",), ("rope_theta",),
+    ("compress_rope_theta",),
+    ("layer_types", "compress_ratios"),  # HF's default schedule starts with two HCA layers, ours two sliding
+    ("qk_rope_head_dim", "partial_rotary_factor"),  # HF's default is head_dim / 8, ours 64
+    ("rope_scaling", "rope_parameters"),  # HF's default is plain rope, ours Flash's YaRN (null: plain)
+)
+# Keys a config.json may leave out: each keeps a default that HF's DeepseekV4Config (5.17) has too
+# (tests/test_config.py checks it), so both read such a file alike. mlp_layer_types / num_hash_layers:
+# 3 hash layers; compress_rates: CSA 4, HCA 128; quantization_config: none (plain weights).
+HF_DEFAULT_KEYS = ("max_position_embeddings", "rms_norm_eps", "norm_topk_prob", "tie_word_embeddings",
+                   "num_nextn_predict_layers", "num_key_value_heads", "bos_token_id", "eos_token_id")
+
 
 class ConfigError(ValueError):
     """A config field is missing or has a value dsv4 cannot run."""
@@ -209,13 +229,28 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
+        """A config.json: every key of REQUIRED_KEYS present (a missing one is an error naming it and
+        the file); the keys of HF_DEFAULT_KEYS may be left out. `from_dict` (code, not files) fills in
+        Flash defaults."""
         path = Path(path)
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not valid JSON (not UTF-8 text)") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: not a JSON object")
+        missing = [" or ".join(repr(k) for k in group) for group in REQUIRED_KEYS if not any(k in d for k in group)]
+        if d.get("quantization_config") is not None and "expert_dtype" not in d:
+            missing.append("'expert_dtype' (a quantised checkpoint's routed experts: fp4 or fp8)")
+        if missing:
+            raise ConfigError(f"{path}: config key{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                              f"missing (dsv4 takes no silent default for {'them' if len(missing) > 1 else 'it'})")
         try:
             return cls.from_dict(d)
         except ConfigError as e:

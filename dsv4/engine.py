@@ -14,6 +14,7 @@ several (whose ranks each build here). Model offers the DecodeModel calls (dsv4.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -22,6 +23,7 @@ import torch
 from . import generation
 from .checkpoint.init import random_weights
 from .checkpoint.load import load_weights
+from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
@@ -46,36 +48,55 @@ def placement(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
 
 
 def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, *, rank: int = 0, world: int = 1,
-          group=None, init: str | None = None, seed: int = 0) -> "Model":
+          group=None, init: str | None = None, seed: int = 0, tokenizer: str | None = None) -> "Model":
     """One rank's Model: rank `rank` of `world` (joined through `group` when world > 1).
 
     `path_or_preset` as dsv4.hub.resolve leaves it: a preset name (tiny, mini, flash) gets random
-    weights (`init="random"`, `seed`), built directly on `device`; anything else is a checkpoint
-    directory, read in the official format.
+    weights (`init="random"`, `seed`), built directly on `device`, and the byte-level stand-in
+    tokenizer; anything else is a checkpoint directory, read in the official format with its
+    tokenizer.json (none is an error naming the file: `tokenizer="stand-in"` opts into the stand-in,
+    said on stderr). Weights that cannot fit the device's free memory are refused before any is made.
     """
+    if tokenizer not in (None, "stand-in"):
+        raise ValueError(f"tokenizer={tokenizer!r}: allowed None (the checkpoint's tokenizer.json) or 'stand-in'")
     name = str(path_or_preset)
     if name in PRESETS:
         if init not in (None, "random"):
             raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
         cfg = preset(name)
+        check_fits(cfg, rank, world, device, dtype, f"preset {name!r}")
         weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
-        tokenizer = Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
+        tok = _stand_in(cfg)
     else:
         path = Path(name)
         if not path.is_dir():
             raise FileNotFoundError(f"{name!r} is neither a checkpoint directory nor a preset "
                                     f"(allowed presets: {sorted(PRESETS)})")
+        if tokenizer is None and not (path / "tokenizer.json").is_file():  # before a long load, not after
+            raise FileNotFoundError(f"{path / 'tokenizer.json'}: no such file, and a checkpoint needs its "
+                                    "tokenizer (--stand-in-tokenizer / tokenizer='stand-in': a byte-level "
+                                    "stand-in with a random vocabulary)")
         if init == "random":
             cfg = ModelConfig.from_json(path / "config.json")
+            check_fits(cfg, rank, world, device, dtype, f"{path} (random weights)")
             weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
         else:
             cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype)
-        tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else \
-            Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
+        if tokenizer == "stand-in":
+            if rank == 0:
+                print(f"[dsv4] {path}: using the stand-in tokenizer (byte-level BPE, random vocabulary), "
+                      "as asked; the checkpoint's own tokenizer is not read", file=sys.stderr)
+            tok = _stand_in(cfg)
+        else:
+            tok = Tokenizer.from_dir(path)
     # DSV4_REDUCE=symm: the one-shot all-reduce over symmetric memory (CUDA, several ranks) instead of NCCL
     reduce = os.environ.get("DSV4_REDUCE", "nccl") if world > 1 and device.type == "cuda" else "nccl"
     comm = Comm(cfg.num_hidden_layers, device, rank=rank, world=world, group=group, reduce=reduce)
-    return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tokenizer)
+    return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tok)
+
+
+def _stand_in(cfg: ModelConfig) -> Tokenizer:
+    return Tokenizer(build_tokenizer(cfg.vocab_size), bos_id=cfg.bos_token_id, eos_id=cfg.eos_token_id)
 
 
 class ModelCommon:

@@ -7,6 +7,7 @@ from typing import Iterator, Sequence
 
 from .interface import DecodeModel
 from .sampler import SamplingParams
+from .tokenizer import TextStream
 
 
 def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
@@ -26,12 +27,27 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
             return
 
 
+def text_deltas(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
+                capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[tuple[str, int]]:
+    """(text, tokens sampled so far) as whole characters complete: a character whose UTF-8 bytes
+    span several tokens comes out once, whole (dsv4.tokenizer.TextStream). The last pair, whose
+    text may be empty, counts every sampled token (an EOS included)."""
+    text = TextStream(model.tokenizer, model.cfg.eos_token_id if stop_at_eos else None)
+    for token in sample_tokens(model, ids, max_tokens, sampling, capacity):
+        delta = text.push(token)
+        if text.finish:  # the EOS: its count comes with the last text, empty or not
+            yield delta, text.n
+            return
+        if delta:
+            yield delta, text.n
+    yield text.end("length"), text.n
+
+
 def generate(model: DecodeModel, prompt: str | Sequence[int], max_tokens: int = 64,
              sampling: SamplingParams | None = None, capacity: int | None = None,
              stop_at_eos: bool = True) -> Iterator[str]:
-    """Yield the text of each generated token."""
+    """Yield the generated text as its characters complete (joined: the decode of every token)."""
     ids = model.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    for token in sample_tokens(model, ids, max_tokens, sampling, capacity):
-        if stop_at_eos and token == model.cfg.eos_token_id:
-            return
-        yield model.tokenizer.decode([token])
+    for delta, _ in text_deltas(model, ids, max_tokens, sampling, capacity, stop_at_eos):
+        if delta:
+            yield delta

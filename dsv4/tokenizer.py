@@ -3,12 +3,16 @@
 Real checkpoints ship their own tokenizer.json. Synthetic ones get `build_tokenizer`: DeepSeek's special
 tokens at ids 0/1, the 256 byte tokens, then merges learned on the short text below, so every string
 round-trips and random-weight models still print something readable-ish.
+
+`TextStream` turns sampled tokens into text deltas of whole characters: the one incremental decoder
+of every surface (`generate`, `dsv4 generate | chat`, the server).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -108,6 +112,10 @@ def save_tokenizer(tok: _HFTokenizer, directory: str | Path, model_max_length: i
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def _token_string(v) -> str | None:
     # tokenizer_config.json spells a token either as a string or as an AddedToken dict.
     return v.get("content") if isinstance(v, dict) else v
@@ -129,11 +137,19 @@ class Tokenizer:
         file = path / "tokenizer.json"
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no tokenizer.json")
-        tok = _HFTokenizer.from_file(str(file))
+        try:
+            tok = _HFTokenizer.from_file(str(file))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ValueError(f"{file}: not a readable tokenizer ({_first_line(e)})") from None
         bos_s, eos_s = BOS_TOKEN, EOS_TOKEN
         conf = path / "tokenizer_config.json"
         if conf.is_file():
-            c = json.loads(conf.read_text())
+            try:
+                c = json.loads(conf.read_text())
+            except ValueError as e:
+                raise ValueError(f"{conf}: not valid JSON ({_first_line(e)})") from None
+            if not isinstance(c, dict):
+                raise ValueError(f"{conf}: not a JSON object")
             bos_s = _token_string(c.get("bos_token")) or bos_s
             eos_s = _token_string(c.get("eos_token")) or eos_s
         bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)
@@ -153,3 +169,63 @@ class Tokenizer:
             raise ValueError(f"token ids {bad[:8]} are outside the model vocabulary [0, {top})")
         known = [i for i in ids if i < self.vocab_size]
         return self.tok.decode(known, skip_special_tokens=skip_special_tokens)
+
+
+class TextStream:
+    """Tokens in, text deltas out: characters split across tokens come out whole, and a tail that
+    could begin a stop string is held back until it cannot.
+
+    Each token decodes a short window (the tokens since the last whole character, after one
+    token of context), not the whole output: a long generation costs O(1) per token. `eos_id`
+    None: no token ends the text. One decoder for every surface (generate, chat, the server).
+    """
+
+    def __init__(self, tokenizer, eos_id: int | None, stop: Sequence[str] = ()):
+        self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.out: list[int] = []
+        self.text = ""  # the whole characters decoded so far
+        self.prefix = self.read = 0  # out[prefix:read]: context already in text; out[read:]: not yet
+        self.sent = 0  # characters of text released
+        self.finish: str | None = None
+        self.n = 0  # tokens sampled (an EOS counts; a token past a stop string does not exist)
+
+    def push(self, token: int) -> str:
+        """The text this token releases; sets `finish` to "stop" at EOS or a stop string."""
+        self.n += 1
+        if token == self.eos_id:
+            self.finish = "stop"
+            return self._rest()
+        self.out.append(token)
+        if not self._decode(final=False):
+            return ""  # a character still being spelt out by the next token
+        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
+        if hits:
+            self.finish = "stop"
+            delta, self.sent = self.text[self.sent:max(self.sent, min(hits))], len(self.text)
+            return delta
+        safe = len(self.text) - self.hold
+        if safe <= self.sent:
+            return ""
+        delta, self.sent = self.text[self.sent:safe], safe
+        return delta
+
+    def end(self, reason: str) -> str:
+        """The held-back tail when generation ends for `reason` (length, ...)."""
+        self.finish = reason
+        return self._rest()
+
+    def _decode(self, final: bool) -> bool:
+        """Append the window's new whole characters to text (any at all when final)."""
+        before = self.tokenizer.decode(self.out[self.prefix:self.read])
+        now = self.tokenizer.decode(self.out[self.prefix:])
+        if not final and (len(now) <= len(before) or now.endswith("\ufffd")):
+            return False
+        self.text += now[len(before):]
+        self.prefix, self.read = self.read, len(self.out)
+        return True
+
+    def _rest(self) -> str:
+        self._decode(final=True)
+        delta, self.sent = self.text[self.sent:], len(self.text)
+        return delta

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from dsv4.checkpoint import CheckpointError, load_weights, random_weights, synth
 from dsv4.checkpoint.load import INDEX
-from dsv4.config import FP8_QUANTIZATION, preset
+from dsv4.config import FP8_QUANTIZATION, ModelConfig, preset
 from dsv4.formats import FP4_VALUES, QWeight, quantize_fp4, quantize_fp8, unpack_fp4
 from dsv4.layout import local_slice, storage, tensor_specs
 
@@ -426,3 +426,122 @@ def test_hf_loads_synth(ckpts, quant):
     assert out.logits.isfinite().all() and 0.3 < out.logits.std() < 3
     stds = [h.std().item() for h in out.hidden_states]
     assert all(0.5 < s < 3 for s in stds), stds
+
+
+def _first_shard(path):
+    return sorted(path.glob("model-*.safetensors"))[0]
+
+
+def _truncate(path):
+    shard = _first_shard(path)
+    data = shard.read_bytes()
+    shard.write_bytes(data[:len(data) - 100])
+    return shard, "truncated: its header promises"
+
+
+def _random_bytes(path):
+    shard = _first_shard(path)
+    shard.write_bytes(torch.randint(0, 256, (shard.stat().st_size,), generator=torch.Generator().manual_seed(0),
+                                    dtype=torch.uint8).numpy().tobytes())
+    return shard, "not a safetensors file"
+
+
+def _header_only(path):
+    shard = _first_shard(path)
+    shard.write_bytes(shard.read_bytes()[:5])
+    return shard, "too short for a safetensors header"
+
+
+def _not_json(path):
+    shard = _first_shard(path)
+    shard.write_bytes((20).to_bytes(8, "little") + b"{not json at all....")
+    return shard, "header is not JSON"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _random_bytes, _header_only, _not_json])
+def test_damaged_shard_is_named(ckpts, tmp_path, damage):
+    """A shard cut short or overwritten: a CheckpointError naming the file and what is wrong (never a
+    MemoryError from a length read out of random bytes), before any tensor is read."""
+    path = tmp_path / "ck"
+    shutil.copytree(ckpts["fp8"], path)
+    shard, what = damage(path)
+    with pytest.raises(CheckpointError) as e:
+        load_weights(path)
+    assert str(e.value).startswith(f"{shard}: ") and what in str(e.value), str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# Memory: estimated up front, refused before reading
+# ---------------------------------------------------------------------------
+
+
+def _held_bytes(weights) -> int:
+    total = 0
+    for w in weights.values():
+        for t in ((w.data, w.scale) if isinstance(w, QWeight) else (w,)):
+            total += 0 if t is None else t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("quant", ["none", "fp8"])
+def test_weight_bytes_is_what_a_rank_holds(ckpts, quant):
+    from dsv4.checkpoint.memory import weight_bytes
+
+    for rank, world in ((0, 1), (1, 2)):
+        for dtype in (torch.float32, torch.bfloat16):
+            cfg, w = load_weights(ckpts[quant], rank=rank, world=world, dtype=dtype)
+            assert weight_bytes(cfg, rank, world, dtype) == _held_bytes(w)
+
+
+def test_not_enough_memory_is_refused_before_reading(ckpts, monkeypatch):
+    from dsv4.checkpoint import NotEnoughMemoryError, memory
+    from dsv4.checkpoint.memory import weight_bytes
+
+    load_mod = importlib.import_module("dsv4.checkpoint.load")
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (2**20, "available RAM"))
+    monkeypatch.setattr(load_mod, "_read", lambda *a: pytest.fail("read a tensor before refusing"))
+    with pytest.raises(NotEnoughMemoryError) as e:
+        load_weights(ckpts["fp8"], rank=0, world=2)
+    need = 2 * weight_bytes(ModelConfig.from_json(ckpts["fp8"] / "config.json"), 0, 2, torch.float32)
+    assert str(e.value) == (f"{ckpts['fp8']}: the weights of 2 CPU ranks need {need / 2**20:.1f} MiB "
+                            f"(float32 on cpu), 1.0 MiB available RAM")
+    import dsv4
+
+    with pytest.raises(NotEnoughMemoryError, match="preset 'tiny': its weights need .* MiB available RAM"):
+        dsv4.load("tiny", device="cpu")
+
+
+def test_memory_figures_are_real():
+    from dsv4.checkpoint.memory import available_bytes
+
+    free, what = available_bytes(torch.device("cpu"))
+    assert 0 < free and what
+
+
+# ---------------------------------------------------------------------------
+# The tokenizer: the checkpoint's own, or a stand-in only when asked
+# ---------------------------------------------------------------------------
+
+
+def test_missing_tokenizer_is_an_error_unless_the_stand_in_is_asked_for(ckpts, tmp_path, capfd):
+    import dsv4
+
+    path = tmp_path / "ck"
+    shutil.copytree(ckpts["none"], path)
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match=f"{path / 'tokenizer.json'}: no such file"):
+        dsv4.load(path, device="cpu")
+    model = dsv4.load(path, device="cpu", tokenizer="stand-in")
+    assert "stand-in tokenizer" in capfd.readouterr().err
+    assert model.tokenizer.decode(model.tokenizer.encode("hello", add_bos=False)) == "hello"
+    with pytest.raises(ValueError, match="tokenizer='bpe'"):
+        dsv4.load(path, device="cpu", tokenizer="bpe")
+
+
+@pytest.mark.parametrize("text", ["\x89 not json", '{"weight_map": [1]}', "[]", '{"weight_map": {"a": 3}}'])
+def test_damaged_index_is_named(ckpts, tmp_path, text):
+    path = tmp_path / "ck"
+    shutil.copytree(ckpts["none"], path)
+    (path / INDEX).write_text(text)
+    with pytest.raises(CheckpointError, match=f"^{path / INDEX}: not a valid index"):
+        load_weights(path)

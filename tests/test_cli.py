@@ -1,13 +1,17 @@
 """The command line: the README's quick start and `dsv4 synth`."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import dsv4
+
+_ROOT = Path(dsv4.__file__).resolve().parent.parent
 
 
 def dsv4_cli(*args, timeout=240):
@@ -82,6 +86,8 @@ def test_bench_prints_its_records():
     assert summary["same_stream"] and summary["eager_tok_s"] > 0
     assert summary["graph_arm"] is False and summary["graph_tok_s"] is None  # no CUDA graph on CPU
     assert summary["reductions_per_token_per_rank"] == [2.0 * 5]  # attention + MoE in each of tiny's 5 layers
+    rows = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("BENCH_ROW ")]
+    assert [row["arm"] for row in rows] == ["eager"] * 4  # the arm that ran: no graph on CPU
     assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
 
 
@@ -118,3 +124,186 @@ def test_synth_refuses_then_overwrites(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert main(["synth", "--preset", "tiny", "--out", str(out), "--seed", "1", "--overwrite"]) == 0
     assert (out / "config.json").read_text() == first and (out / "model.safetensors.index.json").exists()
+
+
+def _on_a_terminal(*args) -> str:
+    """stdout of `python -m dsv4.cli ARGS` written to a pseudo-terminal."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", *args], stdout=follower, stderr=subprocess.PIPE)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=240)
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr.read()
+    return out.decode("utf-8", "replace")
+
+
+def test_unprintable_text_is_escaped_on_a_terminal_only():
+    from dsv4.cli import terminal_text
+
+    assert terminal_text("a\x07b\x1b[2J\u202e日本\n\tz\r") == "a\\x07b\\x1b[2J\\u202e日本\n\tz\\r"
+    args = ("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "ding\x07dong", "--max-tokens", "2")
+    assert "ding\\x07dong" in _on_a_terminal(*args)
+    piped = dsv4_cli(*args)
+    assert piped.returncode == 0 and piped.stdout.startswith("ding\x07dong")
+
+
+def test_generate_prints_the_decode_of_the_sampled_tokens():
+    """The printed text is the tokenizer's decode of the whole sampled stream: characters split over
+    tokens are not printed as replacement-character pieces."""
+    proc = dsv4_cli("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "日本語", "--max-tokens", "24",
+                    "--seed", "1")  # seed 1 samples two-byte characters over two tokens
+    assert proc.returncode == 0, proc.stderr
+    model = dsv4.load("tiny", device="cpu")
+    ids = model.tokenizer.encode("日本語")
+    tokens = list(model.sample_tokens(ids, 24, dsv4.SamplingParams(seed=1)))
+    n = tokens.index(model.cfg.eos_token_id) + 1 if model.cfg.eos_token_id in tokens else len(tokens)
+    assert proc.stdout == "日本語" + model.tokenizer.decode(tokens[:n]) + "\n"
+    assert f"[dsv4] {n} tokens in" in proc.stderr  # the EOS, when sampled, counts
+
+
+def _one_line(proc) -> str:
+    """The single stderr line of a command that failed with exit 2 (no traceback)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from dsv4.checkpoint import synth
+
+    return synth(dsv4.config.preset("tiny"), tmp_path_factory.mktemp("cli") / "ck", quant="fp8",
+                 max_shard_bytes=150_000)
+
+
+def test_damaged_checkpoints_are_one_line(tiny_ckpt, tmp_path):
+    import shutil
+
+    path = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, path)
+    shard = sorted(path.glob("model-*.safetensors"))[0]
+    data = shard.read_bytes()
+    run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
+    shard.write_bytes(data[:-100])
+    assert _one_line(dsv4_cli(*run)) .startswith(f"dsv4 generate: {shard}: truncated")
+    shard.write_bytes(bytes(range(256)) * (len(data) // 256))
+    assert f"{shard}: not a safetensors file" in _one_line(dsv4_cli(*run))
+    shard.unlink()
+    assert f"{shard}: tensor " in _one_line(dsv4_cli(*run))  # named by the index, the file is gone
+
+
+def test_missing_tokenizer_needs_the_stand_in_flag(tiny_ckpt, tmp_path):
+    import shutil
+
+    path = tmp_path / "ck"
+    shutil.copytree(tiny_ckpt, path)
+    (path / "tokenizer.json").unlink()
+    run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
+    assert f"{path / 'tokenizer.json'}: no such file" in _one_line(dsv4_cli(*run))
+    ok = dsv4_cli(*run, "--stand-in-tokenizer")
+    assert ok.returncode == 0 and "stand-in tokenizer" in ok.stderr, ok.stderr
+
+
+def test_presets_and_directories_are_explicit(tiny_ckpt, tmp_path):
+    """--preset tiny beside a ./tiny checkpoint is the preset (and says nothing about it); --model tiny
+    is the directory, and without one an error pointing to --preset."""
+    import shutil
+
+    from dsv4.checkpoint import synth
+
+    synth(dsv4.config.preset("tiny").replace(num_hidden_layers=3, layer_types=["sliding_attention"] * 3,
+                                             mlp_layer_types=["hash_moe", "moe", "moe"]), tmp_path / "tiny")
+
+    def layers(*args):
+        proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "bench", *args, "--device", "cpu", "--prime", "8",
+                               "--steps", "2", "--rows", "1"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=240, env={**os.environ, "PYTHONPATH": str(_ROOT)})
+        assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
+        return json.loads(proc.stdout.splitlines()[0].split(" ", 1)[1])["layers"]
+
+    assert layers("--preset", "tiny") == 5 and layers("--model", "tiny") == 3
+    shutil.rmtree(tmp_path / "tiny")
+    proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "generate", "--model", "tiny", "--device", "cpu"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(_ROOT)})
+    assert "--preset tiny" in _one_line(proc)
+    assert dsv4_cli("generate", "--device", "cpu").returncode == 2  # a source is required: no silent default
+
+
+def test_not_enough_memory_is_one_line(capsys, monkeypatch):
+    from dsv4.checkpoint import memory
+    from dsv4.cli import main
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (1000, "available RAM"))
+    assert main(["generate", "--preset", "tiny", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "preset 'tiny': its weights need 3.4 MiB (float32 on cpu), 0.0 MiB available RAM" in err[0], err
+
+
+def test_port_in_use_is_one_line_before_loading():
+    """The port is checked before the load: with --preset flash the memory check would speak first."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = dsv4_cli("serve", "--preset", "flash", "--device", "cpu", "--port", str(port))
+    assert _one_line(proc).startswith(f"dsv4 serve: cannot listen on 127.0.0.1:{port}: ")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctrl_c_ends_quietly(command):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", command, "--preset", "tiny", "--device", "cpu",
+                             "--max-tokens", "3000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdin.write(b"hello\n")  # chat's first turn
+    proc.stdin.flush()
+    assert proc.stdout.read(1)  # it is generating
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == b"", err.decode()
+
+
+def test_cpu_thread_default():
+    from dsv4.cli import cpu_threads
+
+    assert cpu_threads(torch_default=64, cores=64, cpus=64, load=0.1) == 8  # at most 8
+    assert cpu_threads(torch_default=4, cores=64, cpus=64, load=0.0) == 4  # never above torch's own
+    assert cpu_threads(torch_default=2, cores=2, cpus=2, load=1.2) == 1  # a busy 2-core machine: one thread
+    assert cpu_threads(torch_default=2, cores=2, cpus=2, load=9.0) == 1  # at least 1
+    assert cpu_threads(torch_default=64, cores=4, cpus=64, load=32.0) == 2  # its share of the load: 4/64 of it
+
+
+def test_threads_flag_and_environment(monkeypatch):
+    from dsv4 import cli
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    flag = subprocess.run([sys.executable, "-m", "dsv4.cli", "generate", "--preset", "tiny", "--device", "cpu",
+                           "--max-tokens", "2", "--threads", "3"], capture_output=True, text=True, env=env,
+                          timeout=240)
+    assert flag.returncode == 0 and ", 3 CPU threads" in flag.stderr, flag.stderr
+    assert "--threads 0: at least 1" in _one_line(dsv4_cli("generate", "--preset", "tiny", "--threads", "0"))
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(cli, "cpu_threads", lambda *a: 1)
+        monkeypatch.setenv("OMP_NUM_THREADS", str(before))
+        cli._set_threads(None)  # the user's OMP_NUM_THREADS stands
+        assert torch.get_num_threads() == before
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        cli._set_threads(None)  # unset: the default, also for the ranks this process spawns
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)

@@ -80,6 +80,12 @@ def test_bad_files_and_values(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         ModelConfig.from_json(bad)
+    bad.write_bytes(b"\x89\xff\x00 random")
+    with pytest.raises(ConfigError, match=f"^{bad}: not valid JSON"):
+        ModelConfig.from_json(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=f"^{bad}: not a JSON object"):
+        ModelConfig.from_json(bad)
     with pytest.raises(ConfigError, match="compress_ratios"):
         ModelConfig.from_dict({**FLASH_OFFICIAL, "compress_ratios": [0, 0] + [8] * 41})
     with pytest.raises(ConfigError, match="model_type"):
@@ -94,3 +100,49 @@ def test_plain_rope_round_trips():
     cfg = preset("tiny").replace(rope_scaling=None)
     back = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back.rope_scaling is None and back == cfg
+
+
+def _group_of(key):
+    from dsv4.config import REQUIRED_KEYS
+
+    return next(g for g in REQUIRED_KEYS if key in g)
+
+
+@pytest.mark.parametrize("key", [k for k in FLASH_OFFICIAL if k not in (
+    "architectures", "model_type", "quantization_config", "num_hash_layers", "num_key_value_heads",
+    "bos_token_id", "eos_token_id")])
+def test_a_key_left_out_of_config_json_is_named(tmp_path, key):
+    """Every key the official config ships that sets the model (no silent Flash value): an error naming
+    the key (and its other spelling) and the file."""
+    d = {k: v for k, v in FLASH_OFFICIAL.items() if k != key}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=f"^{path}: config key .*'{key}'.* missing") as e:
+        ModelConfig.from_json(path)
+    if key != "expert_dtype":
+        assert all(repr(k) in str(e.value) for k in _group_of(key))
+    if key == "compress_ratios":  # the other spelling satisfies it
+        path.write_text(json.dumps({**d, "layer_types": preset("flash").layer_types}))
+        assert ModelConfig.from_json(path) == preset("flash")
+
+
+def test_official_and_written_configs_load(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(FLASH_OFFICIAL))
+    assert ModelConfig.from_json(path) == preset("flash")
+    plain = {k: v for k, v in FLASH_OFFICIAL.items() if k not in ("quantization_config", "expert_dtype")}
+    path.write_text(json.dumps(plain))  # a plain checkpoint needs no expert_dtype
+    assert not ModelConfig.from_json(path).quantized
+
+
+def test_keys_that_may_be_left_out_keep_hf_defaults():
+    """A key a config.json may omit takes the default HF's DeepseekV4Config takes too."""
+    transformers = pytest.importorskip("transformers")
+    from dsv4.config import HF_DEFAULT_KEYS
+
+    ours, hf = ModelConfig(), transformers.DeepseekV4Config()
+    for key in HF_DEFAULT_KEYS:
+        assert getattr(ours, key) == getattr(hf, key), key
+    assert ours.mlp_layer_types == hf.mlp_layer_types and ours.compress_rates == hf.compress_rates
+    # and the grouped keys that must be given do differ from HF's defaults
+    assert ours.layer_types != hf.layer_types and ModelConfig(head_dim=256).qk_rope_head_dim != 256 // 8

@@ -88,3 +88,57 @@ def test_hf_reads_it(tmp_path, tok):
     text = TEXTS[2]
     assert hf.encode(text, add_special_tokens=False) == tok.encode(text, add_bos=False)
     assert (hf.bos_token_id, hf.eos_token_id) == (0, 1)
+
+
+class _Scripted:
+    """A DecodeModel stand-in whose `step` samples a fixed script of tokens."""
+
+    def __init__(self, tok, script):
+        from types import SimpleNamespace
+
+        self.tokenizer, self.script = tok, list(script)
+        self.cfg = SimpleNamespace(eos_token_id=tok.eos_id)
+
+    def new_state(self, capacity):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(host_pos=0, capacity=capacity)
+
+    def prefill(self, state, ids):
+        state.host_pos = len(ids)
+
+    def step(self, state, token, sampling=None):
+        state.host_pos += 1
+        return self.script.pop(0)
+
+
+def test_text_stream_emits_split_characters_whole(tok):
+    """'日本語' is nine byte tokens here: each character comes out once, whole, never as U+FFFD."""
+    from dsv4.tokenizer import TextStream
+
+    ids = tok.encode("日本語", add_bos=False)
+    assert len(ids) > 3  # the tokenizer splits the characters
+    stream = TextStream(tok, tok.eos_id)
+    pieces = [stream.push(t) for t in ids] + [stream.end("length")]
+    assert [p for p in pieces if p] == ["日", "本", "語"]
+
+
+@pytest.mark.parametrize("text", ["日本語", "a 🚀 b é", "plain"])
+def test_generate_decodes_incrementally(tok, text):
+    from dsv4.generation import generate
+
+    ids = tok.encode(text, add_bos=False)
+    pieces = list(generate(_Scripted(tok, ids + [tok.eos_id]), [0, 5], max_tokens=len(ids) + 4))
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    # without the EOS stop: the script runs to max_tokens, the EOS decodes to nothing
+    assert "".join(generate(_Scripted(tok, ids + [tok.eos_id]), [0], len(ids) + 1, stop_at_eos=False)) == text
+
+
+def test_damaged_tokenizer_files_are_named(tok, tmp_path):
+    save_tokenizer(tok.tok, tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{broken")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer_config.json'}: not valid JSON"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_bytes(b"\x00\xff garbage")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer.json'}: not a readable tokenizer"):
+        Tokenizer.from_dir(tmp_path)

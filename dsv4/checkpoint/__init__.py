@@ -4,6 +4,7 @@ Its layout (names, shapes, rank slices) is dsv4.layout; its number formats dsv4.
 
 from .init import random_weights
 from .load import CheckpointError, load_weights
+from .memory import NotEnoughMemoryError, check_fits
 from .synth import synth
 
-__all__ = ["CheckpointError", "load_weights", "random_weights", "synth"]
+__all__ = ["CheckpointError", "NotEnoughMemoryError", "check_fits", "load_weights", "random_weights", "synth"]

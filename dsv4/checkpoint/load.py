@@ -1,7 +1,8 @@
 """Load an official DeepSeek-V4 checkpoint directory: validate it from the headers, then read a rank's slices.
 
 Every problem raises `CheckpointError` naming the tensor and the file, before any tensor data is read
-(tid2eid values, the one check that needs data, are read and checked before everything else).
+(tid2eid values, the one check that needs data, are read and checked before everything else); a rank
+whose weights cannot fit its device's free memory raises `NotEnoughMemoryError` before reading too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors import safe_open
 from ..config import ConfigError, ModelConfig
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
 from ..layout import Spec, as_memory, check_rank, local_slice, scale_name, storage, tensor_specs
+from .memory import check_fits
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -35,14 +37,43 @@ def _err(file, name: str | None, msg: str) -> CheckpointError:
     return CheckpointError(f"{file}: " + (f"tensor {name!r}: " if name else "") + msg)
 
 
+MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+
+
 def _header(file: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) from a shard's header, after checking the file holds every byte it promises."""
     try:
+        size = file.stat().st_size
         with open(file, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            head = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        raise _err(file, None, f"not a readable safetensors file ({e})") from None
-    return {k: (v["dtype"], v["shape"]) for k, v in head.items() if k != "__metadata__"}
+            prefix = f.read(8)
+            n = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+            raw = f.read(n) if n is not None and n <= min(size - 8, MAX_HEADER) else None
+    except OSError as e:
+        raise _err(file, None, f"cannot read it ({e.strerror or e})") from None
+    if n is None:
+        raise _err(file, None, f"truncated: {size} bytes, too short for a safetensors header")
+    if raw is None:  # random bytes read as a length: never allocate it
+        raise _err(file, None, f"not a safetensors file: its first 8 bytes give a header of {n} bytes "
+                               f"in a file of {size}")
+    try:
+        head = json.loads(raw)
+    except ValueError:
+        raise _err(file, None, "not a safetensors file: its header is not JSON") from None
+    entries = {k: v for k, v in head.items() if k != "__metadata__"} if isinstance(head, dict) else None
+    if entries is None or not all(_entry_ok(v) for v in entries.values()):
+        raise _err(file, None, "not a safetensors file: its header is not a table of tensors "
+                               "(dtype, shape, data_offsets)")
+    need = 8 + n + max((v["data_offsets"][1] for v in entries.values()), default=0)
+    if need > size:
+        raise _err(file, None, f"truncated: its header promises {need} bytes, the file has {size}")
+    return {k: (v["dtype"], v["shape"]) for k, v in entries.items()}
+
+
+def _entry_ok(v) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("dtype"), str) and isinstance(v.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in v["shape"])
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2
+            and all(isinstance(o, int) for o in v["data_offsets"]) and 0 <= v["data_offsets"][0] <= v["data_offsets"][1])
 
 
 def _expected_shapes(spec: Spec, kind: str) -> tuple[list[int], list[int] | None]:
@@ -60,8 +91,10 @@ def _locate(path: Path) -> tuple[dict[str, Path], Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             raise _err(index, None, f"not a valid index ({e!r})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise _err(index, None, "not a valid index (weight_map is not a table of tensor name -> file)")
         where = {}
         for name, file in weight_map.items():
             if name.startswith("mtp."):
@@ -175,6 +208,7 @@ def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: 
     check_rank(cfg, rank, world)
     where, listing = _locate(path)
     _validate(cfg, where, listing)
+    check_fits(cfg, rank, world, device, dtype, str(path))
 
     specs = tensor_specs(cfg, rank, world)
     handles = _Handles(where)

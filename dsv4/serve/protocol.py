@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, Valida
 from pydantic_core import PydanticCustomError
 
 from ..sampler import SamplingParams
+from ..tokenizer import TextStream
 
 # DeepSeek's chat encoding (V3.2 style, non-thinking): the system text, then
 # <｜User｜>text and <｜Assistant｜></think>text<｜end▁of▁sentence｜> turns, then the
@@ -280,65 +281,6 @@ def _prompt_ids(prompt, model) -> list[int]:
             raise RequestError(f"prompt: token ids {bad[:4]} outside [0, {model.cfg.vocab_size})", "prompt")
         return list(prompt)
     raise RequestError("prompt: a string, or a list of token ids (one prompt per request)", "prompt")
-
-
-class TextStream:
-    """Tokens in, text deltas out: characters split across tokens come out whole, and a tail that
-    could begin a stop string is held back until it cannot.
-
-    Each token decodes a short window (the tokens since the last whole character, after one
-    token of context), not the whole output: a long generation costs O(1) per token.
-    """
-
-    def __init__(self, tokenizer, eos_id: int, stop: list[str]):
-        self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, stop
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.out: list[int] = []
-        self.text = ""  # the whole characters decoded so far
-        self.prefix = self.read = 0  # out[prefix:read]: context already in text; out[read:]: not yet
-        self.sent = 0  # characters of text released
-        self.finish: str | None = None
-        self.n = 0  # tokens sampled (an EOS counts; a token past a stop string does not exist)
-
-    def push(self, token: int) -> str:
-        """The text this token releases; sets `finish` to "stop" at EOS or a stop string."""
-        self.n += 1
-        if token == self.eos_id:
-            self.finish = "stop"
-            return self._rest()
-        self.out.append(token)
-        if not self._decode(final=False):
-            return ""  # a character still being spelt out by the next token
-        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
-        if hits:
-            self.finish = "stop"
-            delta, self.sent = self.text[self.sent:max(self.sent, min(hits))], len(self.text)
-            return delta
-        safe = len(self.text) - self.hold
-        if safe <= self.sent:
-            return ""
-        delta, self.sent = self.text[self.sent:safe], safe
-        return delta
-
-    def end(self, reason: str) -> str:
-        """The held-back tail when generation ends for `reason` (length, ...)."""
-        self.finish = reason
-        return self._rest()
-
-    def _decode(self, final: bool) -> bool:
-        """Append the window's new whole characters to text (any at all when final)."""
-        before = self.tokenizer.decode(self.out[self.prefix:self.read])
-        now = self.tokenizer.decode(self.out[self.prefix:])
-        if not final and (len(now) <= len(before) or now.endswith("\ufffd")):
-            return False
-        self.text += now[len(before):]
-        self.prefix, self.read = self.read, len(self.out)
-        return True
-
-    def _rest(self) -> str:
-        self._decode(final=True)
-        delta, self.sent = self.text[self.sent:], len(self.text)
-        return delta
 
 
 def generate(model, req: Request) -> Iterator[tuple[str, str | None, int]]:
