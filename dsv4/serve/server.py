@@ -218,10 +218,12 @@ async def _json(server: Server, request: Request):
 def _loads(server: Server, raw: bytes):
     try:
         body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"the request body is not JSON: {e}") from None
     except RecursionError:
         raise RequestError("the request body is not JSON this server reads: nested too deeply") from None
-    except ValueError as e:  # not JSON, not UTF-8, or an integer of over 4300 digits
-        raise RequestError(f"the request body is not JSON: {e}") from None
+    except ValueError:  # Python's limit on int() of a decimal string
+        raise RequestError("the request body is not JSON this server reads: a number of over 4300 digits") from None
     name = protocol.model_name(body)
     if name not in (None, server.model_name):
         raise RequestError(f"model {name!r} is not served here; this server serves {server.model_name!r}", "model",
