@@ -12,7 +12,6 @@ Retry-After; every OpenAI request field is either honoured or refused with a 400
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import typing

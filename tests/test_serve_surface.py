@@ -292,7 +292,8 @@ def test_wrong_messages_name_the_field(server, message, param):
 
 
 @pytest.mark.parametrize("raw", [b"", b"null", b"5", b'"text"', b"[]", b"true", b'{"prompt": NaN}',
-                                 b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}", b'{"prompt": "x", "temperature": 1e999}'])
+                                 b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}",
+                                 b'{"prompt": "x", "temperature": 1e999}'])
 @pytest.mark.parametrize("path", [COMPLETIONS, CHAT, "/tokenize", "/detokenize"])
 def test_bodies_that_are_not_objects(server, path, raw):
     r = post(server, path, content=raw, headers={"content-type": "application/json"})
