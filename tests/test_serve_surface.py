@@ -5,8 +5,10 @@ Checked: n choices (choice j is the n=1 answer of seed + j, streamed chunks name
 endpoints, batch prompts (indexes i * n + j), echo, best_of == n, ignore_eos, the developer role and an
 assistant's null content, top_k -1; /version, /tokenize, /detokenize; --api-key (401 everywhere but
 /health); wrong types in every field and bodies that are not JSON objects answer an OpenAI-shaped 4xx;
-a 10 MB prompt is refused at once naming both lengths while a small request is served, and a huge
-/tokenize stalls no stream; a non-streamed client that leaves frees all its choices' slots.
+a 10 MB prompt is refused at once naming both lengths while a small request is served (the bound on
+its tokens from its bytes is a true lower bound), and a huge /tokenize stalls no stream; a
+non-streamed client that leaves frees all its choices' slots; a handler that fails answers a 500,
+a stream that fails ends with an error event.
 """
 
 from __future__ import annotations
@@ -352,3 +354,41 @@ def test_a_non_streamed_client_that_leaves_frees_every_choice(client, server):
     start = time.perf_counter()
     assert client.completions.create(model=NAME, prompt="next", max_tokens=2, seed=3).choices
     assert time.perf_counter() - start < 10
+
+
+def test_the_byte_bound_never_exceeds_the_token_count(model):
+    """The bound that refuses a prompt before tokenising it is a lower bound on its tokens."""
+    import random
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import normalizers
+
+    from dsv4.serve.protocol import _longest_token_bytes
+    from dsv4.tokenizer import Tokenizer
+
+    tok, rng = model.tokenizer, random.Random(1)
+    longest = _longest_token_bytes(tok)
+    pieces = ["<｜end▁of▁sentence｜>", "<｜User｜>", "   ", "\n\n", "日本語", "🎉", "the river", "Ġ", "0123456789"]
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 60)))
+        assert len(tok.encode(text)) >= len(text.encode()) // (2 * longest), text
+    copy = Tokenizer(HFTokenizer.from_str(tok.tok.to_str()))
+    copy.tok.normalizer = normalizers.NFKC()  # may shrink text: no bound at all
+    assert _longest_token_bytes(copy) is None
+
+
+def test_a_failing_handler_answers_500_and_a_failing_stream_an_error_event(client, server, monkeypatch):
+    from dsv4.serve import protocol, server as server_module
+
+    def broken(*_):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(protocol, "parse", broken)
+    r = post(server, COMPLETIONS, {"prompt": "x"})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error" and "boom" in r.text
+    monkeypatch.undo()
+    monkeypatch.setattr(server_module.TextStream, "push", broken)
+    r = post(server, COMPLETIONS, {"prompt": "x", "max_tokens": 3, "stream": True})
+    events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and "boom" in events[-2] and events[-1] == "data: [DONE]", r.text
+    wait_for(lambda: running(server) == 0, 5)

@@ -14,6 +14,7 @@ tokens into text deltas (whole characters, stop strings held back until they can
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 import uuid
@@ -483,7 +484,7 @@ def _utf8_size(text: str, param: str) -> int:
 def _longest_token_bytes(tokenizer) -> int | None:
     """The most UTF-8 bytes one token decodes to; None when a normalizer may shrink text (no bound)."""
     hf = getattr(tokenizer, "tok", None)
-    if hf is None or hf.normalizer is not None:
+    if hf is None or json.loads(hf.to_str()).get("normalizer") not in (None, {"type": "Sequence", "normalizers": []}):
         return None
     size = hf.get_vocab_size(with_added_tokens=True)
     pieces = hf.decode_batch([[i] for i in range(size)], skip_special_tokens=False)

@@ -406,6 +406,10 @@ class _Reply:
                                               True))
         except RequestError as e:
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+        except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
+            log.exception("dsv4 serve: a stream failed")
+            error = RequestError(f"internal error: {e!r}", status=500, kind="server_error")
+            yield b"data: " + json.dumps(error.body()).encode() + b"\n\n"
         else:
             if self.call.include_usage:
                 yield event({**self.envelope([], True), "usage": self.usage()})
