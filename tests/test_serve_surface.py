@@ -392,3 +392,16 @@ def test_a_failing_handler_answers_500_and_a_failing_stream_an_error_event(clien
     events = [line for line in r.text.splitlines() if line.startswith("data: ")]
     assert r.status_code == 200 and "boom" in events[-2] and events[-1] == "data: [DONE]", r.text
     wait_for(lambda: running(server) == 0, 5)
+
+
+def test_choices_are_queued_all_or_none(model):
+    with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=64, max_num_seqs=2, max_waiting=0) as srv:
+        c = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+        stream = c.completions.create(model=NAME, prompt="hold a slot", max_tokens=50, seed=1, stream=True)
+        next(iter(stream))
+        r = post(srv, COMPLETIONS, {"prompt": "two", "n": 2, "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["retry-after"].isdigit(), r.text
+        wait_for(lambda: running(srv) == 1, 5)  # the choice that found a slot was let go
+        stream.close()
+        wait_for(lambda: running(srv) == 0, 5)
+        assert len(c.completions.create(model=NAME, prompt="two", n=2, max_tokens=2).choices) == 2
