@@ -207,6 +207,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import os
+
     from .serve import Server
 
     _port_free(args.host, args.port)  # before a load that may take minutes
@@ -216,7 +218,8 @@ def cmd_serve(args) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with _model(args) as model:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
-                        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting)
+                        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+                        api_key=args.api_key or os.environ.get("DSV4_API_KEY"))
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world})", file=sys.stderr, flush=True)
         try:
@@ -292,6 +295,8 @@ def main(argv=None) -> int:
                     help="sequences decoding at once (each holds a preallocated state of --max-model-len tokens)")
     sv.add_argument("--max-waiting", type=int, default=64,
                     help="requests that may wait for a sequence slot; beyond it: 429 with Retry-After")
+    sv.add_argument("--api-key", default=None,
+                    help="require `Authorization: Bearer KEY` on every route but /health (unset: $DSV4_API_KEY)")
     sv.add_argument("--verbose", action="store_true", help="log each request")
     sv.set_defaults(fn=cmd_serve)
 

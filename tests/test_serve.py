@@ -6,13 +6,12 @@ and the greedy one argmax decoding; streams join to the non-streamed text (usage
 stream_options.include_usage); chat goes through DeepSeek's chat encoding; stop strings cut the
 text; 8 concurrent streams each equal their solo stream; a client leaving mid-stream (or before a
 non-streamed answer) frees its slot and the next request is served; a full queue answers 429 with
-Retry-After; a huge prompt is tokenised without stalling a running stream; every OpenAI request
-field is either honoured or refused with a 400 naming it.
+Retry-After; every OpenAI request field is either honoured or refused with a 400 naming it
+(tests/test_serve_surface.py: n, batch prompts, echo, the other endpoints, the request path's errors).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import typing
@@ -232,34 +231,20 @@ def test_queue_full_gives_429_with_retry_after(model):
         assert "dsv4_requests_rejected_total" in httpx.get(root(srv) + "/metrics").text
 
 
-def test_huge_prompt_does_not_stall_a_stream(client, server):
-    big = "hello world, and more words " * 25000  # 0.7 MB: seconds of tokenisation
-    stamps, answer = [], []
-
-    def send():
-        start = time.perf_counter()
-        answer.append(post(server, "/v1/completions", {"prompt": big}))
-        answer.append((start, time.perf_counter()))
-
-    stream = client.completions.create(model=NAME, prompt="keep going", max_tokens=60, seed=9, stream=True)
-    it = iter(stream)
-    next(it)
-    t = threading.Thread(target=send)
-    t.start()
-    for _ in it:
-        stamps.append(time.perf_counter())
-    t.join(60)
-    assert answer[0].status_code == 400 and answer[0].json()["error"]["code"] == "context_length_exceeded"
-    start, end = answer[1]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > start and a < end]
-    assert gaps and max(gaps) < max(0.5, (end - start) / 2), (gaps, end - start)
-
-
-# Every field of the openai client's request types: implemented, or refused (400 naming it) unless neutral.
-IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-               "stop", "stream", "stream_options", "user", "safety_identifier", "prompt_cache_key"}
+# Every field of the openai client's request types: implemented (protocol.IMPLEMENTED, each accepted with a
+# non-default value below), or refused with a 400 naming it unless it holds its neutral value.
+ACCEPTED = {  # field: the body fields that exercise it
+    "model": {"model": NAME}, "prompt": {"prompt": ["hi", "there"]}, "max_tokens": {"max_tokens": 1},
+    "max_completion_tokens": {"max_completion_tokens": 1}, "n": {"n": 2}, "best_of": {"n": 2, "best_of": 2},
+    "echo": {"echo": True}, "temperature": {"temperature": 0.5}, "top_p": {"top_p": 0.9}, "top_k": {"top_k": 5},
+    "seed": {"seed": 2**64 - 1}, "stop": {"stop": ["zz", "yy"]}, "stream": {"stream": True},
+    "stream_options": {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
+    "ignore_eos": {"ignore_eos": True}, "user": {"user": "me"}, "safety_identifier": {"safety_identifier": "s"},
+    "prompt_cache_key": {"prompt_cache_key": "k"},
+    "messages": {"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "hi"}]},
+}
 REFUSED = {
-    "n": 2, "best_of": 2, "echo": True, "suffix": "end", "logprobs": 2, "top_logprobs": 3,
+    "suffix": "end", "logprobs": 2, "top_logprobs": 3,
     "frequency_penalty": 0.5, "presence_penalty": 1.0, "logit_bias": {"5": 10}, "response_format":
     {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
     "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
@@ -268,7 +253,7 @@ REFUSED = {
     "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
     "parallel_tool_calls": "sometimes",
     # vLLM's extensions
-    "min_p": 0.1, "repetition_penalty": 1.2, "ignore_eos": True,
+    "min_p": 0.1, "repetition_penalty": 1.2,
 }
 
 
@@ -276,15 +261,29 @@ def _fields(module) -> set[str]:
     return set(typing.get_type_hints(module.CompletionCreateParamsBase))
 
 
+def test_the_field_tables_match_the_request_models():
+    from dsv4.serve import protocol
+
+    declared = set(protocol.ChatBody.model_fields) | set(protocol.CompletionBody.model_fields)
+    assert set(protocol.IMPLEMENTED) == declared | set(protocol._LABELS)
+    assert not set(protocol.IMPLEMENTED) & set(protocol._NEUTRAL)
+    assert set(ACCEPTED) == set(protocol.IMPLEMENTED) and set(REFUSED) == set(protocol._NEUTRAL)
+
+
 @pytest.mark.parametrize("path,fields", [
     ("/v1/completions", _fields(openai.types.completion_create_params)),
     ("/v1/chat/completions", _fields(openai.types.chat.completion_create_params)),
 ])
 def test_every_openai_field_is_honoured_or_refused(server, path, fields):
-    unknown = fields - IMPLEMENTED - set(REFUSED)
+    from dsv4.serve.protocol import IMPLEMENTED
+
+    unknown = fields - set(IMPLEMENTED) - set(REFUSED)
     assert not unknown, f"decide for {sorted(unknown)}: implement or refuse"
     base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
     base["max_tokens"] = 2
+    for name in sorted(fields & set(IMPLEMENTED)):
+        r = post(server, path, {**base, **ACCEPTED[name]})
+        assert r.status_code == 200, (name, r.text)
     for name in sorted(fields & set(REFUSED)):
         r = post(server, path, {**base, name: REFUSED[name]})
         assert r.status_code == 400, (name, r.text)
@@ -296,7 +295,7 @@ def test_every_openai_field_is_honoured_or_refused(server, path, fields):
 
 @pytest.mark.parametrize("path,body,status,words", [
     ("/v1/completions", {"prompt": "x", "max_tokens": 500}, 400, ["max_tokens", "[1, "]),
-    ("/v1/completions", {"prompt": "x", "n": 2}, 400, ["n: only 1"]),
+    ("/v1/completions", {"prompt": "x", "n": 100}, 400, ["n: 100 choices", "at most 8"]),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, ["temperature", "[0.0, 2.0]"]),
     ("/v1/completions", {"prompt": "x", "seed": 2 ** 64}, 400, ["seed", "2**64"]),
     ("/v1/completions", {"prompt": "x", "seed": -1}, 400, ["seed"]),
@@ -307,10 +306,12 @@ def test_every_openai_field_is_honoured_or_refused(server, path, fields):
     ("/v1/completions", {"prompt": "x", "mystery": 1}, 400, ["mystery"]),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, ["'gpt-4'", f"'{NAME}'"]),
     ("/v1/completions", {"prompt": [1, 99999]}, 400, ["99999", "[0, 512)"]),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, ["one prompt per request"]),
+    ("/v1/completions", {"prompt": ["a", [1]]}, 400, ["prompt: a string"]),
+    ("/v1/completions", {"prompt": ["a", "word " * 300]}, 400, ["prompt[1]", "max_model_len 256"]),
     ("/v1/completions", {"prompt": "word " * 200}, 400, ["max_model_len 256"]),
     ("/v1/completions", {"max_tokens": 3}, 400, ["prompt"]),
     ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, ["logprobs"]),
+    ("/v1/completions", {"prompt": "x", "logprobs": 0}, 400, ["logprobs"]),  # 0 asks for the chosen token's
     ("/v1/completions", [1, 2], 400, ["JSON object"]),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, ["messages[0].role"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": "a"}]}, 400,
@@ -345,7 +346,8 @@ def test_port_in_use_is_one_line(model, server):
 
 
 def test_cli_serve_starts_and_answers():
-    """`dsv4 serve --preset tiny --port 0` prints its URL, answers, and stops on SIGINT."""
+    """`dsv4 serve --preset tiny --port 0` prints its URL, answers (with the key of DSV4_API_KEY only), and stops
+    on SIGINT."""
     import os
     import re
     import signal
@@ -354,12 +356,15 @@ def test_cli_serve_starts_and_answers():
 
     proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", "serve", "--preset", "tiny", "--device", "cpu",
                              "--port", "0", "--served-model-name", "cli-tiny", "--max-num-seqs", "2"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "DSV4_API_KEY": "k3y"})
     try:
         line = proc.stderr.readline()
         url = re.search(r"at (http://\S+/v1)", line)
         assert url, line
-        c = openai.OpenAI(base_url=url.group(1), api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url.group(1), api_key="none", max_retries=0, timeout=60).models.list()
+        c = openai.OpenAI(base_url=url.group(1), api_key="k3y", max_retries=0, timeout=60)
         assert c.models.list().data[0].id == "cli-tiny"
         assert c.completions.create(model="cli-tiny", prompt="hi", max_tokens=3, seed=1).usage.completion_tokens >= 1
     finally:

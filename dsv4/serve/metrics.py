@@ -27,7 +27,7 @@ class Metrics:
         self.tpot = make(Histogram, "dsv4_time_per_output_token_seconds",
                          "Between consecutive sampled tokens of one sequence", buckets=_TPOT_BUCKETS)
         self.rejected = make(Counter, "dsv4_requests_rejected", "Requests refused with 429 (queue full)")
-        self.finished = Counter("dsv4_requests_finished", "Requests ended, by finish reason",
+        self.finished = Counter("dsv4_requests_finished", "Choices (a sequence each) ended, by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
 

@@ -1,23 +1,28 @@
 """The OpenAI completions and chat-completions protocol over a dsv4 model, without HTTP.
 
 A request body is validated by pydantic models field by field (`RequestError` names the field
-and its limit): every field of the OpenAI request types is either implemented or refused unless
-it holds its neutral value, and a field OpenAI does not define is refused too, so nothing is
-silently ignored. `parse` then tokenises the prompt (chat messages through DeepSeek's chat
-encoding) and checks it against max_model_len. `TextStream` turns sampled tokens into text
-deltas (whole characters, stop strings held back until they cannot match); `generate` runs it
-over `Model.sample_tokens` for callers without a scheduler (`dsv4 chat`).
+and its limit): every field of the OpenAI request types is either implemented (`IMPLEMENTED`
+says with what meaning) or refused unless it holds its neutral value (`_NEUTRAL`), and a field
+OpenAI does not define is refused too, so nothing is silently ignored. `parse` then tokenises
+the prompts (chat messages through DeepSeek's chat encoding), checks each against max_model_len
+and returns a `Call`: its prompts and the choices to draw from them, one sequence each.
+`tokenize` and `detokenize` answer vLLM's /tokenize and /detokenize. `TextStream` turns sampled
+tokens into text deltas (whole characters, stop strings held back until they cannot match);
+`generate` runs it over `Model.sample_tokens` for callers without a scheduler (`dsv4 chat`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Iterator
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from ..sampler import SamplingParams
@@ -28,6 +33,47 @@ from ..tokenizer import TextStream
 # assistant's opening. BOS comes from the tokenizer.
 USER, ASSISTANT, END_THINK, EOS_TEXT = "<｜User｜>", "<｜Assistant｜>", "</think>", "<｜end▁of▁sentence｜>"
 MAX_STOPS = 4
+SEED_SPACE = 2**64
+
+# The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
+# this covers every field of the openai client's request types (tests/test_serve.py walks them).
+IMPLEMENTED = {
+    "model": "the served model (--served-model-name); another name is a 404",
+    "prompt": "completions: a string, token ids, or a list of strings or of token-id lists (a batch)",
+    "messages": "chat: system/developer, user and assistant turns in DeepSeek's chat encoding",
+    "max_tokens": "tokens to sample at most per choice (default 16 for completions, 256 for chat)",
+    "max_completion_tokens": "chat: max_tokens under its newer name (wins when both are given)",
+    "n": "choices per prompt (all prompts' together at most --max-num-seqs); choice j of a prompt draws "
+         "with seed (seed + j) mod 2**64, so choice 0 is the n=1 answer",
+    "best_of": "completions: only equal to n (choices are not ranked)",
+    "echo": "completions: each choice's text begins with its prompt's text",
+    "temperature": "in [0, 2]; 0 is greedy",
+    "top_p": "nucleus sampling, in (0, 1]",
+    "top_k": "vLLM's: the k most likely tokens; -1 or 0 is off",
+    "seed": "in [0, 2**64): the sampler draws are a function of (seed, position); random when absent",
+    "stop": "up to 4 strings; the text ends before the first one found (finish_reason 'stop')",
+    "stream": "server-sent events ending with data: [DONE]; each chunk names its choice index",
+    "stream_options": "include_usage: a last chunk with the usage (none without it); include_obfuscation: "
+                      "accepted, events carry no obfuscation padding",
+    "ignore_eos": "vLLM's: keep sampling through EOS up to max_tokens",
+    "user": "a label of the caller; no effect on the output",
+    "safety_identifier": "a label of the caller; no effect on the output",
+    "prompt_cache_key": "a label of the caller; no effect on the output",
+}
+
+# Fields of the OpenAI request types (and vLLM's common extensions) that dsv4 does not implement,
+# each with the values that mean "off" (None always does). Any other value is refused, naming it.
+_NEUTRAL: dict[str, tuple] = {
+    "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
+    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
+    "min_p": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
+    "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
+    "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
+    "prompt_cache_retention": (),
+}
+_LABELS = ("user", "safety_identifier", "prompt_cache_key")
 
 
 class RequestError(Exception):
@@ -61,7 +107,7 @@ def _number(lo: float, hi: float, integer: bool = False, hi_text: str | None = N
 
 
 def _seed(v):
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < SEED_SPACE):
         _refuse(f"an integer in [0, 2**64), got {v!r}")
     return v
 
@@ -79,9 +125,15 @@ def _bool(v):
     return v
 
 
+def _string(v):
+    if v is not None and not isinstance(v, str):
+        _refuse(f"a string, got {v!r}")
+    return v
+
+
 def _role(v):
-    if v not in ("system", "user", "assistant"):
-        _refuse(f"'system', 'user' or 'assistant', got {v!r}")
+    if v not in ("system", "developer", "user", "assistant"):
+        _refuse(f"'system', 'developer', 'user' or 'assistant', got {v!r}")
     return v
 
 
@@ -91,68 +143,68 @@ def _content(v):
                    and set(p) <= {"type", "text"} for p in v):
             _refuse("text parts only ({type: 'text', text})")
         return "".join(p["text"] for p in v)
-    if not isinstance(v, str):
-        _refuse(f"a string, got {v!r}")
+    if v is not None and not isinstance(v, str):
+        _refuse(f"a string or a list of text parts, got {v!r}")
     return v
 
 
 Number = Annotated[Any, _number(0.0, 2.0)]
+Flag = Annotated[bool | None, BeforeValidator(_bool)]
+Count = Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")]
+
+
+def _object(body):
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Annotated[str, BeforeValidator(_role)]
-    content: Annotated[str, BeforeValidator(_content)]
+    content: Annotated[str | None, BeforeValidator(_content)] = Field(None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _null_only_for_assistant(cls, v, info: ValidationInfo):
+        role = info.data.get("role")
+        if v is None and role not in (None, "assistant"):  # OpenAI: an assistant's content may be null
+            _refuse(f"a string or a list of text parts (a {role} message needs one), got null")
+        return v
 
 
 def _messages(v):
-    if not isinstance(v, list) or not v:
+    if v is not None and (not isinstance(v, list) or not v):
         _refuse("a non-empty list of {role, content}")
     return v
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: Annotated[bool | None, BeforeValidator(_bool)] = None
-    include_obfuscation: Annotated[bool | None, BeforeValidator(_bool)] = None  # no obfuscation is sent
-
-
-# Fields of the OpenAI request types (and vLLM's common extensions) that dsv4 does not implement,
-# each with the values that mean "off" (None always does). Any other value is refused, naming it.
-_NEUTRAL: dict[str, tuple] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0), "logit_bias": ({},), "ignore_eos": (False,), "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
-    "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
-    "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
-    "prompt_cache_retention": (),
-}
-# Fields that only describe the caller (no effect on the output is their documented meaning).
-_LABELS = ("user", "safety_identifier", "prompt_cache_key")
+    include_usage: Flag = None
+    include_obfuscation: Flag = None  # no obfuscation is sent
 
 
 class _Body(BaseModel):
     """What both endpoints take; extra fields are refused (see `_NEUTRAL`)."""
 
     model_config = ConfigDict(extra="forbid")
-    model: str | None = None
-    max_tokens: Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")] = None
+    model: Annotated[str | None, BeforeValidator(_string)] = None
+    max_tokens: Count = None
+    n: Annotated[Any, _number(1, 2**31, integer=True, hi_text="--max-num-seqs")] = None
     temperature: Number = None
     top_p: Annotated[Any, _number(1e-6, 1.0)] = None
     top_k: Annotated[Any, _number(-1, 2**31, integer=True, hi_text="vocab_size")] = None  # -1 or 0: off
     seed: Annotated[Any, BeforeValidator(_seed)] = None
     stop: Annotated[list[str], BeforeValidator(_stop)] = []
-    stream: Annotated[bool | None, BeforeValidator(_bool)] = None
+    stream: Flag = None
     stream_options: StreamOptions | None = None
+    ignore_eos: Flag = None
 
     @model_validator(mode="before")
     @classmethod
     def _unimplemented(cls, body):
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        for name, v in body.items():
+        for name, v in _object(body).items():
             if name in _NEUTRAL and v is not None and not any(_same(v, n) for n in _NEUTRAL[name]):
                 allowed = " or ".join(repr(n) for n in _NEUTRAL[name]) or "null"
                 raise RequestError(f"{name}: only {allowed} is supported by dsv4 serve, got {v!r}", name)
@@ -168,17 +220,77 @@ class _Body(BaseModel):
 
 
 def _same(v, neutral) -> bool:
-    return type(v) is type(neutral) and v == neutral or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                          and isinstance(neutral, (int, float)) and v == neutral)
+    if isinstance(v, bool) or isinstance(neutral, bool):  # logprobs: 0 is not false (it asks for logprobs)
+        return v is neutral
+    if isinstance(v, (int, float)) and isinstance(neutral, (int, float)):
+        return v == neutral
+    return type(v) is type(neutral) and v == neutral
 
 
 class CompletionBody(_Body):
     prompt: Any = None
+    echo: Flag = None
+    best_of: Annotated[Any, _number(1, 2**31, integer=True, hi_text="--max-num-seqs")] = None
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise RequestError(f"best_of: only equal to n ({self.n or 1}) is supported by dsv4 serve (choices are "
+                               f"not ranked), got {self.best_of}", "best_of")
+        return self
 
 
 class ChatBody(_Body):
     messages: Annotated[list[Message], BeforeValidator(_messages)]
-    max_completion_tokens: Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")] = None
+    max_completion_tokens: Count = None
+
+
+class TokenizeBody(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages (tokenised as the chat endpoint would run them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Annotated[str | None, BeforeValidator(_string)] = None
+    prompt: Annotated[str | None, BeforeValidator(_string)] = None
+    messages: Annotated[list[Message] | None, BeforeValidator(_messages)] = None
+    add_special_tokens: Flag = None
+    add_generation_prompt: Flag = None
+    return_token_strs: Flag = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_object(cls, body):
+        return _object(body)
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise RequestError("prompt or messages: exactly one of them", "prompt")
+        if self.messages is not None and self.add_special_tokens:
+            raise RequestError("add_special_tokens: only false with messages (the chat encoding begins with BOS "
+                               "already)", "add_special_tokens")
+        if self.add_generation_prompt is False:
+            raise RequestError("add_generation_prompt: only true is supported by dsv4 serve (the chat encoding "
+                               "ends with the assistant's opening)", "add_generation_prompt")
+        if self.prompt is not None and self.add_generation_prompt is not None:
+            raise RequestError("add_generation_prompt: only with messages", "add_generation_prompt")
+        return self
+
+
+def _token_ids(v):
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        _refuse(f"a list of token ids, got {v!r}"[:200])
+    return v
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Annotated[str | None, BeforeValidator(_string)] = None
+    tokens: Annotated[list[int], BeforeValidator(_token_ids)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_object(cls, body):
+        return _object(body)
 
 
 def _param(loc: tuple, prefix: str = "") -> str:
@@ -199,7 +311,7 @@ def validation_error(e: ValidationError, prefix: str = "") -> RequestError:
     elif err["type"] == "missing":
         message = "required"
     else:
-        message = f"{err['msg']}, got {err['input']!r}"
+        message = f"{err['msg']}, got {err['input']!r}"[:300]
     return RequestError(f"{param}: {message}" if param else message, param or None)
 
 
@@ -215,50 +327,83 @@ _MESSAGES = TypeAdapter(Annotated[list[Message], BeforeValidator(_messages)])
 
 
 def chat_text(messages) -> str:
-    """DeepSeek's chat encoding of a list of {role, content} (dicts or `Message`s)."""
+    """DeepSeek's chat encoding of a list of {role, content} (dicts or `Message`s); a developer
+    message is a system message (OpenAI's newer name for it)."""
     try:
         messages = _MESSAGES.validate_python(messages)
     except ValidationError as e:
         raise validation_error(e, "messages") from None
     system, turns = [], []
     for i, m in enumerate(messages):
-        if m.role == "system":
+        if m.role in ("system", "developer"):
             if turns:
                 raise RequestError(f"messages[{i}]: system messages come first", f"messages[{i}].role")
             system.append(m.content)
         elif m.role == "user":
             turns.append(USER + m.content)
         else:
-            turns.append(ASSISTANT + END_THINK + m.content + EOS_TEXT)
+            turns.append(ASSISTANT + END_THINK + (m.content or "") + EOS_TEXT)
     return "\n\n".join(system) + "".join(turns) + ASSISTANT + END_THINK
 
 
+# ---- requests -------------------------------------------------------------------------------------
+
 @dataclass
 class Request:
+    """One sequence to sample without a scheduler (`generate`)."""
     prompt_ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    chat: bool = False
-    include_usage: bool = False
 
 
-def parse(body, model, max_model_len: int, chat: bool) -> Request:
-    """Validate a request body and tokenise its prompt (slow for a long prompt: keep it off the engine)."""
+@dataclass
+class Prompt:
+    ids: list[int]
+    max_tokens: int
+    echo: str = ""  # the text before each of its choices' text ("" without echo)
+
+
+@dataclass
+class Choice:
+    index: int  # OpenAI's: prompt i's choice j is i * n + j
+    prompt: Prompt
+    sampling: SamplingParams
+
+
+@dataclass
+class Call:
+    """One validated API request: its prompts (one for chat) and how to answer."""
+    prompts: list[Prompt]
+    n: int
+    sampling: SamplingParams  # choice j of each prompt draws with seed (seed + j) mod 2**64
+    stop: list[str]
+    stream: bool
+    chat: bool
+    include_usage: bool
+    ignore_eos: bool
+
+    def choices(self) -> list[Choice]:
+        return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
+                for i, prompt in enumerate(self.prompts) for j in range(self.n)]
+
+
+def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call:
+    """Validate a request body and tokenise its prompts (slow for a long prompt: keep it off the event loop)."""
     req = _validate(ChatBody if chat else CompletionBody, body)
-    ids = model.tokenizer.encode(chat_text(req.messages)) if chat else _prompt_ids(req.prompt, model)
-    room = max_model_len - len(ids)
-    if room < 1:
-        raise RequestError(f"prompt: {len(ids)} tokens leave no room under max_model_len {max_model_len}",
-                           "prompt", code="context_length_exceeded")
+    if chat:
+        inputs = [(_encode(chat_text(req.messages), model.tokenizer, max_model_len, "messages"), "")]
+    else:
+        inputs = _completion_prompts(req.prompt, model, max_model_len)
+    n = req.n or 1
+    if n * len(inputs) > max_choices:
+        many = f"{n} x {len(inputs)} prompts = {n * len(inputs)}" if len(inputs) > 1 else f"{n}"
+        raise RequestError(f"n: {many} choices; this server samples at most {max_choices} sequences at once "
+                           f"(--max-num-seqs)", "n")
     key = "max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = getattr(req, key)
-    if max_tokens is None:
-        max_tokens = min(room, 256) if chat else min(room, 16)
-    elif max_tokens > room:
-        raise RequestError(f"{key}: an integer in [1, {room}] (max_model_len {max_model_len} - {len(ids)} prompt "
-                           f"tokens), got {max_tokens}", key)
+    echo = not chat and req.echo
+    prompts = [_prompt(ids, text if echo else "", getattr(req, key), key, chat, max_model_len, param)
+               for (ids, text), param in zip(inputs, _prompt_params(len(inputs), chat))]
     top_k = req.top_k or 0
     if top_k > model.cfg.vocab_size:
         raise RequestError(f"top_k: an integer in [-1, {model.cfg.vocab_size}] (-1 or 0: off), got {top_k}", "top_k")
@@ -267,20 +412,111 @@ def parse(body, model, max_model_len: int, chat: bool) -> Request:
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Request(ids, max_tokens, sampling, req.stop, bool(req.stream), chat, usage)
+    return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos))
 
 
-def _prompt_ids(prompt, model) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return model.tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        bad = [t for t in prompt if not 0 <= t < model.cfg.vocab_size]
+def _prompt_params(count: int, chat: bool) -> list[str]:
+    if chat:
+        return ["messages"]
+    return ["prompt"] if count == 1 else [f"prompt[{i}]" for i in range(count)]
+
+
+def _prompt(ids: list[int], echo: str, max_tokens, key: str, chat: bool, max_model_len: int, param: str) -> Prompt:
+    room = max_model_len - len(ids)
+    if room < 1:
+        raise RequestError(f"{param}: {len(ids)} tokens leave no room under max_model_len {max_model_len}",
+                           param, code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(room, 256) if chat else min(room, 16)
+    elif max_tokens > room:
+        raise RequestError(f"{key}: an integer in [1, {room}] (max_model_len {max_model_len} - {len(ids)} tokens "
+                           f"of {param}), got {max_tokens}", key)
+    return Prompt(ids, max_tokens, echo)
+
+
+def _is_ids(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def _completion_prompts(prompt, model, max_model_len: int) -> list[tuple[list[int], str]]:
+    """(token ids, text) of each prompt: one for a string or a list of ids, one per item of a batch."""
+    if isinstance(prompt, str) or _is_ids(prompt):
+        batch, params = [prompt], ["prompt"]
+    elif isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                   or all(_is_ids(p) for p in prompt)):
+        batch, params = prompt, [f"prompt[{i}]" for i in range(len(prompt))]
+    else:
+        raise RequestError("prompt: a string, a non-empty list of token ids, or a non-empty list of strings or of "
+                           f"token-id lists, got {prompt!r}"[:300], "prompt")
+    out = []
+    for p, param in zip(batch, params):
+        if isinstance(p, str):
+            out.append((_encode(p, model.tokenizer, max_model_len, param), p))
+            continue
+        bad = [t for t in p if not 0 <= t < model.cfg.vocab_size]
         if bad:
-            raise RequestError(f"prompt: token ids {bad[:4]} outside [0, {model.cfg.vocab_size})", "prompt")
-        return list(prompt)
-    raise RequestError("prompt: a string, or a list of token ids (one prompt per request)", "prompt")
+            raise RequestError(f"{param}: token ids {bad[:4]} outside [0, {model.cfg.vocab_size})", param)
+        out.append((list(p), model.tokenizer.decode(p)))
+    return out
+
+
+def _encode(text: str, tokenizer, max_model_len: int | None, param: str) -> list[int]:
+    """The prompt's token ids; a text too long for max_model_len by its bytes alone is refused before
+    tokenising (megabytes take seconds)."""
+    size = _utf8_size(text, param)
+    if max_model_len is not None and size >= max_model_len:
+        longest = _longest_token_bytes(tokenizer)
+        # Each token spells at most `longest` bytes; twice that allows for decoders that drop a space.
+        least = size // (2 * longest) if longest else 0
+        if least >= max_model_len:
+            raise RequestError(f"{param}: at least {least} tokens ({size} bytes) leave no room under max_model_len "
+                               f"{max_model_len}", param, code="context_length_exceeded")
+    return tokenizer.encode(text)
+
+
+def _utf8_size(text: str, param: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in the JSON)
+        raise RequestError(f"{param}: not valid Unicode (a lone surrogate at character {e.start})", param) from None
+
+
+@functools.lru_cache(maxsize=4)
+def _longest_token_bytes(tokenizer) -> int | None:
+    """The most UTF-8 bytes one token decodes to; None when a normalizer may shrink text (no bound)."""
+    hf = getattr(tokenizer, "tok", None)
+    if hf is None or json.loads(hf.to_str()).get("normalizer") not in (None, {"type": "Sequence", "normalizers": []}):
+        return None
+    size = hf.get_vocab_size(with_added_tokens=True)
+    pieces = hf.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    return max(len(p.encode(errors="replace")) for p in pieces) or None
+
+
+def tokenize(body, model, max_model_len: int) -> dict:
+    """vLLM's /tokenize: the ids the completions (prompt) or chat (messages) endpoint would prefill."""
+    req = _validate(TokenizeBody, body)
+    if req.messages is not None:
+        ids = _encode(chat_text(req.messages), model.tokenizer, None, "messages")
+    else:
+        _utf8_size(req.prompt, "prompt")
+        ids = model.tokenizer.encode(req.prompt, add_bos=req.add_special_tokens is not False)
+    strs = [model.tokenizer.tok.id_to_token(i) for i in ids] if req.return_token_strs else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize(body, model) -> dict:
+    """vLLM's /detokenize: the text of token ids, special tokens spelt out."""
+    req = _validate(DetokenizeBody, body)
+    bad = [t for t in req.tokens if not 0 <= t < model.cfg.vocab_size]
+    if bad:
+        raise RequestError(f"tokens: token ids {bad[:4]} outside [0, {model.cfg.vocab_size})", "tokens")
+    return {"prompt": model.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+
+def model_name(body) -> str | None:
+    """The body's model field when it is a string (its type is checked with the rest)."""
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def generate(model, req: Request) -> Iterator[tuple[str, str | None, int]]:

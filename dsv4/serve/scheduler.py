@@ -22,8 +22,9 @@ a round runs the smallest bucket holding every decoding sequence's slot, the buc
 as inactive rows (they compute and commit nothing). Slots are handed out lowest first, so the
 buckets stay small; sequences join and leave between steps without a recapture.
 
-n choices of one request would be n Sequences whose events carry their index; per-row logit
-processing would be per-Sequence parameters applied in `_decode`'s batched sampling.
+n choices of one request are n Sequences (the handler tags each one's events with its choice
+index); per-row logit processing would be per-Sequence parameters applied in `_decode`'s batched
+sampling.
 
 Events go back to the handler's asyncio loop as ("token", id), ("done", finish_reason) or
 ("error", RequestError); the scheduler finishes a sequence at EOS or max_tokens, the handler by
@@ -60,6 +61,7 @@ class Sequence:
     generated: int = 0
     last_emit: float | None = None
     cancelled: bool = False
+    ignore_eos: bool = False  # sample through EOS up to max_tokens (vLLM's ignore_eos)
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -216,7 +218,7 @@ class Scheduler:
         seq.generated += 1
         self._observe(seq)
         seq.emit(("token", seq.token))
-        if seq.token == self.model.cfg.eos_token_id:
+        if seq.token == self.model.cfg.eos_token_id and not seq.ignore_eos:
             self._finish(seq, "stop")
         elif seq.generated >= seq.max_tokens:
             self._finish(seq, "length")

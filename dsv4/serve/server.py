@@ -1,23 +1,27 @@
 """`dsv4 serve`: the OpenAI API over FastAPI + uvicorn, in front of one scheduler thread.
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (`"stream": true`
-gives server-sent events ending with `data: [DONE]`), GET /health, GET /metrics (Prometheus).
+gives server-sent events ending with `data: [DONE]`), GET /health, GET /metrics (Prometheus),
+GET /version, POST /tokenize and /detokenize (vLLM's shapes). With an API key, every route but
+/health needs `Authorization: Bearer <key>`.
 
-A handler reads and validates the body and tokenises the prompt in a worker thread (a huge
-prompt delays no one), hands a `Sequence` to the scheduler (429 with Retry-After when the
-waiting queue is full) and turns the tokens that come back into text. A client that goes away,
-streaming or not, cancels its sequence: the scheduler frees the slot at its next round. Every
-error is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+A handler reads and parses the body and tokenises the prompts in a worker thread (a huge prompt
+delays no one), hands one `Sequence` per choice to the scheduler (all or none: 429 with
+Retry-After when the waiting queue is full) and turns the tokens that come back into text. A
+client that goes away, streaming or not, cancels its sequences: the scheduler frees their slots
+at its next round. Every error is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import socket
 import threading
 import time
+from importlib import metadata
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -25,8 +29,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from . import protocol
 from .metrics import Metrics
-from .protocol import RequestError, TextStream, now, parse, response_id
+from .protocol import RequestError, TextStream, now, response_id
 from .scheduler import QueueFull, Scheduler, Sequence
 
 log = logging.getLogger("dsv4.serve")
@@ -42,11 +47,12 @@ class Server:
 
     def __init__(self, model, host: str = "127.0.0.1", port: int = 8000, model_name: str = "dsv4",
                  max_model_len: int | None = None, verbose: bool = False, max_body: int = 16 << 20,
-                 max_num_seqs: int = 16, max_waiting: int = 64, prefill_chunk: int = 64):
+                 max_num_seqs: int = 16, max_waiting: int = 64, prefill_chunk: int = 64, api_key: str | None = None):
         limit = model.cfg.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(f"max_model_len {max_model_len}: the model's max_position_embeddings is {limit}")
-        self.model, self.model_name, self.max_body = model, model_name, max_body
+        self.model, self.model_name, self.max_body, self.api_key = model, model_name, max_body, api_key
+        self.max_num_seqs = max_num_seqs  # the most choices one request may ask for
         self.max_model_len = min(max_model_len or 8192, limit)
         self.metrics = Metrics(model_name)
         self.scheduler = Scheduler(model, max_num_seqs, self.max_model_len, max_waiting, prefill_chunk,
@@ -101,9 +107,39 @@ def _error(e: RequestError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
+def version() -> str:
+    """dsv4's installed version (what `dsv4 --version` prints)."""
+    try:
+        return metadata.version("dsv4")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _ApiKey:
+    """ASGI middleware: every route but /health needs `Authorization: Bearer <key>`, else a 401."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health" and not self._allowed(scope):
+            e = RequestError("a missing or wrong API key: send the header Authorization: Bearer <key> (the key "
+                             "given to dsv4 serve --api-key or DSV4_API_KEY)", status=401, code="invalid_api_key")
+            await _error(e, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _allowed(self, scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, key = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.key)
+
+
 def build_app(server: Server) -> FastAPI:
     app = FastAPI(title="dsv4", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    if server.api_key:
+        app.add_middleware(_ApiKey, key=server.api_key)
 
     @app.exception_handler(RequestError)
     async def request_error(_, e: RequestError):
@@ -123,6 +159,10 @@ def build_app(server: Server) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.started,
                                             "owned_by": "dsv4", "max_model_len": server.max_model_len}]}
+
+    @app.get("/version")
+    async def get_version():
+        return {"version": version()}
 
     @app.get("/health")
     async def health():
@@ -145,6 +185,16 @@ def build_app(server: Server) -> FastAPI:
     async def chat_completions(request: Request):
         return await _serve(server, request, chat=True)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _json(server, request)
+        return await run_in_threadpool(protocol.tokenize, body, server.model, server.max_model_len)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _json(server, request)
+        return await run_in_threadpool(protocol.detokenize, body, server.model)
+
     return app
 
 
@@ -160,48 +210,50 @@ async def _body(server: Server, request: Request) -> bytes:
     return bytes(data)
 
 
-def _parse(server: Server, raw: bytes, chat: bool):
+async def _json(server: Server, request: Request):
+    """The body as JSON, read and parsed off the event loop, for the model this server serves."""
+    return await run_in_threadpool(_loads, server, await _body(server, request))
+
+
+def _loads(server: Server, raw: bytes):
     try:
         body = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"the request body is not JSON: {e}") from None
     except RecursionError:
         raise RequestError("the request body is not JSON this server reads: nested too deeply") from None
-    name = body.get("model") if isinstance(body, dict) else None
+    except ValueError:  # Python's limit on int() of a decimal string
+        raise RequestError("the request body is not JSON this server reads: a number of over 4300 digits") from None
+    name = protocol.model_name(body)
     if name not in (None, server.model_name):
         raise RequestError(f"model {name!r} is not served here; this server serves {server.model_name!r}", "model",
                            status=404, code="model_not_found")
-    return parse(body, server.model, server.max_model_len, chat)
+    return body
+
+
+def _parse(server: Server, body, chat: bool) -> protocol.Call:
+    return protocol.parse(body, server.model, server.max_model_len, chat, server.max_num_seqs)
 
 
 async def _serve(server: Server, request: Request, chat: bool):
     arrived = time.perf_counter()  # time to first token counts reading and tokenising the prompt too
-    raw = await _body(server, request)
-    req = await run_in_threadpool(_parse, server, raw, chat)  # JSON and tokenisation: off the event loop
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-    def emit(event):  # from the scheduler thread
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: the server is going down
-            seq.cancel()
-
-    seq = Sequence(req.prompt_ids, req.max_tokens, req.sampling, emit, arrived)
+    body = await _json(server, request)
+    call = await run_in_threadpool(_parse, server, body, chat)  # tokenisation: off the event loop
+    reply = _Reply(server, call, asyncio.Queue(), arrived)
     try:
-        server.scheduler.submit(seq)
+        reply.submit()
     except QueueFull:
         server.metrics.rejected.inc()
         return _error(RequestError("the server is at capacity (every slot busy, the waiting queue full); retry later",
                                    status=429, kind="rate_limit_error", code="queue_full"),
                       headers={"Retry-After": str(RETRY_AFTER_S)})
-    reply = _Reply(server, req, seq, queue)
-    if req.stream:
+    if call.stream:
         return _Stream(reply)
-    watch = asyncio.create_task(_watch_disconnect(request, queue))
+    watch = asyncio.create_task(_watch_disconnect(request, reply.queue))
     try:
         return JSONResponse(await reply.whole())
     except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the slot is already freed
+        return Response(status_code=499)  # nobody reads it; the slots are already freed
     finally:
         watch.cancel()
         reply.close()
@@ -210,11 +262,11 @@ async def _serve(server: Server, request: Request, chat: bool):
 async def _watch_disconnect(request: Request, queue: asyncio.Queue):
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    queue.put_nowait(("gone", None))
+    queue.put_nowait((None, "gone", None))
 
 
 class _Stream(StreamingResponse):
-    """Server-sent events that cancel their sequence however the response ends, even when the client
+    """Server-sent events that cancel their sequences however the response ends, even when the client
     left before the first event (then the event generator never runs)."""
 
     def __init__(self, reply: "_Reply"):
@@ -228,91 +280,137 @@ class _Stream(StreamingResponse):
             self.reply.close()
 
 
-class _Reply:
-    """The handler's side of one request: tokens from the scheduler in, OpenAI objects out."""
+class _Choice:
+    """One choice of a request: its sequence in the scheduler and its text so far."""
 
-    def __init__(self, server: Server, req, seq: Sequence, queue: asyncio.Queue):
-        self.server, self.req, self.seq, self.queue = server, req, seq, queue
-        self.text = TextStream(server.model.tokenizer, server.model.cfg.eos_token_id, req.stop)
-        self.id = response_id(req.chat)
+    def __init__(self, server: Server, call: protocol.Call, choice: protocol.Choice, emit, arrived: float):
+        self.index, self.echo = choice.index, choice.prompt.echo
+        eos = None if call.ignore_eos else server.model.cfg.eos_token_id
+        self.text = TextStream(server.model.tokenizer, eos, call.stop)
+        self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
+                            ignore_eos=call.ignore_eos)
+
+
+class _Reply:
+    """The handler's side of one request: tokens of its choices from the scheduler in, OpenAI objects out."""
+
+    def __init__(self, server: Server, call: protocol.Call, queue: asyncio.Queue, arrived: float):
+        self.server, self.call, self.queue = server, call, queue
+        self.loop = asyncio.get_running_loop()
+        self.choices = [_Choice(server, call, c, self._emitter(c.index), arrived) for c in call.choices()]
+        self.id = response_id(call.chat)
         self.closed = False
 
+    def _emitter(self, index: int):
+        def emit(event):  # from the scheduler thread
+            try:
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, *event))
+            except RuntimeError:  # the loop is closed: the server is going down
+                self.choices[index].seq.cancel()
+        return emit
+
+    def submit(self):
+        """All the choices' sequences or none: a refusal cancels those already queued."""
+        try:
+            for c in self.choices:
+                self.server.scheduler.submit(c.seq)
+        except BaseException:
+            self.closed = True  # never served: not counted as finished
+            self._cancel()
+            raise
+
+    def _cancel(self):
+        for c in self.choices:
+            c.seq.cancel()
+        self.server.scheduler.wake()
+
     def close(self):
-        """Cancel the sequence (a no-op once it finished) and count how the request ended, once."""
+        """Cancel the sequences (a no-op for those finished) and count how each choice ended, once."""
         if self.closed:
             return
         self.closed = True
-        self.seq.cancel()
-        self.server.scheduler.wake()
-        self.server.metrics.finish(self.text.finish or "abort")
+        self._cancel()
+        for c in self.choices:
+            self.server.metrics.finish(c.text.finish or "abort")
 
     async def deltas(self):
-        """(text delta, finish_reason or None); the last has a finish_reason. Closes the reply
-        however it ends (finished, a stop string, an error, the client gone)."""
+        """(choice index, text delta, finish_reason or None) until every choice has its finish_reason.
+        Closes the reply however it ends (finished, an error, the client gone)."""
+        left = len(self.choices)
         try:
-            while True:
-                kind, value = await self.queue.get()
-                if kind == "token":
-                    delta = self.text.push(value)
-                    if self.text.finish:
-                        yield delta, self.text.finish
-                        return
-                    if delta:
-                        yield delta, None
-                elif kind == "done":
-                    yield self.text.end(value), value
-                    return
-                elif kind == "error":
-                    raise value
-                else:
+            while left:
+                index, kind, value = await self.queue.get()
+                if kind == "gone":
                     raise ClientGone
+                c = self.choices[index]
+                if c.text.finish:
+                    continue  # a step that ran before the cancel of a stop string reached the scheduler
+                if kind == "error":
+                    raise value
+                delta = c.text.push(value) if kind == "token" else c.text.end(value)
+                if c.text.finish:
+                    left -= 1
+                    c.seq.cancel()  # a stop string: free the slot now, the other choices go on
+                    self.server.scheduler.wake()
+                elif not delta:
+                    continue
+                yield index, delta, c.text.finish
         finally:
             self.close()
 
     def usage(self) -> dict:
-        p, n = len(self.req.prompt_ids), self.text.n
+        p, n = sum(len(p.ids) for p in self.call.prompts), sum(c.text.n for c in self.choices)
         return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
 
     def envelope(self, choices: list, stream: bool) -> dict:
-        chat = self.req.chat
+        chat = self.call.chat
         kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {"id": self.id, "object": kind, "created": now(), "model": self.server.model_name, "choices": choices}
 
-    def choice(self, text: str | None, finish, delta: bool) -> dict:
-        if not self.req.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    def choice(self, index: int, text: str | None, finish, delta: bool) -> dict:
+        if not self.call.chat:
+            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
         if delta:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+            return {"index": index, "delta": {} if text is None else {"content": text}, "logprobs": None,
                     "finish_reason": finish}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
                 "finish_reason": finish}
 
     async def whole(self) -> dict:
-        pieces, finish = [], None
-        async for text, finish in self.deltas():
-            pieces.append(text)
-        out = self.envelope([self.choice("".join(pieces), finish, False)], False)
+        pieces = [[c.echo] for c in self.choices]
+        async for index, text, _ in self.deltas():
+            pieces[index].append(text)
+        out = self.envelope([self.choice(c.index, "".join(pieces[c.index]), c.text.finish, False)
+                             for c in self.choices], False)
         out["usage"] = self.usage()
         return out
 
     async def stream(self):
         def event(obj) -> bytes:
-            if self.req.include_usage and "usage" not in obj:
+            if self.call.include_usage and "usage" not in obj:
                 obj["usage"] = None
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
-        if self.req.chat:
-            yield event(self.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                        "finish_reason": None}], True))
+        for c in self.choices:
+            if self.call.chat:
+                yield event(self.envelope([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}], True))
+            elif c.echo:
+                yield event(self.envelope([self.choice(c.index, c.echo, None, True)], True))
         try:
-            async for text, finish in self.deltas():
+            async for index, text, finish in self.deltas():
                 if text:
-                    yield event(self.envelope([self.choice(text, None, True)], True))
+                    yield event(self.envelope([self.choice(index, text, None, True)], True))
                 if finish:
-                    yield event(self.envelope([self.choice(None if self.req.chat else "", finish, True)], True))
+                    yield event(self.envelope([self.choice(index, None if self.call.chat else "", finish, True)],
+                                              True))
         except RequestError as e:
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+        except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
+            log.exception("dsv4 serve: a stream failed")
+            error = RequestError(f"internal error: {e!r}", status=500, kind="server_error")
+            yield b"data: " + json.dumps(error.body()).encode() + b"\n\n"
         else:
-            if self.req.include_usage:
+            if self.call.include_usage:
                 yield event({**self.envelope([], True), "usage": self.usage()})
         yield b"data: [DONE]\n\n"
