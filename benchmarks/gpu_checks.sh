@@ -12,6 +12,8 @@
 #     PREFILL=1:     flash prefill of 4096 tokens on 2 ranks (benchmarks/prefill_bench.py);
 #     FLASH_PRIME/FLASH_OUTPUT > 0: the gate on flash at those sizes;
 #     FLASH_SERVE=1: the HTTP server on flash, 2 ranks, at concurrency 1, 4, 16 (benchmarks/serve_bench.py).
+#     BATCH_BENCH=1: batched decode on flash, 2 ranks, at batch sizes $BATCH_SIZES (benchmarks/batch_bench.py);
+#   HF=0 skips mini against HF; MINI_PRIME/MINI_OUTPUT size the mini gate (default the seed's 256/256);
 #   BATCH=B: the gates also check B sequences in one batched step against each alone (--batch B).
 # Every output is written under a scratch folder and comes back as one archive, $OUT/results.tgz
 # (the device tool returns at most 8 files), next to $OUT/summary.txt (the tail of each output).
@@ -32,11 +34,11 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 nvidia-smi -L >> "$OUT/versions.txt"
 (
   export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=$KERNELS
-  timeout 200 python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
+  timeout "${PYTEST_TIMEOUT:-200}" python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
     tests/test_attention_kernel.py tests/test_compressor_kernel.py tests/test_route_kernel.py tests/test_door_kernel.py \
     tests/test_prefill.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest rc=$? kernels=$KERNELS" >> "$OUT/pytest_gpu.txt"
-  timeout 80 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
+  [ "${HF:-1}" = 1 ] && timeout 80 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
@@ -58,7 +60,8 @@ nvidia-smi -L >> "$OUT/versions.txt"
 wait
 if [ "${MINI_GATE:-0}" = 1 ]; then
   /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" env DSV4_KERNELS=$KERNELS timeout 300 \
-    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --batch "$BATCH" --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
+    python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --prime "${MINI_PRIME:-256}" --output "${MINI_OUTPUT:-256}" \
+    --batch "$BATCH" --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_mini_time.txt"
 fi
 flash_bench() {  # $1: label, rest: env assignments
@@ -81,6 +84,11 @@ if [ "${FLASH_PRIME:-0}" -gt 0 ]; then
     python -m dsv4.cli gate --preset flash --device cuda --ranks 2 --prime "$FLASH_PRIME" --output "$FLASH_OUTPUT" --batch "$BATCH" \
     --out "$OUT/gate_flash.txt" > "$OUT/gate_flash_stdout.txt" 2>&1
   echo "gate rc=$? kernels=$KERNELS" >> "$OUT/gate_flash_time.txt"
+fi
+if [ "${BATCH_BENCH:-0}" = 1 ]; then
+  DSV4_KERNELS=$KERNELS timeout "${BATCH_BENCH_TIMEOUT:-240}" python benchmarks/batch_bench.py flash --ranks 2 \
+    --sizes ${BATCH_SIZES:-1 4 16 32} --steps 24 --rows 3 > "$OUT/batch_flash.txt" 2>&1
+  echo "batch_bench rc=$?" >> "$OUT/batch_flash.txt"
 fi
 if [ "${FLASH_SERVE:-0}" = 1 ]; then
   DSV4_KERNELS=$KERNELS timeout "${SERVE_TIMEOUT:-240}" python benchmarks/serve_bench.py --preset flash --device cuda \
