@@ -22,7 +22,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 FINAL=${OUT:?}
-OUT=$(mktemp -d)
+OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
 KERNELS=${KERNELS:-auto}
 BATCH=${BATCH:-0}
 pack() {
