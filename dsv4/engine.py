@@ -344,6 +344,11 @@ class Model(ModelCommon):
                 s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
         return torch.cat([drawn.double(), verdict.double().view(1)])
 
+    def drop_batch_graphs(self):
+        """Forget every captured batched step (before the process group goes: NCCL cannot tear down a
+        communicator that a live graph still uses)."""
+        self._batches.clear()
+
     def batch_captures(self) -> int:
         """Batch graphs captured so far (one per list of states, i.e. per bucket of a server)."""
         return sum(b.replay.captures for b in self._batches.values())

@@ -74,6 +74,7 @@ def drop_states(me: "Rank | None"):
     for state in me.states.values():
         state.replay = None  # handles the caller still holds keep their (graph-less) state
     me.states.clear()
+    me.model.drop_batch_graphs()
     gc.collect()
 
 
