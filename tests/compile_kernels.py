@@ -94,7 +94,7 @@ def qgemv_variants(dtype, scale_dtype):
 
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
-    hc.hc_pre(h, torch.zeros(24, 4 * 4096), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
+    hc.hc_pre(h, torch.zeros(1, 24), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
     hc_post.hc_post(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4), h)
     for keep in (None, torch.ones(2, dtype=torch.bool)):
         commit.commit(torch.zeros(8, 512, dtype=dtype), torch.zeros(2, dtype=torch.int64), torch.zeros(2, 512),

@@ -8,7 +8,6 @@ kernel reads the streams twice (sum of squares, then the collapse) and the
 """
 
 import torch
-import torch.nn.functional as F
 
 from . import launcher, next_pow2
 
@@ -63,10 +62,11 @@ def supported(h: torch.Tensor, hc: int) -> bool:
     return h.is_contiguous() and hc == next_pow2(hc) and h.shape[-2] == hc
 
 
-def hc_pre(h, fn, base, scale, hc: int, iters: int, norm_eps: float, eps: float):
-    """h [T, hc, D] -> (post [T, hc] fp32, comb [T, hc, hc] fp32, collapsed [T, D] h.dtype)."""
+def hc_pre(h, mix, base, scale, hc: int, iters: int, norm_eps: float, eps: float):
+    """h [T, hc, D] and its un-normed mix [T, (2 + hc) * hc] fp32 (the caller's product with hc_fn: it
+    chooses how rows are multiplied) -> (post [T, hc] fp32, comb [T, hc, hc] fp32, collapsed [T, D] h.dtype)."""
     T, _, D = h.shape
-    mix = F.linear(h.flatten(-2).float(), fn.float()).contiguous()  # [T, (2 + hc) * hc], un-normed
+    mix = mix.contiguous()
     post = torch.empty(T, hc, dtype=torch.float32, device=h.device)
     comb = torch.empty(T, hc, hc, dtype=torch.float32, device=h.device)
     out = torch.empty(T, D, dtype=h.dtype, device=h.device)

@@ -23,7 +23,8 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
     if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
-        return fused_pre.hc_pre(h, fn, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
+        mix = dense(h.flatten(-2).float(), fn.float())  # row by row in a decode step (dsv4.model.rows)
+        return fused_pre.hc_pre(h, mix, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     return _hc_pre(h, fn, base, scale, cfg)
 
 
