@@ -21,10 +21,11 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, compressor, dequant, door, hc, hc_post, moe, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dequant, door, hc, hc_post, moe, norm, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
+from dsv4.model.commit import Write  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
@@ -200,6 +201,13 @@ def moe_variants(dtype, scale_dtype):
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
+
+# The step's commit in one launch: the table's dtype codes are runtime values, so one variant per
+# rows-per-write split (decode: 1; a prefill chunk: up to MAX_SPLIT).
+for n in (1, 100):
+    commit_step.commit([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.int64),
+                              torch.zeros(n, 512, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bool))],
+                       torch.zeros(()))
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
