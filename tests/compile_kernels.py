@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dequant, door, hc, hc_post, moe, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dequant, door, hc, hc_post, moe, norm, normrope, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -103,6 +103,11 @@ for dtype in (torch.float32, torch.bfloat16):
     x = torch.zeros(2, 4096, dtype=dtype)
     norm.rms_norm(x, torch.ones(4096, dtype=dtype), 1e-6)
     norm.rms_norm(x, None, 1e-6)
+    # attention's q (Flash: 32 heads of a rank of 2, unweighted) and kv (weighted by kv_norm, fp32 or x's dtype)
+    cos, sin = torch.zeros(1, 32), torch.zeros(1, 32)
+    normrope.norm_rope(torch.zeros(1, 32, 512, dtype=dtype), None, 1e-6, cos, sin)
+    for weight_dtype in (dtype, torch.float32):
+        normrope.norm_rope(torch.zeros(1, 512, dtype=dtype), torch.ones(512, dtype=weight_dtype), 1e-6, cos, sin)
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)

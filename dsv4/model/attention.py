@@ -22,6 +22,7 @@ import torch
 from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
+from ..kernels import normrope
 from ..profile import phase
 from .compressor import Write, compress, index_topk
 from .linear import grouped_linear, linear
@@ -39,9 +40,8 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
     cos, sin = step.cos_sin("compress" if m else "main")
 
     q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
-    q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(T, heads, hd), eps)
-    q = apply_rope(q, cos, sin)
-    kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
+    q = _norm_rope(linear(q_res, w["wq_b"]).view(T, heads, hd), None, eps, cos, sin)
+    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
 
     visible, slots = step.sliding()
     writes.append(Write(cache.win, slots, kv[T - min(T, cfg.sliding_window):]))
@@ -58,6 +58,13 @@ def attention(x, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, heads
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
     return linear(grouped_linear(out.reshape(T, -1), w["wo_a"], groups), w["wo_b"])
+
+
+def _norm_rope(x, weight, eps, cos, sin):
+    """RoPE of RMSNorm(x) (weighted; or, with no weight, q's per-head norm): one launch with the fused kernel."""
+    if kernels.use_triton(x, gpu_checked=normrope.GPU_CHECKED) and normrope.supported(x, weight, cos, sin):
+        return normrope.norm_rope(x, weight, eps, cos, sin)
+    return apply_rope(unweighted_rms_norm(x, eps) if weight is None else rms_norm(x, weight, eps), cos, sin)
 
 
 def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write]) -> dict:
