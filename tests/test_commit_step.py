@@ -75,7 +75,8 @@ def test_rows_beyond_the_programs_of_a_write(monkeypatch, device):
     g = torch.Generator().manual_seed(12)
     buf = torch.randn(40, 24, generator=g).to(device)
     rows = torch.randn(17, 24, generator=g).to(torch.bfloat16).to(device)
-    writes = [Write(buf, torch.randperm(40, generator=g)[:17].to(device), rows, (torch.rand(17, generator=g) < 0.7).to(device)),
+    keep = (torch.rand(17, generator=g) < 0.7).to(device)
+    writes = [Write(buf, torch.randperm(40, generator=g)[:17].to(device), rows, keep),
               Write(torch.zeros(3, 24, device=device), torch.zeros(0, dtype=torch.int64, device=device),
                     torch.zeros(0, 24, device=device))]  # no rows: nothing to do
     v = torch.zeros((), device=device)
@@ -88,7 +89,8 @@ def test_writes_the_table_cannot_hold():
     """Two writes into one buffer (the loop's order would matter), strided rows, an int32 index, a 0-dim keep."""
     buf = torch.zeros(8, 4)
     w = Write(buf, torch.tensor([1]), torch.ones(1, 4))
-    assert commit_step.supported([w]) and not commit_step.supported([w, Write(buf, torch.tensor([2]), torch.ones(1, 4))])
+    assert commit_step.supported([w])
+    assert not commit_step.supported([w, Write(buf, torch.tensor([2]), torch.ones(1, 4))])
     assert not commit_step.supported([Write(buf, torch.tensor([1]), torch.ones(4, 2).t()[:1])])
     assert not commit_step.supported([Write(buf, torch.tensor([1], dtype=torch.int32), torch.ones(1, 4))])
     assert not commit_step.supported([Write(buf, torch.tensor([1]), torch.ones(1, 4), torch.tensor(True))])

@@ -18,8 +18,8 @@ def _script():
 
 
 def test_short_kernel_name_drops_void_and_parameters():
-    name = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, std::array<char*, 3> >(int, at::native::AddFunctor<float>, std::array<char*, 3>)"
-    assert short_kernel_name(name) == "at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, std::array<char*, 3> >"
+    kernel = "at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>, std::array<char*, 3> >"
+    assert short_kernel_name(f"void {kernel}(int, at::native::AddFunctor<float>, std::array<char*, 3>)") == kernel
     assert short_kernel_name("_commit_step_kernel") == "_commit_step_kernel"
     assert short_kernel_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD"
     assert len(short_kernel_name("k<" + "x" * 300 + ">", width=50)) == 50

@@ -43,9 +43,10 @@ def _attn_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, H: cons
     tl.store(out_ptr + r * DIM + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
     j = tl.arange(0, HALF)
     even_at = NOPE + 2 * j
-    even = _normed(tl.load(x_ptr + r * DIM + even_at).to(tl.float32), rstd, w_ptr, even_at, even_at < DIM, HAS_WEIGHT, dt)
-    odd = _normed(tl.load(x_ptr + r * DIM + even_at + 1).to(tl.float32), rstd, w_ptr, even_at + 1, even_at < DIM,
-                  HAS_WEIGHT, dt)
+    every = even_at < DIM
+    row = x_ptr + r * DIM
+    even = _normed(tl.load(row + even_at).to(tl.float32), rstd, w_ptr, even_at, every, HAS_WEIGHT, dt)
+    odd = _normed(tl.load(row + even_at + 1).to(tl.float32), rstd, w_ptr, even_at + 1, every, HAS_WEIGHT, dt)
     c = tl.load(cos_ptr + t * HALF + j)
     s = tl.load(sin_ptr + t * HALF + j)
     tl.store(out_ptr + r * DIM + even_at, (even * c - odd * s).to(dt))
