@@ -12,7 +12,10 @@ steps timed plainly and `--steps` more under torch.profiler, first replaying the
                 kernel time; the `--top` largest per arm and rank
   KERNEL_TOTAL  arm, rank, kernels (nodes) per token, their summed GPU us per token, the wall ms per
                 token without the profiler, busy_fraction = kernel time / wall (the rest is launch
-                overhead and idle), provenance
+                overhead and idle), the graph's census (rank 0's), provenance
+
+A collective's kernel time includes its wait for the other rank (in eager steps, for that rank's
+host to launch it): read the graph arm for what the GPU spends.
 
 On CPU there is no graph arm, and the rows are the top-level torch ops with their host time.
 """
@@ -65,8 +68,9 @@ def main(argv=None) -> int:
                 rows = table.pop("kernels")
                 for row in rows[:args.top]:
                     receipts.emit("KERNEL_ROW", arm=arm, rank=rank, **row)
+                census = model.graph_census(state) if arm == "graph" else {}
                 receipts.emit("KERNEL_TOTAL", where, arm=arm, rank=rank, ranks=model.world, prime=args.prime,
-                              steps=args.steps, **table)
+                              steps=args.steps, **table, graph_census=census)
     finally:
         if hasattr(model, "close"):
             model.close()
