@@ -395,6 +395,18 @@ class Model(ModelCommon):
         return {"phases_us_per_token": phases,
                 "bytes_per_token": measure.bytes_per_token(self.transformer, picks, steps, pos)}
 
+    def kernel_table(self, state: DecodeState, token: int, sampling, steps: int = 16) -> dict:
+        """This rank's kernels of `steps` steps of state (graph replays once its graph is armed and captured):
+        calls and GPU time per token by kernel name, against the wall (dsv4.measure.kernel_table)."""
+        from . import measure
+
+        carry = [token]
+
+        def one():
+            carry[0] = self.step(state, carry[0], sampling)
+
+        return measure.kernel_table(one, steps, self.device)
+
     # ---- full-token replay --------------------------------------------------
     def enable_replay(self, state: DecodeState, sampling=None):
         """Capture this state's step into one CUDA graph at its next step; replay it ever after."""

@@ -5,11 +5,14 @@ of eager steps (the same kernels a replayed graph runs), a nested phase counted 
 `bytes_per_token` counts the weight bytes one token reads on this rank: every dense weight the
 step touches, the routed experts this rank actually ran (the router's picks recorded over the
 profiled steps), the vocab-parallel head; plus the state rows attention reads at the position.
+`kernel_table` lists every kernel of a step by name with its calls and GPU time per token, against
+the step's wall time (benchmarks/kernel_table.py: graph replay and eager, per rank).
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import time
 
@@ -156,3 +159,65 @@ def copy_bandwidth(device, gib: float = 2.0, reps: int = 5) -> float:
         times.append(time.perf_counter() - t)
     del a, b
     return 2 * n / sorted(times)[len(times) // 2]
+
+
+# ---- kernels ----------------------------------------------------------------
+
+def short_kernel_name(name: str, width: int = 120) -> str:
+    """A kernel's name without `void`, its parameter list and, past `width`, its template tail:
+    `void at::native::elementwise_kernel<128, 4, ...>(int, ...)` -> `at::native::elementwise_kernel<128, 4, ...>`."""
+    name = name.removeprefix("void ").strip()
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):  # the parameter list is the last top-level (...) group
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0 and name[i] == "(" and name.endswith(")"):
+            name = name[:i]
+            break
+    name = " ".join(name.split())
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def kernel_table(run_step, steps: int, device) -> dict:
+    """Time `steps` calls of run_step() (one token each) plainly, then profile `steps` more ->
+    per kernel name (shortened) its calls and GPU us per token, largest first, and the totals.
+
+    On CUDA the rows are the device's activities (kernels, memcpy, memset): for a replayed graph its
+    nodes, for an eager step its launches. kernel_us_per_token against wall_ms_per_token (timed without
+    the profiler) is the share the GPU is busy; the rest is launch overhead and idle time. On CPU (a
+    smoke run) the rows are the top-level torch ops and their host time.
+    """
+    cuda = torch.device(device).type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)  # noqa: E731
+    sync()
+    t = time.perf_counter()
+    for _ in range(steps):
+        run_step()
+    sync()
+    wall = time.perf_counter() - t
+    acts = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=acts) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            run_step()
+        sync()
+        profiled_wall = time.perf_counter() - t
+    time_us, calls = collections.Counter(), collections.Counter()
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            us = e.time_range.elapsed_us()
+        elif not cuda and e.cpu_parent is None and not e.is_async and e.device_type == torch.autograd.DeviceType.CPU:
+            us = e.cpu_time_total
+        else:
+            continue
+        name = short_kernel_name(e.name)
+        time_us[name] += us
+        calls[name] += 1
+    total = sum(time_us.values())
+    rows = [{"name": n, "calls_per_token": round(calls[n] / steps, 2), "us_per_token": round(us / steps, 2),
+             "share": round(us / total, 4) if total else 0.0} for n, us in time_us.most_common()]
+    return {"kernels": rows, "distinct": len(rows), "kernels_per_token": round(sum(calls.values()) / steps, 2),
+            "kernel_us_per_token": round(total / steps, 1), "wall_ms_per_token": round(wall / steps * 1e3, 3),
+            "profiled_wall_ms_per_token": round(profiled_wall / steps * 1e3, 3),
+            "busy_fraction": round(total / (wall * 1e6), 4) if wall > 0 else None,
+            "scope": "CUDA activities (kernels, memcpy, memset) of model.step" if cuda
+            else "top-level torch ops of model.step, host time (CPU smoke run)"}

@@ -21,10 +21,11 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, compressor, dequant, door, hc, hc_post, moe, norm, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dequant, door, hc, hc_post, moe, norm, normrope, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
+from dsv4.model.commit import Write  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
@@ -102,6 +103,11 @@ for dtype in (torch.float32, torch.bfloat16):
     x = torch.zeros(2, 4096, dtype=dtype)
     norm.rms_norm(x, torch.ones(4096, dtype=dtype), 1e-6)
     norm.rms_norm(x, None, 1e-6)
+    # attention's q (Flash: 32 heads of a rank of 2, unweighted) and kv (weighted by kv_norm, fp32 or x's dtype)
+    cos, sin = torch.zeros(1, 32), torch.zeros(1, 32)
+    normrope.norm_rope(torch.zeros(1, 32, 512, dtype=dtype), None, 1e-6, cos, sin)
+    for weight_dtype in (dtype, torch.float32):
+        normrope.norm_rope(torch.zeros(1, 512, dtype=dtype), torch.ones(512, dtype=weight_dtype), 1e-6, cos, sin)
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
@@ -200,6 +206,13 @@ def moe_variants(dtype, scale_dtype):
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
+
+# The step's commit in one launch: the table's dtype codes are runtime values, so one variant per
+# rows-per-write split (decode: 1; a prefill chunk: up to MAX_SPLIT).
+for n in (1, 100):
+    commit_step.commit([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.int64),
+                              torch.zeros(n, 512, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bool))],
+                       torch.zeros(()))
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

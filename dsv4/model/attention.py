@@ -22,6 +22,7 @@ import torch
 from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
+from ..kernels import normrope
 from ..profile import phase
 from .compressor import Write, compress, index_project, index_topk, project
 from .linear import grouped_linear, linear
@@ -43,9 +44,8 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
 
     q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
-    q = unweighted_rms_norm(linear(q_res, w["wq_b"]).view(R, heads, hd), eps)
-    q = apply_rope(q, cos, sin)
-    kv = apply_rope(rms_norm(linear(x, w["wkv"]), w["kv_norm"], eps), cos, sin)
+    q = _norm_rope(linear(q_res, w["wq_b"]).view(R, heads, hd), None, eps, cos, sin)
+    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
     proj = _project(x, q_res, w, cfg) if m else None
 
     outs = []
@@ -68,6 +68,13 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
 
     groups = cfg.o_groups * heads // cfg.num_attention_heads
     return linear(grouped_linear(out.reshape(R, -1), w["wo_a"], groups), w["wo_b"])
+
+
+def _norm_rope(x, weight, eps, cos, sin):
+    """RoPE of RMSNorm(x) (weighted; or, with no weight, q's per-head norm): one launch with the fused kernel."""
+    if kernels.use_triton(x, gpu_checked=normrope.GPU_CHECKED) and normrope.supported(x, weight, cos, sin):
+        return normrope.norm_rope(x, weight, eps, cos, sin)
+    return apply_rope(unweighted_rms_norm(x, eps) if weight is None else rms_norm(x, weight, eps), cos, sin)
 
 
 def _rows(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,98 @@
+"""RMSNorm + RoPE in one launch (dsv4.kernels.normrope) against the reference composition
+apply_rope(rms_norm(x, w)) / apply_rope(unweighted_rms_norm(x)) of dsv4.model (DSV4_KERNELS=torch).
+
+Tolerances: fp32 within rtol = atol = 1e-6 (the kernel sums the squares in another order, so rstd
+may differ in its last bit); bf16 and fp16 within one rounding step of the output's dtype, relative to
+the row's largest value (rtol = atol = 2**-7 for bf16, 2**-10 for fp16: a last-bit difference of rstd
+can flip one rounding of the normed value, which the rotation carries into both channels of its pair).
+The non-rotated channels are the normed values themselves. The model's attention through the kernel
+agrees with it through the two separate kernels within the same bounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4 import kernels
+from dsv4.kernels import normrope
+from dsv4.model.norm import rms_norm, unweighted_rms_norm
+from dsv4.model.rope import apply_rope
+
+pytest.importorskip("triton")
+
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+TOL = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+def reference(x, weight, eps, cos, sin, monkeypatch):
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    normed = unweighted_rms_norm(x, eps) if weight is None else rms_norm(x, weight, eps)
+    return apply_rope(normed, cos, sin)
+
+
+def inputs(device, dtype, shape, half, weight_dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype).to(device)
+    angles = torch.rand(shape[0], half, generator=g) * 6.0
+    weight = None if weight_dtype is None else (torch.rand(shape[-1], generator=g) + 0.5).to(weight_dtype).to(device)
+    return x, weight, angles.cos().to(device), angles.sin().to(device)
+
+
+CASES = [  # (shape, half, weight dtype: None = q's unweighted per-head norm, "x" = x's dtype)
+    ((3, 4, 64), 8, None),      # q [T, heads, hd]
+    ((2, 5, 80), 16, None),     # a head dim that is not a power of two
+    ((3, 64), 8, "x"),          # kv [T, hd], weight in x's dtype
+    ((2, 96), 16, torch.float32),  # kv, fp32 weight
+    ((1, 32), 16, "x"),         # rope over the whole row
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_norm_rope_matches_the_reference_composition(monkeypatch, device, dtype, case):
+    shape, half, wd = CASES[case]
+    x, weight, cos, sin = inputs(device, dtype, shape, half, dtype if wd == "x" else wd, seed=case)
+    assert normrope.supported(x, weight, cos, sin)
+    want = reference(x, weight, 1e-6, cos, sin, monkeypatch)
+    got = normrope.norm_rope(x, weight, 1e-6, cos, sin)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    scale = want.float().abs().amax(-1, keepdim=True)
+    err = (got.float() - want.float()).abs()
+    assert (err <= TOL[dtype] * (want.float().abs() + scale)).all(), float((err / scale).max())
+
+
+def test_shapes_the_kernel_does_not_take():
+    x, weight, cos, sin = inputs("cpu", torch.float32, (2, 64), 8, torch.float32, seed=9)
+    assert normrope.supported(x, weight, cos, sin)
+    assert not normrope.supported(x[:, :48], weight[:48], cos, sin)  # strided rows
+    assert not normrope.supported(x, weight, cos[:, :6].contiguous(), sin[:, :6].contiguous())  # half not 2^k
+    assert not normrope.supported(x, weight[:32], cos, sin)  # weight of another width
+    assert not normrope.supported(x.to(torch.bfloat16), weight.to(torch.float16), cos, sin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_through_the_fused_kernel(monkeypatch, device):
+    """tiny (sliding, CSA, HCA layers), a prefill and decode steps: the same greedy tokens and logits within
+    1e-5 of the largest as through the separate norm and rope kernels."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load("tiny", device=device, dtype=torch.float32, seed=6)
+    calls = []
+    real = normrope.norm_rope
+    monkeypatch.setattr(normrope, "norm_rope", lambda *a: calls.append(1) or real(*a))
+
+    def run():
+        state = model.new_state(32)
+        logits = [model.prefill(state, list(range(3, 12)))]
+        for token in (12, 13, 14):
+            logits.append(model.decode(state, token))
+        return torch.stack(logits)
+
+    fused = run()
+    assert len(calls) == 2 * model.cfg.num_hidden_layers * 4  # q and kv of every layer, 4 steps
+    monkeypatch.setattr(normrope, "supported", lambda *a: False)
+    separate = run()
+    assert torch.equal(fused.argmax(-1), separate.argmax(-1))
+    torch.testing.assert_close(fused, separate, rtol=0, atol=1e-5 * float(separate.abs().max()))
