@@ -108,20 +108,41 @@ def save_tokenizer(tok: _HFTokenizer, directory: str | Path, model_max_length: i
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
+def _chat_templates(path: Path, configured) -> dict[str, str]:
+    """The templates HF would use: chat_template.jinja over tokenizer_config.json's `chat_template`
+    (a string, or a list of {name, template})."""
+    templates = {t["name"]: t["template"] for t in configured} if isinstance(configured, list) else \
+        ({"default": configured} if isinstance(configured, str) else {})
+    file = path / "chat_template.jinja"
+    if file.is_file():
+        templates["default"] = file.read_text()
+    return templates
+
+
 def _token_string(v) -> str | None:
     # tokenizer_config.json spells a token either as a string or as an AddedToken dict.
     return v.get("content") if isinstance(v, dict) else v
 
 
 class Tokenizer:
-    """encode/decode with a BOS id, an EOS id and tolerance for ids the model has but the tokenizer lacks."""
+    """encode/decode with a BOS id, an EOS id and tolerance for ids the model has but the tokenizer lacks.
 
-    def __init__(self, tok: _HFTokenizer, bos_id: int = 0, eos_id: int = 1, model_vocab_size: int | None = None):
+    `chat_templates`: the checkpoint's jinja chat templates by name ("default", maybe "tool_use"),
+    empty when it ships none (DeepSeek-V4 ships none: its chat encoding is dsv4/serve/chat.py's).
+    """
+
+    def __init__(self, tok: _HFTokenizer, bos_id: int = 0, eos_id: int = 1, model_vocab_size: int | None = None,
+                 chat_templates: dict[str, str] | None = None):
         self.tok = tok
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.model_vocab_size = model_vocab_size
+        self.chat_templates = chat_templates or {}
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.chat_templates.get("default")
 
     @classmethod
     def from_dir(cls, path: str | Path, model_vocab_size: int | None = None) -> "Tokenizer":
@@ -130,14 +151,15 @@ class Tokenizer:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: no tokenizer.json")
         tok = _HFTokenizer.from_file(str(file))
-        bos_s, eos_s = BOS_TOKEN, EOS_TOKEN
+        bos_s, eos_s, c = BOS_TOKEN, EOS_TOKEN, {}
         conf = path / "tokenizer_config.json"
         if conf.is_file():
             c = json.loads(conf.read_text())
             bos_s = _token_string(c.get("bos_token")) or bos_s
             eos_s = _token_string(c.get("eos_token")) or eos_s
         bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)
-        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size)
+        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size,
+                   _chat_templates(path, c.get("chat_template")))
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         # encode_batch, not encode: it releases the GIL, so a long text stalls no other thread (a server's).

@@ -237,6 +237,9 @@ def tool_choice(v):
     return v
 
 
+TEMPLATE_SWITCHES = ("thinking", "enable_thinking")  # vLLM's spellings of the thinking switch
+
+
 class Thinking(BaseModel):
     """DeepSeek's API switch: {"type": "enabled" | "disabled"}."""
 
@@ -247,7 +250,7 @@ class Thinking(BaseModel):
 def _template_kwargs(v):
     if v is not None and not isinstance(v, dict):
         _refuse(f"an object of template variables, got {v!r}")
-    for key in ("thinking", "enable_thinking"):
+    for key in TEMPLATE_SWITCHES:
         if v and key in v and not isinstance(v[key], bool):
             _refuse(f"{key}: true or false, got {v[key]!r}")
     return v
@@ -259,7 +262,7 @@ TemplateKwargs = Annotated[dict | None, BeforeValidator(_template_kwargs)]
 def thinking_switch(kwargs: dict | None, thinking: Thinking | None) -> bool:
     """The thinking mode a request asks for: chat_template_kwargs {thinking | enable_thinking}
     (vLLM's spelling) or thinking {type} (DeepSeek's API); off unless asked."""
-    asked = {kwargs[k] for k in ("thinking", "enable_thinking") if kwargs and k in kwargs}
+    asked = {kwargs[k] for k in TEMPLATE_SWITCHES if kwargs and k in kwargs}
     if thinking is not None:
         asked.add(thinking.type == "enabled")
     if len(asked) > 1:
@@ -459,20 +462,47 @@ def _render_template(template: str, msgs: list[Message], tools: list[Tool], thin
 
 def template_for(tokenizer, tools: bool) -> str | None:
     """The tokenizer's chat template for a request (HF's choice: "tool_use" when there are tools)."""
-    templates = getattr(tokenizer, "chat_templates", None) or {}
+    templates = tokenizer.chat_templates
     return templates.get("tool_use") if tools and "tool_use" in templates else templates.get("default")
 
 
-def bos_text(tokenizer) -> str:
-    return tokenizer.tok.id_to_token(tokenizer.bos_id) or BOS
+def _token_text(tokenizer, token_id: int, default: str) -> str:
+    return tokenizer.tok.id_to_token(token_id) or default
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
     """Token ids of a rendered prompt: a leading BOS text is the BOS id; nothing else is added."""
-    bos = bos_text(tokenizer)
+    bos = _token_text(tokenizer, tokenizer.bos_id, BOS)
     if text.startswith(bos):
         return [tokenizer.bos_id, *tokenizer.encode(text[len(bos):], add_bos=False)]
     return tokenizer.encode(text, add_bos=False)
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """How to read the reply: it starts inside <think> (`reasoning`), tool calls are parsed (`tools`),
+    the message carries reasoning_content (`thinking`)."""
+
+    reasoning: bool = False
+    tools: bool = False
+    thinking: bool = False
+
+
+def prompt(tokenizer, messages, tools=None, tool_choice: str | None = None, template_kwargs: dict | None = None,
+           thinking: Thinking | None = None) -> tuple[list[int], ReplyFormat]:
+    """A chat request's prompt ids and how to read its reply. tool_choice "none" leaves the tools out
+    of the prompt (the model is not to call them). Raises ChatError."""
+    tools = None if tool_choice == "none" else tools
+    template = template_for(tokenizer, bool(tools))
+    kwargs = template_kwargs or {}
+    unused = sorted(set(kwargs) - set(TEMPLATE_SWITCHES)) if template is None else []
+    if unused:
+        raise ChatError(f"chat_template_kwargs.{unused[0]}: this model has no chat template (DeepSeek-V4's "
+                        f"encoding takes only {' / '.join(TEMPLATE_SWITCHES)})", f"chat_template_kwargs.{unused[0]}")
+    think = thinking_switch(kwargs, thinking)
+    text = render(messages, tools, think, template, _token_text(tokenizer, tokenizer.bos_id, BOS),
+                  _token_text(tokenizer, tokenizer.eos_id, EOS), kwargs)
+    return prompt_ids(tokenizer, text), ReplyFormat(text.endswith(THINK), bool(tools), think)
 
 
 # ---- the reply: reasoning, content, tool calls --------------------------------------------------
@@ -643,9 +673,9 @@ class ChatReply:
     """The assistant message of one chat completion, built from the text the model writes: deltas
     for a stream (`push`, `end`) and the whole message (`message`) with its finish_reason."""
 
-    def __init__(self, reasoning: bool = False, tools: bool = False, thinking: bool = False):
-        self.parser = OutputParser(reasoning, tools)
-        self.thinking = thinking
+    def __init__(self, fmt: ReplyFormat):
+        self.parser = OutputParser(fmt.reasoning, fmt.tools)
+        self.thinking = fmt.thinking
         self.content: list[str] = []
         self.reasoning: list[str] = []
 
