@@ -257,11 +257,11 @@ def test_huge_prompt_does_not_stall_a_stream(client, server):
 
 # Every field of the openai client's request types: implemented, or refused (400 naming it) unless neutral.
 IMPLEMENTED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-               "stop", "stream", "stream_options", "user", "safety_identifier", "prompt_cache_key"}
+               "stop", "stream", "stream_options", "user", "safety_identifier", "prompt_cache_key", "tools"}
 REFUSED = {
     "n": 2, "best_of": 2, "echo": True, "suffix": "end", "logprobs": 2, "top_logprobs": 3,
     "frequency_penalty": 0.5, "presence_penalty": 1.0, "logit_bias": {"5": 10}, "response_format":
-    {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+    {"type": "json_object"}, "tool_choice": "required",
     "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high",
     "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",

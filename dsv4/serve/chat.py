@@ -53,7 +53,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import jinja2
 import jinja2.ext
@@ -230,7 +230,7 @@ def _tools(v):
 Tools = Annotated[list[Tool] | None, BeforeValidator(_tools)]
 
 
-def tool_choice(v):
+def check_tool_choice(v):
     """'auto' (the default with tools) or 'none' (the tools are left out of the prompt)."""
     if v is not None and v not in ("auto", "none"):
         _refuse(f"'auto' or 'none' (dsv4 does not force tool calls), got {v!r}")
@@ -337,8 +337,9 @@ def _turns(msgs: list[Message], tools: list[dict]) -> list[_Turn]:
     for m in msgs:
         if m.role == "assistant":
             rank = {c.id: k for k, c in enumerate(m.tool_calls or ())}
-        if m.role not in ("user", "tool"):  # OpenAI's developer message is a system message
-            turns.append(_Turn("assistant" if m.role == "assistant" else "system", m.content or "", tool_calls=list(m.tool_calls or ()),
+        if m.role not in ("user", "tool"):
+            role = "assistant" if m.role == "assistant" else "system"  # OpenAI's developer message is a system one
+            turns.append(_Turn(role, m.content or "", tool_calls=list(m.tool_calls or ()),
                                reasoning=m.reasoning_content or ""))
             continue
         if not (turns and turns[-1].role == "user"):

@@ -17,15 +17,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterator
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..sampler import SamplingParams
+from .chat import (ChatError, Messages, ReplyFormat, TemplateKwargs, Thinking, Tools, check_tool_choice, prompt,
+                   render)
 
-# DeepSeek's chat encoding (V3.2 style, non-thinking): the system text, then
-# <｜User｜>text and <｜Assistant｜></think>text<｜end▁of▁sentence｜> turns, then the
-# assistant's opening. BOS comes from the tokenizer.
-USER, ASSISTANT, END_THINK, EOS_TEXT = "<｜User｜>", "<｜Assistant｜>", "</think>", "<｜end▁of▁sentence｜>"
 MAX_STOPS = 4
 
 
@@ -78,36 +76,7 @@ def _bool(v):
     return v
 
 
-def _role(v):
-    if v not in ("system", "user", "assistant"):
-        _refuse(f"'system', 'user' or 'assistant', got {v!r}")
-    return v
-
-
-def _content(v):
-    if isinstance(v, list):  # [{"type": "text", "text": ...}, ...]
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   and set(p) <= {"type", "text"} for p in v):
-            _refuse("text parts only ({type: 'text', text})")
-        return "".join(p["text"] for p in v)
-    if not isinstance(v, str):
-        _refuse(f"a string, got {v!r}")
-    return v
-
-
 Number = Annotated[Any, _number(0.0, 2.0)]
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Annotated[str, BeforeValidator(_role)]
-    content: Annotated[str, BeforeValidator(_content)]
-
-
-def _messages(v):
-    if not isinstance(v, list) or not v:
-        _refuse("a non-empty list of {role, content}")
-    return v
 
 
 class StreamOptions(BaseModel):
@@ -122,7 +91,7 @@ _NEUTRAL: dict[str, tuple] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
     "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
     "min_p": (0, 0.0), "logit_bias": ({},), "ignore_eos": (False,), "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
@@ -176,8 +145,12 @@ class CompletionBody(_Body):
 
 
 class ChatBody(_Body):
-    messages: Annotated[list[Message], BeforeValidator(_messages)]
+    messages: Messages
     max_completion_tokens: Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")] = None
+    tools: Tools = None
+    tool_choice: Annotated[str | None, BeforeValidator(check_tool_choice)] = None
+    chat_template_kwargs: TemplateKwargs = None  # the thinking switch (vLLM's), template variables
+    thinking: Thinking | None = None  # the thinking switch (DeepSeek's API)
 
 
 def _param(loc: tuple, prefix: str = "") -> str:
@@ -210,26 +183,12 @@ def _validate(kind: type[BaseModel], body) -> BaseModel:
         raise validation_error(e) from None
 
 
-_MESSAGES = TypeAdapter(Annotated[list[Message], BeforeValidator(_messages)])
-
-
 def chat_text(messages) -> str:
-    """DeepSeek's chat encoding of a list of {role, content} (dicts or `Message`s)."""
+    """DeepSeek's chat encoding (chat mode, no tools) of a list of messages, without BOS."""
     try:
-        messages = _MESSAGES.validate_python(messages)
-    except ValidationError as e:
-        raise validation_error(e, "messages") from None
-    system, turns = [], []
-    for i, m in enumerate(messages):
-        if m.role == "system":
-            if turns:
-                raise RequestError(f"messages[{i}]: system messages come first", f"messages[{i}].role")
-            system.append(m.content)
-        elif m.role == "user":
-            turns.append(USER + m.content)
-        else:
-            turns.append(ASSISTANT + END_THINK + m.content + EOS_TEXT)
-    return "\n\n".join(system) + "".join(turns) + ASSISTANT + END_THINK
+        return render(messages, bos="")
+    except ChatError as e:
+        raise RequestError(e.message, e.param) from None
 
 
 @dataclass
@@ -241,12 +200,13 @@ class Request:
     stream: bool = False
     chat: bool = False
     include_usage: bool = False
+    reply: ReplyFormat = ReplyFormat()  # chat: how to read the reply (reasoning, tool calls)
 
 
 def parse(body, model, max_model_len: int, chat: bool) -> Request:
     """Validate a request body and tokenise its prompt (slow for a long prompt: keep it off the engine)."""
     req = _validate(ChatBody if chat else CompletionBody, body)
-    ids = model.tokenizer.encode(chat_text(req.messages)) if chat else _prompt_ids(req.prompt, model)
+    ids, reply = _chat_prompt(req, model) if chat else (_prompt_ids(req.prompt, model), ReplyFormat())
     room = max_model_len - len(ids)
     if room < 1:
         raise RequestError(f"prompt: {len(ids)} tokens leave no room under max_model_len {max_model_len}",
@@ -266,7 +226,15 @@ def parse(body, model, max_model_len: int, chat: bool) -> Request:
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Request(ids, max_tokens, sampling, req.stop, bool(req.stream), chat, usage)
+    return Request(ids, max_tokens, sampling, req.stop, bool(req.stream), chat, usage, reply)
+
+
+def _chat_prompt(req: ChatBody, model) -> tuple[list[int], ReplyFormat]:
+    try:
+        return prompt(model.tokenizer, req.messages, req.tools, req.tool_choice, req.chat_template_kwargs,
+                           req.thinking)
+    except ChatError as e:
+        raise RequestError(e.message, e.param) from None
 
 
 def _prompt_ids(prompt, model) -> list[int]:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from .chat import ChatReply
 from .metrics import Metrics
 from .protocol import RequestError, TextStream, now, parse, response_id
 from .scheduler import QueueFull, Scheduler, Sequence
@@ -234,6 +235,7 @@ class _Reply:
     def __init__(self, server: Server, req, seq: Sequence, queue: asyncio.Queue):
         self.server, self.req, self.seq, self.queue = server, req, seq, queue
         self.text = TextStream(server.model.tokenizer, server.model.cfg.eos_token_id, req.stop)
+        self.reply = ChatReply(req.reply) if req.chat else None
         self.id = response_id(req.chat)
         self.closed = False
 
@@ -278,20 +280,31 @@ class _Reply:
         kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {"id": self.id, "object": kind, "created": now(), "model": self.server.model_name, "choices": choices}
 
-    def choice(self, text: str | None, finish, delta: bool) -> dict:
+    def choice(self, part, finish, delta: bool) -> dict:
+        """`part`: the text (completions), or the chat delta or message (a dict)."""
         if not self.req.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if delta:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                    "finish_reason": finish}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish}
+            return {"index": 0, "text": part or "", "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta" if delta else "message": part or {}, "logprobs": None, "finish_reason": finish}
+
+    def parts(self, text: str, finish) -> list:
+        """What a text delta releases: itself (completions), or chat deltas (content, reasoning_content,
+        tool_calls; the end of the turn releases what the parser held back)."""
+        if not self.req.chat:
+            return [text] if text else []
+        return [d for d in (self.reply.push(text), self.reply.end() if finish else None) if d]
+
+    def finish_reason(self, finish: str) -> str:
+        return self.reply.finish_reason(finish) if self.req.chat else finish
 
     async def whole(self) -> dict:
         pieces, finish = [], None
         async for text, finish in self.deltas():
             pieces.append(text)
-        out = self.envelope([self.choice("".join(pieces), finish, False)], False)
+        text = "".join(pieces)
+        if self.req.chat:
+            self.parts(text, finish)
+            text, finish = self.reply.message(), self.reply.finish_reason(finish)
+        out = self.envelope([self.choice(text, finish, False)], False)
         out["usage"] = self.usage()
         return out
 
@@ -306,10 +319,10 @@ class _Reply:
                                         "finish_reason": None}], True))
         try:
             async for text, finish in self.deltas():
-                if text:
-                    yield event(self.envelope([self.choice(text, None, True)], True))
+                for part in self.parts(text, finish):
+                    yield event(self.envelope([self.choice(part, None, True)], True))
                 if finish:
-                    yield event(self.envelope([self.choice(None if self.req.chat else "", finish, True)], True))
+                    yield event(self.envelope([self.choice(None, self.finish_reason(finish), True)], True))
         except RequestError as e:
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
         else:
