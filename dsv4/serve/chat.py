@@ -9,7 +9,8 @@ writes it; BOS first, then per message:
     user        <｜User｜>content; tool results go here: a `tool` message joins the user turn
                 after it as <tool_result>content</tool_result>, blocks of one turn joined by
                 "\\n\\n" (consecutive user messages merge the same way), in the order of the calls
-    assistant   [reasoning</think>]content[\\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls>]<｜end▁of▁sentence｜>
+    assistant   [reasoning</think>]content[\\n\\n<｜DSML｜tool_calls>...</｜DSML｜tool_calls>]
+                <｜end▁of▁sentence｜>
 
 and after a user turn that an assistant turn (or the generation) follows: <｜Assistant｜> then
 </think> (chat mode) or <think> (thinking mode). In thinking mode without tools, assistant turns
@@ -308,7 +309,7 @@ def _check_order(msgs: list[Message]):
     seen_other, calls = False, set()
     for i, m in enumerate(msgs):
         if m.role in ("system", "developer") and seen_other:
-            raise ChatError(f"messages[{i}]: system and developer messages come first", f"messages[{i}].role")
+            raise ChatError(f"messages[{i}].role: system and developer messages come first", f"messages[{i}].role")
         seen_other |= m.role not in ("system", "developer")
         if m.role == "assistant":
             calls = {c.id for c in m.tool_calls or ()}
@@ -439,7 +440,7 @@ def _compiled(template: str) -> jinja2.Template:
 
 
 def _template_message(m: Message) -> dict:
-    out = m.model_dump(exclude_none=True)
+    out = m.model_dump(exclude_unset=True)  # as the client sent it (a null content stays null, as in HF)
     for call in out.get("tool_calls", ()):  # templates index arguments as a mapping (HF, vLLM do this too)
         try:
             args = json.loads(call["function"]["arguments"])
