@@ -404,6 +404,25 @@ def test_reply_builder_without_tools_or_thinking_is_content(server):
     assert out["choices"][0]["finish_reason"] == "stop"
 
 
+def test_markup_survives_a_vocabulary_that_makes_it_special():
+    """Where <think> / </think> are special tokens, a reply that is parsed keeps them as text."""
+    from dsv4.serve.protocol import TextStream
+    from dsv4.tokenizer import build_tokenizer
+
+    hf = build_tokenizer(512)
+    hf.add_special_tokens(["<think>", "</think>"])
+    tok = Tokenizer(hf)
+    ids = tok.encode("weigh it</think>done", add_bos=False)
+    assert hf.token_to_id("</think>") in ids
+    fmt = chat.ReplyFormat(reasoning=True, thinking=True)
+    for skip, expected in ((not fmt.markup, ("weigh it", "done")), (True, ("weigh itdone", ""))):
+        stream, reply = TextStream(tok, tok.eos_id, [], skip_special=skip), chat.ChatReply(fmt)
+        for t in ids + [tok.eos_id]:
+            reply.push(stream.push(t))
+        reply.end()
+        assert (reply.message()["reasoning_content"], reply.message()["content"]) == expected
+
+
 def prompt_tokens(model, messages, tools=None, **kw) -> int:
     return len(chat.prompt(model.tokenizer, messages, tools, **kw)[0])
 

@@ -489,6 +489,12 @@ class ReplyFormat:
     tools: bool = False
     thinking: bool = False
 
+    @property
+    def markup(self) -> bool:
+        """The reply's text is parsed: its markup must reach the parser even where the vocabulary
+        makes <think>, </think> or DSML pieces special tokens (vLLM keeps them for tools too)."""
+        return self.reasoning or self.tools or self.thinking
+
 
 def prompt(tokenizer, messages, tools=None, tool_choice: str | None = None, template_kwargs: dict | None = None,
            thinking: Thinking | None = None) -> tuple[list[int], ReplyFormat]:

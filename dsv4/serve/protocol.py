@@ -258,8 +258,9 @@ class TextStream:
     token of context), not the whole output: a long generation costs O(1) per token.
     """
 
-    def __init__(self, tokenizer, eos_id: int, stop: list[str]):
+    def __init__(self, tokenizer, eos_id: int, stop: list[str], skip_special: bool = True):
         self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, stop
+        self.skip_special = skip_special  # False: special tokens (<think>, ... in some vocabularies) are text
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.out: list[int] = []
         self.text = ""  # the whole characters decoded so far
@@ -295,8 +296,8 @@ class TextStream:
 
     def _decode(self, final: bool) -> bool:
         """Append the window's new whole characters to text (any at all when final)."""
-        before = self.tokenizer.decode(self.out[self.prefix:self.read])
-        now = self.tokenizer.decode(self.out[self.prefix:])
+        before = self.tokenizer.decode(self.out[self.prefix:self.read], self.skip_special)
+        now = self.tokenizer.decode(self.out[self.prefix:], self.skip_special)
         if not final and (len(now) <= len(before) or now.endswith("\ufffd")):
             return False
         self.text += now[len(before):]

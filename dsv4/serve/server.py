@@ -234,7 +234,8 @@ class _Reply:
 
     def __init__(self, server: Server, req, seq: Sequence, queue: asyncio.Queue):
         self.server, self.req, self.seq, self.queue = server, req, seq, queue
-        self.text = TextStream(server.model.tokenizer, server.model.cfg.eos_token_id, req.stop)
+        self.text = TextStream(server.model.tokenizer, server.model.cfg.eos_token_id, req.stop,
+                               skip_special=not req.reply.markup)
         self.reply = ChatReply(req.reply) if req.chat else None
         self.id = response_id(req.chat)
         self.closed = False
