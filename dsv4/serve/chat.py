@@ -299,18 +299,25 @@ def render(messages, tools=None, thinking: bool = False, template: str | None = 
     """
     msgs = _validated(_MESSAGES, messages, "messages")
     tool_list = _validated(_TOOLS, tools, "tools") or []
-    _check_order(msgs)
+    _check_tool_results(msgs)
     if template is not None:
         return _render_template(template, msgs, tool_list, thinking, bos, eos, template_kwargs or {})
+    _check_system_first(msgs)
     return bos + _encode(msgs, [t.schema() for t in tool_list], thinking)
 
 
-def _check_order(msgs: list[Message]):
-    seen_other, calls = False, set()
+def _check_system_first(msgs: list[Message]):
+    # The encoding has no marker for a system turn: a late one would read as part of the turn before.
+    first_other = next((i for i, m in enumerate(msgs) if m.role not in ("system", "developer")), len(msgs))
+    late = next((i for i, m in enumerate(msgs) if i > first_other and m.role in ("system", "developer")), None)
+    if late is not None:
+        raise ChatError(f"messages[{late}].role: system and developer messages come first", f"messages[{late}].role")
+
+
+def _check_tool_results(msgs: list[Message]):
+    """Each tool message answers a call of the assistant message before it (OpenAI's rule)."""
+    calls = set()
     for i, m in enumerate(msgs):
-        if m.role in ("system", "developer") and seen_other:
-            raise ChatError(f"messages[{i}].role: system and developer messages come first", f"messages[{i}].role")
-        seen_other |= m.role not in ("system", "developer")
         if m.role == "assistant":
             calls = {c.id for c in m.tool_calls or ()}
         elif m.role == "tool" and m.tool_call_id not in calls:
@@ -510,7 +517,8 @@ def prompt(tokenizer, messages, tools=None, tool_choice: str | None = None, temp
     think = thinking_switch(kwargs, thinking)
     text = render(messages, tools, think, template, _token_text(tokenizer, tokenizer.bos_id, BOS),
                   _token_text(tokenizer, tokenizer.eos_id, EOS), kwargs)
-    return prompt_ids(tokenizer, text), ReplyFormat(text.endswith(THINK), bool(tools), think)
+    # A template may open the reasoning with "<think>\n" (DeepSeek-R1's does): the reply starts inside it.
+    return prompt_ids(tokenizer, text), ReplyFormat(text.rstrip().endswith(THINK), bool(tools), think)
 
 
 # ---- the reply: reasoning, content, tool calls --------------------------------------------------
