@@ -116,20 +116,50 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
+def _chat_templates(path: Path, configured) -> dict[str, str]:
+    """The templates HF would use: chat_template.jinja over tokenizer_config.json's `chat_template`
+    (a string, or a list of {name, template})."""
+    if isinstance(configured, list):
+        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+                   for t in configured):
+            raise ValueError(f"{path / 'tokenizer_config.json'}: chat_template is a list, but not of "
+                             "{name, template} strings")
+        templates = {t["name"]: t["template"] for t in configured}
+    else:
+        templates = {"default": configured} if isinstance(configured, str) else {}
+    file = path / "chat_template.jinja"
+    if file.is_file():
+        try:
+            templates["default"] = file.read_text()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{file}: not UTF-8 ({_first_line(e)})") from None
+    return templates
+
+
 def _token_string(v) -> str | None:
     # tokenizer_config.json spells a token either as a string or as an AddedToken dict.
     return v.get("content") if isinstance(v, dict) else v
 
 
 class Tokenizer:
-    """encode/decode with a BOS id, an EOS id and tolerance for ids the model has but the tokenizer lacks."""
+    """encode/decode with a BOS id, an EOS id and tolerance for ids the model has but the tokenizer lacks.
 
-    def __init__(self, tok: _HFTokenizer, bos_id: int = 0, eos_id: int = 1, model_vocab_size: int | None = None):
+    `chat_templates`: the checkpoint's jinja chat templates by name ("default", maybe "tool_use"),
+    empty when it ships none (DeepSeek-V4 ships none: its chat encoding is dsv4/serve/chat.py's).
+    """
+
+    def __init__(self, tok: _HFTokenizer, bos_id: int = 0, eos_id: int = 1, model_vocab_size: int | None = None,
+                 chat_templates: dict[str, str] | None = None):
         self.tok = tok
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         self.model_vocab_size = model_vocab_size
+        self.chat_templates = chat_templates or {}
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.chat_templates.get("default")
 
     @classmethod
     def from_dir(cls, path: str | Path, model_vocab_size: int | None = None) -> "Tokenizer":
@@ -141,7 +171,7 @@ class Tokenizer:
             tok = _HFTokenizer.from_file(str(file))
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
             raise ValueError(f"{file}: not a readable tokenizer ({_first_line(e)})") from None
-        bos_s, eos_s = BOS_TOKEN, EOS_TOKEN
+        bos_s, eos_s, c = BOS_TOKEN, EOS_TOKEN, {}
         conf = path / "tokenizer_config.json"
         if conf.is_file():
             try:
@@ -153,7 +183,8 @@ class Tokenizer:
             bos_s = _token_string(c.get("bos_token")) or bos_s
             eos_s = _token_string(c.get("eos_token")) or eos_s
         bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)
-        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size)
+        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size,
+                   _chat_templates(path, c.get("chat_template")))
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         # encode_batch, not encode: it releases the GIL, so a long text stalls no other thread (a server's).
@@ -178,10 +209,12 @@ class TextStream:
     Each token decodes a short window (the tokens since the last whole character, after one
     token of context), not the whole output: a long generation costs O(1) per token. `eos_id`
     None: no token ends the text. One decoder for every surface (generate, chat, the server).
+    `skip_special` False: special tokens are text (a chat reply that is parsed needs <think>,
+    </think> or DSML pieces even where the vocabulary makes them special).
     """
 
-    def __init__(self, tokenizer, eos_id: int | None, stop: Sequence[str] = ()):
-        self.tokenizer, self.eos_id, self.stop = tokenizer, eos_id, stop
+    def __init__(self, tokenizer, eos_id: int | None, stop: Sequence[str] = (), skip_special: bool = True):
+        self.tokenizer, self.eos_id, self.stop, self.skip_special = tokenizer, eos_id, stop, skip_special
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.out: list[int] = []
         self.text = ""  # the whole characters decoded so far
@@ -217,8 +250,8 @@ class TextStream:
 
     def _decode(self, final: bool) -> bool:
         """Append the window's new whole characters to text (any at all when final)."""
-        before = self.tokenizer.decode(self.out[self.prefix:self.read])
-        now = self.tokenizer.decode(self.out[self.prefix:])
+        before = self.tokenizer.decode(self.out[self.prefix:self.read], self.skip_special)
+        now = self.tokenizer.decode(self.out[self.prefix:], self.skip_special)
         if not final and (len(now) <= len(before) or now.endswith("\ufffd")):
             return False
         self.text += now[len(before):]

@@ -286,7 +286,8 @@ def test_wrong_types_name_the_field(server, path, name, value):
     ({"role": "user"}, "messages[0].content"), ({"role": "user", "content": 5}, "messages[0].content"),
     ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "messages[0].content"),
     ({"role": 5, "content": "x"}, "messages[0].role"), ({"content": "x"}, "messages[0].role"),
-    ({"role": "tool", "content": "x"}, "messages[0].role"), ({"role": "user", "content": "\ud800"}, "messages"),
+    ({"role": "function", "content": "x"}, "messages[0].role"), ({"role": "tool", "content": "x"}, "messages[0]"),
+    ({"role": "user", "content": "\ud800"}, "messages"),
 ])
 def test_wrong_messages_name_the_field(server, message, param):
     r = post(server, CHAT, {"messages": [message]})

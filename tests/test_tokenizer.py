@@ -139,6 +139,13 @@ def test_damaged_tokenizer_files_are_named(tok, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{broken")
     with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer_config.json'}: not valid JSON"):
         Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "default"}]}))
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer_config.json'}: chat_template is a list, but"):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "chat_template.jinja").write_bytes(b"\xff{{ x }}")
+    with pytest.raises(ValueError, match=f"^{tmp_path / 'chat_template.jinja'}: not UTF-8"):
+        Tokenizer.from_dir(tmp_path)
     (tmp_path / "tokenizer.json").write_bytes(b"\x00\xff garbage")
     with pytest.raises(ValueError, match=f"^{tmp_path / 'tokenizer.json'}: not a readable tokenizer"):
         Tokenizer.from_dir(tmp_path)

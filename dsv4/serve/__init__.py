@@ -1,5 +1,5 @@
-"""OpenAI-compatible serving: `protocol` (requests, chat encoding, text), `scheduler` (the engine's one
-thread), `server` (FastAPI + uvicorn), `metrics` (Prometheus)."""
+"""OpenAI-compatible serving: `protocol` (requests), `chat` (chat prompt and reply), `scheduler` (the
+engine's one thread), `server` (FastAPI + uvicorn), `metrics` (Prometheus)."""
 
 from .protocol import RequestError, chat_text
 from .scheduler import Scheduler

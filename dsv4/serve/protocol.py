@@ -4,11 +4,11 @@ A request body is validated by pydantic models field by field (`RequestError` na
 and its limit): every field of the OpenAI request types is either implemented (`IMPLEMENTED`
 says with what meaning) or refused unless it holds its neutral value (`_NEUTRAL`), and a field
 OpenAI does not define is refused too, so nothing is silently ignored. `parse` then tokenises
-the prompts (chat messages through DeepSeek's chat encoding), checks each against max_model_len
-and returns a `Call`: its prompts and the choices to draw from them, one sequence each.
-`tokenize` and `detokenize` answer vLLM's /tokenize and /detokenize. `TextStream` turns sampled
-tokens into text deltas (whole characters, stop strings held back until they cannot match);
-`generate` runs it over `Model.sample_tokens` for callers without a scheduler (`dsv4 chat`).
+the prompts (chat messages through chat.py: DeepSeek-V4's chat encoding or the checkpoint's
+template), checks each against max_model_len and returns a `Call`: its prompts, the choices to
+draw from them (one sequence each) and, for chat, how to read each reply (`Call.reply`: reasoning,
+tool calls). `tokenize` and `detokenize` answer vLLM's /tokenize and /detokenize. `generate` runs
+tokenizer.TextStream over `Model.sample_tokens` for callers without a scheduler (`dsv4 chat`).
 """
 
 from __future__ import annotations
@@ -21,17 +21,14 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Iterator
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..sampler import SamplingParams
 from ..tokenizer import TextStream
+from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Thinking, Tools, check_messages,
+                   check_tool_choice, prompt_ids, prompt_text, render)
 
-# DeepSeek's chat encoding (V3.2 style, non-thinking): the system text, then
-# <｜User｜>text and <｜Assistant｜></think>text<｜end▁of▁sentence｜> turns, then the
-# assistant's opening. BOS comes from the tokenizer.
-USER, ASSISTANT, END_THINK, EOS_TEXT = "<｜User｜>", "<｜Assistant｜>", "</think>", "<｜end▁of▁sentence｜>"
 MAX_STOPS = 4
 SEED_SPACE = 2**64
 
@@ -40,7 +37,8 @@ SEED_SPACE = 2**64
 IMPLEMENTED = {
     "model": "the served model (--served-model-name); another name is a 404",
     "prompt": "completions: a string, token ids, or a list of strings or of token-id lists (a batch)",
-    "messages": "chat: system/developer, user and assistant turns in DeepSeek's chat encoding",
+    "messages": "chat: system/developer, user, assistant (content null, tool_calls, reasoning_content) and tool "
+                "turns, in DeepSeek-V4's chat encoding or the checkpoint's jinja chat template",
     "max_tokens": "tokens to sample at most per choice (default 16 for completions, 256 for chat)",
     "max_completion_tokens": "chat: max_tokens under its newer name (wins when both are given)",
     "n": "choices per prompt (all prompts' together at most --max-num-seqs); choice j of a prompt draws "
@@ -56,6 +54,13 @@ IMPLEMENTED = {
     "stream_options": "include_usage: a last chunk with the usage (none without it); include_obfuscation: "
                       "accepted, events carry no obfuscation padding",
     "ignore_eos": "vLLM's: keep sampling through EOS up to max_tokens",
+    "tools": "chat: functions (name, description, parameters; strict: true refused) shown in the prompt; the "
+             "model's calls come back as tool_calls (finish_reason 'tool_calls')",
+    "tool_choice": "chat: 'auto' (the default) or 'none' (the tools are left out of the prompt); 'required' and a "
+                   "named function are refused",
+    "chat_template_kwargs": "chat: vLLM's; thinking / enable_thinking switch thinking mode (reasoning_content in "
+                            "the reply); other keys are variables of the checkpoint's chat template",
+    "thinking": "chat: DeepSeek's API switch {type: 'enabled' | 'disabled'} (reasoning_content in the reply)",
     "user": "a label of the caller; no effect on the output",
     "safety_identifier": "a label of the caller; no effect on the output",
     "prompt_cache_key": "a label of the caller; no effect on the output",
@@ -67,7 +72,7 @@ _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
     "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
     "min_p": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
@@ -131,23 +136,6 @@ def _string(v):
     return v
 
 
-def _role(v):
-    if v not in ("system", "developer", "user", "assistant"):
-        _refuse(f"'system', 'developer', 'user' or 'assistant', got {v!r}")
-    return v
-
-
-def _content(v):
-    if isinstance(v, list):  # [{"type": "text", "text": ...}, ...]
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   and set(p) <= {"type", "text"} for p in v):
-            _refuse("text parts only ({type: 'text', text})")
-        return "".join(p["text"] for p in v)
-    if v is not None and not isinstance(v, str):
-        _refuse(f"a string or a list of text parts, got {v!r}")
-    return v
-
-
 Number = Annotated[Any, _number(0.0, 2.0)]
 Flag = Annotated[bool | None, BeforeValidator(_bool)]
 Count = Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")]
@@ -159,24 +147,8 @@ def _object(body):
     return body
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Annotated[str, BeforeValidator(_role)]
-    content: Annotated[str | None, BeforeValidator(_content)] = Field(None, validate_default=True)
-
-    @field_validator("content")
-    @classmethod
-    def _null_only_for_assistant(cls, v, info: ValidationInfo):
-        role = info.data.get("role")
-        if v is None and role not in (None, "assistant"):  # OpenAI: an assistant's content may be null
-            _refuse(f"a string or a list of text parts (a {role} message needs one), got null")
-        return v
-
-
-def _messages(v):
-    if v is not None and (not isinstance(v, list) or not v):
-        _refuse("a non-empty list of {role, content}")
-    return v
+def _optional_messages(v):
+    return v if v is None else check_messages(v)
 
 
 class StreamOptions(BaseModel):
@@ -241,17 +213,24 @@ class CompletionBody(_Body):
 
 
 class ChatBody(_Body):
-    messages: Annotated[list[Message], BeforeValidator(_messages)]
+    messages: Messages
     max_completion_tokens: Count = None
+    tools: Tools = None
+    tool_choice: Annotated[str | None, BeforeValidator(check_tool_choice)] = None
+    chat_template_kwargs: TemplateKwargs = None  # the thinking switch (vLLM's), template variables
+    thinking: Thinking | None = None  # the thinking switch (DeepSeek's API)
 
 
 class TokenizeBody(BaseModel):
-    """vLLM's /tokenize: a prompt, or chat messages (tokenised as the chat endpoint would run them)."""
+    """vLLM's /tokenize: a prompt, or chat messages with their tools and chat_template_kwargs
+    (tokenised as the chat endpoint would run them)."""
 
     model_config = ConfigDict(extra="forbid")
     model: Annotated[str | None, BeforeValidator(_string)] = None
     prompt: Annotated[str | None, BeforeValidator(_string)] = None
-    messages: Annotated[list[Message] | None, BeforeValidator(_messages)] = None
+    messages: Annotated[list[Message] | None, BeforeValidator(_optional_messages)] = None
+    tools: Tools = None
+    chat_template_kwargs: TemplateKwargs = None
     add_special_tokens: Flag = None
     add_generation_prompt: Flag = None
     return_token_strs: Flag = None
@@ -265,6 +244,9 @@ class TokenizeBody(BaseModel):
     def _one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise RequestError("prompt or messages: exactly one of them", "prompt")
+        for name in ("tools", "chat_template_kwargs"):
+            if self.prompt is not None and getattr(self, name) is not None:
+                raise RequestError(f"{name}: only with messages", name)
         if self.messages is not None and self.add_special_tokens:
             raise RequestError("add_special_tokens: only false with messages (the chat encoding begins with BOS "
                                "already)", "add_special_tokens")
@@ -293,17 +275,17 @@ class DetokenizeBody(BaseModel):
         return _object(body)
 
 
-def _param(loc: tuple, prefix: str = "") -> str:
-    out = prefix
+def _param(loc: tuple) -> str:
+    out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def validation_error(e: ValidationError, prefix: str = "") -> RequestError:
+def validation_error(e: ValidationError) -> RequestError:
     """The first of pydantic's errors, as one OpenAI-shaped error naming its field."""
     err = e.errors(include_url=False)[0]
-    param = _param(err["loc"], prefix)
+    param = _param(err["loc"])
     if err["type"] == "dsv4":
         message = err["msg"]
     elif err["type"] == "extra_forbidden":
@@ -323,27 +305,13 @@ def _validate(kind: type[BaseModel], body) -> BaseModel:
         raise validation_error(e) from None
 
 
-_MESSAGES = TypeAdapter(Annotated[list[Message], BeforeValidator(_messages)])
-
-
 def chat_text(messages) -> str:
-    """DeepSeek's chat encoding of a list of {role, content} (dicts or `Message`s); a developer
-    message is a system message (OpenAI's newer name for it)."""
+    """DeepSeek-V4's chat encoding (chat mode, no tools) of a list of messages (dicts or `Message`s),
+    without BOS; a developer message is a system message (OpenAI's newer name for it)."""
     try:
-        messages = _MESSAGES.validate_python(messages)
-    except ValidationError as e:
-        raise validation_error(e, "messages") from None
-    system, turns = [], []
-    for i, m in enumerate(messages):
-        if m.role in ("system", "developer"):
-            if turns:
-                raise RequestError(f"messages[{i}]: system messages come first", f"messages[{i}].role")
-            system.append(m.content)
-        elif m.role == "user":
-            turns.append(USER + m.content)
-        else:
-            turns.append(ASSISTANT + END_THINK + (m.content or "") + EOS_TEXT)
-    return "\n\n".join(system) + "".join(turns) + ASSISTANT + END_THINK
+        return render(messages, bos="")
+    except ChatError as e:
+        raise RequestError(e.message, e.param) from None
 
 
 # ---- requests -------------------------------------------------------------------------------------
@@ -382,6 +350,7 @@ class Call:
     chat: bool
     include_usage: bool
     ignore_eos: bool
+    reply: ReplyFormat = ReplyFormat()  # chat: how to read each choice's reply (reasoning, tool calls)
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -391,8 +360,11 @@ class Call:
 def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call:
     """Validate a request body and tokenise its prompts (slow for a long prompt: keep it off the event loop)."""
     req = _validate(ChatBody if chat else CompletionBody, body)
+    reply = ReplyFormat()
     if chat:
-        inputs = [(_encode(chat_text(req.messages), model.tokenizer, max_model_len, "messages"), "")]
+        ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
+                                  model.tokenizer, max_model_len)
+        inputs = [(ids, "")]
     else:
         inputs = _completion_prompts(req.prompt, model, max_model_len)
     n = req.n or 1
@@ -412,7 +384,18 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos))
+    return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply)
+
+
+def _chat_prompt(messages, tools, tool_choice, template_kwargs, thinking, tokenizer,
+                 max_model_len: int | None) -> tuple[list[int], ReplyFormat]:
+    """A chat request's prompt ids (checked by its bytes before tokenising) and how to read its reply."""
+    try:
+        text, reply = prompt_text(tokenizer, messages, tools, tool_choice, template_kwargs, thinking)
+    except ChatError as e:
+        raise RequestError(e.message, e.param) from None
+    _check_bytes(text, tokenizer, max_model_len, "messages")
+    return prompt_ids(tokenizer, text), reply
 
 
 def _prompt_params(count: int, chat: bool) -> list[str]:
@@ -461,8 +444,14 @@ def _completion_prompts(prompt, model, max_model_len: int) -> list[tuple[list[in
 
 
 def _encode(text: str, tokenizer, max_model_len: int | None, param: str) -> list[int]:
-    """The prompt's token ids; a text too long for max_model_len by its bytes alone is refused before
-    tokenising (megabytes take seconds)."""
+    """The prompt's token ids, BOS first."""
+    _check_bytes(text, tokenizer, max_model_len, param)
+    return tokenizer.encode(text)
+
+
+def _check_bytes(text: str, tokenizer, max_model_len: int | None, param: str):
+    """Refuse a text too long for max_model_len by its bytes alone, before tokenising it (megabytes take
+    seconds); a lone surrogate too."""
     size = _utf8_size(text, param)
     if max_model_len is not None and size >= max_model_len:
         longest = _longest_token_bytes(tokenizer)
@@ -471,7 +460,6 @@ def _encode(text: str, tokenizer, max_model_len: int | None, param: str) -> list
         if least >= max_model_len:
             raise RequestError(f"{param}: at least {least} tokens ({size} bytes) leave no room under max_model_len "
                                f"{max_model_len}", param, code="context_length_exceeded")
-    return tokenizer.encode(text)
 
 
 def _utf8_size(text: str, param: str) -> int:
@@ -496,7 +484,7 @@ def tokenize(body, model, max_model_len: int) -> dict:
     """vLLM's /tokenize: the ids the completions (prompt) or chat (messages) endpoint would prefill."""
     req = _validate(TokenizeBody, body)
     if req.messages is not None:
-        ids = _encode(chat_text(req.messages), model.tokenizer, None, "messages")
+        ids, _ = _chat_prompt(req.messages, req.tools, None, req.chat_template_kwargs, None, model.tokenizer, None)
     else:
         _utf8_size(req.prompt, "prompt")
         ids = model.tokenizer.encode(req.prompt, add_bos=req.add_special_tokens is not False)

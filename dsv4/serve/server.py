@@ -7,7 +7,8 @@ GET /version, POST /tokenize and /detokenize (vLLM's shapes). With an API key, e
 
 A handler reads and parses the body and tokenises the prompts in a worker thread (a huge prompt
 delays no one), hands one `Sequence` per choice to the scheduler (all or none: 429 with
-Retry-After when the waiting queue is full) and turns the tokens that come back into text. A
+Retry-After when the waiting queue is full) and turns the tokens that come back into text (a chat
+choice's text through its own parser into reasoning_content, content and tool_calls). A
 client that goes away, streaming or not, cancels its sequences: the scheduler frees their slots
 at its next round. Every error is OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 """
@@ -30,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from . import protocol
+from .chat import ChatReply
 from .metrics import Metrics
 from .protocol import RequestError, TextStream, now, response_id
 from .scheduler import QueueFull, Scheduler, Sequence
@@ -281,14 +283,33 @@ class _Stream(StreamingResponse):
 
 
 class _Choice:
-    """One choice of a request: its sequence in the scheduler and its text so far."""
+    """One choice of a request: its sequence in the scheduler, its text so far and, for chat, its own
+    reply parser (reasoning, content, tool calls)."""
 
     def __init__(self, server: Server, call: protocol.Call, choice: protocol.Choice, emit, arrived: float):
         self.index, self.echo = choice.index, choice.prompt.echo
         eos = None if call.ignore_eos else server.model.cfg.eos_token_id
-        self.text = TextStream(server.model.tokenizer, eos, call.stop)
+        # A reply that is parsed decodes special tokens as text: its markup must reach the parser.
+        self.text = TextStream(server.model.tokenizer, eos, call.stop, skip_special=not call.reply.markup)
+        self.reply = ChatReply(call.reply) if call.chat else None
         self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
                             ignore_eos=call.ignore_eos)
+
+    def parts(self, text: str, finish) -> list:
+        """What a text delta releases: itself (completions), or chat deltas (content, reasoning_content,
+        tool_calls; the end of the turn releases what the parser held back)."""
+        if self.reply is None:
+            return [text] if text else []
+        return [d for d in (self.reply.push(text), self.reply.end() if finish else None) if d]
+
+    def finish_reason(self) -> str:
+        finish = self.text.finish
+        return self.reply.finish_reason(finish) if self.reply is not None else finish
+
+    def message(self, text: str) -> dict:
+        """The whole chat message of the choice's whole text."""
+        self.parts(text, self.text.finish)
+        return self.reply.message()
 
 
 class _Reply:
@@ -367,21 +388,20 @@ class _Reply:
         kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {"id": self.id, "object": kind, "created": now(), "model": self.server.model_name, "choices": choices}
 
-    def choice(self, index: int, text: str | None, finish, delta: bool) -> dict:
+    def choice(self, index: int, part, finish, delta: bool) -> dict:
+        """`part`: the text (completions), or the chat delta or message (a dict)."""
         if not self.call.chat:
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if delta:
-            return {"index": index, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                    "finish_reason": finish}
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            return {"index": index, "text": part or "", "logprobs": None, "finish_reason": finish}
+        return {"index": index, "delta" if delta else "message": part or {}, "logprobs": None,
                 "finish_reason": finish}
 
     async def whole(self) -> dict:
         pieces = [[c.echo] for c in self.choices]
         async for index, text, _ in self.deltas():
             pieces[index].append(text)
-        out = self.envelope([self.choice(c.index, "".join(pieces[c.index]), c.text.finish, False)
-                             for c in self.choices], False)
+        texts = ["".join(pieces[c.index]) for c in self.choices]
+        out = self.envelope([self.choice(c.index, c.message(text) if self.call.chat else text, c.finish_reason(),
+                                         False) for c, text in zip(self.choices, texts)], False)
         out["usage"] = self.usage()
         return out
 
@@ -399,11 +419,11 @@ class _Reply:
                 yield event(self.envelope([self.choice(c.index, c.echo, None, True)], True))
         try:
             async for index, text, finish in self.deltas():
-                if text:
-                    yield event(self.envelope([self.choice(index, text, None, True)], True))
+                c = self.choices[index]
+                for part in c.parts(text, finish):
+                    yield event(self.envelope([self.choice(index, part, None, True)], True))
                 if finish:
-                    yield event(self.envelope([self.choice(index, None if self.call.chat else "", finish, True)],
-                                              True))
+                    yield event(self.envelope([self.choice(index, None, c.finish_reason(), True)], True))
         except RequestError as e:
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
         except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
