@@ -28,7 +28,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps dsv4.kernels.commit, one launch per write
+GPU_CHECKED = True  # through benchmarks/gpu_batch_checks.sh (test_replay_gpu with it in the graph, session 4): "auto" runs it on CUDA
 
 FIELDS = 8  # buf, index, rows, keep (addresses), rows, width, codes, unused (a 64-byte row)
 FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -130,7 +130,8 @@ class _Tables:
             host = torch.tensor(entries, dtype=torch.int64).pin_memory()
             self.last = (device, stream, entries, host.to(device, non_blocking=True))
         if self.spare is None or self.spare.shape[0] < len(entries):
-            self.spare = torch.empty(len(entries), FIELDS, dtype=torch.int64).pin_memory()
+            with torch.inference_mode(False):  # a normal tensor: a capture in or out of inference mode writes it
+                self.spare = torch.empty(len(entries), FIELDS, dtype=torch.int64).pin_memory()
         return self.last[3]
 
 
