@@ -30,6 +30,10 @@ pack() {
   tar czf "$FINAL/results.tgz" -C "$OUT" .
 }
 trap pack EXIT
+if [ -d .whl ]; then  # the serving wheels carried in .whl (openai, fastapi, uvicorn, ...): the image lacks them
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    > "$OUT/wheels.txt" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
+fi
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
 nvidia-smi -L >> "$OUT/versions.txt"
 (
