@@ -149,8 +149,8 @@ def _cumsum(x: torch.Tensor) -> torch.Tensor:
 
     torch.cumsum of a long 1-D CUDA tensor runs CUB's decoupled look-back scan, whose float
     association depends on timing (the same logits could sample different tokens in eager and in
-    a replay). Rows of 1024 scanned by the per-row kernel, plus row offsets summed by a fixed
-    reduction, add in one order every time.
+    a replay). Rows of 1024 scanned by the per-row kernel, plus the rows' offsets scanned the same
+    way, add in one order every time, and in the same order for a row alone or in a batch.
     """
     V = x.shape[-1]
     R = -(-V // _SCAN_ROW)
@@ -158,8 +158,10 @@ def _cumsum(x: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(x, dim=-1)  # one tile: no look-back, already deterministic
     rows = torch.nn.functional.pad(x, (0, R * _SCAN_ROW - V)).unflatten(-1, (R, _SCAN_ROW))
     inner = torch.cumsum(rows, dim=-1)
-    below = torch.ones(R, R, dtype=torch.bool, device=x.device).tril(-1)  # below[r, j]: j < r
-    offsets = torch.where(below, inner[..., -1].unsqueeze(-2), 0.0).sum(dim=-1)
+    # Row r's offset: the totals of rows < r, by a second one-tile scan. (Not a masked sum over R: a
+    # CUDA reduction splits its inputs by how many outputs it has, so a batch's rows would add in
+    # another order than the same row alone; a scan of a row depends on that row alone.)
+    offsets = torch.cumsum(torch.nn.functional.pad(inner[..., :-1, -1], (1, 0)), dim=-1)
     return (inner + offsets.unsqueeze(-1)).flatten(-2)[..., :V]
 
 

@@ -141,7 +141,7 @@ def test_batched_step_makes_no_host_sync(model):
 
 def test_sample_rows_row_equals_sample_alone():
     gen = torch.Generator().manual_seed(3)
-    logits = torch.randn(len(SAMPLINGS), 300, generator=gen) * 3
+    logits = torch.randn(len(SAMPLINGS), 3000, generator=gen) * 3  # 3 scan rows of 1024
     pos = torch.arange(40, 40 + len(SAMPLINGS))
     rows = SamplingRows(len(SAMPLINGS), "cpu")
     rows.load(SAMPLINGS)
