@@ -134,7 +134,8 @@ class Scheduler:
             if self.model.device.type == "cuda":
                 import torch
 
-                torch.cuda.set_device(self.model.device)  # a new thread starts on cuda:0
+                if self.model.device.index is not None:  # "cuda" alone is the current device already
+                    torch.cuda.set_device(self.model.device)  # a new thread starts on cuda:0
             while self._admit():
                 self._round()
         except BaseException as e:  # noqa: BLE001 - the engine is unusable; tell every handler why
