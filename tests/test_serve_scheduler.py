@@ -58,8 +58,16 @@ def solo(model, ids, n, sampling):
     return out
 
 
-def test_together_equals_alone(model):
+def test_together_equals_alone(model, monkeypatch):
     tok = model.tokenizer
+    sizes = []
+    step_batch = model.step_batch
+
+    def counted(states, *args, **kwargs):  # the real batched step, its row counts recorded
+        sizes.append(len(states))
+        return step_batch(states, *args, **kwargs)
+
+    monkeypatch.setattr(model, "step_batch", counted)
     jobs = [(tok.encode("the river starts high in the hills " * 11), 10, dsv4.SamplingParams(seed=1)),  # 3 chunks
             (tok.encode("hello"), 14, dsv4.SamplingParams(temperature=0.8, top_p=0.9, seed=2)),
             (tok.encode("numbers have their own small poetry"), 12, dsv4.SamplingParams(top_k=20, seed=3)),
@@ -72,6 +80,7 @@ def test_together_equals_alone(model):
         for _ in range(2):  # the second pass runs on reused (zeroed) slots
             got, log = run(sched, jobs)
             assert got == expected
+        assert max(sizes) == 3  # every slot decoded in one batched step
         # The long prompt's chunks did not stall the others: the short ones sampled before its first token.
         first_long = next(k for k, e in enumerate(log) if e[0] == 0 and e[1] == "token")
         assert sum(1 for e in log[:first_long] if e[0] == 1 and e[1] == "token") >= 2

@@ -112,6 +112,14 @@ class Scheduler:
     def start(self):
         self.thread.start()
 
+    def capture_buckets(self):
+        """Capture every bucket's batched step now, with all rows inactive (nothing changes), so that no
+        request pays a capture; the server calls it before it listens (CUDA only)."""
+        if not self.graphs:
+            return
+        for size in self.buckets:
+            self.model.step_batch(self.slots[:size], [0] * size, [None] * size, [False] * size, graph=True)
+
     def stop(self, timeout: float = 30.0):
         with self.cond:
             self.stopping = True

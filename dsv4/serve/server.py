@@ -59,6 +59,7 @@ class Server:
         self.metrics = Metrics(model_name)
         self.scheduler = Scheduler(model, max_num_seqs, self.max_model_len, max_waiting, prefill_chunk,
                                    self.metrics)
+        self.scheduler.capture_buckets()  # on CUDA: every bucket's graph now, not in a request's first step
         self.started = now()
         try:
             self.socket = socket.create_server((host, port))
