@@ -219,7 +219,7 @@ def cmd_serve(args) -> int:
     with _model(args) as model:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
                         max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-                        api_key=args.api_key or os.environ.get("DSV4_API_KEY"))
+                        api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture)
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world})", file=sys.stderr, flush=True)
         try:
@@ -297,6 +297,9 @@ def main(argv=None) -> int:
                     help="requests that may wait for a sequence slot; beyond it: 429 with Retry-After")
     sv.add_argument("--api-key", default=None,
                     help="require `Authorization: Bearer KEY` on every route but /health (unset: $DSV4_API_KEY)")
+    sv.add_argument("--precapture", action="store_true",
+                    help="CUDA: capture every batch bucket's graph before listening, so no request pays a "
+                         "capture (not yet through a GPU run: off by default)")
     sv.add_argument("--verbose", action="store_true", help="log each request")
     sv.set_defaults(fn=cmd_serve)
 
