@@ -34,7 +34,7 @@ def prefix_state(model, prime: int, capacity: int):
 
 
 def run(model, args, graph: bool) -> dict:
-    capacity = args.prime + args.steps + 16
+    capacity = args.capacity or args.prime + args.steps + 16
     prefix = prefix_state(model, args.prime, capacity)
     seed = 20260907
     first = model.draw(prefix, SamplingParams(temperature=1.0, seed=seed))
@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--arms", default="graph,eager")
+    ap.add_argument("--capacity", type=int, default=0,
+                    help="the states' capacity (the gate's is prime + output + 8: 520 at the seed's sizes)")
     args = ap.parse_args()
     model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
     try:
