@@ -340,7 +340,7 @@ class Model(ModelCommon):
         if processing is None or len(processing) != len(states):
             raise ValueError(f"step_batch_processed: {len(states)} states and "
                              f"{'no' if processing is None else len(processing)} Processing rows: one each")
-        return self._step_batch(states, tokens, samplings, active, graph, list(processing))
+        return tuple(self._step_batch(states, tokens, samplings, active, graph, list(processing)))
 
     def _step_batch(self, states, tokens, samplings, active, graph: bool,
                     processing: list[Processing | None] | None) -> list[Drawn]:

@@ -316,3 +316,19 @@ def test_token_counts_reset_from_the_prompt():
     c.generated[3] = 2
     c.reset((4, 4, 9))
     assert c.generated.sum() == 0 and c.prompt.nonzero().flatten().tolist() == [4, 9]
+
+
+def test_two_ranks_processed_rows_agree_and_equal_each_alone(tmp_path_factory):
+    """Over 2 ranks (gloo) every rank draws the same tokens and logprobs (the driver checks it: "agree"), and a
+    batch's rows equal each row alone on the same 2 ranks."""
+    from dsv4.checkpoint.synth import synth
+    from dsv4.config import preset
+
+    ckpt = synth(preset("tiny"), tmp_path_factory.mktemp("proc") / "tiny", seed=5, quant="none")
+    two = dsv4.load(ckpt, device="cpu", dtype=torch.float32, ranks=2)
+    try:
+        together, _ = run_rows(two, [0, 2, 3], steps=4)
+        for i in (0, 2, 3):
+            assert run_rows(two, [i], steps=4)[0][i] == together[i], f"row {i}"
+    finally:
+        two.close()
