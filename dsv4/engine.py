@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -28,7 +29,8 @@ from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
 from .profile import phase
-from .sampler import SamplingParams, SamplingRows, sample, sample_rows
+from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
+                      sample_processed, sample_rows)
 from .state import CapacityError, DecodeState, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
@@ -153,20 +155,54 @@ def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1) -> int:
 
 class Batch:
     """The static buffers of a batched step over fixed states: what its graph reads (input tokens,
-    active rows, sampling rows), rewritten in place before each step."""
+    active rows, sampling rows), rewritten in place before each step. With processors (a row asked for
+    penalties, logit_bias, min_p, a grammar's mask or logprobs): `process` (ProcessRows) and `counts`, each
+    state's TokenCounts; without them both are None and the step is the plain one."""
 
-    def __init__(self, states: list[DecodeState], device):
+    def __init__(self, states: list[DecodeState], device, process: ProcessRows | None = None,
+                 counts: list[TokenCounts] | None = None):
         self.states = states
         self.input = torch.zeros(len(states), dtype=torch.int64, device=device)
         self.active = torch.zeros(len(states), dtype=torch.bool, device=device)
         self.rows = SamplingRows(len(states), device)
+        self.process, self.counts = process, counts
         self.replay = None  # a dsv4.replay.BatchReplay when the step runs as a graph
+
+
+def _processing_mode(processing: list[Processing | None]) -> str | None:
+    """None: no row needs processing (the plain step); "logprobs": some row reports logprobs; "process": rows
+    only process their logits. Each mode is a step of its own (static shapes), a graph of its own."""
+    needed = [r for r in processing if r is not None and r.needed]
+    if not needed:
+        return None
+    return "logprobs" if any(r.params.logprobs is not None for r in needed) else "process"
+
+
+def _drawn(out: list[float], B: int, active: list[bool], processing: list[Processing | None],
+           process: ProcessRows | None) -> list[Drawn]:
+    """Each row's Drawn from a step's readback (`step_batch_device`'s layout)."""
+    rows = []
+    for b in range(B):
+        if not active[b]:
+            rows.append(Drawn(-1))
+            continue
+        k = None if processing[b] is None else processing[b].params.logprobs
+        if k is None or process is None or process.top is None:
+            rows.append(Drawn(int(out[b])))
+            continue
+        K = process.top
+        values = out[B + 1 + b * (K + 1):B + 1 + (b + 1) * (K + 1)]
+        ids = out[B + 1 + B * (K + 1) + b * K:B + 1 + B * (K + 1) + (b + 1) * K]
+        rows.append(Drawn(int(out[b]), values[0], tuple((int(t), v) for t, v in zip(ids[:k], values[1:k + 1]))))
+    return rows
 
 
 class Model(ModelCommon):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
-        self._batches: dict[tuple[int, ...], Batch] = {}  # captured batch steps, by their states
+        self._batches: dict[tuple, Batch] = {}  # captured batch steps, by their states and processing mode
+        # each state's token counts, made at its first processed step (a static buffer its graphs read)
+        self._counts: weakref.WeakKeyDictionary[DecodeState, TokenCounts] = weakref.WeakKeyDictionary()
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
 
@@ -286,6 +322,28 @@ class Model(ModelCommon):
         replay, so sequences join and leave without a recapture. A refusal quarantines every active
         state and raises RefusalError: nothing was committed for any row.
         """
+        return tuple(d.token for d in self._step_batch(states, tokens, samplings, active, graph, None))
+
+    def step_batch_processed(self, states: Sequence[DecodeState], tokens: Sequence[int], samplings: Sequence,
+                             processing: Sequence[Processing | None], active: Sequence[bool] | None = None,
+                             graph: bool = False) -> tuple[Drawn, ...]:
+        """`step_batch` with row b's logits processed as processing[b] says (dsv4.sampler.Processing:
+        penalties, logit_bias, min_p, this step's allowed tokens, logprobs; None: nothing) before its draw,
+        on the device (sampler.process_logits). Each state's token counts (TokenCounts) are updated inside
+        the step from its drawn token, and restart from processing[b].prompt when given (a sequence's first
+        step in its slot). -> one Drawn per row (an inactive row's token is -1).
+
+        When no active row needs processing the step is exactly step_batch's (the same device work, the
+        same graph); otherwise the step of this list of states with processors is a graph of its own
+        (graph=True), captured at its first call. A row's draw is bit-identical alone or in any batch.
+        """
+        if processing is None or len(processing) != len(states):
+            raise ValueError(f"step_batch_processed: {len(states)} states and "
+                             f"{'no' if processing is None else len(processing)} Processing rows: one each")
+        return tuple(self._step_batch(states, tokens, samplings, active, graph, list(processing)))
+
+    def _step_batch(self, states, tokens, samplings, active, graph: bool,
+                    processing: list[Processing | None] | None) -> list[Drawn]:
         B = len(states)
         active = [True] * B if active is None else [bool(a) for a in active]
         if not B or len(tokens) != B or len(samplings) != B or len(active) != B:
@@ -298,51 +356,91 @@ class Model(ModelCommon):
         for s in live:
             s.check_open()
             s.check_room(1)
-        batch = self._batch(list(states), graph)
+        processing = [r if a else None for r, a in zip(processing or [None] * B, active)]
+        mode = _processing_mode(processing)
+        batch = self._batch(list(states), graph, mode)
         batch.input.copy_(ids)
         batch.active.copy_(torch.tensor(active))
         batch.rows.load([p or SamplingParams() for p in samplings])
+        if batch.process is not None:
+            for counts, r in zip(batch.counts, processing):
+                if r is not None and r.prompt is not None:
+                    counts.reset(r.prompt)
+            batch.process.load(processing)
         if graph:
             out = batch.replay.run()
         else:
             with torch.inference_mode():
                 out = self.step_batch_device(batch)
-        *drawn, verdict = out.tolist()
-        if verdict != 0:
+        out = out.tolist()
+        if out[B] != 0:
             message = self.refusal_message()
             for s in live:
                 s.quarantine = message
             raise RefusalError(message)
         for s in live:
             s.host_pos += 1
-        return tuple(int(t) if a else -1 for t, a in zip(drawn, active))
+        return _drawn(out, B, active, processing, batch.process)
 
-    def _batch(self, states: list[DecodeState], graph: bool) -> "Batch":
+    def _batch(self, states: list[DecodeState], graph: bool, mode: str | None) -> "Batch":
         if not graph:
-            return Batch(states, self.device)
+            return self._new_batch(states, mode)
         if self.device.type != "cuda":
             from .replay import ReplayError
 
             raise ReplayError("step_batch(graph=True) needs CUDA states (the graph arm does not exist on CPU)")
-        key = tuple(id(s) for s in states)
+        key = (tuple(id(s) for s in states), mode)
         batch = self._batches.get(key)
         if batch is None or any(a is not b for a, b in zip(batch.states, states)):
             from . import replay
 
-            batch = self._batches[key] = Batch(states, self.device)
+            batch = self._batches[key] = self._new_batch(states, mode)
             batch.replay = replay.BatchReplay(self, batch)
         return batch
 
+    def _new_batch(self, states: list[DecodeState], mode: str | None) -> "Batch":
+        if mode is None:
+            return Batch(states, self.device)
+        top = TOP_LOGPROBS if mode == "logprobs" else None
+        process = ProcessRows(len(states), self.cfg.vocab_size, self.device, top)
+        return Batch(states, self.device, process, [self._token_counts(s) for s in states])
+
+    def _token_counts(self, state: DecodeState) -> TokenCounts:
+        counts = self._counts.get(state)
+        if counts is None:
+            counts = self._counts[state] = TokenCounts(self.cfg.vocab_size, self.device)
+        return counts
+
     def step_batch_device(self, batch: "Batch") -> torch.Tensor:
-        """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64."""
+        """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64
+        (then, with processors reporting logprobs, `_sample_processed`'s values and ids)."""
         verdict = self.transformer.transaction(batch.states, batch.input, batch.active)
         with phase("sampler"):
             logits = torch.stack([s.logits for s in batch.states])
             pos = torch.stack([s.pos for s in batch.states])
+            if batch.process is not None:  # decided on the host: a batch without processors runs the lines below
+                return self._sample_processed(batch, logits, pos, verdict)
             drawn = sample_rows(logits, batch.rows, pos)
             for b, s in enumerate(batch.states):
                 s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
         return torch.cat([drawn.double(), verdict.double().view(1)])
+
+    def _sample_processed(self, batch: "Batch", logits: torch.Tensor, pos: torch.Tensor,
+                          verdict: torch.Tensor) -> torch.Tensor:
+        """The draw with processors; counts each active row's token. -> [tokens..., verdict] fp64, then with
+        logprobs the [B, 1 + TOP_LOGPROBS] values and the [B, TOP_LOGPROBS] ids, flattened."""
+        generated = torch.stack([c.generated for c in batch.counts])
+        prompt = torch.stack([c.prompt for c in batch.counts])
+        drawn, lp = sample_processed(logits, batch.rows, batch.process, pos, generated, prompt)
+        vocab = torch.arange(logits.shape[-1], device=logits.device)
+        hits = (vocab == drawn.unsqueeze(-1)) & batch.active.unsqueeze(-1)
+        for b, (s, counts) in enumerate(zip(batch.states, batch.counts)):
+            s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
+            counts.generated.add_(hits[b])
+        parts = [drawn.double(), verdict.double().view(1)]
+        if lp is not None:
+            parts += [lp[0].flatten().double(), lp[1].flatten().double()]
+        return torch.cat(parts)
 
     def drop_batch_graphs(self):
         """Forget every captured batched step (before the process group goes: NCCL cannot tear down a

@@ -17,14 +17,15 @@ from typing import Iterator, Protocol, Sequence, runtime_checkable
 import torch
 
 from .config import ModelConfig
-from .sampler import SamplingParams
+from .sampler import Drawn, Processing, SamplingParams
 from .state import DecodeState
 from .tokenizer import Tokenizer
 
 RANK_CALLS = {
     "prefill": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
-    "step": "agree", "draw": "agree", "step_batch": "agree", "batch_captures": "local",
+    "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree",
+    "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
     "logits_sha": "local", "census": "local", "memory_allocated": "local",
 }
@@ -57,6 +58,10 @@ class DecodeModel(Protocol):
     def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int],
                    samplings: Sequence[SamplingParams | None], active: Sequence[bool] | None = None,
                    graph: bool = False) -> tuple[int, ...]: ...
+
+    def step_batch_processed(self, states: Sequence[DecodeState], tokens: Sequence[int],
+                             samplings: Sequence[SamplingParams | None], processing: Sequence[Processing | None],
+                             active: Sequence[bool] | None = None, graph: bool = False) -> tuple[Drawn, ...]: ...
 
     def batch_captures(self) -> int: ...
 

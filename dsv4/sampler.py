@@ -30,10 +30,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows"]
+__all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows", "LogitsParams",
+           "Processing", "ProcessRows", "TokenCounts", "TOP_LOGPROBS", "process_logits", "sample_processed", "Drawn"]
 
 _MASK64 = (1 << 64) - 1
 _G = 0x9E3779B97F4A7C15
@@ -211,8 +213,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
 
 
 def sample_rows(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor) -> torch.Tensor:
+    """Pick one token id per row of `logits` [B, vocab] (`_draw`); -> int64 [B]."""
+    return _draw(logits, rows, pos)[0]
+
+
+def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
     """Pick one token id per row of `logits` [B, vocab] with row b's parameters and the draw
-    u(seed_b, pos[b]); -> int64 [B].
+    u(seed_b, pos[b]); -> (int64 [B], the distribution it drew from: `_Kept`).
 
     temperature == 0: argmax, ties to the lowest token id.
     Otherwise: probs = softmax(logits.float() / temperature) in fp32; rank
@@ -250,10 +257,201 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor) -> 
     chosen = torch.minimum(chosen, n_keep - 1)
     drawn = order.gather(-1, chosen).squeeze(-1)
     # torch.argmax returns the first maximal index on CPU and CUDA.
-    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+    token = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+    return token, _Kept(probs, sorted_p, order, n_keep, kept_total)
 
 
 def _uniform_keyed(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """uniform(seed, pos) from the seed's key (int64 bits), elementwise over tensors."""
     x = _mix_t((pos.to(torch.int64) + 1) * _signed(_G) + key)
     return _lsr(x, 40).to(torch.float32) * 2.0**-24
+
+
+# ---------------------------------------------------------------------------
+# Logit processing (OpenAI's and vLLM's request fields) and logprobs: an optional stage before the draw.
+# A batched step runs it only when a row asks (dsv4.engine.Model.step_batch_processed); without it the
+# step is `sample_rows` alone, as before.
+
+TOP_LOGPROBS = 20  # the most top logprobs a row may ask for (OpenAI chat's limit)
+
+
+class _Kept(NamedTuple):
+    """The distribution a row drew from: the softmax after temperature (1 for a greedy row), its stable
+    descending order, and the leading ranks top-k / top-p kept with their total mass."""
+
+    probs: torch.Tensor  # [B, vocab]
+    sorted_p: torch.Tensor  # [B, vocab]
+    order: torch.Tensor  # [B, vocab]
+    n_keep: torch.Tensor  # [B, 1]
+    kept_total: torch.Tensor  # [B, 1]
+
+
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class LogitsParams:
+    """A sequence's logit processing before the draw and the logprobs it reports; the defaults change nothing.
+
+    presence_penalty, frequency_penalty (OpenAI's): logits[t] -= presence * (count[t] > 0) + frequency *
+    count[t], counts over the generated tokens. repetition_penalty (vLLM's and HF's, > 0): for a token of the
+    prompt or generated, logit / p where the logit is > 0, logit * p otherwise. logit_bias (OpenAI's): (token
+    id, bias) pairs added to the logits (a dict is taken too). min_p (vLLM's, in [0, 1]): a token whose
+    probability after temperature is < min_p x the largest is dropped. logprobs: None, or k in
+    [0, TOP_LOGPROBS]: report the chosen token's log-probability and the k most likely tokens' (`logprobs`).
+    """
+
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_real(v), name, v, "a finite real number")
+            object.__setattr__(self, name, float(v))
+        r, m, k = self.repetition_penalty, self.min_p, self.logprobs
+        _check(_real(r) and r > 0, "repetition_penalty", r, "a finite real number > 0")
+        _check(_real(m) and 0 <= m <= 1, "min_p", m, "a real number in [0, 1]")
+        _check(k is None or (_is_int(k) and 0 <= k <= TOP_LOGPROBS), "logprobs", k,
+               f"None or an int in [0, {TOP_LOGPROBS}]")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        pairs = tuple(sorted((t, b) for t, b in bias))
+        _check(all(_is_int(t) and t >= 0 and _real(b) for t, b in pairs) and len({t for t, _ in pairs}) == len(pairs),
+               "logit_bias", self.logit_bias, "(token id >= 0, finite bias) pairs, each id once")
+        object.__setattr__(self, "repetition_penalty", float(r))
+        object.__setattr__(self, "min_p", float(m))
+        object.__setattr__(self, "logprobs", None if k is None else int(k))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in pairs))
+
+    @property
+    def processes(self) -> bool:
+        """Whether the logits change (logprobs only read them)."""
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+                or self.min_p != 0 or bool(self.logit_bias))
+
+
+@dataclass(frozen=True, eq=False)
+class Processing:
+    """A row's processing for one batched step: its params; on a sequence's first step in its slot, its
+    prompt (the token counts restart from it); and this step's allowed tokens, an int32 bitmask
+    [ceil(vocab / 32)] (bit j of word i: token 32 i + j; a grammar's, from xgrammar), None: all."""
+
+    params: LogitsParams
+    prompt: tuple[int, ...] | None = None
+    mask: torch.Tensor | None = None
+
+    @property
+    def needed(self) -> bool:
+        return self.params.processes or self.params.logprobs is not None or self.mask is not None
+
+
+class Drawn(NamedTuple):
+    """A row's token from a processed step, with its logprob and the top ones ((id, logprob), most likely
+    first) when its params ask for logprobs (else None and ())."""
+
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+
+class TokenCounts:
+    """One sequence's token counts on the device, static buffers a captured step updates in place:
+    `generated` fp32 [vocab] (its sampled tokens), `prompt` bool [vocab] (its prompt's tokens)."""
+
+    def __init__(self, vocab: int, device):
+        self.generated = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self.prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
+
+    def reset(self, prompt_ids) -> None:
+        """Start over from a prompt (outside any capture)."""
+        self.generated.zero_()
+        self.prompt.zero_()
+        if prompt_ids:
+            self.prompt.index_fill_(0, torch.tensor(list(prompt_ids), device=self.prompt.device), True)
+
+
+def _words(vocab: int) -> int:
+    return -(-vocab // 32)
+
+
+class ProcessRows:
+    """Per-row processing as device tensors [B] (and [B, vocab] biases, [B, words] masks): what a batched step
+    with processors reads, rewritten in place before each step (`load`), never reallocated. `top`: None (no
+    row reports logprobs) or TOP_LOGPROBS: a static shape of the step, the same for every row."""
+
+    def __init__(self, n: int, vocab: int, device, top: int | None = None):
+        self.vocab, self.top = vocab, top
+        self.presence = torch.zeros(n, dtype=torch.float32, device=device)
+        self.frequency = torch.zeros(n, dtype=torch.float32, device=device)
+        self.repetition = torch.ones(n, dtype=torch.float32, device=device)
+        self.min_p = torch.zeros(n, dtype=torch.float32, device=device)
+        self.bias = torch.zeros(n, vocab, dtype=torch.float32, device=device)
+        self.mask = torch.full((n, _words(vocab)), -1, dtype=torch.int32, device=device)
+        ids = torch.arange(vocab, device=device)
+        self.word, self.bit = ids // 32, (ids % 32).to(torch.int32)
+
+    def load(self, rows: list[Processing | None]) -> None:
+        """Row b takes rows[b] (None: the defaults, every token allowed), by host-to-device copies."""
+        if len(rows) != self.presence.shape[0]:
+            raise ValueError(f"{len(rows)} Processing rows for {self.presence.shape[0]} rows")
+        params = [LogitsParams() if r is None else r.params for r in rows]
+        for name, field in (("presence", "presence_penalty"), ("frequency", "frequency_penalty"),
+                            ("repetition", "repetition_penalty"), ("min_p", "min_p")):
+            getattr(self, name).copy_(torch.tensor([getattr(p, field) for p in params], dtype=torch.float32))
+        at = [(b, t, v) for b, p in enumerate(params) for t, v in p.logit_bias]
+        bad = [t for _, t, _ in at if t >= self.vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token ids {bad[:4]} outside [0, {self.vocab})")
+        self.bias.zero_()
+        if at:
+            b, t, v = zip(*at)
+            self.bias.index_put_((torch.tensor(b, device=self.bias.device), torch.tensor(t, device=self.bias.device)),
+                                 torch.tensor(v, dtype=torch.float32, device=self.bias.device))
+        self.mask.fill_(-1)
+        for b, r in enumerate(rows):
+            if r is not None and r.mask is not None:
+                self.mask[b].copy_(r.mask.reshape(-1))
+
+
+def process_logits(logits: torch.Tensor, rows: SamplingRows, proc: ProcessRows, generated: torch.Tensor,
+                   prompt: torch.Tensor) -> torch.Tensor:
+    """The logits [B, vocab] (fp32) each row draws from after its processing, in vLLM's order: the allowed
+    tokens (the others -inf), logit_bias, repetition_penalty, frequency and presence penalties; then min_p
+    over the softmax after temperature (a greedy row's: temperature 1, which never drops its argmax).
+    `generated` [B, vocab] fp32 and `prompt` [B, vocab] bool: each row's TokenCounts. A row with the defaults
+    comes out bit-identical (x + 0, x / 1, x * 1 and x - 0 are exact; min_p 0 drops nothing). All per row,
+    static shapes, no host sync."""
+    x = logits.float()
+    allowed = ((proc.mask[:, proc.word] >> proc.bit) & 1).bool()
+    x = torch.where(allowed, x, -math.inf) + proc.bias
+    repetition = torch.where(prompt | (generated > 0), proc.repetition.unsqueeze(-1), 1.0)
+    x = torch.where(x > 0, x / repetition, x * repetition)
+    x = x - proc.frequency.unsqueeze(-1) * generated - proc.presence.unsqueeze(-1) * (generated > 0)
+    temperature = torch.where(rows.temperature == 0, 1.0, rows.temperature).unsqueeze(-1)
+    probs = torch.softmax(x / temperature, dim=-1)
+    floor = proc.min_p.unsqueeze(-1) * probs.amax(dim=-1, keepdim=True)
+    return torch.where(probs < floor, -math.inf, x)
+
+
+def logprobs(kept: _Kept, token: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, 1 + top] log-probabilities: the chosen token's, then the `top` most likely tokens'; [B, top] their
+    ids) in the distribution the token was drawn from: after processing, temperature and top-k / top-p,
+    renormalised over the tokens kept (vLLM's "processed" logprobs; a greedy row's: temperature 1). A token
+    outside it has -inf."""
+    chosen = kept.probs.gather(-1, token.unsqueeze(-1))
+    ranks = torch.arange(top, device=token.device)
+    lead = torch.where(ranks < kept.n_keep, kept.sorted_p[:, :top], 0.0)
+    return torch.log(torch.cat([chosen, lead], dim=-1) / kept.kept_total), kept.order[:, :top]
+
+
+def sample_processed(logits: torch.Tensor, rows: SamplingRows, proc: ProcessRows, pos: torch.Tensor,
+                     generated: torch.Tensor, prompt: torch.Tensor):
+    """`sample_rows` of the processed logits (`process_logits`): -> (int64 [B], `logprobs` or None when
+    proc.top is None). Row b's token is what it draws alone: every operation is per row."""
+    token, kept = _draw(process_logits(logits, rows, proc, generated, prompt), rows, pos)
+    return token, None if proc.top is None else logprobs(kept, token, proc.top)

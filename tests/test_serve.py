@@ -247,18 +247,18 @@ ACCEPTED = {  # field: the body fields that exercise it
     # serves tools in the prompt)
     "tools": {"tools": [TOOL], "tool_choice": "none"}, "tool_choice": {"tools": [TOOL], "tool_choice": "none"},
     "chat_template_kwargs": {"chat_template_kwargs": {"thinking": True}}, "thinking": {"thinking": {"type": "enabled"}},
+    "presence_penalty": {"presence_penalty": 1.0}, "frequency_penalty": {"frequency_penalty": 0.5},
+    "repetition_penalty": {"repetition_penalty": 1.2}, "logit_bias": {"logit_bias": {"5": 10}}, "min_p": {"min_p": 0.1},
+    "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 3},
+    "response_format": {"response_format": {"type": "json_object"}},
 }
+ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {
-    "suffix": "end", "logprobs": 2, "top_logprobs": 3,
-    "frequency_penalty": 0.5, "presence_penalty": 1.0, "logit_bias": {"5": 10}, "response_format":
-    {"type": "json_object"},
-    "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
+    "suffix": "end", "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high",
     "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",
     "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
     "parallel_tool_calls": "sometimes",
-    # vLLM's extensions
-    "min_p": 0.1, "repetition_penalty": 1.2,
 }
 
 
@@ -287,7 +287,8 @@ def test_every_openai_field_is_honoured_or_refused(server, path, fields):
     base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
     base["max_tokens"] = 2
     for name in sorted(fields & set(IMPLEMENTED)):
-        r = post(server, path, {**base, **ACCEPTED[name]})
+        fields_of = ACCEPTED_COMPLETIONS.get(name, ACCEPTED[name]) if "chat" not in path else ACCEPTED[name]
+        r = post(server, path, {**base, **fields_of})
         assert r.status_code == 200, (name, r.text)
     for name in sorted(fields & set(REFUSED)):
         r = post(server, path, {**base, name: REFUSED[name]})
@@ -315,8 +316,21 @@ def test_every_openai_field_is_honoured_or_refused(server, path, fields):
     ("/v1/completions", {"prompt": ["a", "word " * 300]}, 400, ["prompt[1]", "max_model_len 256"]),
     ("/v1/completions", {"prompt": "word " * 200}, 400, ["max_model_len 256"]),
     ("/v1/completions", {"max_tokens": 3}, 400, ["prompt"]),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, ["logprobs"]),
-    ("/v1/completions", {"prompt": "x", "logprobs": 0}, 400, ["logprobs"]),  # 0 asks for the chosen token's
+    ("/v1/completions", {"prompt": "x", "logprobs": 6}, 400, ["logprobs", "[0, 5]"]),
+    ("/v1/completions", {"prompt": "x", "logprobs": True}, 400, ["logprobs", "an integer"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     400, ["top_logprobs", "[0, 20]"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400,
+     ["top_logprobs: only with logprobs"]),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, 400, ["presence_penalty", "[-2.0, 2.0]"]),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": 0}, 400, ["repetition_penalty", "> 0"]),
+    ("/v1/completions", {"prompt": "x", "min_p": 1.5}, 400, ["min_p"]),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, 400, ["logit_bias", "[-100, 100]"]),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"x": 1}}, 400, ["logit_bias", "token id"]),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"600": 1}}, 400, ["logit_bias", "600", "[0, 512)"]),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "xml"}}, 400, ["response_format"]),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_schema"}}, 400,
+     ["response_format", "schema"]),
     ("/v1/completions", [1, 2], 400, ["JSON object"]),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, ["messages[0].role"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": "a"}]}, 400,

@@ -24,12 +24,17 @@ from typing import Annotated, Any, Iterator
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..sampler import SamplingParams
+from ..sampler import TOP_LOGPROBS, LogitsParams, SamplingParams
 from ..tokenizer import TextStream
 from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Thinking, Tools, check_messages,
                    check_tool_choice, prompt_ids, prompt_text, render)
 
 MAX_STOPS = 4
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
+# The fields served by the device's logit processing (dsv4.sampler.process_logits): on CUDA only with
+# DSV4_UNCHECKED_SAMPLING=1 until a GPU run has checked them (README: the GPU rule).
+PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
+                     "logprobs", "top_logprobs", "response_format")
 SEED_SPACE = 2**64
 
 # The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
@@ -54,6 +59,21 @@ IMPLEMENTED = {
     "stream_options": "include_usage: a last chunk with the usage (none without it); include_obfuscation: "
                       "accepted, events carry no obfuscation padding",
     "ignore_eos": "vLLM's: keep sampling through EOS up to max_tokens",
+    "presence_penalty": "in [-2, 2]: each logit minus the penalty when its token was generated already (OpenAI's)",
+    "frequency_penalty": "in [-2, 2]: each logit minus the penalty times its token's count in the generated text "
+                         "(OpenAI's)",
+    "repetition_penalty": "vLLM's, > 0: a logit of a token of the prompt or the generated text divided by it "
+                          "(positive) or multiplied by it (negative)",
+    "logit_bias": "token id (a string) -> bias in [-100, 100], added to that token's logit",
+    "min_p": "vLLM's, in [0, 1]: tokens less likely than min_p x the most likely (after temperature) are dropped",
+    "logprobs": "chat: true for each token's log-probability (choices[].logprobs.content); completions: k in "
+                "[0, 5], the chosen token's and the k most likely (tokens, token_logprobs, top_logprobs, "
+                "text_offset). The distribution the token was drawn from: after penalties, logit_bias, a grammar, "
+                "temperature, min_p, top-k and top-p, renormalised (vLLM's processed logprobs; a greedy request's at "
+                "temperature 1); -9999.0 for a token outside it",
+    "top_logprobs": "chat: in [0, 20], with logprobs: true: the most likely tokens at each position",
+    "response_format": "text; json_object (any JSON object) or json_schema ({name, schema, strict}): the output is "
+                       "constrained to it by xgrammar (compact JSON; pip install 'dsv4[json]')",
     "tools": "chat: functions (name, description, parameters; strict: true refused) shown in the prompt; the "
              "model's calls come back as tool_calls (finish_reason 'tool_calls')",
     "tool_choice": "chat: 'auto' (the default) or 'none' (the tools are left out of the prompt); 'required' and a "
@@ -69,10 +89,7 @@ IMPLEMENTED = {
 # Fields of the OpenAI request types (and vLLM's common extensions) that dsv4 does not implement,
 # each with the values that mean "off" (None always does). Any other value is refused, naming it.
 _NEUTRAL: dict[str, tuple] = {
-    "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
-    "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
-    "min_p": (0,), "logit_bias": ({},), "response_format": ({"type": "text"},),
-    "functions": ([],), "function_call": ("none",),
+    "suffix": ("",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
@@ -136,7 +153,47 @@ def _string(v):
     return v
 
 
+def _positive(v):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1e6):
+        _refuse(f"a number > 0, got {v!r}")
+    return v
+
+
+def _logit_bias(v):
+    if v is None:
+        return v
+    if not isinstance(v, dict):
+        _refuse(f"an object of token id -> bias, got {v!r}"[:200])
+    out = {}
+    for k, b in v.items():
+        if not (isinstance(k, str) and k.isdigit()):
+            _refuse(f"a key must be a token id (a string of digits), got {k!r}"[:200])
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            _refuse(f"token {k}: a bias in [-100, 100], got {b!r}"[:200])
+        out[int(k)] = float(b)
+    return out
+
+
+def _response_format(v):
+    if v is None:
+        return v
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        _refuse(f"an object with type 'text', 'json_object' or 'json_schema', got {v!r}"[:200])
+    allowed = {"type", "json_schema"} if kind == "json_schema" else {"type"}
+    if set(v) - allowed:
+        _refuse(f"unknown keys {sorted(set(v) - allowed)} for type {kind!r}")
+    if kind == "json_schema":
+        spec = v.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            _refuse("json_schema: an object with a schema object ({name, schema, strict, description})")
+        if set(spec) - {"name", "schema", "strict", "description"}:
+            _refuse(f"json_schema: unknown keys {sorted(set(spec) - {'name', 'schema', 'strict', 'description'})}")
+    return v
+
+
 Number = Annotated[Any, _number(0.0, 2.0)]
+Penalty = Annotated[Any, _number(-2.0, 2.0)]
 Flag = Annotated[bool | None, BeforeValidator(_bool)]
 Count = Annotated[Any, _number(1, 2**31, integer=True, hi_text="max_model_len - prompt")]
 
@@ -172,6 +229,12 @@ class _Body(BaseModel):
     stream: Flag = None
     stream_options: StreamOptions | None = None
     ignore_eos: Flag = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: Annotated[Any, BeforeValidator(_positive)] = None
+    min_p: Annotated[Any, _number(0.0, 1.0)] = None
+    logit_bias: Annotated[Any, BeforeValidator(_logit_bias)] = None
+    response_format: Annotated[Any, BeforeValidator(_response_format)] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +266,7 @@ class CompletionBody(_Body):
     prompt: Any = None
     echo: Flag = None
     best_of: Annotated[Any, _number(1, 2**31, integer=True, hi_text="--max-num-seqs")] = None
+    logprobs: Annotated[Any, _number(0, MAX_COMPLETION_LOGPROBS, integer=True)] = None
 
     @model_validator(mode="after")
     def _best_of_is_n(self):
@@ -219,6 +283,14 @@ class ChatBody(_Body):
     tool_choice: Annotated[str | None, BeforeValidator(check_tool_choice)] = None
     chat_template_kwargs: TemplateKwargs = None  # the thinking switch (vLLM's), template variables
     thinking: Thinking | None = None  # the thinking switch (DeepSeek's API)
+    logprobs: Flag = None
+    top_logprobs: Annotated[Any, _number(0, TOP_LOGPROBS, integer=True)] = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs: only with logprobs: true", "top_logprobs")
+        return self
 
 
 class TokenizeBody(BaseModel):
@@ -351,6 +423,8 @@ class Call:
     include_usage: bool
     ignore_eos: bool
     reply: ReplyFormat = ReplyFormat()  # chat: how to read each choice's reply (reasoning, tool calls)
+    logits: LogitsParams | None = None  # the device's logit processing and logprobs; None: the plain sampler
+    grammar: object = None  # response_format's compiled grammar (dsv4.serve.grammar): one matcher per choice
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -360,6 +434,8 @@ class Call:
 def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call:
     """Validate a request body and tokenise its prompts (slow for a long prompt: keep it off the event loop)."""
     req = _validate(ChatBody if chat else CompletionBody, body)
+    logits = _logits(req, chat, model)
+    grammar = _grammar(req.response_format, model)
     reply = ReplyFormat()
     if chat:
         ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
@@ -384,7 +460,47 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply)
+    return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
+                grammar)
+
+
+def _asks(req, name: str) -> bool:
+    """Whether the request's field `name` (of PROCESSING_FIELDS) is on."""
+    v = getattr(req, name, None)
+    if v is None or v is False:
+        return False
+    if name == "logprobs":  # true (chat), or any k (completions: 0 asks for the chosen token's)
+        return True
+    return v != {"repetition_penalty": 1, "logit_bias": {}, "response_format": {"type": "text"}}.get(name, 0)
+
+
+def _logits(req, chat: bool, model) -> LogitsParams | None:
+    """The request's logit processing and logprobs (None: neither); on CUDA refused (naming the first field)
+    unless DSV4_UNCHECKED_SAMPLING=1."""
+    used = [name for name in PROCESSING_FIELDS if _asks(req, name)]
+    if used and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
+        raise RequestError(f"{used[0]}: not yet available on CUDA (the device-side logit processing is not yet "
+                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", used[0])
+    bias = req.logit_bias or {}
+    bad = [t for t in bias if t >= model.cfg.vocab_size]
+    if bad:
+        raise RequestError(f"logit_bias: token ids {bad[:4]} outside [0, {model.cfg.vocab_size})", "logit_bias")
+    k = (req.top_logprobs or 0 if req.logprobs else None) if chat else req.logprobs
+    params = LogitsParams(presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+                          repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                          min_p=req.min_p or 0.0, logit_bias=bias, logprobs=k)
+    return params if params.processes or k is not None else None
+
+
+def _grammar(response_format, model):
+    if response_format is None or response_format["type"] == "text":
+        return None
+    from . import grammar  # xgrammar is an optional dependency
+
+    try:
+        return grammar.compile_format(response_format, model)
+    except grammar.FormatError as e:
+        raise RequestError(e.message, e.param) from None
 
 
 def _chat_prompt(messages, tools, tool_choice, template_kwargs, thinking, tokenizer,

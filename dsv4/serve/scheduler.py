@@ -23,12 +23,16 @@ as inactive rows (they compute and commit nothing). Slots are handed out lowest 
 buckets stay small; sequences join and leave between steps without a recapture.
 
 n choices of one request are n Sequences (the handler tags each one's events with its choice
-index); per-row logit processing would be per-Sequence parameters applied in `_decode`'s batched
-sampling.
+index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p, logprobs) or a
+grammar (`constraint`: response_format) makes its round's step `Model.step_batch_processed`: its
+row is processed on the device (its token counts restart from its prompt at its first step), the
+grammar's allowed tokens are filled in before the step and the token drawn accepted after it. A
+round where no sequence has either runs the plain `step_batch`.
 
-Events go back to the handler's asyncio loop as ("token", id), ("done", finish_reason) or
-("error", RequestError); the scheduler finishes a sequence at EOS or max_tokens, the handler by
-`cancel()` (a stop string, a client gone).
+Events go back to the handler's asyncio loop as ("token", id) (("token", Drawn) when the sequence
+reports logprobs), ("done", finish_reason) or ("error", RequestError); the scheduler finishes a
+sequence at EOS, max_tokens or the end of its grammar, the handler by `cancel()` (a stop string, a
+client gone).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..sampler import LogitsParams, Processing
 from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
@@ -62,6 +67,8 @@ class Sequence:
     last_emit: float | None = None
     cancelled: bool = False
     ignore_eos: bool = False  # sample through EOS up to max_tokens (vLLM's ignore_eos)
+    logits: LogitsParams | None = None  # logit processing and logprobs on the device; None: the plain sampler
+    constraint: object = None  # a grammar.Constraint (response_format): the allowed tokens of each step
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -70,6 +77,14 @@ class Sequence:
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt_ids) - 1
+
+    def processing(self) -> Processing | None:
+        """This step's processing of the sequence's row (the grammar's mask filled now), None without any."""
+        if self.logits is None and self.constraint is None:
+            return None
+        first = self.generated == 0  # the counts restart from the prompt when the sequence enters its slot
+        return Processing(self.logits or LogitsParams(), tuple(self.prompt_ids) if first else None,
+                          None if self.constraint is None else self.constraint.mask())
 
 
 class Scheduler:
@@ -207,10 +222,15 @@ class Scheduler:
             states = self.slots[:size]
         else:
             rows, states = seqs, [self.slots[s.slot] for s in seqs]
+        tokens = [0 if s is None else s.token for s in rows]
+        samplings = [None if s is None else s.sampling for s in rows]
+        active = [s is not None for s in rows]
         try:
-            out = self.model.step_batch(states, [0 if s is None else s.token for s in rows],
-                                        [None if s is None else s.sampling for s in rows],
-                                        [s is not None for s in rows], graph=self.graphs)
+            processing = [None if s is None else s.processing() for s in rows]
+            if any(p is not None for p in processing):
+                out = self.model.step_batch_processed(states, tokens, samplings, processing, active, graph=self.graphs)
+            else:
+                out = self.model.step_batch(states, tokens, samplings, active, graph=self.graphs)
         except Exception as e:  # noqa: BLE001 - a refused step: every sequence in it fails, others go on
             log.warning("dsv4 serve: a batched step failed: %r", e)
             for seq in seqs:
@@ -220,14 +240,19 @@ class Scheduler:
             return
         for seq, token in zip(rows, out):
             if seq is not None:
-                self._took(seq, token)
+                self._guarded(seq, lambda s: self._took(s, token))
 
-    def _took(self, seq: Sequence, token: int):
-        seq.token = token
+    def _took(self, seq: Sequence, drawn):
+        """drawn: the token (a plain step) or its Drawn (a processed one)."""
+        seq.token = getattr(drawn, "token", drawn)
         seq.generated += 1
         self._observe(seq)
-        seq.emit(("token", seq.token))
-        if seq.token == self.model.cfg.eos_token_id and not seq.ignore_eos:
+        seq.emit(("token", drawn if seq.logits is not None and seq.logits.logprobs is not None else seq.token))
+        if seq.constraint is not None:
+            seq.constraint.accept(seq.token)
+        if seq.constraint is not None and seq.constraint.terminated:
+            self._finish(seq, "stop")
+        elif seq.token == self.model.cfg.eos_token_id and not seq.ignore_eos:
             self._finish(seq, "stop")
         elif seq.generated >= seq.max_tokens:
             self._finish(seq, "length")

@@ -295,8 +295,15 @@ class _Choice:
         # A reply that is parsed decodes special tokens as text: its markup must reach the parser.
         self.text = TextStream(server.model.tokenizer, eos, call.stop, skip_special=not call.reply.markup)
         self.reply = ChatReply(call.reply) if call.chat else None
+        constraint = None
+        if call.grammar is not None:
+            from .grammar import Constraint
+
+            constraint = Constraint(call.grammar, server.model.cfg.vocab_size)
         self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
-                            ignore_eos=call.ignore_eos)
+                            ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint)
+        wanted = call.logits is not None and call.logits.logprobs is not None
+        self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
 
     def parts(self, text: str, finish) -> list:
         """What a text delta releases: itself (completions), or chat deltas (content, reasoning_content,
@@ -304,6 +311,16 @@ class _Choice:
         if self.reply is None:
             return [text] if text else []
         return [d for d in (self.reply.push(text), self.reply.end() if finish else None) if d]
+
+    def push(self, value) -> str:
+        """The text delta of a token event's value: the token, or its Drawn (logprobs recorded)."""
+        if self.logprobs is not None:
+            self.logprobs.add(value)
+        return self.text.push(getattr(value, "token", value))
+
+    def taken_logprobs(self, everything: bool = False) -> dict | None:
+        """The logprobs of the tokens not sent yet (every token's: `everything`), in the response's shape."""
+        return None if self.logprobs is None else self.logprobs.shape(everything)
 
     def finish_reason(self) -> str:
         finish = self.text.finish
@@ -313,6 +330,44 @@ class _Choice:
         """The whole chat message of the choice's whole text."""
         self.parts(text, self.text.finish)
         return self.reply.message()
+
+
+LOGPROB_FLOOR = -9999.0  # a token outside the distribution drawn from (-inf is not JSON); vLLM's value
+
+
+class _Logprobs:
+    """One choice's logprobs, in OpenAI's shapes: chat's content entries (token, logprob, bytes,
+    top_logprobs), completions' parallel lists (tokens, token_logprobs, top_logprobs, text_offset)."""
+
+    def __init__(self, tokenizer, chat: bool, offset: int):
+        self.tokenizer, self.chat, self.offset = tokenizer, chat, offset
+        self.entries: list[tuple] = []  # (token text, its bytes, logprob, [(text, bytes, logprob)], text offset)
+        self.sent = 0
+
+    def _piece(self, token: int) -> tuple[str, bytes]:
+        from .grammar import token_bytes
+
+        raw = token_bytes(self.tokenizer, token)
+        return raw.decode(errors="replace"), raw
+
+    def add(self, drawn):
+        text, raw = self._piece(drawn.token)
+        top = [(*self._piece(t), max(v, LOGPROB_FLOOR)) for t, v in drawn.top]
+        self.entries.append((text, raw, max(drawn.logprob, LOGPROB_FLOOR), top, self.offset))
+        self.offset += len(text)
+
+    def shape(self, everything: bool) -> dict | None:
+        entries = self.entries if everything else self.entries[self.sent:]
+        self.sent = len(self.entries)
+        if not entries and not everything:
+            return None
+        if self.chat:
+            return {"content": [{"token": t, "logprob": v, "bytes": list(b),
+                                 "top_logprobs": [{"token": tt, "logprob": tv, "bytes": list(tb)} for tt, tb, tv in top]}
+                                for t, b, v, top, _ in entries]}
+        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[2] for e in entries],
+                "top_logprobs": [{tt: tv for tt, _, tv in e[3]} for e in entries],
+                "text_offset": [e[4] for e in entries]}
 
 
 class _Reply:
@@ -371,7 +426,7 @@ class _Reply:
                     continue  # a step that ran before the cancel of a stop string reached the scheduler
                 if kind == "error":
                     raise value
-                delta = c.text.push(value) if kind == "token" else c.text.end(value)
+                delta = c.push(value) if kind == "token" else c.text.end(value)
                 if c.text.finish:
                     left -= 1
                     c.seq.cancel()  # a stop string: free the slot now, the other choices go on
@@ -391,11 +446,11 @@ class _Reply:
         kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
         return {"id": self.id, "object": kind, "created": now(), "model": self.server.model_name, "choices": choices}
 
-    def choice(self, index: int, part, finish, delta: bool) -> dict:
+    def choice(self, index: int, part, finish, delta: bool, logprobs: dict | None = None) -> dict:
         """`part`: the text (completions), or the chat delta or message (a dict)."""
         if not self.call.chat:
-            return {"index": index, "text": part or "", "logprobs": None, "finish_reason": finish}
-        return {"index": index, "delta" if delta else "message": part or {}, "logprobs": None,
+            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "delta" if delta else "message": part or {}, "logprobs": logprobs,
                 "finish_reason": finish}
 
     async def whole(self) -> dict:
@@ -404,7 +459,8 @@ class _Reply:
             pieces[index].append(text)
         texts = ["".join(pieces[c.index]) for c in self.choices]
         out = self.envelope([self.choice(c.index, c.message(text) if self.call.chat else text, c.finish_reason(),
-                                         False) for c, text in zip(self.choices, texts)], False)
+                                         False, c.taken_logprobs(everything=True))
+                             for c, text in zip(self.choices, texts)], False)
         out["usage"] = self.usage()
         return out
 
@@ -424,9 +480,10 @@ class _Reply:
             async for index, text, finish in self.deltas():
                 c = self.choices[index]
                 for part in c.parts(text, finish):
-                    yield event(self.envelope([self.choice(index, part, None, True)], True))
+                    yield event(self.envelope([self.choice(index, part, None, True, c.taken_logprobs())], True))
                 if finish:
-                    yield event(self.envelope([self.choice(index, None, c.finish_reason(), True)], True))
+                    yield event(self.envelope([self.choice(index, None, c.finish_reason(), True, c.taken_logprobs())],
+                                              True))
         except RequestError as e:
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
         except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
