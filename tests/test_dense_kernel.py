@@ -108,9 +108,9 @@ def test_dispatch(monkeypatch):
     assert torch.equal(rows_mod.dense(half, w.half()), F.linear(half, w.half())) and calls == [12, 3]
 
 
-PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3], [40, 41]]
-SAMPLINGS = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0, 0.7, 1.3])]
-STEPS = 5  # crosses a CSA close (rate 4)
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3]]
+SAMPLINGS = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0, 1.3])]
+STEPS = 4  # each sequence crosses a CSA close (rate 4)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +140,7 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
             out.append((token, state.digest()))
         solos.append(out)
     assert 1 in calls  # the kernel ran
-    rows = [0, 1, 2, 3]
+    rows = [2, 0, 1]
     states = [prefilled(tiny, i) for i in rows]
     tokens = [PROMPTS[i][-1] for i in rows]
     calls.clear()
