@@ -110,7 +110,7 @@ def test_dispatch(monkeypatch):
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3]]
 SAMPLINGS = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0, 1.3])]
-STEPS = 4  # each sequence crosses a CSA close (rate 4)
+STEPS = 3  # sequences 0 and 1 cross a CSA close (rate 4)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +160,30 @@ def test_batched_step_through_the_kernel_makes_no_host_sync(monkeypatch, tiny):
     batch.rows.load(SAMPLINGS[:3])
     with torch.inference_mode(), NoHostSync():
         tiny.step_batch_device(batch)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/dense_bench.py end to end on `tiny` shapes through the interpreter (timings faked): every
+    kernel arm is within tolerance and row-exact, and the per-token summary covers every shape."""
+    import json
+    import sys
+
+    import benchmarks.dense_bench as bench
+    from dsv4.config import preset
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE ")]
+    kernel = [r for r in records if r["arm"] == "kernel_default"]
+    assert kernel and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
+                          for r in kernel), kernel
+    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default"}
+    tokens = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE_TOKEN ")]
+    assert [t["rows"] for t in tokens] == [1, 3] and all(t["complete"] for t in tokens), tokens
