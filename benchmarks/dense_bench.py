@@ -168,7 +168,7 @@ def summarise(run: Runner, counts: collections.Counter, labels: dict, rows_list)
                     complete = False
                 else:
                     rec[field] = rec.get(field, 0.0) + count * us
-        emit("DENSE_TOKEN", rows=rows, complete=complete, launches=sum(counts.values()),
+        emit("DENSE_TOKEN", rows=rows, complete=complete, products=sum(counts.values()),
              **{f: round(v, 1) for f, v in rec.items()},
              scope="rank 0, one decode step's dense (bf16/fp32) products; cublas_per_row is today's rows_alone path")
 
