@@ -88,6 +88,7 @@ def test_tiling_depends_on_the_weight_alone():
     assert dense_kernel.tiling(24, 16384, FP32) == (256, 256, 64)  # the mix
 
 
+@pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
 def test_dispatch(monkeypatch):
     """rows.dense: "auto" keeps cuBLAS while GPU_CHECKED is False (and on CPU); "triton" runs the kernel
     for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
@@ -113,9 +114,9 @@ SAMPLINGS = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0
 STEPS = 3  # sequences 0 and 1 cross a CSA close (rate 4)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return dsv4.load("tiny", device="cpu")
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(request):
+    return dsv4.load("tiny", device=request.param)
 
 
 def prefilled(model, i):
