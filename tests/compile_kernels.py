@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dequant, door, hc, hc_post, moe, norm, normrope, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -185,6 +185,25 @@ for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8"
 qgemv.CONFIG.update(kernel="v2")
 qgemv_variants(torch.float32, torch.float32)
 qgemv.CONFIG.update(default)
+
+
+def dense_variants():
+    """Flash's dense products at decode: a compressor's wkv (bf16, split-K), a vocab slice wide enough
+    for no split (bf16), the mHC mix (fp32, 64 splits), x and weight of either dtype, and a K that is
+    not a whole number of tiles (the masked loads)."""
+    for n, k, w_dtype, x_dtype in ((1024, 4096, torch.bfloat16, torch.bfloat16), (4224, 4096, torch.bfloat16, torch.bfloat16),
+                                   (24, 16384, torch.float32, torch.float32), (64, 4096, torch.float32, torch.bfloat16),
+                                   (64, 4096, torch.bfloat16, torch.float32), (100, 300, torch.bfloat16, torch.bfloat16)):
+        dense.linear(torch.zeros(2, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype))
+
+
+# at the default tiles and at those benchmarks/dense_bench.py sweeps
+default = dict(dense.CONFIG)
+for cfg in ({}, {"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes": 512}, {"block_k_bytes": 2048},
+            {"programs": 528}):
+    dense.CONFIG.update(cfg)
+    dense_variants()
+    dense.CONFIG.update(default)
 
 
 def moe_variants(dtype, scale_dtype):

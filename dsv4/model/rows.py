@@ -7,8 +7,10 @@ a reduction order that depends on the weight alone). The torch reference does no
 GEMM takes another kernel for one row than for several; ATen's CPU elementwise loops compute a
 tensor's last elements with scalar math and the rest with SIMD (so a row's transcendentals depend
 on where the row sits); a CUDA reduction's split depends on how many outputs it has. So under
-`rows_alone` the reference runs row by row (`dense`, `per_row`). The forward turns it on for every
-step of one token per sequence, a solo step included, so solo and batched take the same path.
+`rows_alone` the reference runs row by row (`dense`, `per_row`); where it runs, `dense` takes a GEMV
+kernel that computes every row on its own in one launch instead (dsv4.kernels.dense). The forward
+turns rows_alone on for every step of one token per sequence, a solo step included, so solo and
+batched take the same path.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from .. import kernels
+from ..kernels import dense as dense_kernel
 
 _ROWS_ALONE = contextvars.ContextVar("dsv4_rows_alone", default=False)
 
@@ -61,7 +66,15 @@ def per_row(*sliced: int):
     return wrap
 
 
-@per_row()
 def dense(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight), row by row under rows_alone (x [rows, K])."""
+    """F.linear(x, weight) (x [rows, K]): the dense GEMV kernel where it runs (every row on its own in
+    one launch), else cuBLAS, row by row under rows_alone."""
+    if kernels.use_triton(x, gpu_checked=dense_kernel.GPU_CHECKED) and dense_kernel.supported(
+            x, weight, rows_per_weight(x)):
+        return dense_kernel.linear(x, weight)
+    return _dense_rows(x, weight)
+
+
+@per_row()
+def _dense_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)

@@ -1,0 +1,107 @@
+"""Decode GEMV on a dense weight (reference: F.linear(x, W), row by row under rows_alone).
+
+In the official checkpoint the compressors' wkv/wgate, the indexer's weights_proj and its compressor,
+the router gate and the head are bf16, and mHC's mix multiplies by the fp32 hc_fn. cuBLAS picks its
+GEMM kernel (and so each row's sum order) by the number of rows, so a batched decode step ran these
+row by row (dsv4.model.rows): one launch per row and per weight. Here one launch computes every row,
+each on its own: program (row, N block, K split) sums BLOCK_N outputs of one row over one K chunk in
+fp32, and the K split depends on (N, K) alone; with several splits, fp32 partials are added by a
+second launch in ascending split order (qgemv's split sum: deterministic, no atomics). A row's bits
+therefore do not depend on how many rows share the launch.
+
+Rows are the fastest grid axis: the programs of all rows that read one weight tile are launched
+together, so the tile comes from HBM once and from L2 for the other rows.
+
+W [N, K] bf16 or fp32, x [..., K] bf16 or fp32; the output has x's dtype (fp32 in, fp32 out).
+"""
+
+import torch
+
+from . import cdiv, interpreting, launcher, next_pow2
+from . import qgemv
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False
+
+MAX_ROWS = 8  # outside rows_alone (prefill), more rows than this per weight take cuBLAS's GEMM
+DTYPES = (torch.bfloat16, torch.float32)
+# Launch configuration (benchmarks/dense_bench.py sweeps it): outputs per program, the K tile in bytes
+# of weight per output row (bf16: 512 inputs, fp32: 256: 16-byte loads either way), warps, and the
+# K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed.
+CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264}
+
+
+def _dense_kernel(x_ptr, w_ptr, y_ptr, N, x_stride, K: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                  SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr):
+    """Grid (rows, N blocks, SPLITS). SPLITS > 1: y_ptr is fp32 partials [rows, SPLITS, N]."""
+    r = tl.program_id(0).to(tl.int64)
+    nb = tl.program_id(1)
+    split = tl.program_id(2)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * K
+    x_row = x_ptr + r * x_stride
+    k = split * K_CHUNK + tl.arange(0, BLOCK_K)
+    # Products add into a [BLOCK_N, BLOCK_K] tile, reduced across lanes once at the end (fewer shuffles per byte).
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K_CHUNK, BLOCK_K):
+        kk = k + k0
+        if EVEN_K:
+            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+            xv = tl.load(x_row + kk)
+        else:
+            ok = kk < K
+            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok[None, :], other=0.0)
+            xv = tl.load(x_row + kk, mask=ok, other=0.0)
+        acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
+    total = tl.sum(acc, axis=1)
+    if SPLITS == 1:
+        tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(y_ptr + (r * SPLITS + split) * N + n, total, mask=n_ok)
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
+    """Whether the kernel computes F.linear(x, weight) for `rows` rows per weight (rows_per_weight)."""
+    return (x.dtype in DTYPES and weight.dtype in DTYPES and weight.dim() == 2 and weight.is_contiguous()
+            and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.numel() > 0 and weight.numel() > 0
+            and x.device == weight.device and rows <= MAX_ROWS)
+
+
+def tiling(N: int, K: int, weight_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_K, K_CHUNK, SPLITS) for a weight [N, K]: from the weight alone, never from the rows, so
+    each row is summed in one order whatever the batch."""
+    c = CONFIG
+    itemsize = torch.empty((), dtype=weight_dtype).element_size()
+    block_k = min(c["block_k_bytes"] // itemsize, next_pow2(K))
+    tiles = cdiv(K, block_k)
+    splits = c["split_k"]
+    if not splits:
+        splits, programs = 1, cdiv(N, c["block_n"])
+        while programs * splits < c["programs"] and splits * 2 <= tiles:
+            splits *= 2
+    k_chunk = cdiv(tiles, min(splits, tiles)) * block_k
+    return block_k, k_chunk, cdiv(K, k_chunk)  # no split left without inputs
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype."""
+    N, K = weight.shape
+    x2 = x.reshape(-1, K).contiguous()
+    rows = x2.shape[0]
+    y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    block_k, k_chunk, splits = tiling(N, K, weight.dtype)
+    block_n = CONFIG["block_n"]
+    out = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    launcher(_dense_kernel, x2)[(rows, cdiv(N, block_n), splits)](
+        x2, weight, out, N, x2.stride(0), K=K, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        EVEN_K=K % k_chunk == 0, **extra)
+    if splits > 1:
+        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](out, y, N, SPLITS=splits, BLOCK=1024)
+    return y.view(*x.shape[:-1], N)

@@ -1,0 +1,190 @@
+"""The dense GEMV (dsv4.kernels.dense) against F.linear in float64, row invariance, and the tiny model
+batched == solo with it in every dense product (DSV4_KERNELS=triton).
+
+On CPU the kernel runs through Triton's interpreter (conftest), on a GPU compiled. Tolerance: fp32
+accumulation over K terms is within gamma_K = K * 2**-24 of the sum of |x_k w_k| (the standard bound
+for any summation order), plus the output's rounding (half a unit: 2**-24 relative for fp32, 2**-8 for
+bf16), against F.linear computed in float64 on the same (exactly representable) inputs.
+Row invariance is exact: B rows in one launch equal each row alone, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dsv4
+from dsv4 import SamplingParams, kernels
+from dsv4.engine import Batch
+from dsv4.kernels import dense as dense_kernel
+from dsv4.model import rows as rows_mod
+from dsv4.syncguard import NoHostSync
+
+pytest.importorskip("triton")
+
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# Small tiles so that small shapes take several K tiles and splits (the paths Flash's shapes take).
+CONFIGS = {"default": {}, "small_tiles": {"block_n": 8, "block_k_bytes": 128},
+           "split_3": {"block_n": 8, "block_k_bytes": 128, "split_k": 3}}
+
+
+@pytest.fixture(params=list(CONFIGS))
+def config(request, monkeypatch):
+    for key, value in CONFIGS[request.param].items():
+        monkeypatch.setitem(dense_kernel.CONFIG, key, value)
+    return request.param
+
+
+def within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor):
+    ref = F.linear(x.double(), w.double())
+    gamma = x.shape[-1] * 2.0 ** -24
+    rounding = 2.0 ** -8 if got.dtype == BF16 else 2.0 ** -24
+    bound = gamma * F.linear(x.double().abs(), w.double().abs()) + rounding * ref.abs()
+    err = (got.double() - ref).abs()
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,N,K,x_dtype,w_dtype", [(1, 24, 1024, FP32, FP32), (3, 100, 300, BF16, BF16),
+                                                      (2, 64, 512, BF16, FP32), (4, 40, 96, FP32, BF16),
+                                                      (5, 1000, 64, FP32, FP32)])
+def test_matches_float64(monkeypatch, config, device, rows, N, K, x_dtype, w_dtype):
+    g = torch.Generator().manual_seed(N * K + rows)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(w_dtype).to(device)
+    x = torch.randn(rows, K, generator=g).to(x_dtype).to(device)
+    assert dense_kernel.supported(x, w, rows)
+    got = dense_kernel.linear(x, w)
+    assert got.dtype == x_dtype and got.shape == (rows, N)
+    within_bound(got, x, w)
+    assert torch.equal(got, dense_kernel.linear(x, w))  # deterministic, split or not
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_rows_equal_each_row_alone(monkeypatch, config, device, dtype):
+    """B rows in one launch: each row's bits are the row's alone, for several B (the split never
+    depends on B)."""
+    g = torch.Generator().manual_seed(3)
+    N, K = 72, 640
+    w = torch.randn(N, K, generator=g).to(dtype).to(device)
+    x = torch.randn(9, K, generator=g).to(dtype).to(device)
+    alone = [dense_kernel.linear(x[r:r + 1], w) for r in range(9)]
+    for B in (2, 3, 5, 9):
+        got = dense_kernel.linear(x[:B], w)
+        for r in range(B):
+            assert torch.equal(got[r:r + 1], alone[r]), f"row {r} of {B}"
+    # a row in another position of another batch: still its own bits
+    assert torch.equal(dense_kernel.linear(x[[4, 0, 7]], w)[0:1], alone[4])
+
+
+def test_tiling_depends_on_the_weight_alone():
+    """Flash's shapes: few outputs split K until the launch has ~264 programs per row; the head does not."""
+    assert dense_kernel.tiling(64640, 4096, BF16) == (512, 4096, 1)
+    assert dense_kernel.tiling(1024, 4096, BF16) == (512, 512, 8)  # 64 N blocks x 8 splits
+    assert dense_kernel.tiling(64, 4096, BF16) == (512, 512, 8)  # as many splits as K tiles
+    assert dense_kernel.tiling(24, 16384, FP32) == (256, 256, 64)  # the mix
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
+def test_dispatch(monkeypatch):
+    """rows.dense: "auto" keeps cuBLAS while GPU_CHECKED is False (and on CPU); "triton" runs the kernel
+    for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
+    calls = []
+    real = dense_kernel.linear
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    w, x = torch.randn(16, 32), torch.randn(12, 32)
+    ref = F.linear(x, w)
+    monkeypatch.setenv("DSV4_KERNELS", "auto")
+    assert torch.equal(rows_mod.dense(x, w), ref) and calls == []
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert torch.equal(rows_mod.dense(x, w), ref) and calls == []  # 12 rows > MAX_ROWS outside rows_alone
+    with rows_mod.rows_alone():
+        within_bound(rows_mod.dense(x, w), x, w)
+    rows_mod.dense(x[:3], w)
+    assert calls == [12, 3]
+    half = torch.randn(2, 32, dtype=torch.float16)
+    assert torch.equal(rows_mod.dense(half, w.half()), F.linear(half, w.half())) and calls == [12, 3]
+
+
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3]]
+SAMPLINGS = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0, 1.3])]
+STEPS = 3  # sequences 0 and 1 cross a CSA close (rate 4)
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(request):
+    return dsv4.load("tiny", device=request.param)
+
+
+def prefilled(model, i):
+    state = model.new_state(32)
+    if len(PROMPTS[i]) > 1:
+        model.prefill(state, PROMPTS[i][:-1])
+    return state
+
+
+def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
+    """Every dense product (the linears of the unquantised tiny, the mHC mixes, the head) in the kernel:
+    a batched step's rows are each sequence's solo tokens and committed bytes, step by step."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    calls = []
+    real = dense_kernel.linear
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    solos = []
+    for i in range(len(PROMPTS)):
+        state, token, out = prefilled(tiny, i), PROMPTS[i][-1], []
+        for _ in range(STEPS):
+            token = tiny.step(state, token, SAMPLINGS[i])
+            out.append((token, state.digest()))
+        solos.append(out)
+    assert 1 in calls  # the kernel ran
+    rows = [2, 0, 1]
+    states = [prefilled(tiny, i) for i in rows]
+    tokens = [PROMPTS[i][-1] for i in rows]
+    calls.clear()
+    for step in range(STEPS):
+        tokens = list(tiny.step_batch(states, tokens, [SAMPLINGS[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
+    assert len(rows) in calls  # the batch's rows went through the kernel in one launch
+
+
+def test_batched_step_through_the_kernel_makes_no_host_sync(monkeypatch, tiny):
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    states = [prefilled(tiny, i) for i in range(3)]
+    batch = Batch(states, tiny.device)
+    batch.input.copy_(torch.tensor([PROMPTS[i][-1] for i in range(3)]))
+    batch.active.copy_(torch.tensor([True, False, True]))
+    batch.rows.load(SAMPLINGS[:3])
+    with torch.inference_mode(), NoHostSync():
+        tiny.step_batch_device(batch)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/dense_bench.py end to end on `tiny` shapes through the interpreter (timings faked): every
+    kernel arm is within tolerance and row-exact, and the per-token summary covers every shape."""
+    import json
+    import sys
+
+    import benchmarks.dense_bench as bench
+    from dsv4.config import preset
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE ")]
+    kernel = [r for r in records if r["arm"] == "kernel_default"]
+    assert kernel and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
+                          for r in kernel), kernel
+    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default"}
+    tokens = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE_TOKEN ")]
+    assert [t["rows"] for t in tokens] == [1, 3] and all(t["complete"] for t in tokens), tokens
