@@ -24,6 +24,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion
 
 import dsv4
+import serving
 from dsv4.checkpoint import synth
 from dsv4.config import preset
 from dsv4.serve import Server, chat
@@ -337,7 +338,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    return serving.client(server, timeout=120)
 
 
 def scripted_reply(server, body: dict, *texts: str, finish: str | None = None):

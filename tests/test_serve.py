@@ -22,6 +22,8 @@ import pytest
 import torch
 
 import dsv4
+import serving
+from serving import post, root, running, wait_for
 from dsv4.serve import Server, chat_text
 
 NAME = "tiny-test"
@@ -40,26 +42,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
-
-
-def root(server) -> str:
-    return server.url.removesuffix("/v1")
-
-
-def post(server, path, body=None, timeout=60, **kw):
-    return httpx.post(root(server) + path, json=body, timeout=timeout, **kw)
-
-
-def running(server) -> int:
-    return httpx.get(root(server) + "/health", timeout=10).json()["running"]
-
-
-def wait_for(cond, seconds=15.0):
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    return serving.client(server, timeout=60)
 
 
 def engine_stream(model, ids, n, sampling):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import dsv4
+import serving
 from dsv4.serve import Server, protocol
 
 NAME = "tiny-sampling"
@@ -34,7 +35,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    return serving.client(server, timeout=120)
 
 
 def test_logit_bias_forces_a_token(client, model):

@@ -13,7 +13,6 @@ a stream that fails ends with an error event.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from importlib import metadata
@@ -24,6 +23,8 @@ import pytest
 import torch
 
 import dsv4
+import serving
+from serving import post, root, running, wait_for
 from dsv4.serve import Server, chat_text
 
 NAME = "tiny-surface"
@@ -43,28 +44,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
-
-
-def root(server) -> str:
-    return server.url.removesuffix("/v1")
-
-
-def post(server, path, body=None, timeout=60, **kw):
-    if body is not None:  # json.dumps escapes a lone surrogate; httpx's encoder would refuse it
-        kw.update(content=json.dumps(body), headers={"content-type": "application/json"})
-    return httpx.post(root(server) + path, timeout=timeout, **kw)
-
-
-def running(server) -> int:
-    return httpx.get(root(server) + "/health", timeout=10).json()["running"]
-
-
-def wait_for(cond, seconds=15.0):
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    return serving.client(server, timeout=60)
 
 
 def by_index(chunks) -> tuple[dict, dict]:
