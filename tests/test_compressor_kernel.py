@@ -87,7 +87,10 @@ def test_pool(monkeypatch, device, dtype, overlap, m, dim, pos, T):
     for a, b in zip(got_writes, ref_writes):
         assert a.buf is b.buf and torch.equal(a.index, b.index)
         assert (a.keep is None) == (b.keep is None) and (a.keep is None or torch.equal(a.keep, b.keep))
-    assert torch.equal(got_writes[0].rows, ref_writes[0].rows) and got_writes[2].rows is got
+    # The ring rows are the projections (under DSV4_KERNELS=triton the dense GEMV's, within its tolerance).
+    close = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(got_writes[0].rows.float(), ref_writes[0].rows.float(), **close)
+    assert got_writes[2].rows is got
     assert torch.equal(store, torch.zeros_like(store))  # nothing is written before the commit
 
 
