@@ -126,6 +126,7 @@ def prefilled(model, i):
     return state
 
 
+@pytest.mark.slow  # ~90 s in the interpreter; the row-invariance unit tests above run in CI
 def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     """Every dense product (the linears of the unquantised tiny, the mHC mixes, the head) in the kernel:
     a batched step's rows are each sequence's solo tokens and committed bytes, step by step."""
@@ -152,6 +153,7 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     assert len(rows) in calls  # the batch's rows went through the kernel in one launch
 
 
+@pytest.mark.slow  # ~35 s in the interpreter
 def test_batched_step_through_the_kernel_makes_no_host_sync(monkeypatch, tiny):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     states = [prefilled(tiny, i) for i in range(3)]

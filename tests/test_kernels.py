@@ -176,7 +176,7 @@ def tiny_fp8(tmp_path_factory):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
+@pytest.mark.parametrize("source", ["tiny", pytest.param("tiny_fp8", marks=pytest.mark.slow)])  # fp8: ~2 min
 def test_tiny_model_through_the_kernels(monkeypatch, request, device, source):
     """The whole tiny model (all five layer kinds, both routers) with and without the kernels:
     a 19-token prefill then 12 greedy decode steps crossing CSA (rate 4) and HCA (rate 16) closes.
