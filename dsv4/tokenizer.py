@@ -183,8 +183,11 @@ class Tokenizer:
             bos_s = _token_string(c.get("bos_token")) or bos_s
             eos_s = _token_string(c.get("eos_token")) or eos_s
         bos, eos = tok.token_to_id(bos_s), tok.token_to_id(eos_s)
-        return cls(tok, 0 if bos is None else bos, 1 if eos is None else eos, model_vocab_size,
-                   _chat_templates(path, c.get("chat_template")))
+        for role, text, tid in (("bos", bos_s, bos), ("eos", eos_s, eos)):
+            if tid is None:  # never a guessed id: generation would stop (or start) on the wrong token
+                source = f"{conf}'s {role}_token" if conf.is_file() and c.get(f"{role}_token") else f"the default {role} token"
+                raise ValueError(f"{file}: {source} {text!r} is not in its vocabulary")
+        return cls(tok, bos, eos, model_vocab_size, _chat_templates(path, c.get("chat_template")))
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         # encode_batch, not encode: it releases the GIL, so a long text stalls no other thread (a server's).

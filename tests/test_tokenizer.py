@@ -79,6 +79,11 @@ def test_save_and_from_dir(tmp_path, tok):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(conf))
     t3 = Tokenizer.from_dir(tmp_path)
     assert (t3.bos_id, t3.eos_id) == (1, 0)
+    # A named token the vocabulary lacks is an error naming it, never a guessed id.
+    conf["eos_token"] = "<|not-in-vocab|>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(conf))
+    with pytest.raises(ValueError, match=r"eos_token '<\|not-in-vocab\|>' is not in its vocabulary"):
+        Tokenizer.from_dir(tmp_path)
 
 
 def test_hf_reads_it(tmp_path, tok):
