@@ -174,9 +174,11 @@ def cmd_synth(args) -> int:
 def cmd_chat(args) -> int:
     """A terminal chat: each line you type is a user turn; the reply streams back. EOF ends it."""
     from .sampler import SamplingParams
-    from .serve.protocol import Request, chat_text, generate
+    from .serve import chat
+    from .serve.protocol import Request, generate
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    switches = {"thinking": True} if args.thinking else None
     with _model(args) as model:
         for turn in itertools.count():
             if sys.stdin.isatty():
@@ -188,7 +190,8 @@ def cmd_chat(args) -> int:
             if not line:
                 return 0
             messages.append({"role": "user", "content": line.rstrip("\n")})
-            ids = model.tokenizer.encode(chat_text(messages))
+            # The checkpoint's chat template when it ships one, else DeepSeek-V4's encoding (as the server).
+            ids, fmt = chat.prompt(model.tokenizer, messages, template_kwargs=switches)
             room = args.max_model_len - len(ids)
             if room < 1:
                 print(f"dsv4 chat: the conversation is {len(ids)} tokens, at --max-model-len {args.max_model_len}",
@@ -197,12 +200,18 @@ def cmd_chat(args) -> int:
             # Each turn draws from its own stream: seed + turn, so a replayed session repeats.
             sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                       seed=args.seed + turn)
-            reply = []
-            for text, _, _ in generate(model, Request(ids, min(args.max_tokens, room), sampling)):
-                reply.append(text)
-                _show(text)
+            reply = chat.ChatReply(fmt)
+            request = Request(ids, min(args.max_tokens, room), sampling, skip_special=not fmt.markup)
+            for text, finish, _ in generate(model, request):
+                for delta in (reply.push(text), reply.end() if finish else None):
+                    if delta and delta.get("reasoning_content"):
+                        thought = delta["reasoning_content"]  # the thinking, to stderr
+                        sys.stderr.write(terminal_text(thought) if sys.stderr.isatty() else thought)
+                        sys.stderr.flush()
+                    if delta and delta.get("content"):
+                        _show(delta["content"])
             sys.stdout.write("\n")
-            messages.append({"role": "assistant", "content": "".join(reply)})
+            messages.append(reply.message())
     return 0
 
 
@@ -279,6 +288,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")
     _add_model_args(c)
     c.add_argument("--system", default="", help="a system message")
+    c.add_argument("--thinking", action="store_true",
+                   help="DeepSeek-V4's thinking mode: the reasoning streams to stderr, the answer to stdout")
     c.add_argument("--max-tokens", type=int, default=256, help="per reply")
     c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
     _add_sampling_args(c, temperature=0.7, top_p=0.95, seed_help="sampling seed (turn n uses seed + n)")

@@ -73,6 +73,28 @@ def test_chat_turns_are_reproducible_and_follow_the_engine():
     assert a.stdout.startswith(first + "\n")
 
 
+def test_chat_thinking_streams_the_reasoning_to_stderr():
+    """--thinking: the prompt opens DeepSeek-V4's <think> (chat.prompt's thinking mode), so the reply is
+    reasoning until </think>: with tiny's random words it all goes to stderr, the answer line stays empty."""
+    from dsv4.serve import chat as chat_module
+    from dsv4.serve.protocol import Request, generate
+
+    r = chat("hello\n", "--max-tokens", "6", "--seed", "3", "--thinking")
+    assert r.returncode == 0, r.stderr
+    model = dsv4.load("tiny", device="cpu")
+    ids, fmt = chat_module.prompt(model.tokenizer, [{"role": "user", "content": "hello"}],
+                                  template_kwargs={"thinking": True})
+    assert fmt.reasoning and ids != chat_module.prompt(model.tokenizer, [{"role": "user", "content": "hello"}])[0]
+    sampling = dsv4.SamplingParams(temperature=0.7, top_p=0.95, seed=3)
+    text = "".join(t for t, _, _ in generate(model, Request(ids, 6, sampling, skip_special=False)))
+    reply = chat_module.ChatReply(fmt)
+    deltas = [reply.push(text), reply.end()]
+    thought = "".join(d.get("reasoning_content", "") for d in deltas if d)
+    answer = "".join(d.get("content", "") for d in deltas if d)
+    assert thought and thought in r.stderr
+    assert r.stdout == answer + "\n"
+
+
 def test_chat_refuses_a_conversation_past_its_limit():
     r = chat("hello there, a long enough line\n", "--max-model-len", "8")
     assert r.returncode == 2 and "--max-model-len 8" in r.stderr

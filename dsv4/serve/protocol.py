@@ -395,6 +395,7 @@ class Request:
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    skip_special: bool = True  # False: special tokens decode as text (a parsed chat reply's markup)
 
 
 @dataclass
@@ -625,7 +626,7 @@ def model_name(body) -> str | None:
 
 def generate(model, req: Request) -> Iterator[tuple[str, str | None, int]]:
     """Yield (text delta, finish_reason or None, tokens sampled so far); the last has a finish_reason."""
-    text = TextStream(model.tokenizer, model.cfg.eos_token_id, req.stop)
+    text = TextStream(model.tokenizer, model.cfg.eos_token_id, req.stop, skip_special=req.skip_special)
     for token in model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling):
         delta = text.push(token)
         if text.finish:
