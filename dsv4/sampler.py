@@ -147,22 +147,33 @@ _SCAN_ROW = 1024
 
 
 def _cumsum(x: torch.Tensor) -> torch.Tensor:
-    """Inclusive cumsum over the last dim that is bit-reproducible on CUDA.
+    """Inclusive cumsum over the last dim that is bit-reproducible on CUDA, and the same for a row
+    alone as for that row in a batch.
 
-    torch.cumsum of a long 1-D CUDA tensor runs CUB's decoupled look-back scan, whose float
-    association depends on timing (the same logits could sample different tokens in eager and in
-    a replay). Rows of 1024 scanned by the per-row kernel, plus the rows' offsets scanned the same
-    way, add in one order every time, and in the same order for a row alone or in a batch.
+    torch.cumsum picks its CUDA kernel and its association from the whole tensor's shape: CUB's scan
+    when the tensor is one row (numel == size(dim); for a long row a decoupled look-back whose order
+    depends on timing), else the per-row kernel, whose threads per row depend on how many rows there
+    are. So each row is scanned on its own, as the [1, V] it would be alone: the same kernels, the same
+    association, in eager and in a replay, alone or beside any other rows.
     """
+    if x.dim() < 2 or x.shape[:-1].numel() == 1:
+        return _cumsum_row(x)
+    flat = x.reshape(-1, x.shape[-1])
+    return torch.cat([_cumsum_row(flat[b:b + 1]) for b in range(flat.shape[0])]).view(x.shape)
+
+
+def _cumsum_row(x: torch.Tensor) -> torch.Tensor:
+    """One row [..., V] (a single row): rows of 1024 scanned by the per-row kernel, plus the rows'
+    offsets by a second scan. A long 1-D CUDA scan would run CUB's look-back, whose float association
+    depends on timing; a scan of at most one tile does not."""
     V = x.shape[-1]
     R = -(-V // _SCAN_ROW)
     if R == 1:
         return torch.cumsum(x, dim=-1)  # one tile: no look-back, already deterministic
     rows = torch.nn.functional.pad(x, (0, R * _SCAN_ROW - V)).unflatten(-1, (R, _SCAN_ROW))
     inner = torch.cumsum(rows, dim=-1)
-    # Row r's offset: the totals of rows < r, by a second one-tile scan. (Not a masked sum over R: a
-    # CUDA reduction splits its inputs by how many outputs it has, so a batch's rows would add in
-    # another order than the same row alone; a scan of a row depends on that row alone.)
+    # Row r's offset: the totals of rows < r, by a second one-tile scan (not a masked sum over R, whose
+    # CUDA reduction would split its inputs by the number of outputs).
     offsets = torch.cumsum(torch.nn.functional.pad(inner[..., :-1, -1], (1, 0)), dim=-1)
     return (inner + offsets.unsqueeze(-1)).flatten(-2)[..., :V]
 

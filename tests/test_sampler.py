@@ -275,3 +275,27 @@ def test_cuda_matches_cpu():
         p.fill_(i)
         graph.replay()
         assert out.item() == sample(logits, params, i).item()
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [2, 4, 32])
+def test_scan_of_a_row_in_a_batch_equals_the_row_alone(device, rows):
+    """The draw's CDF (dsv4.sampler._cumsum) over Flash's vocab: a row scanned among `rows` rows has the
+    bits of the same row scanned alone ([1, V] and [V]). On CUDA torch.cumsum's kernel and its float
+    association follow the tensor's row count, so a batched row once drew another token than alone
+    (the mini gate at 256/256 --batch 4, session 4)."""
+    from dsv4.sampler import _cumsum
+
+    gen = torch.Generator().manual_seed(rows)
+    probs = torch.softmax(torch.randn(rows, 129280, generator=gen) * 4, dim=-1).to(device)
+    batched = _cumsum(probs)
+    for b in range(rows):
+        alone = _cumsum(probs[b:b + 1])[0]
+        assert torch.equal(batched[b], alone), f"row {b} of {rows} on {device}"
+        assert torch.equal(_cumsum(probs[b]), alone)
+    # and it is a cumsum: within fp32 rounding of float64's
+    exact = probs.double().cumsum(-1)
+    assert (batched.double() - exact).abs().max().item() < 1e-5
