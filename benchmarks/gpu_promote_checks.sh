@@ -8,6 +8,7 @@
 #            benchmarks/sampling_check.py (the logit-processing stage, solo == batch == graph);
 #     GPU 1: benchmarks/dense_bench.py (the dense GEMV against cuBLAS per Flash shape); the HTTP server on
 #            mini with --precapture (needs the serving wheels carried in .whl);
+#   (one GPU: the lanes in turn, the gate on 1 rank, no flash)
 #   phase 2, both GPUs: the gate on mini, 2 ranks, 256/256 --batch 4 (failed in session 4 at row 3, step 20);
 #            then flash decode on 2 ranks, one process per arm in $FLASH_ARMS (label=env assignments).
 # Usage: OUT=dir [RES=/tmp/res] [FLASH_ARMS="auto:DSV4_KERNELS=auto dense_symm:DSV4_KERNELS=triton,DSV4_REDUCE=symm"]
@@ -40,8 +41,10 @@ fi
     --steps 24 > "$OUT/sampling_check.txt" 2>&1
   echo "rc=$?" >> "$OUT/sampling_check.txt"
 ) &
+GPUS=$(nvidia-smi -L | wc -l)
+[ "$GPUS" -lt 2 ] && wait  # one GPU: the two lanes run one after the other
 (
-  export CUDA_VISIBLE_DEVICES=1
+  export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
   timeout 200 python benchmarks/dense_bench.py > "$OUT/dense_bench.txt" 2>&1
   echo "rc=$?" >> "$OUT/dense_bench.txt"
   timeout 150 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 --precapture \
@@ -50,9 +53,10 @@ fi
 ) &
 wait
 /usr/bin/time -f "wall %e s" -o "$OUT/gate_mini_time.txt" timeout "${GATE_TIMEOUT:-200}" python -m dsv4.cli gate \
-  --preset mini --device cuda --ranks 2 --prime 256 --output 256 --batch 4 \
+  --preset mini --device cuda --ranks "$(( GPUS < 2 ? 1 : 2 ))" --prime 256 --output 256 --batch 4 \
   --out "$OUT/gate_mini.txt" > "$OUT/gate_mini_stdout.txt" 2>&1
 echo "gate rc=$?" >> "$OUT/gate_mini_time.txt"
+[ "$GPUS" -lt 2 ] && exit 0  # flash needs two H200s
 for arm in ${FLASH_ARMS:-auto:DSV4_KERNELS=auto dense_symm:DSV4_KERNELS=triton,DSV4_REDUCE=symm}; do
   label=${arm%%:*}; assigns=${arm#*:}
   env ${assigns//,/ } timeout "${FLASH_TIMEOUT:-110}" python -m dsv4.cli bench --preset flash --device cuda --ranks 2 \
