@@ -308,9 +308,9 @@ def main(argv=None) -> int:
                     help="requests that may wait for a sequence slot; beyond it: 429 with Retry-After")
     sv.add_argument("--api-key", default=None,
                     help="require `Authorization: Bearer KEY` on every route but /health (unset: $DSV4_API_KEY)")
-    sv.add_argument("--precapture", action="store_true",
+    sv.add_argument("--precapture", action=argparse.BooleanOptionalAction, default=True,
                     help="CUDA: capture every batch bucket's graph before listening, so no request pays a "
-                         "capture (not yet through a GPU run: off by default)")
+                         "capture (default; --no-precapture: capture each bucket at its first use)")
     sv.add_argument("--verbose", action="store_true", help="log each request")
     sv.set_defaults(fn=cmd_serve)
 

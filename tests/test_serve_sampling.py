@@ -1,6 +1,6 @@
 """The sampler-side OpenAI fields over HTTP (tiny, CPU, the openai client): logit_bias, penalties, min_p,
 logprobs in chat's and completions' shapes (streamed and not), response_format JSON by xgrammar, and the
-CUDA refusal of all of them without DSV4_UNCHECKED_SAMPLING=1."""
+CUDA refusal of response_format (its grammar mask not yet GPU-checked) without DSV4_UNCHECKED_SAMPLING=1."""
 
 from __future__ import annotations
 
@@ -141,15 +141,20 @@ def test_batched_requests_with_processors_equal_their_solo_runs(client):
 
 
 @pytest.mark.parametrize("field,value", [("presence_penalty", 0.5), ("logit_bias", {"3": 1}), ("min_p", 0.1),
-                                         ("logprobs", 0), ("repetition_penalty", 1.1),
-                                         ("response_format", {"type": "json_object"})])
-def test_refused_on_cuda_unless_unchecked(model, monkeypatch, field, value):
+                                         ("logprobs", 0), ("repetition_penalty", 1.1)])
+def test_gpu_checked_processing_served_on_cuda(model, monkeypatch, field, value):
     cuda = types.SimpleNamespace(cfg=model.cfg, tokenizer=model.tokenizer, device=torch.device("cuda"))
-    body = {"prompt": "hi", field: value}
+    monkeypatch.delenv("DSV4_UNCHECKED_SAMPLING", raising=False)
+    assert protocol.parse({"prompt": "hi", field: value}, cuda, 256, False, 8).prompts
+
+
+def test_response_format_refused_on_cuda_unless_unchecked(model, monkeypatch):
+    cuda = types.SimpleNamespace(cfg=model.cfg, tokenizer=model.tokenizer, device=torch.device("cuda"))
+    body = {"prompt": "hi", "response_format": {"type": "json_object"}}
     monkeypatch.delenv("DSV4_UNCHECKED_SAMPLING", raising=False)
     with pytest.raises(protocol.RequestError) as e:
         protocol.parse(body, cuda, 256, False, 8)
-    assert e.value.param == field and "not yet available on CUDA" in e.value.message
-    protocol.parse({"prompt": "hi", "presence_penalty": 0, "logit_bias": {}}, cuda, 256, False, 8)  # neutral
+    assert e.value.param == "response_format" and "not yet available on CUDA" in e.value.message
+    protocol.parse({"prompt": "hi", "response_format": {"type": "text"}}, cuda, 256, False, 8)  # neutral
     monkeypatch.setenv("DSV4_UNCHECKED_SAMPLING", "1")
     assert protocol.parse(body, cuda, 256, False, 8).prompts

@@ -26,7 +26,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # session 5: its CUDA tests and test_replay_gpu under DSV4_KERNELS=triton; benchmarks/dense_bench.py
 
 MAX_ROWS = 8  # outside rows_alone (prefill), more rows than this per weight take cuBLAS's GEMM
 DTYPES = (torch.bfloat16, torch.float32)

@@ -31,10 +31,12 @@ from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Th
 
 MAX_STOPS = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
-# The fields served by the device's logit processing (dsv4.sampler.process_logits): on CUDA only with
-# DSV4_UNCHECKED_SAMPLING=1 until a GPU run has checked them (README: the GPU rule).
+# The fields served by the device's logit processing (dsv4.sampler.process_logits). GPU-checked in session 5
+# (benchmarks/sampling_check.py: solo == batched == graph) but for response_format, whose grammar mask has
+# not been through a GPU run: on CUDA it needs DSV4_UNCHECKED_SAMPLING=1 (README: the GPU rule).
 PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
                      "logprobs", "top_logprobs", "response_format")
+CUDA_UNCHECKED_FIELDS = ("response_format",)
 SEED_SPACE = 2**64
 
 # The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
@@ -476,12 +478,13 @@ def _asks(req, name: str) -> bool:
 
 
 def _logits(req, chat: bool, model) -> LogitsParams | None:
-    """The request's logit processing and logprobs (None: neither); on CUDA refused (naming the first field)
-    unless DSV4_UNCHECKED_SAMPLING=1."""
+    """The request's logit processing and logprobs (None: neither); response_format on CUDA refused unless
+    DSV4_UNCHECKED_SAMPLING=1."""
     used = [name for name in PROCESSING_FIELDS if _asks(req, name)]
-    if used and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
-        raise RequestError(f"{used[0]}: not yet available on CUDA (the device-side logit processing is not yet "
-                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", used[0])
+    unchecked = [name for name in used if name in CUDA_UNCHECKED_FIELDS]
+    if unchecked and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
+        raise RequestError(f"{unchecked[0]}: not yet available on CUDA (its device-side grammar mask is not yet "
+                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", unchecked[0])
     bias = req.logit_bias or {}
     bad = [t for t in bias if t >= model.cfg.vocab_size]
     if bad:
