@@ -127,7 +127,8 @@ def cmd_generate(args) -> int:
         start = time.perf_counter()
         n = 0
         _show(args.prompt)
-        for piece, n in text_deltas(model, model.tokenizer.encode(args.prompt), args.max_tokens, sampling):
+        for piece, n in text_deltas(model, model.tokenizer.encode(args.prompt), args.max_tokens, sampling,
+                                    progress=True):
             _show(piece)
         wall = time.perf_counter() - start
         sys.stdout.write("\n")
@@ -202,7 +203,7 @@ def cmd_chat(args) -> int:
                                       seed=args.seed + turn)
             reply = chat.ChatReply(fmt)
             request = Request(ids, min(args.max_tokens, room), sampling, skip_special=not fmt.markup)
-            for text, finish, _ in generate(model, request):
+            for text, finish, _ in generate(model, request, progress=True):
                 for delta in (reply.push(text), reply.end() if finish else None):
                     if delta and delta.get("reasoning_content"):
                         thought = delta["reasoning_content"]  # the thinking, to stderr

@@ -112,9 +112,9 @@ class ModelCommon:
         return generation.generate(self, prompt, max_tokens, sampling, capacity, stop_at_eos)
 
     def sample_tokens(self, ids: Sequence[int], max_tokens: int, sampling=None,
-                      capacity: int | None = None) -> Iterator[int]:
+                      capacity: int | None = None, progress: bool = False) -> Iterator[int]:
         """Prefill `ids`, then yield up to max_tokens sampled tokens (dsv4.generation.sample_tokens)."""
-        return generation.sample_tokens(self, ids, max_tokens, sampling, capacity)
+        return generation.sample_tokens(self, ids, max_tokens, sampling, capacity, progress)
 
     def digests_all(self, state) -> list[tuple[str, str, int]]:
         return self.each("digests", state)

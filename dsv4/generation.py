@@ -3,6 +3,7 @@ prefill-then-step loop that `generate`, `dsv4 chat` and `dsv4 serve` share."""
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator, Sequence
 
 from .interface import DecodeModel
@@ -10,15 +11,33 @@ from .sampler import SamplingParams
 from .tokenizer import TextStream
 
 
+def prefill(model: DecodeModel, state, ids: Sequence[int], progress: bool = False, chunk_size: int | None = None):
+    """model.prefill(state, ids) in its chunks (default: engine.prefill_chunk, as model.prefill takes them, so
+    the same bits), with a bar over the prompt's tokens when `progress` and stderr is a terminal and the
+    prompt spans several chunks (someone is waiting for the first token)."""
+    from .engine import prefill_chunk
+
+    chunk = chunk_size or prefill_chunk(model.cfg, state.capacity, model.world)
+    if not progress or len(ids) <= chunk or not sys.stderr.isatty():
+        return model.prefill(state, ids, chunk_size=chunk)
+    from tqdm import tqdm
+
+    with tqdm(total=len(ids), desc="prefill", unit="tok", leave=False, file=sys.stderr) as bar:
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            model.prefill(state, part, chunk_size=chunk)
+            bar.update(len(part))
+
+
 def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
-                  capacity: int | None = None) -> Iterator[int]:
-    """Prefill `ids`, then yield up to max_tokens sampled tokens, each fed back as the next input
-    (EOS included: where to stop is the caller's)."""
+                  capacity: int | None = None, progress: bool = False) -> Iterator[int]:
+    """Prefill `ids` (a bar on a terminal with `progress`), then yield up to max_tokens sampled tokens, each
+    fed back as the next input (EOS included: where to stop is the caller's)."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
     state = model.new_state(capacity or len(ids) + max_tokens)
     if len(ids) > 1:
-        model.prefill(state, ids[:-1])
+        prefill(model, state, ids[:-1], progress)
     token = ids[-1]
     for _ in range(max_tokens):
         token = model.step(state, token, sampling)
@@ -28,12 +47,13 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
 
 
 def text_deltas(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
-                capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[tuple[str, int]]:
+                capacity: int | None = None, stop_at_eos: bool = True, progress: bool = False
+                ) -> Iterator[tuple[str, int]]:
     """(text, tokens sampled so far) as whole characters complete: a character whose UTF-8 bytes
     span several tokens comes out once, whole (dsv4.tokenizer.TextStream). The last pair, whose
     text may be empty, counts every sampled token (an EOS included)."""
     text = TextStream(model.tokenizer, model.cfg.eos_token_id if stop_at_eos else None)
-    for token in sample_tokens(model, ids, max_tokens, sampling, capacity):
+    for token in sample_tokens(model, ids, max_tokens, sampling, capacity, progress):
         delta = text.push(token)
         if text.finish:  # the EOS: its count comes with the last text, empty or not
             yield delta, text.n

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
 import torch
 
@@ -159,3 +162,28 @@ def test_two_refusals_in_one_step_record_the_last_door():
     assert model.comm.fired.tolist() == [71, L - 1, 0]
     model.reset_refusals()
     state.discard()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_prefill_progress_bar_keeps_the_chunks_bits(model, monkeypatch):
+    """dsv4.generation.prefill: with progress on a terminal, a bar over the prompt's tokens, and the state
+    byte for byte what one model.prefill with the same chunks leaves; off a terminal, no bar."""
+    from dsv4 import generation
+
+    ids = list(range(3, 40))
+    plain = model.new_state(64)
+    model.prefill(plain, ids, chunk_size=8)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    shown = model.new_state(64)
+    generation.prefill(model, shown, ids, progress=True, chunk_size=8)
+    assert "prefill" in err.getvalue() and f"/{len(ids)} [" in err.getvalue()
+    assert shown.digest() == plain.digest() and torch.equal(shown.logits, plain.logits)
+    quiet = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    generation.prefill(model, model.new_state(64), ids, progress=True, chunk_size=8)
+    assert quiet.getvalue() == ""

@@ -627,10 +627,11 @@ def model_name(body) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def generate(model, req: Request) -> Iterator[tuple[str, str | None, int]]:
-    """Yield (text delta, finish_reason or None, tokens sampled so far); the last has a finish_reason."""
+def generate(model, req: Request, progress: bool = False) -> Iterator[tuple[str, str | None, int]]:
+    """Yield (text delta, finish_reason or None, tokens sampled so far); the last has a finish_reason.
+    `progress`: a bar over a long prompt's prefill on a terminal (dsv4.generation.prefill)."""
     text = TextStream(model.tokenizer, model.cfg.eos_token_id, req.stop, skip_special=req.skip_special)
-    for token in model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling):
+    for token in model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling, progress=progress):
         delta = text.push(token)
         if text.finish:
             yield delta, text.finish, text.n
