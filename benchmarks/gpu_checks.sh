@@ -40,7 +40,7 @@ nvidia-smi -L >> "$OUT/versions.txt"
   export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=$KERNELS
   timeout "${PYTEST_TIMEOUT:-200}" python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \
     tests/test_attention_kernel.py tests/test_compressor_kernel.py tests/test_route_kernel.py tests/test_door_kernel.py \
-    tests/test_prefill.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+    tests/test_prefill.py tests/test_dense_kernel.py tests/test_sampler.py tests/test_replay_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
   echo "pytest rc=$? kernels=$KERNELS" >> "$OUT/pytest_gpu.txt"
   [ "${HF:-1}" = 1 ] && timeout 80 python benchmarks/mini_vs_hf.py 300 > "$OUT/mini_vs_hf.txt" 2>&1
 ) &
