@@ -505,6 +505,15 @@ class Model(ModelCommon):
 
         return measure.kernel_table(one, steps, self.device)
 
+    def prefill_table(self, state: DecodeState, prefix: DecodeState, ids: Sequence[int], chunk_size: int | None = None,
+                      runs: int = 2) -> dict:
+        """This rank's time of `prefill(state, ids, chunk_size)` from `prefix` (restored before each run), by
+        phase and kernel (dsv4.measure.prefill_table)."""
+        from . import measure
+
+        return measure.prefill_table(lambda: self.prefill(state, ids, chunk_size), lambda: state.restore(prefix),
+                                     runs, self.device)
+
     # ---- full-token replay --------------------------------------------------
     def enable_replay(self, state: DecodeState, sampling=None):
         """Capture this state's step into one CUDA graph at its next step; replay it ever after."""

@@ -226,3 +226,34 @@ def test_grouped_experts_bf16_on_cuda():
     b = run_both(x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 64, cfg)[0]
     assert torch.equal(a, b)
     assert float((a.float().cpu() - ref).abs().max()) <= 2 ** -6 * float(ref.abs().max())
+
+
+def test_prefill_table_smoke_on_cpu(tmp_path):
+    """benchmarks/prefill_table.py on tiny: every range in a group, the sub-phase wrappers put back."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from dsv4 import measure
+    from dsv4.model import attention
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "prefill_table.py"
+    spec = importlib.util.spec_from_file_location("prefill_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    before = (attention.linear, attention.index_topk, moe.route)
+    out = tmp_path / "table.txt"
+    assert script.main(["--preset", "tiny", "--device", "cpu", "--tokens", "20", "--chunk", "8", "--prime", "5",
+                        "--runs", "1", "--top", "5", "--out", str(out)]) == 0
+    assert (attention.linear, attention.index_topk, moe.route) == before
+    records = [line.split(" ", 1) for line in out.read_text().splitlines()]
+    by = lambda tag: [json.loads(r) for t, r in records if t == tag]  # noqa: E731
+    (total,) = by("PREFILL_TABLE_TOTAL")
+    assert total["chunks"] == 3 and total["prime"] == 5 and total["tokens"] == 20 and total["wall_s"] > 0
+    groups = {g["group"] for g in by("PREFILL_GROUP")}
+    assert {"attention", "compressor+indexer", "moe", "dense linears", "mhc"} <= groups
+    phases = {p["phase"] for p in by("PREFILL_PHASE")}
+    assert {p for p in phases if p not in measure.GROUPS} <= {"other"}
+    assert "reset" not in phases and {"indexer.scores_topk", "moe.grouped_mm", "attention.linear"} <= phases
+    kernels = by("PREFILL_KERNEL")
+    assert len(kernels) == 5 and kernels == sorted(kernels, key=lambda r: -r["us"])
