@@ -244,6 +244,7 @@ SUB_PHASES = (
     ("dsv4.kernels.moe", "routed", "moe.routed"),
     ("dsv4.model.moe_prefill", "dequant_stack", "moe.dequant"),
     ("dsv4.model.moe_prefill", "grouped_mm", "moe.grouped_mm"),
+    ("dsv4.kernels.prefill_moe", "experts", "moe.grouped_fp4"),
 )
 
 # The issue's groups of a prefill's time: each range (a phase or a sub-phase) belongs to one.
@@ -252,7 +253,7 @@ GROUPS = {"attention": "attention", "attention.norm_rope": "attention", "attenti
           "indexer.scores_topk": "compressor+indexer",
           "attention.linear": "dense linears", "compressor.linear": "dense linears", "moe.linear": "dense linears",
           "moe": "moe", "moe.route": "moe", "moe.shared": "moe", "moe.routed": "moe", "moe.dequant": "moe",
-          "moe.grouped_mm": "moe", "mhc": "mhc", "collective": "collectives", "head": "head", "commit": "commit"}
+          "moe.grouped_mm": "moe", "moe.grouped_fp4": "moe", "mhc": "mhc", "collective": "collectives", "head": "head", "commit": "commit"}
 
 
 @contextlib.contextmanager

@@ -158,7 +158,7 @@ def test_prefill_grouped_equals_the_loop_in_the_model(model, single_steps, monke
     stream, _ = single_steps
     a = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
 
-    def loop(x, local, weights, experts, act):
+    def loop(x, local, weights, experts, act, limit=None):
         return routed_all_experts(x, local, weights, experts, 0, model.cfg)
 
     monkeypatch.setattr(moe, "grouped_experts", loop)
@@ -257,3 +257,108 @@ def test_prefill_table_smoke_on_cpu(tmp_path):
     assert "reset" not in phases and {"indexer.scores_topk", "moe.grouped_mm", "attention.linear"} <= phases
     kernels = by("PREFILL_KERNEL")
     assert len(kernels) == 5 and kernels == sorted(kernels, key=lambda r: -r["us"])
+
+
+def fp4_stacks(n, D, I, scale_dtype, seed):
+    stacks = expert_stacks(n, D, I, "fp4", seed)
+    return {k: QWeight(w.data, w.scale.to(scale_dtype), "fp4") for k, w in stacks.items()}
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,k,n,first,total,scale_dtype", [(40, 6, 16, 16, 64, torch.float8_e8m0fnu),
+                                                           (9, 2, 8, 0, 8, torch.float32),
+                                                           (70, 4, 4, 4, 12, torch.float8_e8m0fnu)])
+def test_prefill_moe_kernel_matches_the_dequantised_reference(monkeypatch, dtype, T, k, n, first, total,
+                                                               scale_dtype):
+    """dsv4.kernels.prefill_moe against grouped_experts's dequant + grouped matmul, on fresh inputs:
+    other ranks' pairs, experts no pair picked, experts with more rows than a tile (70 x 4 over 4 experts
+    of 12), K = I = 96 (not a whole tile). Tolerance: float32, 1e-5 of the max (ieee dots; the sums'
+    order differs); bf16, 2**-7 of the max (the projections and the activation round to bf16 alike, a
+    rounding flip between them moves an output by a few bf16 ulps)."""
+    pytest.importorskip("triton")
+    from dsv4.kernels import prefill_moe
+
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(n, 64, 96, scale_dtype, seed=T + k)
+    ids, weights = routing(T, k, total, seed=T + 1)
+    local = ids - first
+    weights = torch.where((local >= 0) & (local < n), weights, 0.0).to(dtype)
+    x = torch.randn(T, 64, generator=torch.Generator().manual_seed(T)).to(dtype)
+    act = lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit)  # noqa: E731
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert prefill_moe.supported(x, [experts[w] for w in ("w1", "w3", "w2")])
+    got = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    again = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    assert got.dtype == dtype and torch.equal(got, again)
+    assert float((got.float() - ref.float()).abs().max()) <= tol * float(ref.float().abs().max())
+
+
+def test_prefill_moe_schedule_covers_every_pair_once():
+    """Tiles of bm rows of one expert each: every local pair in exactly one tile, the rest marked expert n."""
+    from dsv4.kernels.prefill_moe import schedule
+
+    counts = torch.tensor([0, 5, 16, 0, 33, 1])
+    ends = torch.cumsum(counts, 0).to(torch.int32)
+    P = 60  # 55 local pairs and 5 of other ranks
+    expert, row = schedule(ends, P, 16)
+    assert expert.shape[0] == -(-P // 16) + 6
+    seen = []
+    for e, r in zip(expert.tolist(), row.tolist()):
+        if e == 6:
+            continue
+        lo, hi = int(ends[e] - counts[e]), int(ends[e])
+        assert lo <= r < hi
+        seen += list(range(r, min(r + 16, hi)))
+    assert sorted(seen) == list(range(55))
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+@torch.inference_mode()
+def test_prefill_with_the_fp4_expert_kernel_equals_single_steps(monkeypatch):
+    """tiny with FP4 experts (a quantised checkpoint's layout), fp32: prefill chunks whose routed experts run
+    dsv4.kernels.prefill_moe (every other op the torch reference) against single decode steps, which never
+    take it: within TOL, and the kernel ran for every MoE layer of every chunk."""
+    pytest.importorskip("triton")
+    from dsv4.checkpoint.init import random_weights
+    from dsv4.checkpoint.synth import written_config
+    from dsv4.engine import Model
+    from dsv4.kernels import prefill_moe
+    from dsv4.model import moe_prefill
+    from dsv4.model.forward import Transformer
+    from dsv4.parallel import Comm
+
+    cfg = written_config(dsv4.config.preset("tiny"), "fp8")
+    weights = random_weights(cfg, device="cpu", dtype=torch.float32, seed=3)
+    quantised = Model(cfg, Transformer(cfg, weights, Comm(cfg.num_hidden_layers, "cpu"), "cpu", torch.float32))
+    assert quantised.transformer.layers[0]["ffn"]["experts"]["w1"].fmt == "fp4"
+    stream = ids(60, seed=5)
+    state = quantised.new_state(64)
+    ref = [quantised.decode(state, t) for t in stream]
+
+    calls = []
+    kernel = prefill_moe.experts
+
+    def counted(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    def runs(x, experts):
+        return x.shape[0] > 8 and prefill_moe.supported(x, [experts[w] for w in ("w1", "w3", "w2")])
+
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    monkeypatch.setattr(moe_prefill, "fused_runs", runs)
+    monkeypatch.setattr(moe, "fused_runs", runs)
+    monkeypatch.setattr(prefill_moe, "experts", counted)
+    state = quantised.new_state(64)
+    start = 0
+    for n, chunk in ((23, 23), (30, 15)):  # ends at 23, 53: chunks over window and rate boundaries
+        logits = quantised.prefill(state, stream[start:start + n], chunk_size=chunk)
+        start += n
+        assert rel(logits, ref[start - 1]) <= TOL, f"prefill ending at {start}"
+    assert len(calls) == 3 * cfg.num_hidden_layers
+    for j, t in enumerate(stream[start:start + 4]):
+        assert rel(quantised.decode(state, t), ref[start + j]) <= TOL
