@@ -39,6 +39,7 @@ import torch
 
 import dsv4
 from dsv4.engine import PREFILL_BUDGET, prefill_chunk
+from dsv4.kernels import prefill_moe
 from dsv4.sampler import SamplingParams
 from dsv4.state import DecodeState
 from dsv4.receipts import emit
@@ -91,7 +92,7 @@ def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph
              tok_s=round((n - 1) / wall, 1), ttft_s=round(statistics.median(ttfts), 4),
              prefill_s_runs=[round(w, 4) for w in walls], rank0_peak_gib=round(max(peaks) / GIB, 2),
              gib_per_rank_after=[round(m / GIB, 2) for m in model.each("memory_allocated")],
-             kernels=os.environ.get("DSV4_KERNELS", "auto"))
+             kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_dense_above=prefill_moe.CONFIG["dense_above"])
         if n == max(sizes) and (eager_steps or graph_steps):
             decode_after(model, name, state, token, n, eager_steps, graph_steps)
 
@@ -193,7 +194,10 @@ def main():
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-sizes", type=int, nargs="+", default=None,
                     help=f"sizes HF runs (default: --sizes up to {LONG})")
+    ap.add_argument("--moe-dense-above", type=int, default=None,
+                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (with DSV4_KERNELS=triton)")
     args = ap.parse_args()
+    prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
     if args.eager_steps + args.graph_steps + 2 > ROOM:
         ap.error(f"--eager-steps + --graph-steps must leave room for the first token and the capture: at most {ROOM - 2}")
     ranks = 2 if args.preset == "flash" else 1

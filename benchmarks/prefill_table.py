@@ -28,6 +28,7 @@ import argparse
 
 import dsv4
 from dsv4.engine import prefill_chunk
+from dsv4.kernels import prefill_moe
 from dsv4.receipts import Receipts, provenance
 
 
@@ -48,6 +49,7 @@ def table(model, receipts, where, n: int, prime: int, chunk: int | None, runs: i
     for rank, t in enumerate(model.each("prefill_table", state, prefix, ids, chunk, runs)):
         total = t["kernel_us"]
         receipts.emit("PREFILL_TABLE_TOTAL", where, rank=rank, ranks=model.world, tokens=n, prime=prime, chunk=chunk,
+                      moe_dense_above=prefill_moe.CONFIG["dense_above"],
                       chunks=-(-n // chunk), runs=runs, wall_s=t["wall_s"], walls_s=t["walls_s"],
                       tok_s=round(n / t["wall_s"], 1), kernel_us=total,
                       busy_fraction=round(total / (t["wall_s"] * 1e6), 4), scope=t["scope"])
@@ -72,7 +74,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the records to this file")
+    ap.add_argument("--moe-dense-above", type=int, default=None,
+                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (with DSV4_KERNELS=triton)")
     args = ap.parse_args(argv)
+    prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
     receipts = Receipts(args.out)
     model = dsv4.load(args.model or args.preset, device=args.device, ranks=args.ranks, seed=0)
     try:

@@ -362,3 +362,36 @@ def test_prefill_with_the_fp4_expert_kernel_equals_single_steps(monkeypatch):
     assert len(calls) == 3 * cfg.num_hidden_layers
     for j, t in enumerate(stream[start:start + 4]):
         assert rel(quantised.decode(state, t), ref[start + j]) <= TOL
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+def test_prefill_moe_kernel_makes_no_host_sync(monkeypatch):
+    """The tile schedule and both launches: no host read, no data-dependent shape (a chunk stays capturable)."""
+    pytest.importorskip("triton")
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(8, 64, 64, torch.float8_e8m0fnu, seed=7)
+    local, weights = routing(30, 2, 8, seed=3)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    with NoHostSync():
+        grouped_experts(torch.randn(30, 64), local, weights, experts,
+                        lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit), cfg.swiglu_limit)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+def test_prefill_moe_dense_above_takes_the_dequantised_path(monkeypatch):
+    pytest.importorskip("triton")
+    from dsv4.kernels import prefill_moe
+
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(4, 64, 64, torch.float8_e8m0fnu, seed=2)
+    local, weights = routing(20, 2, 4, seed=1)  # 40 pairs over 4 experts: 10 per expert
+    x = torch.randn(20, 64)
+    act = lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit)  # noqa: E731
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    ran = []
+    monkeypatch.setattr(prefill_moe, "experts", lambda *a: ran.append(1))
+    monkeypatch.setitem(prefill_moe.CONFIG, "dense_above", 9)
+    got = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    assert not ran
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    assert torch.equal(got, grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit))

@@ -30,8 +30,11 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = False
 # Columns and inputs per program, warps, pipeline stages (the rows per tile follow the pairs per expert:
-# block_m). Untuned: a first choice for Flash's K 4096 / 2048 on sm_90.
-CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+# block_m). Untuned: a first choice for Flash's K 4096 / 2048 on sm_90. dense_above: with more (token,
+# expert) pairs per local expert than this (all ranks' pairs counted), the grouped path dequantises the
+# stacks and runs the grouped GEMM instead: each tile of rows unpacks its expert's bytes again, which for
+# long chunks may cost more than one dense copy (None: always this kernel; benchmarks set it to compare).
+CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "dense_above": None}
 
 
 @device_function

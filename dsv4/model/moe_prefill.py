@@ -54,7 +54,8 @@ def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor,
     key = torch.where((local >= 0) & (local < n), local, n).flatten()
     key, order = torch.sort(key, stable=True)
     ends = torch.searchsorted(key, torch.arange(n, device=key.device), right=True, out_int32=True)
-    if limit is not None and fused_runs(x, experts):
+    dense_above = prefill_moe.CONFIG["dense_above"]
+    if limit is not None and fused_runs(x, experts) and (dense_above is None or T * k <= dense_above * n):
         y = prefill_moe.experts(x, order // k, ends, [experts[name] for name in ("w1", "w3", "w2")], limit)
     else:
         y = _dequantised(x.index_select(0, order // k), ends, experts, act)
