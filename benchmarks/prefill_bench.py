@@ -15,7 +15,8 @@ record is printed (flushed) when measured, so a run cut short keeps what it meas
   STATE_MEMORY   bytes per rank of a DecodeState at 64k, 128k, 512k and 1M tokens (its buffers built
                  on the meta device) and the default prefill chunk at that capacity
   STATE_FIT      the largest capacity whose state fits beside the weights: alone, and with room for a
-                 default prefill chunk (engine.PREFILL_BUDGET plus one layer's dequantised experts),
+                 default prefill chunk (engine.PREFILL_BUDGET plus one layer's dequantised experts, none
+                 where dsv4.kernels.prefill_moe runs),
                  and that capped at max_position_embeddings (the largest a state may usefully have)
   PREFILL        N, chunk, chunks, prefill s and tok/s (N - 1 tokens), time to first token (prefill +
                  step), each run's figures, rank 0's peak GiB (ranks are symmetric: even expert and
@@ -39,6 +40,7 @@ import torch
 
 import dsv4
 from dsv4.engine import PREFILL_BUDGET, prefill_chunk
+from dsv4 import kernels
 from dsv4.kernels import prefill_moe
 from dsv4.sampler import SamplingParams
 from dsv4.state import DecodeState
@@ -54,6 +56,11 @@ def commit_id() -> str:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001 - a record without a commit is still a record
         return "unknown"
+
+
+def index_kernel(model) -> bool:
+    """Whether the engine's default chunk counts the indexer's kernel (rank 0's answer: every rank's is the same)."""
+    return getattr(model, "local", model).index_kernel()
 
 
 def prompt(n: int, vocab: int) -> list[int]:
@@ -79,7 +86,7 @@ def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph
     prefill_once(model, prompt(min(sizes), vocab), chunk)  # warm-up: allocator, cuBLAS handles, Triton builds
     for n in sizes:
         ids = prompt(n, vocab)
-        size_chunk = chunk or prefill_chunk(model.cfg, n + ROOM, model.world)
+        size_chunk = chunk or prefill_chunk(model.cfg, n + ROOM, model.world, index_kernel(model))
         walls, ttfts, peaks = [], [], []
         state = token = None
         for _ in range(long_runs if n > LONG else runs):
@@ -160,7 +167,7 @@ def state_memory(model, name, dequant_bytes: int):
 
     for cap in (1 << 16, 1 << 17, 1 << 19, 1 << 20):
         emit("STATE_MEMORY", preset=name, capacity=cap, gib_per_rank=round(state_bytes(cap) / GIB, 3),
-             default_prefill_chunk=prefill_chunk(cfg, cap, world))
+             default_prefill_chunk=prefill_chunk(cfg, cap, world, index_kernel(model)))
     total = torch.cuda.get_device_properties(0).total_memory
     weights = max(model.each("memory_allocated"))
     per_token = (state_bytes(1 << 20) - state_bytes(1 << 19)) / ((1 << 20) - (1 << 19))
@@ -176,8 +183,12 @@ def state_memory(model, name, dequant_bytes: int):
 
 
 def dequant_stack_bytes(model) -> int:
-    """One MoE layer's local experts dequantised (gate|up, the larger of the two stacks made at once)."""
+    """One MoE layer's local experts dequantised (gate|up, the larger of the two stacks made at once); none
+    where prefill's FP4 expert kernel runs for every chunk (dsv4.kernels.prefill_moe)."""
     cfg = model.cfg
+    if (kernels.use_triton(torch.empty(0, device="cuda"), gpu_checked=prefill_moe.GPU_CHECKED)
+            and prefill_moe.CONFIG["dense_above"] is None and cfg.expert_dtype == "fp4"):
+        return 0
     n = cfg.n_routed_experts // model.world
     return n * 2 * cfg.moe_intermediate_size * cfg.hidden_size * torch.finfo(model.dtype).bits // 8
 

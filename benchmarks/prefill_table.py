@@ -32,6 +32,11 @@ from dsv4.kernels import prefill_moe
 from dsv4.receipts import Receipts, provenance
 
 
+def index_kernel(model) -> bool:
+    """Whether the engine's default chunk counts the indexer's kernel (rank 0's answer: every rank's is the same)."""
+    return getattr(model, "local", model).index_kernel()
+
+
 def prompt(n: int, vocab: int, seed: int) -> list[int]:
     import torch
 
@@ -40,7 +45,7 @@ def prompt(n: int, vocab: int, seed: int) -> list[int]:
 
 def table(model, receipts, where, n: int, prime: int, chunk: int | None, runs: int, top: int):
     capacity = prime + n + 8
-    chunk = chunk or prefill_chunk(model.cfg, capacity, model.world)
+    chunk = chunk or prefill_chunk(model.cfg, capacity, model.world, index_kernel(model))
     prefix = model.new_state(capacity)
     if prime:
         model.prefill(prefix, prompt(prime, model.cfg.vocab_size, seed=1))

@@ -185,6 +185,9 @@ def test_default_prefill_chunk_shrinks_with_the_capacity():
     flash = dsv4.config.preset("flash")
     got = [prefill_chunk(flash, cap, 2) for cap in (4096 + 64, 32768, 131072, 1 << 20)]
     assert got == [4096, 1024, 512, 64]
+    # with the indexer's kernel its scores are 8-byte sort keys per row, not fp32 per head
+    assert [prefill_chunk(flash, cap, 2, index_kernel=True) for cap in (32768, 131072 + 128, 1 << 20)] == [4096, 4096,
+                                                                                                      2048]
     assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
 
 
