@@ -210,7 +210,8 @@ def main():
     args = ap.parse_args()
     prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
     if args.eager_steps + args.graph_steps + 2 > ROOM:
-        ap.error(f"--eager-steps + --graph-steps must leave room for the first token and the capture: at most {ROOM - 2}")
+        ap.error(f"--eager-steps + --graph-steps must leave room for the first token and the capture: "
+                 f"at most {ROOM - 2}")
     ranks = 2 if args.preset == "flash" else 1
     t = time.perf_counter()
     model = dsv4.load(args.preset, device="cuda", ranks=ranks, seed=0)

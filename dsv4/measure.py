@@ -253,7 +253,8 @@ GROUPS = {"attention": "attention", "attention.norm_rope": "attention", "attenti
           "indexer.scores_topk": "compressor+indexer",
           "attention.linear": "dense linears", "compressor.linear": "dense linears", "moe.linear": "dense linears",
           "moe": "moe", "moe.route": "moe", "moe.shared": "moe", "moe.routed": "moe", "moe.dequant": "moe",
-          "moe.grouped_mm": "moe", "moe.grouped_fp4": "moe", "mhc": "mhc", "collective": "collectives", "head": "head", "commit": "commit"}
+          "moe.grouped_mm": "moe", "moe.grouped_fp4": "moe", "mhc": "mhc", "collective": "collectives",
+          "head": "head", "commit": "commit"}
 
 
 @contextlib.contextmanager

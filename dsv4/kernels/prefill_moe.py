@@ -147,7 +147,8 @@ def _launch(a, src, w1: QWeight, w3: QWeight, out, tiles, ends, limit: float, sw
     launcher(_grouped_kernel, a)[(expert.shape[0], cdiv(N, c["block_n"]))](
         a, src if src is not None else expert, d1, s1, d3, s3, out, expert, row, ends, N, w1.data.shape[0],
         d1.stride(0), s1.stride(0), float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8,
-        GATHER=src is not None, SWIGLU=swiglu, IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=bm, BLOCK_N=c["block_n"],
+        GATHER=src is not None, SWIGLU=swiglu, IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=bm,
+        BLOCK_N=c["block_n"],
         BLOCK_K=min(c["block_k"], next_pow2(K)), **options)
     return out
 
@@ -156,7 +157,8 @@ def _scale(w: QWeight) -> torch.Tensor:
     return w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
 
 
-def experts(x: torch.Tensor, src: torch.Tensor, ends: torch.Tensor, stacks: list[QWeight], limit: float) -> torch.Tensor:
+def experts(x: torch.Tensor, src: torch.Tensor, ends: torch.Tensor, stacks: list[QWeight],
+            limit: float) -> torch.Tensor:
     """Rows [P, D] in pair order (sorted by local expert, group g ending at ends[g]): row r is
     w2_g(SwiGLU(w1_g x[src[r]], w3_g x[src[r]])) for its expert g; rows past ends[-1] are unset."""
     w1, w3, w2 = stacks
