@@ -1,26 +1,31 @@
-"""Prefill speed and memory: tok/s, time to first token, peak memory; DecodeState memory per capacity.
+"""Prefill speed and memory: tok/s, time to first token, peak memory; decode right after; DecodeState memory.
 
-    python benchmarks/prefill_bench.py flash [--sizes 512 4096 32768] [--runs 3] [--decode-steps 16]
-    python benchmarks/prefill_bench.py mini  [--sizes 512 4096] [--runs 3] [--no-hf]
+    python benchmarks/prefill_bench.py flash [--sizes 4096 32768 131072] [--runs 3] [--long-runs 1]
+    python benchmarks/prefill_bench.py mini  [--sizes 64 512 4096] [--runs 3] [--no-hf]
 
 `flash`: random weights over 2 ranks (dsv4.load("flash", device="cuda", ranks=2)); `mini`: one GPU,
 beside HF transformers' DeepseekV4ForCausalLM holding the same weights (dsv4.oracle.hf_model_from,
 bf16, HF's default experts implementation), one full forward over the same ids in the same process.
-Each size: a fresh state of capacity N + 64; prefill of the first N - 1 ids with the default chunk
-(engine.prefill_chunk) or --chunk, then one sampled step on the last id. Median of --runs runs after
-one warm-up. Prints one JSON record per line:
+Each size: a fresh state of capacity N + ROOM; prefill of the first N - 1 ids with the default chunk
+(engine.prefill_chunk of that capacity) or --chunk, then one sampled step on the last id. Median of
+--runs runs (--long-runs for sizes above LONG tokens) after one warm-up at the smallest size. Every
+record is printed (flushed) when measured, so a run cut short keeps what it measured. Records:
 
   PREFILL_BUILD  preset, ranks, build wall, GiB allocated per rank after the build, device, commit
-  PREFILL        N, chunk, prefill s and tok/s (N - 1 tokens), time to first token (prefill + step),
-                 each run's figures, rank 0's peak GiB (ranks are symmetric: even expert and head
-                 splits, replicated state), GiB per rank after
-  DECODE_AFTER   (--decode-steps) eager model.step tok/s right after the largest prefill
-  PREFILL_HF     (mini) HF forward s and tok/s on the same N ids (logits of the last position only),
-                 peak GiB, max |dsv4 - HF| / max |HF| on the last logits (both bf16: a sanity figure)
   STATE_MEMORY   bytes per rank of a DecodeState at 64k, 128k, 512k and 1M tokens (its buffers built
                  on the meta device) and the default prefill chunk at that capacity
   STATE_FIT      the largest capacity whose state fits beside the weights: alone, and with room for a
-                 default prefill chunk (engine.PREFILL_BUDGET plus one layer's dequantised experts)
+                 default prefill chunk (engine.PREFILL_BUDGET plus one layer's dequantised experts, none
+                 where dsv4.kernels.prefill_moe runs),
+                 and that capped at max_position_embeddings (the largest a state may usefully have)
+  PREFILL        N, chunk, chunks, prefill s and tok/s (N - 1 tokens), time to first token (prefill +
+                 step), each run's figures, rank 0's peak GiB (ranks are symmetric: even expert and
+                 head splits, replicated state), GiB per rank after
+  DECODE_AFTER   right after the largest prefill, on its state: arm "eager" (--eager-steps model.step
+                 calls) then arm "graph" (enable_replay; the capture step untimed, then --graph-steps
+                 replayed steps), tok/s of each: the speed a user sees after a long prompt
+  PREFILL_HF     (mini) HF forward s and tok/s on the same N ids (logits of the last position only),
+                 peak GiB, max |dsv4 - HF| / max |HF| on the last logits (both bf16: a sanity figure)
 """
 
 from __future__ import annotations
@@ -35,13 +40,15 @@ import torch
 
 import dsv4
 from dsv4.engine import PREFILL_BUDGET, prefill_chunk
+from dsv4 import kernels
+from dsv4.kernels import prefill_moe
 from dsv4.sampler import SamplingParams
 from dsv4.state import DecodeState
 from dsv4.receipts import emit
 
 GIB = 2 ** 30
-
-
+LONG = 8192  # sizes above this many tokens run --long-runs times (one 128k prefill on Flash is minutes)
+ROOM = 128  # capacity past the prompt: the first token, then DECODE_AFTER's eager and graph steps
 
 
 def commit_id() -> str:
@@ -51,15 +58,17 @@ def commit_id() -> str:
         return "unknown"
 
 
+def index_kernel(model) -> bool:
+    """Whether the engine's default chunk counts the indexer's kernel (rank 0's answer: every rank's is the same)."""
+    return getattr(model, "local", model).index_kernel()
+
+
 def prompt(n: int, vocab: int) -> list[int]:
     return torch.randint(2, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
 
 
-ROOM = 64  # capacity past the prompt: the first token and --decode-steps (< ROOM) after it
-
-
 def prefill_once(model, ids, chunk):
-    """(prefill s, time to first token s, rank 0 peak bytes, state) on a fresh state."""
+    """(prefill s, time to first token s, rank 0 peak bytes, state, first drawn token) on a fresh state."""
     state = model.new_state(len(ids) + ROOM)
     model.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -67,44 +76,53 @@ def prefill_once(model, ids, chunk):
     model.prefill(state, ids[:-1], chunk_size=chunk)
     model.synchronize()
     t1 = time.perf_counter()
-    model.step(state, ids[-1], SamplingParams(temperature=0.0))
+    token = model.step(state, ids[-1], SamplingParams(temperature=0.0))
     t2 = time.perf_counter()
-    return t1 - t0, t2 - t0, torch.cuda.max_memory_allocated(), state
+    return t1 - t0, t2 - t0, torch.cuda.max_memory_allocated(), state, token
 
 
-def bench_prefill(model, name, sizes, runs, chunk, decode_steps):
+def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph_steps):
     vocab = model.cfg.vocab_size
-    prefill_once(model, prompt(min(sizes), vocab), chunk)  # warm-up: allocator, cuBLAS handles
+    prefill_once(model, prompt(min(sizes), vocab), chunk)  # warm-up: allocator, cuBLAS handles, Triton builds
     for n in sizes:
         ids = prompt(n, vocab)
+        size_chunk = chunk or prefill_chunk(model.cfg, n + ROOM, model.world, index_kernel(model))
         walls, ttfts, peaks = [], [], []
-        state = None
-        for _ in range(runs):
+        state = token = None
+        for _ in range(long_runs if n > LONG else runs):
             state = None  # free the last run's state before the next one
-            wall, ttft, peak, state = prefill_once(model, ids, chunk)
+            wall, ttft, peak, state, token = prefill_once(model, ids, chunk)
             walls.append(wall), ttfts.append(ttft), peaks.append(peak)
         wall = statistics.median(walls)
-        emit("PREFILL", preset=name, ranks=model.world, tokens=n, prefilled=n - 1,
-             chunk=chunk or prefill_chunk(model.cfg, n + ROOM, model.world), runs=runs,
-             prefill_s=round(wall, 4), tok_s=round((n - 1) / wall, 1), ttft_s=round(statistics.median(ttfts), 4),
+        emit("PREFILL", preset=name, ranks=model.world, tokens=n, prefilled=n - 1, chunk=size_chunk,
+             chunks=-(-(n - 1) // size_chunk), runs=len(walls), prefill_s=round(wall, 4),
+             tok_s=round((n - 1) / wall, 1), ttft_s=round(statistics.median(ttfts), 4),
              prefill_s_runs=[round(w, 4) for w in walls], rank0_peak_gib=round(max(peaks) / GIB, 2),
              gib_per_rank_after=[round(m / GIB, 2) for m in model.each("memory_allocated")],
-             kernels=os.environ.get("DSV4_KERNELS", "auto"))
-        if decode_steps and n == max(sizes):
-            decode_after(model, name, state, ids, decode_steps)
+             kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_dense_above=prefill_moe.CONFIG["dense_above"])
+        if n == max(sizes) and (eager_steps or graph_steps):
+            decode_after(model, name, state, token, n, eager_steps, graph_steps)
 
 
-def decode_after(model, name, state, ids, steps):
+def decode_after(model, name, state, token, context, eager_steps, graph_steps):
+    """Decode on the prefilled state itself: eager steps, then (CUDA) the replayed graph's."""
     sp = SamplingParams(temperature=1.0, seed=7)
-    token = model.draw(state, sp)
-    model.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        token = model.step(state, token, sp)
-    model.synchronize()
-    wall = time.perf_counter() - t
-    emit("DECODE_AFTER", preset=name, context=len(ids), steps=steps, arm="eager",
-         tok_s=round(steps / wall, 2))
+    arms = [("eager", eager_steps)] + ([("graph", graph_steps)] if graph_steps and model.device.type == "cuda" else [])
+    for arm, steps in arms:
+        if not steps:
+            continue
+        if arm == "graph":
+            model.enable_replay(state, sp)
+            token = model.step(state, token, sp)  # the capture (and the census's first replay): untimed
+        model.synchronize()
+        start, t = state.host_pos, time.perf_counter()
+        for _ in range(steps):
+            token = model.step(state, token, sp)
+        model.synchronize()
+        wall = time.perf_counter() - t
+        emit("DECODE_AFTER", preset=name, ranks=model.world, context=context, position=start, steps=steps, arm=arm,
+             tok_s=round(steps / wall, 2), ms_per_token=round(wall / steps * 1e3, 3),
+             captures=model.captures(state) if arm == "graph" else 0)
 
 
 def bench_hf(model, name, sizes, runs):
@@ -149,7 +167,7 @@ def state_memory(model, name, dequant_bytes: int):
 
     for cap in (1 << 16, 1 << 17, 1 << 19, 1 << 20):
         emit("STATE_MEMORY", preset=name, capacity=cap, gib_per_rank=round(state_bytes(cap) / GIB, 3),
-             default_prefill_chunk=prefill_chunk(cfg, cap, world))
+             default_prefill_chunk=prefill_chunk(cfg, cap, world, index_kernel(model)))
     total = torch.cuda.get_device_properties(0).total_memory
     weights = max(model.each("memory_allocated"))
     per_token = (state_bytes(1 << 20) - state_bytes(1 << 19)) / ((1 << 20) - (1 << 19))
@@ -160,12 +178,17 @@ def state_memory(model, name, dequant_bytes: int):
     emit("STATE_FIT", preset=name, device_gib=round(total / GIB, 1), weights_gib_per_rank=round(weights / GIB, 2),
          state_bytes_per_token=round(per_token, 1), largest_capacity_decode=alone,
          largest_capacity_with_prefill_chunk=with_prefill, max_position_embeddings=cfg.max_position_embeddings,
+         largest_usable_capacity=min(with_prefill, cfg.max_position_embeddings),
          assumed_margin_gib=margin / GIB, prefill_room_gib=round((PREFILL_BUDGET + dequant_bytes) / GIB, 2))
 
 
 def dequant_stack_bytes(model) -> int:
-    """One MoE layer's local experts dequantised (gate|up, the larger of the two stacks made at once)."""
+    """One MoE layer's local experts dequantised (gate|up, the larger of the two stacks made at once); none
+    where prefill's FP4 expert kernel runs for every chunk (dsv4.kernels.prefill_moe)."""
     cfg = model.cfg
+    if (kernels.use_triton(torch.empty(0, device="cuda"), gpu_checked=prefill_moe.GPU_CHECKED)
+            and prefill_moe.CONFIG["dense_above"] is None and cfg.expert_dtype == "fp4"):
+        return 0
     n = cfg.n_routed_experts // model.world
     return n * 2 * cfg.moe_intermediate_size * cfg.hidden_size * torch.finfo(model.dtype).bits // 8
 
@@ -175,10 +198,20 @@ def main():
     ap.add_argument("preset", choices=["flash", "mini"])
     ap.add_argument("--sizes", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--long-runs", type=int, default=1, help=f"runs of a size above {LONG} tokens")
     ap.add_argument("--chunk", type=int, default=None, help="prefill chunk (default: engine.prefill_chunk)")
-    ap.add_argument("--decode-steps", type=int, default=0)
+    ap.add_argument("--eager-steps", type=int, default=16, help="DECODE_AFTER's eager steps (0: none)")
+    ap.add_argument("--graph-steps", type=int, default=64, help="DECODE_AFTER's replayed steps (0: none)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-sizes", type=int, nargs="+", default=None,
+                    help=f"sizes HF runs (default: --sizes up to {LONG})")
+    ap.add_argument("--moe-dense-above", type=int, default=None,
+                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (with DSV4_KERNELS=triton)")
     args = ap.parse_args()
+    prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
+    if args.eager_steps + args.graph_steps + 2 > ROOM:
+        ap.error(f"--eager-steps + --graph-steps must leave room for the first token and the capture: "
+                 f"at most {ROOM - 2}")
     ranks = 2 if args.preset == "flash" else 1
     t = time.perf_counter()
     model = dsv4.load(args.preset, device="cuda", ranks=ranks, seed=0)
@@ -187,9 +220,10 @@ def main():
          gib_per_rank=[round(m / GIB, 2) for m in model.each("memory_allocated")], dtype=str(model.dtype),
          device=torch.cuda.get_device_name(), commit=commit_id(), torch=torch.__version__)
     state_memory(model, args.preset, dequant_stack_bytes(model))
-    bench_prefill(model, args.preset, sorted(args.sizes), args.runs, args.chunk, min(args.decode_steps, ROOM - 1))
+    bench_prefill(model, args.preset, sorted(args.sizes), args.runs, args.long_runs, args.chunk, args.eager_steps,
+                  args.graph_steps)
     if args.preset == "mini" and not args.no_hf:
-        bench_hf(model, args.preset, sorted(args.sizes), args.runs)
+        bench_hf(model, args.preset, sorted(args.hf_sizes or [n for n in args.sizes if n <= LONG]), args.runs)
     if ranks > 1:
         model.close()
 

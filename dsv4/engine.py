@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from . import generation
+from . import generation, kernels
 from .checkpoint.init import random_weights
 from .checkpoint.load import load_weights
 from .checkpoint.memory import check_fits
@@ -136,15 +136,18 @@ PREFILL_CHUNK = 4096
 PREFILL_BUDGET = 16 << 30  # bytes of a default chunk's largest activations
 
 
-def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1) -> int:
+def prefill_chunk(cfg: ModelConfig, capacity: int, world: int = 1, index_kernel: bool = False) -> int:
     """The default prefill chunk: the largest power of two up to PREFILL_CHUNK (at least 64) whose largest
     activations fit PREFILL_BUDGET. Per query those are the lightning indexer's fp32 scores over the whole
     compressed store (index_n_heads x capacity / rate, ~3 alive), the sliding attention's logits over the
     window and the chunk (heads of a rank x (window + chunk), ~5 alive) and the CSA rows each query picks
     (index_topk x head_dim, ~3 alive); 2-byte activations assumed. Flash, 2 ranks: 4096 at a 4k capacity,
-    1024 at 32k, 512 at 128k, 64 at 1M."""
+    1024 at 32k, 512 at 128k, 64 at 1M. `index_kernel`: the indexer's kernel runs (dsv4.kernels.compressor),
+    whose scores are one int64 sort key per compressed row (~2 alive with top-k's): 4096 up to 128k, 2048 at 1M.
+    A larger chunk reads every weight (the routed experts' above all) fewer times over a long prompt."""
     csa = [cfg.compress_rate(i) for i in range(cfg.num_hidden_layers) if cfg.layer_types[i] == CSA]
-    scores = 12 * cfg.index_n_heads * (capacity // min(csa) + 2) if csa else 0
+    per_row = 16 if index_kernel else 12 * cfg.index_n_heads
+    scores = per_row * (capacity // min(csa) + 2) if csa else 0
     picked = 6 * cfg.index_topk * cfg.head_dim if csa else 0
     heads = cfg.num_attention_heads // world
     chunk = PREFILL_CHUNK
@@ -261,7 +264,7 @@ class Model(ModelCommon):
         state.check_open()
         tokens = self._tokens(ids, "prefill")
         if chunk_size is None:
-            chunk_size = prefill_chunk(self.cfg, state.capacity, self.world)
+            chunk_size = prefill_chunk(self.cfg, state.capacity, self.world, self.index_kernel())
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size {chunk_size!r}: a positive integer")
         state.check_room(tokens.shape[0])
@@ -270,6 +273,15 @@ class Model(ModelCommon):
             for start in range(0, tokens.shape[0], chunk_size):
                 self._run(state, tokens[start:start + chunk_size])
         return state.logits.clone()
+
+    def index_kernel(self) -> bool:
+        """Whether the indexer's scores run as the kernel (its sort keys, not the reference's fp32 scores: see
+        prefill_chunk); the shape conditions of dsv4.kernels.compressor.index_supported that the config sets."""
+        from .kernels import compressor
+
+        d = self.cfg.index_head_dim
+        return (kernels.use_triton(torch.empty(0, device=self.device), gpu_checked=compressor.GPU_CHECKED)
+                and d >= 16 and d & (d - 1) == 0)
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor:
         """One committed step on `token`; returns its logits (fp32 [vocab])."""
@@ -504,6 +516,15 @@ class Model(ModelCommon):
             carry[0] = self.step(state, carry[0], sampling)
 
         return measure.kernel_table(one, steps, self.device)
+
+    def prefill_table(self, state: DecodeState, prefix: DecodeState, ids: Sequence[int], chunk_size: int | None = None,
+                      runs: int = 2) -> dict:
+        """This rank's time of `prefill(state, ids, chunk_size)` from `prefix` (restored before each run), by
+        phase and kernel (dsv4.measure.prefill_table)."""
+        from . import measure
+
+        return measure.prefill_table(lambda: self.prefill(state, ids, chunk_size), lambda: state.restore(prefix),
+                                     runs, self.device)
 
     # ---- full-token replay --------------------------------------------------
     def enable_replay(self, state: DecodeState, sampling=None):

@@ -221,3 +221,140 @@ def kernel_table(run_step, steps: int, device) -> dict:
             "busy_fraction": round(total / (wall * 1e6), 4) if wall > 0 else None,
             "scope": "CUDA activities (kernels, memcpy, memset) of model.step" if cuda
             else "top-level torch ops of model.step, host time (CPU smoke run)"}
+
+
+# ---- prefill ----------------------------------------------------------------
+
+# Finer ranges inside a prefill chunk's phases: (module, function, range). While a table is taken
+# (`sub_phases`) each function runs inside its range, so a kernel counts in the innermost one; the
+# forward's own phases (dsv4.profile) keep what none of these covers.
+SUB_PHASES = (
+    ("dsv4.model.attention", "linear", "attention.linear"),
+    ("dsv4.model.attention", "grouped_linear", "attention.linear"),
+    ("dsv4.model.attention", "_norm_rope", "attention.norm_rope"),
+    ("dsv4.model.attention", "_attend", "attention.core"),
+    ("dsv4.kernels.attention", "attention", "attention.core"),
+    ("dsv4.model.compressor", "linear", "compressor.linear"),
+    ("dsv4.model.attention", "compress", "compressor.pool"),
+    ("dsv4.model.attention", "index_topk", "indexer.scores_topk"),
+    ("dsv4.model.moe", "linear", "moe.linear"),
+    ("dsv4.model.moe", "route", "moe.route"),
+    ("dsv4.model.moe", "shared_expert", "moe.shared"),
+    ("dsv4.model.moe", "grouped_experts", "moe.routed"),
+    ("dsv4.kernels.moe", "routed", "moe.routed"),
+    ("dsv4.model.moe_prefill", "dequant_stack", "moe.dequant"),
+    ("dsv4.model.moe_prefill", "grouped_mm", "moe.grouped_mm"),
+    ("dsv4.kernels.prefill_moe", "experts", "moe.grouped_fp4"),
+)
+
+# The issue's groups of a prefill's time: each range (a phase or a sub-phase) belongs to one.
+GROUPS = {"attention": "attention", "attention.norm_rope": "attention", "attention.core": "attention",
+          "compressor": "compressor+indexer", "compressor.pool": "compressor+indexer",
+          "indexer.scores_topk": "compressor+indexer",
+          "attention.linear": "dense linears", "compressor.linear": "dense linears", "moe.linear": "dense linears",
+          "moe": "moe", "moe.route": "moe", "moe.shared": "moe", "moe.routed": "moe", "moe.dequant": "moe",
+          "moe.grouped_mm": "moe", "moe.grouped_fp4": "moe", "mhc": "mhc", "collective": "collectives",
+          "head": "head", "commit": "commit"}
+
+
+@contextlib.contextmanager
+def sub_phases():
+    """Wrap every SUB_PHASES function in its profiler range while inside (put back after)."""
+    import functools
+    import importlib
+
+    saved = []
+
+    def ranged(fn, name):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with torch.profiler.record_function(PREFIX + name):
+                return fn(*args, **kwargs)
+        return run
+
+    try:
+        for module, attr, name in SUB_PHASES:
+            mod = importlib.import_module(module)
+            fn = getattr(mod, attr)
+            saved.append((mod, attr, fn))
+            setattr(mod, attr, ranged(fn, name))
+        yield
+    finally:
+        for mod, attr, fn in reversed(saved):
+            setattr(mod, attr, fn)
+
+
+def prefill_table(run, reset, runs: int, device) -> dict:
+    """A prefill's time by range and kernel. `reset()` puts the state back, `run()` prefills; one
+    warm-up, `runs` timed plainly (the wall), `runs` more under the profiler with the sub-phase ranges.
+
+    -> {"wall_s": median wall of a prefill, "walls_s", "kernel_us": summed GPU time of a prefill,
+    "phases": {range: {"us", "kernels"}}, "groups": {group: us}, "kernels": [{"phase", "name",
+    "calls", "us", "share"}] largest first}. Times are per prefill (all its chunks). On CUDA a
+    kernel's own duration counts, in the innermost range open when it was launched; on CPU (a smoke
+    run) the host time of the torch ops called from dsv4's code.
+    """
+    cuda = torch.device(device).type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)  # noqa: E731
+    reset()
+    run()
+    walls = []
+    for _ in range(runs):
+        reset()
+        sync()
+        t = time.perf_counter()
+        run()
+        sync()
+        walls.append(time.perf_counter() - t)
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with marking(), sub_phases(), torch.profiler.profile(activities=acts) as prof:
+        for _ in range(runs):
+            with torch.profiler.record_function(PREFIX + "reset"):
+                reset()
+            run()
+        sync()
+    phases, kernels = _attribute(prof.events(), cuda)
+    phases.pop("reset", None)
+    kernels = {key: v for key, v in kernels.items() if key[0] != "reset"}
+    total = sum(us for us, _ in kernels.values())
+    rows = [{"phase": p, "name": n, "calls": round(c / runs, 2), "us": round(us / runs, 1),
+             "share": round(us / total, 4) if total else 0.0}
+            for (p, n), (us, c) in sorted(kernels.items(), key=lambda kv: -kv[1][0])]
+    groups = collections.Counter()
+    for p, v in phases.items():
+        groups[GROUPS.get(p, "other")] += v["us"] / runs
+    return {"wall_s": round(sorted(walls)[len(walls) // 2], 4), "walls_s": [round(w, 4) for w in walls],
+            "kernel_us": round(total / runs, 1),
+            "phases": {p: {"us": round(v["us"] / runs, 1), "kernels": round(v["kernels"] / runs, 1)}
+                       for p, v in sorted(phases.items(), key=lambda kv: -kv[1]["us"])},
+            "groups": {g: round(us, 1) for g, us in groups.most_common()}, "kernels": rows,
+            "scope": "CUDA kernels, innermost dsv4 range at launch" if cuda
+            else "torch ops called from dsv4's code, host time (CPU smoke run)"}
+
+
+def _attribute(events, cuda: bool) -> tuple[dict, dict]:
+    """({range: {"us", "kernels"}}, {(range, kernel or op name): (us, calls)}) summed over the events."""
+    ranges = sorted(((e.time_range.start, e.time_range.end, e.name[len(PREFIX):], e.thread) for e in events
+                     if e.name.startswith(PREFIX)), key=lambda r: r[0])
+    starts = [r[0] for r in ranges]
+    phases: dict = {}
+    kernels: dict = collections.defaultdict(lambda: (0.0, 0))
+    for e in events:
+        if e.name.startswith(PREFIX):
+            continue
+        if cuda:
+            parts = [(k.name, k.duration) for k in e.kernels]
+        elif e.cpu_parent is None or e.cpu_parent.name.startswith(PREFIX):
+            parts = [(e.name, e.cpu_time_total)]
+        else:
+            continue
+        if not parts:
+            continue
+        where = _innermost(ranges, starts, e.time_range.start, e.thread)
+        slot = phases.setdefault(where, {"us": 0.0, "kernels": 0})
+        for name, us in parts:
+            slot["us"] += us
+            slot["kernels"] += 1 if cuda else 0
+            key = (where, short_kernel_name(name))
+            kernels[key] = (kernels[key][0] + us, kernels[key][1] + 1)
+    return phases, kernels

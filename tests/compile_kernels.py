@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -225,6 +225,20 @@ def moe_variants(dtype, scale_dtype):
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
+
+
+def prefill_moe_variants(dtype, scale_dtype):
+    """Prefill's FP4 experts at Flash's shapes (4 of a rank's experts here), at each tile height block_m picks."""
+    stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
+              for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    for pairs in (24, 200, 600):  # block_m 16, 32, 64 over 4 experts
+        ends = torch.full((4,), pairs, dtype=torch.int32)
+        prefill_moe.experts(torch.zeros(pairs, 4096, dtype=dtype), torch.zeros(pairs, dtype=torch.int64), ends,
+                            stacks, 10.0)
+
+
+prefill_moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
+prefill_moe_variants(torch.float32, torch.float32)
 
 # The step's commit in one launch: the table's dtype codes are runtime values, so one variant per
 # rows-per-write split (decode: 1; a prefill chunk: up to MAX_SPLIT).

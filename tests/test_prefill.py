@@ -65,7 +65,8 @@ def run_both(x, ids, weights, experts, first, cfg):
     n = experts["w1"].data.shape[0]
     local = ids - first
     w = torch.where((local >= 0) & (local < n), weights, 0.0).to(x.dtype)
-    got = grouped_experts(x, local, w, experts, lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit))
+    limit = cfg.swiglu_limit
+    got = grouped_experts(x, local, w, experts, lambda gate, up: swiglu_act(gate, up, limit), limit)
     return got, routed_all_experts(x, ids, weights, experts, first, cfg)
 
 
@@ -158,7 +159,7 @@ def test_prefill_grouped_equals_the_loop_in_the_model(model, single_steps, monke
     stream, _ = single_steps
     a = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
 
-    def loop(x, local, weights, experts, act):
+    def loop(x, local, weights, experts, act, limit=None):
         return routed_all_experts(x, local, weights, experts, 0, model.cfg)
 
     monkeypatch.setattr(moe, "grouped_experts", loop)
@@ -185,6 +186,9 @@ def test_default_prefill_chunk_shrinks_with_the_capacity():
     flash = dsv4.config.preset("flash")
     got = [prefill_chunk(flash, cap, 2) for cap in (4096 + 64, 32768, 131072, 1 << 20)]
     assert got == [4096, 1024, 512, 64]
+    # with the indexer's kernel its scores are 8-byte sort keys per row, not fp32 per head
+    assert [prefill_chunk(flash, cap, 2, index_kernel=True) for cap in (32768, 131072 + 128, 1 << 20)] == [4096, 4096,
+                                                                                                      2048]
     assert prefill_chunk(dsv4.config.preset("tiny"), 128) == PREFILL_CHUNK
 
 
@@ -226,3 +230,205 @@ def test_grouped_experts_bf16_on_cuda():
     b = run_both(x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 64, cfg)[0]
     assert torch.equal(a, b)
     assert float((a.float().cpu() - ref).abs().max()) <= 2 ** -6 * float(ref.abs().max())
+
+
+def test_prefill_table_smoke_on_cpu(tmp_path):
+    """benchmarks/prefill_table.py on tiny: every range in a group, the sub-phase wrappers put back."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from dsv4 import measure
+    from dsv4.model import attention
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "prefill_table.py"
+    spec = importlib.util.spec_from_file_location("prefill_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    before = (attention.linear, attention.index_topk, moe.route)
+    out = tmp_path / "table.txt"
+    assert script.main(["--preset", "tiny", "--device", "cpu", "--tokens", "20", "--chunk", "8", "--prime", "5",
+                        "--runs", "1", "--top", "5", "--out", str(out)]) == 0
+    assert (attention.linear, attention.index_topk, moe.route) == before
+    records = [line.split(" ", 1) for line in out.read_text().splitlines()]
+    by = lambda tag: [json.loads(r) for t, r in records if t == tag]  # noqa: E731
+    (total,) = by("PREFILL_TABLE_TOTAL")
+    assert total["chunks"] == 3 and total["prime"] == 5 and total["tokens"] == 20 and total["wall_s"] > 0
+    groups = {g["group"] for g in by("PREFILL_GROUP")}
+    assert {"attention", "compressor+indexer", "moe", "dense linears", "mhc"} <= groups
+    phases = {p["phase"] for p in by("PREFILL_PHASE")}
+    assert {p for p in phases if p not in measure.GROUPS} <= {"other"}
+    assert "reset" not in phases and {"indexer.scores_topk", "moe.grouped_mm", "attention.linear"} <= phases
+    kernels = by("PREFILL_KERNEL")
+    assert len(kernels) == 5 and kernels == sorted(kernels, key=lambda r: -r["us"])
+
+
+def fp4_stacks(n, D, I, scale_dtype, seed, device="cpu"):
+    stacks = expert_stacks(n, D, I, "fp4", seed)
+    return {k: QWeight(w.data.to(device), w.scale.to(scale_dtype).to(device), "fp4") for k, w in stacks.items()}
+
+
+# prefill_moe's tests: the interpreter on CPU, the compiled kernel on a GPU
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernels = pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(),
+                                   reason="needs triton's interpreter or a GPU")
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,k,n,first,total,scale_dtype", [(40, 6, 16, 16, 64, torch.float8_e8m0fnu),
+                                                           (9, 2, 8, 0, 8, torch.float32),
+                                                           (70, 4, 4, 4, 12, torch.float8_e8m0fnu)])
+def test_prefill_moe_kernel_matches_the_dequantised_reference(monkeypatch, dtype, T, k, n, first, total,
+                                                               scale_dtype):
+    """dsv4.kernels.prefill_moe against grouped_experts's dequant + grouped matmul, on fresh inputs:
+    other ranks' pairs, experts no pair picked, experts with more rows than a tile (70 x 4 over 4 experts
+    of 12), K = I = 96 (not a whole tile). Tolerance: float32, 1e-5 of the max (ieee dots; the sums'
+    order differs); bf16, 2**-7 of the max (the projections and the activation round to bf16 alike, a
+    rounding flip between them moves an output by a few bf16 ulps)."""
+    pytest.importorskip("triton")
+    from dsv4.kernels import prefill_moe
+
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(n, 64, 96, scale_dtype, seed=T + k, device=KERNEL_DEVICE)
+    ids, weights = routing(T, k, total, seed=T + 1)
+    local = (ids - first).to(KERNEL_DEVICE)
+    weights = torch.where((local >= 0) & (local < n), weights.to(KERNEL_DEVICE), 0.0).to(dtype)
+    x = torch.randn(T, 64, generator=torch.Generator().manual_seed(T)).to(dtype).to(KERNEL_DEVICE)
+    act = lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit)  # noqa: E731
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert prefill_moe.supported(x, [experts[w] for w in ("w1", "w3", "w2")])
+    got = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    again = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    assert got.dtype == dtype and torch.equal(got, again)
+    assert float((got.float() - ref.float()).abs().max()) <= tol * float(ref.float().abs().max())
+
+
+def test_prefill_moe_schedule_covers_every_pair_once():
+    """Tiles of bm rows of one expert each: every local pair in exactly one tile, the rest marked expert n."""
+    from dsv4.kernels.prefill_moe import schedule
+
+    counts = torch.tensor([0, 5, 16, 0, 33, 1])
+    ends = torch.cumsum(counts, 0).to(torch.int32)
+    P = 60  # 55 local pairs and 5 of other ranks
+    expert, row = schedule(ends, P, 16)
+    assert expert.shape[0] == -(-P // 16) + 6
+    seen = []
+    for e, r in zip(expert.tolist(), row.tolist()):
+        if e == 6:
+            continue
+        lo, hi = int(ends[e] - counts[e]), int(ends[e])
+        assert lo <= r < hi
+        seen += list(range(r, min(r + 16, hi)))
+    assert sorted(seen) == list(range(55))
+
+
+@needs_kernels
+@torch.inference_mode()
+def test_prefill_with_the_fp4_expert_kernel_equals_single_steps(monkeypatch):
+    """tiny with FP4 experts (a quantised checkpoint's layout), fp32: prefill chunks whose routed experts run
+    dsv4.kernels.prefill_moe (every other op the torch reference) against single decode steps, which never
+    take it: within TOL, and the kernel ran for every MoE layer of every chunk. On a GPU: fp32, the kernel's
+    ieee dots."""
+    pytest.importorskip("triton")
+    from dsv4.checkpoint.init import random_weights
+    from dsv4.checkpoint.synth import written_config
+    from dsv4.engine import Model
+    from dsv4.kernels import prefill_moe
+    from dsv4.model import moe_prefill
+    from dsv4.model.forward import Transformer
+    from dsv4.parallel import Comm
+
+    cfg = written_config(dsv4.config.preset("tiny"), "fp8")
+    dev = KERNEL_DEVICE
+    weights = random_weights(cfg, device=dev, dtype=torch.float32, seed=3)
+    quantised = Model(cfg, Transformer(cfg, weights, Comm(cfg.num_hidden_layers, dev), dev, torch.float32))
+    assert quantised.transformer.layers[0]["ffn"]["experts"]["w1"].fmt == "fp4"
+    stream = ids(60, seed=5)
+    state = quantised.new_state(64)
+    ref = [quantised.decode(state, t) for t in stream]
+
+    calls = []
+    kernel = prefill_moe.experts
+
+    def counted(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    def runs(x, experts):
+        return x.shape[0] > 8 and prefill_moe.supported(x, [experts[w] for w in ("w1", "w3", "w2")])
+
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    monkeypatch.setattr(moe_prefill, "fused_runs", runs)
+    monkeypatch.setattr(moe, "fused_runs", runs)
+    monkeypatch.setattr(prefill_moe, "experts", counted)
+    state = quantised.new_state(64)
+    start = 0
+    for n, chunk in ((23, 23), (30, 15)):  # ends at 23, 53: chunks over window and rate boundaries
+        logits = quantised.prefill(state, stream[start:start + n], chunk_size=chunk)
+        start += n
+        assert rel(logits, ref[start - 1]) <= TOL, f"prefill ending at {start}"
+    assert len(calls) == 3 * cfg.num_hidden_layers
+    for j, t in enumerate(stream[start:start + 4]):
+        assert rel(quantised.decode(state, t), ref[start + j]) <= TOL
+
+
+@needs_kernels
+def test_prefill_moe_kernel_makes_no_host_sync(monkeypatch):
+    """The tile schedule and both launches: no host read, no data-dependent shape (a chunk stays capturable)."""
+    pytest.importorskip("triton")
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(8, 64, 64, torch.float8_e8m0fnu, seed=7, device=KERNEL_DEVICE)
+    local, weights = (t.to(KERNEL_DEVICE) for t in routing(30, 2, 8, seed=3))
+    x = torch.randn(30, 64, device=KERNEL_DEVICE)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit),
+                    cfg.swiglu_limit)  # built before the guard: the first launch compiles
+    with NoHostSync():
+        grouped_experts(x, local, weights, experts,
+                        lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit), cfg.swiglu_limit)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+def test_prefill_moe_dense_above_takes_the_dequantised_path(monkeypatch):
+    pytest.importorskip("triton")
+    from dsv4.kernels import prefill_moe
+
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(4, 64, 64, torch.float8_e8m0fnu, seed=2)
+    local, weights = routing(20, 2, 4, seed=1)  # 40 pairs over 4 experts: 10 per expert
+    x = torch.randn(20, 64)
+    act = lambda gate, up: swiglu_act(gate, up, cfg.swiglu_limit)  # noqa: E731
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    ran = []
+    monkeypatch.setattr(prefill_moe, "experts", lambda *a: ran.append(1))
+    monkeypatch.setitem(prefill_moe.CONFIG, "dense_above", 9)
+    got = grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit)
+    assert not ran
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    assert torch.equal(got, grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prefill_moe_kernel_bf16_on_cuda_at_wider_shapes(monkeypatch):
+    """The compiled kernel at K 1024 / 512 (several K tiles), k = 6 over 16 of 32 experts, bf16: within 2**-6
+    of the float32 loop on CPU (as test_grouped_experts_bf16_on_cuda), within 2**-7 of the CUTLASS reference
+    on the same device, and bit-identical from run to run (no order-dependent atomics)."""
+    cfg = dsv4.config.preset("tiny")
+    experts = expert_stacks(16, 1024, 512, "fp4", seed=17)
+    ids, weights = routing(300, 6, 32, seed=9)
+    x = torch.randn(300, 1024, generator=torch.Generator().manual_seed(8))
+    loop = run_both(x, ids, weights, experts, 16, cfg)[1]
+    on_gpu = {name: QWeight(s.data.cuda(), s.scale.cuda(), s.fmt) for name, s in experts.items()}
+    args = (x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 16, cfg)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    cutlass = run_both(*args)[0]
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    a, b = run_both(*args)[0], run_both(*args)[0]
+    assert torch.equal(a, b)
+    assert float((a.float() - cutlass.float()).abs().max()) <= 2 ** -7 * float(cutlass.float().abs().max())
+    assert float((a.float().cpu() - loop).abs().max()) <= 2 ** -6 * float(loop.abs().max())

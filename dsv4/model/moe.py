@@ -25,7 +25,7 @@ from ..kernels import route as fused_route
 from .linear import expert_linear, experts_fused, linear
 from .rows import per_row, rows_per_weight
 from ..formats import QWeight
-from .moe_prefill import grouped_experts
+from .moe_prefill import fused_runs, grouped_experts
 
 
 def score(logits: torch.Tensor, func: str) -> torch.Tensor:
@@ -90,7 +90,9 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     weights = torch.where(mine, weights, 0.0).to(x.dtype)
     limit = cfg.swiglu_limit
     alone = rows_per_weight(x) == 1
-    if T * k <= n or alone:
+    # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
+    # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
+    if alone or (T * k <= n and not fused_runs(x, experts)):
         stacks = [experts[name] for name in ("w1", "w3", "w2")]
         if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
             # Two launches on the stored bytes; experts of other ranks are skipped unread.
@@ -106,7 +108,7 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
             y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
         return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
-    return grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit))
+    return grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit)
 
 
 def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:

@@ -13,6 +13,10 @@ else the reference QWeight.dequant a few experts at a time). On Flash with 2 ran
 I = 2048, D = 4096) that is 4.3 GB (gate|up) then 2.1 GB (down) in bf16 per rank, whatever the
 chunk size. A chunk's own activations are a few copies of [T*k, D] and [T*k, I] (the pairs of
 other ranks' experts included: the shapes cannot depend on the routing), ~0.4 MB per token on Flash.
+
+Where it runs (FP4 stacks, `fused_runs`), dsv4.kernels.prefill_moe replaces the dequantisation and the
+grouped matmul: it reads the stored bytes of the experts the pairs picked, tile by tile, and nothing
+dense is made. That is what a short chunk needs most: its cost follows its pairs, not the layer's experts.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..kernels import dequant
+from ..kernels import dequant, prefill_moe
+from ..kernels.qgemv import MAX_ROWS
 from ..formats import QWeight
 
 # Experts dequantised per step: the reference dequant's int64 index per stored byte is 32 MB per
@@ -28,28 +33,46 @@ from ..formats import QWeight
 DEQUANT_STEP = 8
 
 
-def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor, experts: dict, act) -> torch.Tensor:
+def fused_runs(x: torch.Tensor, experts: dict) -> bool:
+    """Whether grouped_experts runs dsv4.kernels.prefill_moe on rows x: more rows than the decode kernels
+    take (dsv4.kernels.moe keeps those), FP4 stacks it reads."""
+    stacks = [experts[name] for name in ("w1", "w3", "w2")]
+    return (x.shape[0] > MAX_ROWS and kernels.use_triton(x, gpu_checked=prefill_moe.GPU_CHECKED)
+            and prefill_moe.supported(x, stacks))
+
+
+def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor, experts: dict, act,
+                    limit: float | None = None) -> torch.Tensor:
     """sum_j weights[t, j] * expert_{local[t, j]}(x[t]) over this rank's experts (local ids 0..n-1).
 
     x [T, D]; local [T, k] (ids outside 0..n-1 belong to other ranks); weights [T, k], already 0 for
-    them; act(gate, up) is the SwiGLU between the projections. -> [T, D] in x's dtype.
+    them; act(gate, up) is the SwiGLU between the projections, clamping at `limit` (given, the fused
+    kernel may run: it computes that activation itself). -> [T, D] in x's dtype.
     """
     T, k = local.shape
     n = experts["w1"].data.shape[0]
     key = torch.where((local >= 0) & (local < n), local, n).flatten()
     key, order = torch.sort(key, stable=True)
     ends = torch.searchsorted(key, torch.arange(n, device=key.device), right=True, out_int32=True)
-    rows = x.index_select(0, order // k)
-    gate_up = grouped_mm(rows, dequant_stack([experts["w1"], experts["w3"]], x.dtype), ends)
-    I = gate_up.shape[-1] // 2
-    h = act(gate_up[:, :I], gate_up[:, I:])
-    del gate_up
-    y = grouped_mm(h, dequant_stack([experts["w2"]], x.dtype), ends)
+    dense_above = prefill_moe.CONFIG["dense_above"]
+    if limit is not None and fused_runs(x, experts) and (dense_above is None or T * k <= dense_above * n):
+        y = prefill_moe.experts(x, order // k, ends, [experts[name] for name in ("w1", "w3", "w2")], limit)
+    else:
+        y = _dequantised(x.index_select(0, order // k), ends, experts, act)
     # Rows past the last group (other ranks' pairs) are left unset by the grouped matmul: zero them,
     # since weight 0 times an unset NaN is still NaN.
     y = torch.where((key < n).unsqueeze(-1), y, 0.0)
     back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     return (y.index_select(0, back).view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+def _dequantised(rows: torch.Tensor, ends: torch.Tensor, experts: dict, act) -> torch.Tensor:
+    """The reference: every local expert dense, one grouped matmul per projection (rows past ends[-1] unset)."""
+    gate_up = grouped_mm(rows, dequant_stack([experts["w1"], experts["w3"]], rows.dtype), ends)
+    I = gate_up.shape[-1] // 2
+    h = act(gate_up[:, :I], gate_up[:, I:])
+    del gate_up
+    return grouped_mm(h, dequant_stack([experts["w2"]], rows.dtype), ends)
 
 
 def dequant_stack(stacks: list[QWeight], dtype: torch.dtype) -> torch.Tensor:
