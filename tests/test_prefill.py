@@ -217,9 +217,10 @@ def test_fp4_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_grouped_experts_bf16_on_cuda():
+def test_grouped_experts_bf16_on_cuda(monkeypatch):
     """The CUTLASS grouped matmul (bf16) with Flash's k = 6 over 64 of 128 experts, FP4 weights: within
     2**-6 of the float32 loop on CPU, and bit-identical from run to run (no order-dependent atomics)."""
+    monkeypatch.setenv("DSV4_KERNELS", "torch")  # the torch path on both devices, whatever the run's policy
     cfg = dsv4.config.preset("tiny")
     experts = expert_stacks(64, 256, 128, "fp4", seed=13)
     ids, weights = routing(300, 6, 128, seed=5)
@@ -422,6 +423,7 @@ def test_prefill_moe_kernel_bf16_on_cuda_at_wider_shapes(monkeypatch):
     experts = expert_stacks(16, 1024, 512, "fp4", seed=17)
     ids, weights = routing(300, 6, 32, seed=9)
     x = torch.randn(300, 1024, generator=torch.Generator().manual_seed(8))
+    monkeypatch.setenv("DSV4_KERNELS", "torch")  # the CPU reference runs no kernel, whatever the run's policy
     loop = run_both(x, ids, weights, experts, 16, cfg)[1]
     on_gpu = {name: QWeight(s.data.cuda(), s.scale.cuda(), s.fmt) for name, s in experts.items()}
     args = (x.bfloat16().cuda(), ids.cuda(), weights.cuda(), on_gpu, 16, cfg)
