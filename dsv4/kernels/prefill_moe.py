@@ -28,7 +28,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # session 5: its CUDA tests (against CUTLASS and the fp32 loop) and flash prefill at 4k-128k under DSV4_KERNELS=triton
 # Columns and inputs per program, warps, pipeline stages (the rows per tile follow the pairs per expert:
 # block_m). Untuned: a first choice for Flash's K 4096 / 2048 on sm_90. dense_above: with more (token,
 # expert) pairs per local expert than this (all ranks' pairs counted), the grouped path dequantises the
