@@ -96,6 +96,47 @@ def test_v2_split_choice(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,N,K", [("fp8", 12, 1024), ("fp8", 9, 1280), ("fp4", 12, 256), ("fp4", 8, 320)])
+def test_v2_fused_sum_bit_identical(monkeypatch, device, fmt, N, K):
+    """The splits summed by the last program of each row block (v2_fused_sum) give the same bits as the
+    second launch: rows 1..MAX_ROWS, splits 1/2/4/8 (each row count with two of them), FP8 (a row slice
+    inside a scale block) and FP4 stacked experts, bf16 and fp32 outputs, K a whole number of splits
+    or not. The tickets are back at 0 after each launch."""
+    for key, value in {**V2, "v2_block_k_fp8": 128, "v2_block_k_fp4": 32}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(N * K)
+    if fmt == "fp8":
+        full = quantised("fp8", N + 64, K, g)
+        w = QWeight(full.data[64:].contiguous(), full.scale.contiguous(), "fp8", 64, 0).to(device)
+    else:
+        w = quantised("fp4", N, K, g, experts=3).to(device)
+    for rows in range(1, qgemv.MAX_ROWS + 1):
+        dtype = torch.bfloat16 if rows % 2 else torch.float32
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        ids = torch.randint(0, 3, (rows,), generator=g).to(device)
+        for splits in ((2, 8) if rows % 2 else (1, 4)):
+            monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", splits)
+            out = {}
+            for fused in (False, True):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                out[fused] = qgemv.linear(x, w) if fmt == "fp8" else qgemv.expert_linear(x, w, ids, 1)
+            assert torch.equal(out[True], out[False]), (rows, splits)
+            if splits > 1:
+                assert not qgemv.tickets_for(1, x.device).any()
+
+
+def test_v2_fused_sum_tickets(monkeypatch):
+    """The tickets are one buffer per device, made outside a capture; a launch needing more (or a capture
+    before the buffer exists) sums in a second launch instead."""
+    monkeypatch.setattr(qgemv, "_tickets", {})
+    cpu = torch.device("cpu")
+    buf = qgemv.tickets_for(10, cpu)
+    assert buf is not None and buf.shape == (qgemv.TICKETS,) and buf.dtype == torch.int32 and not buf.any()
+    assert qgemv.tickets_for(qgemv.TICKETS, cpu) is buf
+    assert qgemv.tickets_for(qgemv.TICKETS + 1, cpu) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_v2_slices_grouped_and_experts(monkeypatch, device):
     """A row slice starting inside a scale block, float32 scales, the grouped wo_a and stacked experts."""
     for key, value in {**V2, "v2_split_k": 2}.items():
