@@ -213,6 +213,94 @@ def test_moe_decode_against_reference(monkeypatch, device, fmt, T, dtype):
     close_chain(got, ref, dtype)
 
 
+MOE_SMALL = {"block_k_fp4": 32, "block_k_fp8": 128, "gate_up_block_n": 16, "down_block_n": 32, "shared_block_n": 8}
+
+
+def moe_configured(monkeypatch, **overrides):
+    for key, value in {**MOE_SMALL, **overrides}.items():
+        monkeypatch.setitem(fused_moe.CONFIG, key, value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,dtype", [("fp4", torch.bfloat16), ("fp8", torch.float32)])
+def test_moe_gate_up_variants(monkeypatch, device, fmt, dtype):
+    """Kernel 1's options: compact rows give the same bits as the plain grid; split-K (2 and 4 splits, K
+    of 4 K tiles) gives the same bits with the sum fused or in a second launch, whether compacted or not,
+    and agrees with the reference within close_chain; tickets back at 0. Two tokens, rank 1 of 2. (Triton's
+    interpreter runs the programs one after another: the GPU run checks the race for the last ticket.)"""
+    g = torch.Generator().manual_seed(7)
+    D, I = 128 if fmt == "fp4" else 512, 32 if fmt == "fp4" else 128
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    weights = weights.to(dtype)
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 0.3
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = moe_mod.routed(x, ids, weights, stacks, first, cfg)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+
+    def run(**overrides):
+        moe_configured(monkeypatch, **overrides)
+        return moe_mod.routed(x, ids, weights, stacks, first, cfg)
+
+    plain = run(gate_up_split_k=1, compact=False)
+    assert torch.equal(run(gate_up_split_k=1, compact=True), plain)
+    for splits in (2, 4):
+        split = run(gate_up_split_k=splits, compact=False, fused_sum=True)
+        close_chain(split, ref, dtype)
+        assert not tickets_any(device)
+        for compact, fused in ((False, False), (True, True), (True, False)):
+            assert torch.equal(run(gate_up_split_k=splits, compact=compact, fused_sum=fused), split), (splits, compact)
+
+
+def tickets_any(device) -> bool:
+    return bool(qgemv.tickets_for(1, torch.device(device)).any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_compact_rows(monkeypatch, device):
+    """The prefix count: slot j runs the j-th local row in row order; slots past the local rows run nothing
+    (a batch of one token with all experts remote gets 0; one with all local fills every slot)."""
+    g = torch.Generator().manual_seed(8)
+    D, I = 64, 32
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(3, D, generator=g).to(device)
+    ids = torch.tensor([[16, 31, 20, 21, 22, 23], [0, 1, 2, 3, 4, 5], [17, 2, 30, 3, 18, 4]], device=device)
+    weights = torch.softmax(torch.randn(3, 6, generator=g), -1).to(device)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, compact=False)
+    plain = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    moe_configured(monkeypatch, compact=True)
+    got = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    assert torch.equal(got, plain) and torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_gate_up_split(monkeypatch, device):
+    """The shared expert's gate/up split over K (its rows start inside a scale block): fused or second-launch
+    sum give the same bits, within close_chain of the reference."""
+    g = torch.Generator().manual_seed(9)
+    D, I_full = 512, 192
+    w1, w3 = quantised("fp8", I_full, D, g), quantised("fp8", I_full, D, g)
+    rows = slice(64, 192)
+
+    def rows_of(w):
+        return QWeight(w.data[rows].contiguous(), w.scale[0:2].contiguous(), "fp8", rows.start, 0).to(device)
+
+    a, b = rows_of(w1), rows_of(w3)
+    x = torch.randn(2, D, generator=g).to(torch.bfloat16).to(device)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = moe_mod.swiglu_act(linear_mod.linear(x, a), linear_mod.linear(x, b), 0.5)
+    out = {}
+    for fused in (True, False):
+        moe_configured(monkeypatch, shared_split_k=4, fused_sum=fused)
+        out[fused] = fused_moe.shared_gate_up(x, a, b, 0.5)
+    assert torch.equal(out[True], out[False]) and not tickets_any(device)
+    close_chain(out[True], ref, torch.bfloat16)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the witness computes with the poison
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp4", "fp8"])

@@ -197,10 +197,10 @@ def _fp4_rows(x_row, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: 
     return tl.sum(acc, axis=0)
 
 
-def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
+def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
                    K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
                    EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
-                   SPLITS: constexpr, K_CHUNK: constexpr, p_ptr, tickets_ptr, FUSED_SUM: constexpr):
+                   SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr):
     """Grid (row blocks, SPLITS, rows). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
     y_ptr by the last program of the row block (FUSED_SUM) or by _sum_splits_kernel after this launch."""
     nb = tl.program_id(0)
@@ -328,13 +328,13 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     tickets = tickets_for(rows * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}
     launcher(_qgemv2_kernel, x)[(blocks, splits, rows)](
-        x, data, scale, experts if experts is not None else scale, y, N, x.stride(0),
+        x, data, scale, experts if experts is not None else scale, y, partials,
+        tickets if tickets is not None else partials, N, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, p_ptr=partials, tickets_ptr=tickets if tickets is not None else partials,
-        FUSED_SUM=tickets is not None, **extra)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
