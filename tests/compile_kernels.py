@@ -229,6 +229,14 @@ def moe_variants(dtype, scale_dtype):
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
+# kernel 1's options (benchmarks/moe_bench.py's arms): split-K with the fused or the second-launch sum, compact rows
+default = dict(moe.CONFIG)
+for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
+            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
+            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}):
+    moe.CONFIG.update(cfg)
+    moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    moe.CONFIG.update(default)
 
 # The step's commit in one launch: the table's dtype codes are runtime values, so one variant per
 # rows-per-write split (decode: 1; a prefill chunk: up to MAX_SPLIT).

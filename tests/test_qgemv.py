@@ -373,11 +373,43 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
     monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
-                                      "qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
+                                      "v2_fused_sum|qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
     assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE for r in records), records
+    fused_sum = [r for r in records if r["variant"] == "v2_fused_sum"]
+    assert fused_sum and all(r["bit_equal"] for r in fused_sum)
     assert {r["variant"] for r in records if r["shape"] == "experts.routed"} == {
         "torch_dequant_gemm", "qgemv_v2_default", "fused_default"}
     assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/moe_bench.py end to end on `tiny` widths through the interpreter (timings faked): every arm
+    within tolerance of the reference, the compact and fused-sum arms bit-equal to their base, bytes counted."""
+    import json
+    import sys
+
+    import benchmarks.moe_bench as bench
+    import benchmarks.qgemv_bench as qb
+
+    monkeypatch.setattr(qb, "DEVICE", "cpu")
+    monkeypatch.setattr(qb, "L2_DEFEAT", 1 << 12)
+    monkeypatch.setattr(qb, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp4", 32)
+    monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp8", 128)
+    monkeypatch.setattr(sys, "argv", ["moe_bench", "--tokens", "2", "--calls", "2",
+                                      "--arms", "^(base|compact|split2|split2_compact|shared_split2)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("MOE ")]
+    assert {(r["op"], r["variant"]) for r in records} == {
+        *((op, v) for op in ("gate_up", "routed") for v in ("base", "compact", "split2", "split2_compact")),
+        ("shared_gate_up", "base"), ("shared_gate_up", "shared_split2")}
+    assert all("error" not in r and r["max_rel_err"] <= qb.TOLERANCE and r["bytes"] > 0 for r in records), records
+    assert all(r["bit_equal_base"] for r in records if r["variant"] in ("base", "compact"))
+    assert any(line.startswith("MOE_BEST") for line in lines)
