@@ -278,6 +278,24 @@ def test_moe_compact_rows(monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_moe_split_rows_alone(monkeypatch, device):
+    """Split-K and compact rows keep a token's bits whatever the batch: each token of a batch of 3 equals the
+    token alone (the split is CONFIG's, never the rows')."""
+    g = torch.Generator().manual_seed(10)
+    D, I = 64, 32
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(3, D, generator=g).to(torch.bfloat16).to(device)
+    ids = torch.tensor([[16, 31, 20, 2, 22, 3], [0, 17, 2, 3, 4, 5], [17, 2, 30, 3, 18, 4]], device=device)
+    weights = torch.softmax(torch.randn(3, 6, generator=g), -1).to(torch.bfloat16).to(device)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, compact=True, gate_up_split_k=2)
+    batch = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    for t in range(3):
+        assert torch.equal(batch[t:t + 1], moe_mod.routed(x[t:t + 1], ids[t:t + 1], weights[t:t + 1], stacks, 16, cfg))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_shared_gate_up_split(monkeypatch, device):
     """The shared expert's gate/up split over K (its rows start inside a scale block): fused or second-launch
     sum give the same bits, within close_chain of the reference."""

@@ -35,8 +35,9 @@ DTYPES = (torch.bfloat16, torch.float32)
 # Launch configuration (benchmarks/dense_bench.py sweeps it): outputs per program, the K tile in bytes
 # of weight per output row (bf16: 512 inputs, fp32: 256: 16-byte loads either way), warps, and the
 # K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed;
-# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum).
-CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264, "fused_sum": False}
+# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM).
+CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
+          "fused_sum": qgemv.CONFIG["v2_fused_sum"]}
 
 
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, K: constexpr, BLOCK_N: constexpr,
