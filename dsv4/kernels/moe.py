@@ -39,8 +39,10 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 # Rows per program and inputs per K tile of each kernel (FP8 tiles a multiple of 128 inputs, FP4 of 32),
-# and warps. benchmarks/qgemv_bench.py sweeps them. The shared expert's gate/up has few rows (I / ranks)
-# and no routing: narrower programs fill the SMs.
+# and warps; kernel 1's split-K for the routed and the shared expert (1: none), whether its splits are summed
+# in its own launch (the ticket reduce; used only when split), and compact rows (see the docstring).
+# benchmarks/qgemv_bench.py and benchmarks/moe_bench.py sweep them. The shared expert's gate/up has few rows
+# (I / ranks) and no routing: narrower programs fill the SMs.
 CONFIG = {"gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4, "block_k_fp4": 1024, "block_k_fp8": 512,
           "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 1, "fused_sum": True, "compact": False}
 
