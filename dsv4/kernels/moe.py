@@ -214,13 +214,15 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     partials = h if splits == 1 else torch.empty(rows, splits, 2, I, dtype=torch.float32, device=x.device)
     # Without tickets (more than the pool, or a capture before any eager launch) the second launch sums: same bits.
     tickets = tickets_for(rows * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
+    compact = routed and CONFIG["compact"]
     launcher(_gate_up_kernel, x)[(blocks, splits, rows)](
         x, d1, s1, d3, s3, ids if routed else s1, h, partials, tickets if tickets is not None else partials, rows, I,
         first, n_local, d1.stride(0) if routed else 0, s1.stride(0) if routed else 0,
         w1.row0 % FP8_BLOCK if w1.fmt == "fp8" else 0, float(limit),
         K=K, S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, COMPACT=routed and CONFIG["compact"], ROWS_P2=next_pow2(rows), **_options())
+        FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
+        **_options())
     if splits > 1 and tickets is None:
         launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
             partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
