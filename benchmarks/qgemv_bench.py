@@ -9,7 +9,9 @@ figure is the median per call. The calls rotate over copies of the weight (at le
 so that no call finds its weight in the 50 MB L2 left by the previous one. Bytes are what a call
 must read: the FP8/FP4 data and scales it uses (for the routed experts: the 3 local experts' of the
 6 selected). Before timing, each arm's output is compared with the reference: max_rel_err is the
-largest absolute difference over the largest reference magnitude.
+largest absolute difference over the largest reference magnitude; a variant that must give another's
+bits (TWINS: the fused split sum) is compared bit for bit (bit_equal). launches: the kernels one
+call launches (torch profiler, on CUDA).
 
 Shapes are rank 0's slices of a `flash` layer over --world ranks. bf16 linears (the compressors,
 the router, the indexer's weights_proj) take F.linear and are timed for the picture only.
@@ -52,7 +54,10 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
                        "v2_num_warps": 8},
     "v2_programs528": {"kernel": "v2", "v2_programs": 528},
     "v2_nosplit": {"kernel": "v2", "v2_split_k": 1},
+    "v2_fused_sum": {"kernel": "v2", "v2_fused_sum": True},  # the split sum in the GEMV's launch: v2_default's bits
+    "v2_fused_sum_programs528": {"kernel": "v2", "v2_fused_sum": True, "v2_programs": 528},
 }
+TWINS = {"v2_fused_sum": "v2_default", "v2_fused_sum_programs528": "v2_programs528"}  # variant -> same bits as
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
     "fused_n8": {"gate_up_block_n": 8, "down_block_n": 8},
@@ -86,6 +91,18 @@ def timed(fn, calls: int, reps: int = 10) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / calls)
     return statistics.median(times)
+
+
+def launches(fn) -> int | None:
+    """Kernels one call of fn launches (memcpy/memset not counted); None off CUDA."""
+    if DEVICE != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(not (n.startswith("Memcpy") or n.startswith("Memset")) for n in names)
 
 
 def bandwidth() -> float:
@@ -149,13 +166,19 @@ class Runner:
         self.times: dict[str, dict[str, float]] = {}  # shape -> variant -> us (arms within TOLERANCE)
         self.bytes: dict[str, int] = {}
 
-    def arm(self, shape: str, variant: str, fn, ref: torch.Tensor | None, nbytes: int, calls: int, context, **info):
-        """Check fn(0) against ref, then time it; a variant that fails to compile or run is reported, not fatal."""
+    def arm(self, shape: str, variant: str, fn, ref: torch.Tensor | None, nbytes: int, calls: int, context,
+            twin=None, **info):
+        """Check fn(0) against ref (and bit for bit against twin(), if given), then time it; a variant that fails
+        to compile or run is reported, not fatal."""
         if not self.arms.search(variant):
             return
         try:
             with context():
-                err = rel_err(fn(0), ref) if ref is not None else 0.0
+                out = fn(0)
+                err = rel_err(out, ref) if ref is not None else 0.0
+                if twin is not None:
+                    info["bit_equal"] = torch.equal(out, twin())
+                info["launches"] = launches(lambda: fn(0))
                 us = timed(fn, calls)
         except Exception as e:  # noqa: BLE001
             emit("QGEMV", shape=shape, variant=variant, error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -218,8 +241,13 @@ def bench_dense(run: Runner, cfg, w: int):
                     return qgemv.grouped_linear(x, weights[i % copies], gx)
                 return qgemv.linear(x, weights[i % copies])
 
+            twin = None
+            if variant in TWINS:
+                def twin(f=fused, o=QGEMV_VARIANTS[TWINS[variant]]):
+                    with configured(None, (qgemv.CONFIG, o)):
+                        return f(0)
             run.arm(name, variant, fused, expected, nbytes, calls,
-                    lambda o=overrides: configured(None, (qgemv.CONFIG, o)), **info)
+                    lambda o=overrides: configured(None, (qgemv.CONFIG, o)), twin=twin, **info)
         del weights
 
 

@@ -184,6 +184,10 @@ for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8"
     qgemv.CONFIG.update(default)
 qgemv.CONFIG.update(kernel="v2")
 qgemv_variants(torch.float32, torch.float32)
+# the splits summed in the GEMV's own launch (the ticket reduce)
+qgemv.CONFIG.update(kernel="v2", v2_fused_sum=True)
+qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+qgemv_variants(torch.float32, torch.float32)
 qgemv.CONFIG.update(default)
 
 
@@ -200,7 +204,7 @@ def dense_variants():
 # at the default tiles and at those benchmarks/dense_bench.py sweeps
 default = dict(dense.CONFIG)
 for cfg in ({}, {"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes": 512}, {"block_k_bytes": 2048},
-            {"programs": 528}):
+            {"programs": 528}, {"fused_sum": True}):
     dense.CONFIG.update(cfg)
     dense_variants()
     dense.CONFIG.update(default)
@@ -225,6 +229,14 @@ def moe_variants(dtype, scale_dtype):
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
+# kernel 1's options (benchmarks/moe_bench.py's arms): split-K with the fused or the second-launch sum, compact rows
+default = dict(moe.CONFIG)
+for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
+            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
+            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}):
+    moe.CONFIG.update(cfg)
+    moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    moe.CONFIG.update(default)
 
 
 def prefill_moe_variants(dtype, scale_dtype):

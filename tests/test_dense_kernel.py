@@ -18,6 +18,7 @@ import dsv4
 from dsv4 import SamplingParams, kernels
 from dsv4.engine import Batch
 from dsv4.kernels import dense as dense_kernel
+from dsv4.kernels import qgemv
 from dsv4.model import rows as rows_mod
 from dsv4.syncguard import NoHostSync
 
@@ -60,6 +61,27 @@ def test_matches_float64(monkeypatch, config, device, rows, N, K, x_dtype, w_dty
     assert got.dtype == x_dtype and got.shape == (rows, N)
     within_bound(got, x, w)
     assert torch.equal(got, dense_kernel.linear(x, w))  # deterministic, split or not
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N,K,x_dtype,w_dtype", [(12, 512, BF16, BF16), (9, 448, FP32, BF16), (20, 256, FP32, FP32)])
+def test_fused_sum_bit_identical(monkeypatch, device, N, K, x_dtype, w_dtype):
+    """The splits summed in the same launch (fused_sum) give the two-launch path's bits: rows 1..MAX_ROWS,
+    splits 1/2/4/8 (each row count with two), K a whole number of chunks or not; tickets back at 0."""
+    monkeypatch.setitem(dense_kernel.CONFIG, "block_n", 8)
+    monkeypatch.setitem(dense_kernel.CONFIG, "block_k_bytes", 64)
+    g = torch.Generator().manual_seed(N * K)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(w_dtype).to(device)
+    for rows in range(1, dense_kernel.MAX_ROWS + 1):
+        x = torch.randn(rows, K, generator=g).to(x_dtype).to(device)
+        for splits in ((2, 8) if rows % 2 else (1, 4)):
+            monkeypatch.setitem(dense_kernel.CONFIG, "split_k", splits)
+            out = {}
+            for fused in (False, True):
+                monkeypatch.setitem(dense_kernel.CONFIG, "fused_sum", fused)
+                out[fused] = dense_kernel.linear(x, w)
+            assert torch.equal(out[True], out[False]), (rows, splits)
+            assert not qgemv.tickets_for(1, x.device).any()
 
 
 @pytest.mark.parametrize("device", DEVICES)

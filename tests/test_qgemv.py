@@ -96,6 +96,47 @@ def test_v2_split_choice(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,N,K", [("fp8", 12, 1024), ("fp8", 9, 1280), ("fp4", 12, 256), ("fp4", 8, 320)])
+def test_v2_fused_sum_bit_identical(monkeypatch, device, fmt, N, K):
+    """The splits summed by the last program of each row block (v2_fused_sum) give the same bits as the
+    second launch: rows 1..MAX_ROWS, splits 1/2/4/8 (each row count with two of them), FP8 (a row slice
+    inside a scale block) and FP4 stacked experts, bf16 and fp32 outputs, K a whole number of splits
+    or not. The tickets are back at 0 after each launch."""
+    for key, value in {**V2, "v2_block_k_fp8": 128, "v2_block_k_fp4": 32}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(N * K)
+    if fmt == "fp8":
+        full = quantised("fp8", N + 64, K, g)
+        w = QWeight(full.data[64:].contiguous(), full.scale.contiguous(), "fp8", 64, 0).to(device)
+    else:
+        w = quantised("fp4", N, K, g, experts=3).to(device)
+    for rows in range(1, qgemv.MAX_ROWS + 1):
+        dtype = torch.bfloat16 if rows % 2 else torch.float32
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        ids = torch.randint(0, 3, (rows,), generator=g).to(device)
+        for splits in ((2, 8) if rows % 2 else (1, 4)):
+            monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", splits)
+            out = {}
+            for fused in (False, True):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                out[fused] = qgemv.linear(x, w) if fmt == "fp8" else qgemv.expert_linear(x, w, ids, 1)
+            assert torch.equal(out[True], out[False]), (rows, splits)
+            if splits > 1:
+                assert not qgemv.tickets_for(1, x.device).any()
+
+
+def test_v2_fused_sum_tickets(monkeypatch):
+    """The tickets are one buffer per device, made outside a capture; a launch needing more (or a capture
+    before the buffer exists) sums in a second launch instead."""
+    monkeypatch.setattr(qgemv, "_tickets", {})
+    cpu = torch.device("cpu")
+    buf = qgemv.tickets_for(10, cpu)
+    assert buf is not None and buf.shape == (qgemv.TICKETS,) and buf.dtype == torch.int32 and not buf.any()
+    assert qgemv.tickets_for(qgemv.TICKETS, cpu) is buf
+    assert qgemv.tickets_for(qgemv.TICKETS + 1, cpu) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_v2_slices_grouped_and_experts(monkeypatch, device):
     """A row slice starting inside a scale block, float32 scales, the grouped wo_a and stacked experts."""
     for key, value in {**V2, "v2_split_k": 2}.items():
@@ -172,6 +213,112 @@ def test_moe_decode_against_reference(monkeypatch, device, fmt, T, dtype):
     close_chain(got, ref, dtype)
 
 
+MOE_SMALL = {"block_k_fp4": 32, "block_k_fp8": 128, "gate_up_block_n": 16, "down_block_n": 32, "shared_block_n": 8}
+
+
+def moe_configured(monkeypatch, **overrides):
+    for key, value in {**MOE_SMALL, **overrides}.items():
+        monkeypatch.setitem(fused_moe.CONFIG, key, value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,dtype", [("fp4", torch.bfloat16), ("fp8", torch.float32)])
+def test_moe_gate_up_variants(monkeypatch, device, fmt, dtype):
+    """Kernel 1's options: compact rows give the same bits as the plain grid; split-K (2 and 4 splits, K
+    of 4 K tiles) gives the same bits with the sum fused or in a second launch, whether compacted or not,
+    and agrees with the reference within close_chain; tickets back at 0. Two tokens, rank 1 of 2. (Triton's
+    interpreter runs the programs one after another: the GPU run checks the race for the last ticket.)"""
+    g = torch.Generator().manual_seed(7)
+    D, I = 128 if fmt == "fp4" else 512, 32 if fmt == "fp4" else 128
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    weights = weights.to(dtype)
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 0.3
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = moe_mod.routed(x, ids, weights, stacks, first, cfg)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+
+    def run(**overrides):
+        moe_configured(monkeypatch, **overrides)
+        return moe_mod.routed(x, ids, weights, stacks, first, cfg)
+
+    plain = run(gate_up_split_k=1, compact=False)
+    assert torch.equal(run(gate_up_split_k=1, compact=True), plain)
+    for splits in (2, 4):
+        split = run(gate_up_split_k=splits, compact=False, fused_sum=True)
+        close_chain(split, ref, dtype)
+        assert not tickets_any(device)
+        for compact, fused in ((False, False), (True, True), (True, False)):
+            assert torch.equal(run(gate_up_split_k=splits, compact=compact, fused_sum=fused), split), (splits, compact)
+
+
+def tickets_any(device) -> bool:
+    return bool(qgemv.tickets_for(1, torch.device(device)).any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_compact_rows(monkeypatch, device):
+    """The prefix count: slot j runs the j-th local row in row order; slots past the local rows run nothing
+    (a batch of one token with all experts remote gets 0; one with all local fills every slot)."""
+    g = torch.Generator().manual_seed(8)
+    D, I = 64, 32
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(3, D, generator=g).to(device)
+    ids = torch.tensor([[16, 31, 20, 21, 22, 23], [0, 1, 2, 3, 4, 5], [17, 2, 30, 3, 18, 4]], device=device)
+    weights = torch.softmax(torch.randn(3, 6, generator=g), -1).to(device)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, compact=False)
+    plain = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    moe_configured(monkeypatch, compact=True)
+    got = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    assert torch.equal(got, plain) and torch.equal(got[1], torch.zeros_like(got[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_moe_split_rows_alone(monkeypatch, device):
+    """Split-K and compact rows keep a token's bits whatever the batch: each token of a batch of 3 equals the
+    token alone (the split is CONFIG's, never the rows')."""
+    g = torch.Generator().manual_seed(10)
+    D, I = 64, 32
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(3, D, generator=g).to(torch.bfloat16).to(device)
+    ids = torch.tensor([[16, 31, 20, 2, 22, 3], [0, 17, 2, 3, 4, 5], [17, 2, 30, 3, 18, 4]], device=device)
+    weights = torch.softmax(torch.randn(3, 6, generator=g), -1).to(torch.bfloat16).to(device)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, compact=True, gate_up_split_k=2)
+    batch = moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+    for t in range(3):
+        assert torch.equal(batch[t:t + 1], moe_mod.routed(x[t:t + 1], ids[t:t + 1], weights[t:t + 1], stacks, 16, cfg))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_gate_up_split(monkeypatch, device):
+    """The shared expert's gate/up split over K (its rows start inside a scale block): fused or second-launch
+    sum give the same bits, within close_chain of the reference."""
+    g = torch.Generator().manual_seed(9)
+    D, I_full = 512, 192
+    w1, w3 = quantised("fp8", I_full, D, g), quantised("fp8", I_full, D, g)
+    rows = slice(64, 192)
+
+    def rows_of(w):
+        return QWeight(w.data[rows].contiguous(), w.scale[0:2].contiguous(), "fp8", rows.start, 0).to(device)
+
+    a, b = rows_of(w1), rows_of(w3)
+    x = torch.randn(2, D, generator=g).to(torch.bfloat16).to(device)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = moe_mod.swiglu_act(linear_mod.linear(x, a), linear_mod.linear(x, b), 0.5)
+    out = {}
+    for fused in (True, False):
+        moe_configured(monkeypatch, shared_split_k=4, fused_sum=fused)
+        out[fused] = fused_moe.shared_gate_up(x, a, b, 0.5)
+    assert torch.equal(out[True], out[False]) and not tickets_any(device)
+    close_chain(out[True], ref, torch.bfloat16)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the witness computes with the poison
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", ["fp4", "fp8"])
@@ -244,11 +391,43 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
     monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
-                                      "qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
+                                      "v2_fused_sum|qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
     assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE for r in records), records
+    fused_sum = [r for r in records if r["variant"] == "v2_fused_sum"]
+    assert fused_sum and all(r["bit_equal"] for r in fused_sum)
     assert {r["variant"] for r in records if r["shape"] == "experts.routed"} == {
         "torch_dequant_gemm", "qgemv_v2_default", "fused_default"}
     assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/moe_bench.py end to end on `tiny` widths through the interpreter (timings faked): every arm
+    within tolerance of the reference, the compact and fused-sum arms bit-equal to their base, bytes counted."""
+    import json
+    import sys
+
+    import benchmarks.moe_bench as bench
+    import benchmarks.qgemv_bench as qb
+
+    monkeypatch.setattr(qb, "DEVICE", "cpu")
+    monkeypatch.setattr(qb, "L2_DEFEAT", 1 << 12)
+    monkeypatch.setattr(qb, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp4", 32)
+    monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp8", 128)
+    monkeypatch.setattr(sys, "argv", ["moe_bench", "--tokens", "2", "--calls", "2",
+                                      "--arms", "^(base|compact|split2|split2_compact|shared_split2)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("MOE ")]
+    assert {(r["op"], r["variant"]) for r in records} == {
+        *((op, v) for op in ("gate_up", "routed") for v in ("base", "compact", "split2", "split2_compact")),
+        ("shared_gate_up", "base"), ("shared_gate_up", "shared_split2")}
+    assert all("error" not in r and r["max_rel_err"] <= qb.TOLERANCE and r["bytes"] > 0 for r in records), records
+    assert all(r["bit_equal_base"] for r in records if r["variant"] in ("base", "compact"))
+    assert any(line.startswith("MOE_BEST") for line in lines)

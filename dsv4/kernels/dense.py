@@ -5,9 +5,10 @@ the router gate and the head are bf16, and mHC's mix multiplies by the fp32 hc_f
 GEMM kernel (and so each row's sum order) by the number of rows, so a batched decode step ran these
 row by row (dsv4.model.rows): one launch per row and per weight. Here one launch computes every row,
 each on its own: program (row, N block, K split) sums BLOCK_N outputs of one row over one K chunk in
-fp32, and the K split depends on (N, K) alone; with several splits, fp32 partials are added by a
-second launch in ascending split order (qgemv's split sum: deterministic, no atomics). A row's bits
-therefore do not depend on how many rows share the launch.
+fp32, and the K split depends on (N, K) alone; with several splits, fp32 partials are added in
+ascending split order by a second launch (qgemv's split sum) or, with CONFIG["fused_sum"], by the last
+program of the (row, N block) to finish (qgemv's ticket reduce; the same bits, deterministic, no float
+atomics). A row's bits therefore do not depend on how many rows share the launch.
 
 Rows are the fastest grid axis: the programs of all rows that read one weight tile are launched
 together, so the tile comes from HBM once and from L2 for the other rows.
@@ -19,6 +20,7 @@ import torch
 
 from . import cdiv, interpreting, launcher, next_pow2
 from . import qgemv
+from .qgemv import _reduce_splits
 
 try:
     import triton.language as tl
@@ -32,13 +34,16 @@ MAX_ROWS = 8  # outside rows_alone (prefill), more rows than this per weight tak
 DTYPES = (torch.bfloat16, torch.float32)
 # Launch configuration (benchmarks/dense_bench.py sweeps it): outputs per program, the K tile in bytes
 # of weight per output row (bf16: 512 inputs, fp32: 256: 16-byte loads either way), warps, and the
-# K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed.
-CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264}
+# K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed;
+# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM).
+CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
+          "fused_sum": qgemv.CONFIG["v2_fused_sum"]}
 
 
-def _dense_kernel(x_ptr, w_ptr, y_ptr, N, x_stride, K: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
-                  SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr):
-    """Grid (rows, N blocks, SPLITS). SPLITS > 1: y_ptr is fp32 partials [rows, SPLITS, N]."""
+def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, K: constexpr, BLOCK_N: constexpr,
+                  BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr, FUSED_SUM: constexpr):
+    """Grid (rows, N blocks, SPLITS). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr
+    by the last program of the (row, N block) (FUSED_SUM) or by qgemv's _sum_splits_kernel after this launch."""
     r = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     split = tl.program_id(2)
@@ -62,8 +67,10 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, N, x_stride, K: constexpr, BLOCK_N: const
     total = tl.sum(acc, axis=1)
     if SPLITS == 1:
         tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+    elif FUSED_SUM:
+        _reduce_splits(total, p_ptr, y_ptr, tickets_ptr + r * tl.num_programs(1) + nb, r, split, n, N, SPLITS)
     else:
-        tl.store(y_ptr + (r * SPLITS + split) * N + n, total, mask=n_ok)
+        tl.store(p_ptr + (r * SPLITS + split) * N + n, total, mask=n_ok)
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
@@ -97,11 +104,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]
-    out = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    blocks = cdiv(N, block_n)
+    partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    tickets = qgemv.tickets_for(rows * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
-    launcher(_dense_kernel, x2)[(rows, cdiv(N, block_n), splits)](
-        x2, weight, out, N, x2.stride(0), K=K, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        EVEN_K=K % k_chunk == 0, **extra)
-    if splits > 1:
-        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](out, y, N, SPLITS=splits, BLOCK=1024)
+    launcher(_dense_kernel, x2)[(rows, blocks, splits)](
+        x2, weight, y, partials, tickets if tickets is not None else partials, N, x2.stride(0), K=K, BLOCK_N=block_n,
+        BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0, FUSED_SUM=tickets is not None, **extra)
+    if splits > 1 and tickets is None:
+        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], N)

@@ -12,13 +12,24 @@ Rounding follows the reference: each projection's output, the activation's silu 
 expert's output and its product with the routing weight are rounded to x's dtype; sums are fp32.
 
 The same kernel 1 runs the shared expert's gate and up (one FP8 weight pair, no routing).
+
+Kernel 1's options (CONFIG; a GPU sweep, benchmarks/moe_bench.py, decides):
+- split-K ("gate_up_split_k", "shared_split_k"; 1: off): SPLITS programs per (row, row block) each
+  sum a K chunk of gate and up into fp32 partials [rows, SPLITS, 2, I]; the last to finish (an int32
+  ticket, as qgemv's fused split sum) sums them in split order and applies the activation, or with
+  "fused_sum" off a second launch (_gate_up_sum_kernel) does the same (same bits). The split is
+  CONFIG's alone, never the rows': a row's bits do not depend on the batch. Summing per chunk changes
+  the fp32 order against the unsplit kernel (agreement to the reference's tolerance, not bits).
+- "compact": the program of row slot j takes the j-th row this rank owns (a prefix count over ids in
+  each program, no host sync), so the working programs come first in the grid and the programs of
+  rows owned elsewhere are all at its end; the same sums as without (equal bits).
 """
 
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import cdiv, interpreting, launcher
-from .qgemv import MAX_ROWS, _fp4_rows, _fp8_rows, _operands
+from . import cdiv, device_function, interpreting, launcher, next_pow2
+from .qgemv import MAX_ROWS, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
     import triton.language as tl
@@ -28,38 +39,105 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 # Rows per program and inputs per K tile of each kernel (FP8 tiles a multiple of 128 inputs, FP4 of 32),
-# and warps. benchmarks/qgemv_bench.py sweeps them. The shared expert's gate/up has few rows (I / ranks)
-# and no routing: narrower programs fill the SMs.
+# and warps; kernel 1's split-K for the routed and the shared expert (1: none), whether its splits are summed
+# in its own launch (the ticket reduce; used only when split), and compact rows (see the docstring).
+# benchmarks/qgemv_bench.py and benchmarks/moe_bench.py sweep them. The shared expert's gate/up has few rows
+# (I / ranks) and no routing: narrower programs fill the SMs.
 CONFIG = {"gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4, "block_k_fp4": 1024, "block_k_fp8": 512,
-          "num_warps": 4}
+          "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 1, "fused_sum": True, "compact": False}
 
 
-def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
-                    s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr, FP4: constexpr,
-                    E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
-    """Grid (row blocks of I, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one weight pair."""
+def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
+                    w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
+                    FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
+                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
+                    COMPACT: constexpr, ROWS_P2: constexpr):
+    """Grid (row blocks of I, SPLITS, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one
+    weight pair; with COMPACT, slot j of the grid runs the j-th local row. SPLITS > 1: fp32 partials at p_ptr."""
     nb = tl.program_id(0)
-    r = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(1)
+    slot = tl.program_id(2)
+    if COMPACT:
+        r, e = _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2)
+    elif ROUTED:
+        r = slot.to(tl.int64)
+        e = tl.load(ids_ptr + r).to(tl.int64) - first
+    else:
+        r = slot.to(tl.int64)
+        e = r * 0
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     x_row = x_ptr + (r // TOPK) * K
+    k_lo = split * K_CHUNK
+    if (e >= 0) & (e < n_local):
+        w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
+        w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
+        if FP4:
+            gate = _fp4_rows(x_row, w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            up = _fp4_rows(x_row, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        else:
+            gate = _fp8_rows(x_row, w1, s1, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            up = _fp8_rows(x_row, w3, s3, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        if SPLITS == 1:
+            _swiglu_store(gate, up, h_ptr + r * I, n, I, limit)
+        else:
+            part = p_ptr + (r * SPLITS + split) * 2 * I + n
+            tl.store(part, gate, mask=n < I)
+            tl.store(part + I, up, mask=n < I)
+            if FUSED_SUM:
+                tl.debug_barrier()  # every thread's partials stored before the ticket's release
+                ticket = tickets_ptr + r * tl.num_programs(0) + nb
+                if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                    _sum_swiglu_store(p_ptr + r * SPLITS * 2 * I, h_ptr + r * I, n, I, limit, SPLITS)
+                    tl.store(ticket, 0)
+
+
+@device_function
+def _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2: constexpr):
+    """(row, local expert) of the slot-th row (0-based, in row order) whose expert is this rank's, or
+    (0, -1) when fewer rows are local: a prefix count over the launch's ids."""
+    i = tl.arange(0, ROWS_P2)
+    e = tl.load(ids_ptr + i, mask=i < rows, other=-1).to(tl.int64) - first
+    mine = (i < rows) & (e >= 0) & (e < n_local)
+    hit = mine & (tl.cumsum(mine.to(tl.int32), 0) == slot + 1)
+    found = tl.sum(hit.to(tl.int32), 0) > 0
+    r = tl.sum(tl.where(hit, i, 0), 0).to(tl.int64)
+    return r, tl.where(found, tl.sum(tl.where(hit, e, 0), 0), -1)
+
+
+@device_function
+def _swiglu_store(gate, up, h_row, n, I, limit):
+    """The reference's activation of fp32 gate/up sums: each rounded to h's dtype, the clamps, silu rounded,
+    the product rounded."""
+    dt = h_row.dtype.element_ty
+    gate = tl.minimum(gate.to(dt).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(up.to(dt).to(tl.float32), -limit), limit)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    tl.store(h_row + n, (act * up).to(dt), mask=n < I)
+
+
+@device_function
+def _sum_swiglu_store(p_row, h_row, n, I, limit, SPLITS: constexpr):
+    """Gate and up of one row block summed over the row's partials [SPLITS, 2, I] in split order, then the
+    activation. The loads go to L2 (.cg): other SMs wrote them, and L1 is not coherent across SMs."""
+    gate = tl.zeros(n.shape, dtype=tl.float32)
+    up = tl.zeros(n.shape, dtype=tl.float32)
+    for sp in tl.static_range(SPLITS):
+        gate += tl.load(p_row + sp * 2 * I + n, mask=n < I, other=0.0, cache_modifier=".cg")
+        up += tl.load(p_row + (sp * 2 + 1) * I + n, mask=n < I, other=0.0, cache_modifier=".cg")
+    _swiglu_store(gate, up, h_row, n, I, limit)
+
+
+def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED: constexpr, SPLITS: constexpr,
+                        BLOCK: constexpr):
+    """Grid (blocks of I, rows): kernel 1's split partials of the local rows summed and activated (no fused sum)."""
+    r = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if ROUTED:
         e = tl.load(ids_ptr + r).to(tl.int64) - first
     else:
         e = r * 0
     if (e >= 0) & (e < n_local):
-        w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
-        w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
-        if FP4:
-            gate = _fp4_rows(x_row, w1, s1, n, I, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-            up = _fp4_rows(x_row, w3, s3, n, I, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-        else:
-            gate = _fp8_rows(x_row, w1, s1, n, I, row_skew, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-            up = _fp8_rows(x_row, w3, s3, n, I, row_skew, 0, K, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-        dt = h_ptr.dtype.element_ty
-        gate = tl.minimum(gate.to(dt).to(tl.float32), limit)
-        up = tl.minimum(tl.maximum(up.to(dt).to(tl.float32), -limit), limit)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        tl.store(h_ptr + r * I + n, (act * up).to(dt), mask=n < I)
+        _sum_swiglu_store(p_ptr + r * SPLITS * 2 * I, h_ptr + r * I, n, I, limit, SPLITS)
 
 
 def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, y_ptr, D, first, n_local, w_expert_stride, s_expert_stride,
@@ -122,18 +200,33 @@ def _block_k(w: QWeight) -> int:
     return CONFIG["block_k_fp4" if w.fmt == "fp4" else "block_k_fp8"]
 
 
-def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int):
+def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int,
+             split_k: int):
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
     routed = ids is not None
-    I, rows = w1.shape[0], x.shape[0] * topk
+    I, K, rows = w1.shape[0], x.shape[1], x.shape[0] * topk
+    block_k = _block_k(w1)
+    tiles = cdiv(K, block_k)
+    k_chunk = cdiv(tiles, max(1, min(split_k, tiles))) * block_k
+    splits, blocks = cdiv(K, k_chunk), cdiv(I, block_n)
     h = torch.empty(rows, I, dtype=x.dtype, device=x.device)
-    launcher(_gate_up_kernel, x)[(cdiv(I, block_n), rows)](
-        x, d1, s1, d3, s3, ids if routed else s1, h, I, first, n_local,
-        d1.stride(0) if routed else 0, s1.stride(0) if routed else 0,
+    partials = h if splits == 1 else torch.empty(rows, splits, 2, I, dtype=torch.float32, device=x.device)
+    # Without tickets (more than the pool, or a capture before any eager launch) the second launch sums: same bits.
+    tickets = tickets_for(rows * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
+    compact = routed and CONFIG["compact"]
+    launcher(_gate_up_kernel, x)[(blocks, splits, rows)](
+        x, d1, s1, d3, s3, ids if routed else s1, h, partials, tickets if tickets is not None else partials, rows, I,
+        first, n_local, d1.stride(0) if routed else 0, s1.stride(0) if routed else 0,
         w1.row0 % FP8_BLOCK if w1.fmt == "fp8" else 0, float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
-        ROUTED=routed, BLOCK_N=block_n, BLOCK_K=_block_k(w1), **_options())
+        K=K, S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
+        ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
+        **_options())
+    if splits > 1 and tickets is None:
+        launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
+            partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
+            BLOCK=1024)
     return h
 
 
@@ -145,7 +238,7 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
-    h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"])
+    h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
@@ -158,4 +251,4 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
 
 def shared_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight, limit: float) -> torch.Tensor:
     """x [T, D] -> the shared expert's activation [T, I] (its w2 stays a linear)."""
-    return _gate_up(x, w1, w3, None, 0, 1, 1, limit, CONFIG["shared_block_n"])
+    return _gate_up(x, w1, w3, None, 0, 1, 1, limit, CONFIG["shared_block_n"], CONFIG["shared_split_k"])

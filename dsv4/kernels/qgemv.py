@@ -20,9 +20,12 @@ checks passed with. "v2" (_qgemv2_kernel) is built to stream at the memory's rat
 whose inner axis is one scale block (FP8: 128 inputs; FP4: 4 words of 8 inputs), so a scale is
 applied once per block and the weight loads are 16-byte vectors; FP4 decoded two values per
 operation from 32-bit words (e2m1 placed in fp16 bits, exact subnormals included); and split-K
-for the shapes with few output rows: SPLITS programs per row block write fp32 partials that a
-second launch sums in a fixed order (deterministic, no atomics). The helpers _fp8_rows and
-_fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
+for the shapes with few output rows: SPLITS programs per row block write fp32 partials that are
+summed in a fixed order (deterministic, no float atomics), either by a second launch
+(_sum_splits_kernel) or, with CONFIG["v2_fused_sum"], by the last of a row block's programs to
+finish (_reduce_splits: an int32 ticket per (row, row block) counts the finished splits). Both sum
+the same partials in split order 0..SPLITS-1, so their outputs are bit-identical. The helpers
+_fp8_rows and _fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
 """
 
 import os
@@ -49,11 +52,13 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 #
 # v2's keys: rows per program, inputs per K tile (FP8: a multiple of 128, FP4: of 32), warps, and
 # split-K: "v2_split_k" programs along K per row block, or 0 to double it while the launch has
-# fewer than "v2_programs" programs and each split keeps at least one K tile.
+# fewer than "v2_programs" programs and each split keeps at least one K tile; "v2_fused_sum": the
+# splits are summed by the last program of each row block instead of a second launch (same bits;
+# DSV4_FUSED_SPLIT_SUM=1 sets it here and dense's "fused_sum", for a whole-model run of either arm).
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
-          "v2_programs": 264}
+          "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "0") == "1"}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -193,11 +198,12 @@ def _fp4_rows(x_row, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: 
     return tl.sum(acc, axis=0)
 
 
-def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
+def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
                    K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
                    EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
-                   SPLITS: constexpr, K_CHUNK: constexpr):
-    """Grid (row blocks, SPLITS, rows). SPLITS > 1: y_ptr is fp32 partials [rows, SPLITS, N]."""
+                   SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr):
+    """Grid (row blocks, SPLITS, rows). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
+    y_ptr by the last program of the row block (FUSED_SUM) or by _sum_splits_kernel after this launch."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     r = tl.program_id(2).to(tl.int64)
@@ -217,8 +223,29 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stri
         acc = _fp8_rows(x_row, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
     if SPLITS == 1:
         tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n < N)
+    elif FUSED_SUM:
+        _reduce_splits(acc, p_ptr, y_ptr, tickets_ptr + r * tl.num_programs(0) + nb, r, split, n, N, SPLITS)
     else:
-        tl.store(y_ptr + (r * SPLITS + split) * N + n, acc, mask=n < N)
+        tl.store(p_ptr + (r * SPLITS + split) * N + n, acc, mask=n < N)
+
+
+@device_function
+def _reduce_splits(acc, p_ptr, y_ptr, ticket_ptr, r, split, n, N, SPLITS: constexpr):
+    """Store this split's fp32 partial of outputs n of row r; the program that finishes the row block last
+    sums the SPLITS partials in ascending split order (as _sum_splits_kernel: the same bits whichever
+    program came last), writes y in its dtype and puts the ticket back to 0 for the next launch.
+
+    The barrier makes every thread's partial stored before the ticket's release; the reducer's loads go
+    to L2 (.cg): L1 is not coherent across SMs and could hold stale lines of the workspace."""
+    ok = n < N
+    tl.store(p_ptr + (r * SPLITS + split) * N + n, acc, mask=ok)
+    tl.debug_barrier()
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        total = tl.zeros_like(acc)
+        for sp in tl.static_range(SPLITS):
+            total += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(ticket_ptr, 0)
 
 
 def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):
@@ -297,18 +324,45 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     # whatever the batch (a sequence's tokens do not depend on who shares its step).
     k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles)) * block_k
     splits = cdiv(K, k_chunk)  # no split left without inputs
-    out = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    blocks = cdiv(N, block_n)
+    partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    tickets = tickets_for(rows * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}
-    launcher(_qgemv2_kernel, x)[(cdiv(N, block_n), splits, rows)](
-        x, data, scale, experts if experts is not None else scale, out, N, x.stride(0),
+    launcher(_qgemv2_kernel, x)[(blocks, splits, rows)](
+        x, data, scale, experts if experts is not None else scale, y, partials,
+        tickets if tickets is not None else partials, N, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, **extra)
-    if splits > 1:
-        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](out, y, N, SPLITS=splits, BLOCK=1024)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, **extra)
+    if splits > 1 and tickets is None:
+        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
+
+
+TICKETS = 1 << 16  # int32 split counters per device: rows * row blocks of any split launch (decode: a few thousand)
+_tickets: dict[torch.device, torch.Tensor] = {}
+
+
+def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
+    """The device's zeroed split tickets (a kernel that takes them leaves them zero again), or None where
+    the caller must sum its splits in a second launch: more tickets than TICKETS, or none made yet and a
+    CUDA graph capture under way.
+
+    One buffer per device, made once outside any capture and never freed: a captured graph keeps its
+    address, and a buffer from a capture's private pool would be freed with that graph. Made by the
+    first eager launch (dsv4.replay warms up eagerly before it captures). The launches of one device
+    share it, so they must not run concurrently (dsv4's step runs on one stream)."""
+    if count > TICKETS:
+        return None
+    buf = _tickets.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        with torch.inference_mode(False):  # a normal tensor, whichever mode made it
+            buf = _tickets[device] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+    return buf
 
 
 def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:

@@ -1,0 +1,213 @@
+"""The MoE decode kernels (dsv4.kernels.moe) per launch configuration at Flash's per-rank shapes, against
+the device's copy bandwidth measured in the same run.
+
+Rank 0 of --world ranks: the 256 / world local FP4 experts (I 2048, D 4096) stacked, the shared expert's
+FP8 gate/up rows 0..I/world-1. Each (op, T, variant) is captured as `calls` calls in one CUDA graph,
+replayed --reps times; the figure is the median per call. Every call routes its T tokens to 6 of the
+256 experts afresh (uniformly, so about half local), so consecutive calls read other experts' bytes,
+not the previous call's from L2. Bytes are what a call must read: the data and scales of the distinct
+local experts its routes select (gate/up: w1 and w3; routed: w1, w3, w2), averaged over the calls.
+
+Ops: "gate_up" (kernel 1 on the routed experts), "routed" (kernels 1 and 2: the layer's routed MoE),
+"shared_gate_up" (kernel 1 on the shared expert's rows). Before timing, each variant's routed output is
+compared with the torch reference (max_rel_err, as benchmarks/qgemv_bench.py) and with the "base"
+variant's (bit_equal_base: variants of the same summation order must be equal); launches: kernels one
+eager call launches (torch profiler).
+
+Prints:
+  MOE_BANDWIDTH {...}
+  MOE {"op", "T", "variant", "config", "us", "bytes", "gb_s", "fraction", "launches", ...} per arm
+  MOE_BEST {...} per (op, T): the fastest variant within tolerance
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+
+import torch
+
+from benchmarks import qgemv_bench as qb
+from dsv4.config import preset
+from dsv4.formats import QWeight
+from dsv4.kernels import moe as fused_moe
+from dsv4.model import moe as moe_mod
+from dsv4.receipts import emit
+
+VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
+    "base": {},
+    "compact": {"compact": True},
+    "n8": {"gate_up_block_n": 8},
+    "n8_compact": {"gate_up_block_n": 8, "compact": True},
+    "n32_w8": {"gate_up_block_n": 32, "num_warps": 8},
+    "k512": {"block_k_fp4": 512},
+    "split2": {"gate_up_split_k": 2},
+    "split4": {"gate_up_split_k": 4},
+    "split8": {"gate_up_split_k": 8},
+    "split2_compact": {"gate_up_split_k": 2, "compact": True},
+    "split4_compact": {"gate_up_split_k": 4, "compact": True},
+    "split4_n8_compact": {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True},
+    "split4_k512": {"gate_up_split_k": 4, "block_k_fp4": 512},
+    "split4_sum_launch": {"gate_up_split_k": 4, "fused_sum": False},
+}
+SHARED_VARIANTS = {
+    "base": {},
+    "shared_n8": {"shared_block_n": 8},
+    "shared_n16": {"shared_block_n": 16},
+    "shared_split2": {"shared_split_k": 2},
+    "shared_split4": {"shared_split_k": 4},
+    "shared_split4_n8": {"shared_split_k": 4, "shared_block_n": 8},
+    "shared_split8_n16": {"shared_split_k": 8, "shared_block_n": 16},
+    "shared_split4_sum_launch": {"shared_split_k": 4, "fused_sum": False},
+}
+
+
+def bandwidth() -> float:
+    """Bytes read plus written per second by a device-to-device copy of 1 GiB, median of 20."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=qb.DEVICE)
+    dst = torch.empty_like(src)
+    walls = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        walls.append(a.elapsed_time(b) / 1000)
+    return 2 * src.numel() / statistics.median(walls)
+
+
+def launches(fn) -> int | None:
+    """Kernels one call of fn launches (memcpy/memset not counted); None off CUDA."""
+    if qb.DEVICE != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(not (n.startswith("Memcpy") or n.startswith("Memset")) for n in names)
+
+
+def expert_bytes(w: QWeight) -> int:
+    return w.data[0].nbytes + w.scale[0].nbytes
+
+
+class Bench:
+    def __init__(self, cfg, world: int, arms: re.Pattern, calls: int, bw: float):
+        self.cfg, self.arms, self.calls, self.bw = cfg, arms, calls, bw
+        D, I = cfg.hidden_size, cfg.moe_intermediate_size
+        self.n_local = cfg.n_routed_experts // world
+        self.stacks = [qb.random_weight("fp4", n, k, (self.n_local,)) for n, k in ((I, D), (I, D), (D, I))]
+        self.shared = [qb.random_weight("fp8", I // world, D) for _ in range(2)]
+        self.best: dict[tuple, tuple[str, float]] = {}
+
+    def routes(self, T: int):
+        """calls x ([T, k] expert ids, [T, k] routing weights): k distinct experts of all ranks' per token."""
+        cfg, gen = self.cfg, torch.Generator().manual_seed(T)
+        k = cfg.num_experts_per_tok
+        out = []
+        for _ in range(self.calls):
+            ids = torch.stack([torch.randperm(cfg.n_routed_experts, generator=gen)[:k] for _ in range(T)])
+            weights = torch.softmax(torch.randn(T, k, generator=gen), -1)
+            out.append((ids.to(qb.DEVICE), weights.to(qb.DEVICE, torch.bfloat16)))
+        return out
+
+    def local_bytes(self, routes, stacks) -> int:
+        per = sum(expert_bytes(w) for w in stacks)
+        distinct = [len({e for e in ids.flatten().tolist() if e < self.n_local}) for ids, _ in routes]
+        return round(per * statistics.mean(distinct))
+
+    def arm(self, op: str, T: int, variant: str, overrides: dict, fn, nbytes: int, check):
+        """check() -> (max_rel_err, bit_equal_base or None) under the variant's configuration."""
+        if not self.arms.search(variant):
+            return
+        try:
+            with qb.configured("triton", (fused_moe.CONFIG, overrides)):
+                err, equal = check()
+                n_launches = launches(lambda: fn(0))
+                us = qb.timed(fn, self.calls)
+        except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
+            emit("MOE", op=op, T=T, variant=variant, error=f"{type(e).__name__}: {str(e)[:300]}")
+            return
+        if err <= qb.TOLERANCE and (self.best.get((op, T), ("", math.inf))[1] > us):
+            self.best[(op, T)] = (variant, us)
+        emit("MOE", op=op, T=T, variant=variant, config=overrides, us=round(us, 2), bytes=nbytes,
+             gb_s=round(nbytes / us / 1e3, 1), fraction=round(nbytes / (us * 1e-6) / self.bw, 3), launches=n_launches,
+             max_rel_err=err, bit_equal_base=equal, calls=self.calls)
+
+    def routed(self, T: int):
+        cfg, stacks, n = self.cfg, self.stacks, self.n_local
+        routes = self.routes(T)
+        x = torch.randn(T, cfg.hidden_size, device=qb.DEVICE, dtype=torch.bfloat16)
+        experts = dict(zip(("w1", "w3", "w2"), stacks))
+        with qb.configured("torch"):
+            ids, weights = routes[0]
+            expected = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+        with qb.configured("triton", (fused_moe.CONFIG, VARIANTS["base"])):
+            base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+
+        def run_routed(i):
+            ids, weights = routes[i]
+            return fused_moe.routed(x, ids, torch.where((ids >= 0) & (ids < n), weights, 0), stacks, 0,
+                                    cfg.swiglu_limit)
+
+        def run_gate_up(i):
+            return fused_moe._gate_up(x, stacks[0], stacks[1], routes[i][0], 0, n, cfg.num_experts_per_tok,
+                                      cfg.swiglu_limit, fused_moe.CONFIG["gate_up_block_n"],
+                                      fused_moe.CONFIG["gate_up_split_k"])
+
+        def check():
+            got = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+            return qb.rel_err(got, expected), torch.equal(got, base)
+
+        gate_up_bytes, routed_bytes = self.local_bytes(routes, stacks[:2]), self.local_bytes(routes, stacks)
+        for variant, overrides in VARIANTS.items():
+            self.arm("gate_up", T, variant, overrides, run_gate_up, gate_up_bytes, check)
+            self.arm("routed", T, variant, overrides, run_routed, routed_bytes, check)
+
+    def shared_gate_up(self, T: int):
+        cfg, (w1, w3) = self.cfg, self.shared
+        x = torch.randn(T, cfg.hidden_size, device=qb.DEVICE, dtype=torch.bfloat16)
+        with qb.configured("torch"):
+            expected = moe_mod.swiglu_act(moe_mod.linear(x, w1), moe_mod.linear(x, w3), cfg.swiglu_limit)
+        with qb.configured("triton", (fused_moe.CONFIG, SHARED_VARIANTS["base"])):
+            base = fused_moe.shared_gate_up(x, w1, w3, cfg.swiglu_limit)
+        # Copies of the pair, rotated so that no call finds its bytes in L2.
+        copies = max(1, math.ceil(qb.L2_DEFEAT / (w1.nbytes + w3.nbytes)))
+        pairs = [(w1, w3)] + [tuple(qb.random_weight("fp8", *w1.shape) for _ in range(2)) for _ in range(copies - 1)]
+
+        def run(i):
+            a, b = pairs[i % copies]
+            return fused_moe.shared_gate_up(x, a, b, cfg.swiglu_limit)
+
+        def check():
+            got = run(0)
+            return qb.rel_err(got, expected), torch.equal(got, base)
+
+        for variant, overrides in SHARED_VARIANTS.items():
+            self.arm("shared_gate_up", T, variant, overrides, run, w1.nbytes + w3.nbytes, check)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--tokens", default="1,2,4,8", help="decode rows per call, comma-separated")
+    ap.add_argument("--arms", default=".", help="regex over variant names (e.g. 'base|split4')")
+    ap.add_argument("--calls", type=int, default=64, help="calls per captured graph")
+    args = ap.parse_args()
+    bw = bandwidth()
+    emit("MOE_BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name() if qb.DEVICE == "cuda" else qb.DEVICE,
+         scope="d2d copy of 1 GiB, read+written")
+    bench = Bench(preset("flash"), args.world, re.compile(args.arms), args.calls, bw)
+    for T in (int(t) for t in args.tokens.split(",")):
+        bench.routed(T)
+        bench.shared_gate_up(T)
+    for (op, T), (variant, us) in bench.best.items():
+        emit("MOE_BEST", op=op, T=T, variant=variant, us=round(us, 2))
+
+
+if __name__ == "__main__":
+    main()
