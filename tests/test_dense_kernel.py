@@ -63,8 +63,9 @@ def test_matches_float64(monkeypatch, config, device, rows, N, K, x_dtype, w_dty
     assert torch.equal(got, dense_kernel.linear(x, w))  # deterministic, split or not
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N,K,x_dtype,w_dtype", [(12, 512, BF16, BF16), (9, 448, FP32, BF16), (20, 256, FP32, FP32)])
+@pytest.mark.parametrize("device,N,K,x_dtype,w_dtype", [
+    pytest.param(d, *p, marks=[pytest.mark.slow] if d == "cpu" and p[0] != 12 else [])  # CI keeps one case on CPU
+    for d in DEVICES for p in [(12, 512, BF16, BF16), (9, 448, FP32, BF16), (20, 256, FP32, FP32)]])
 def test_fused_sum_bit_identical(monkeypatch, device, N, K, x_dtype, w_dtype):
     """The splits summed in the same launch (fused_sum) give the two-launch path's bits: rows 1..MAX_ROWS,
     splits 1/2/4/8 (each row count with two), K a whole number of chunks or not; tickets back at 0."""

@@ -27,6 +27,13 @@ pytest.importorskip("triton")
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 
+def per_device(params, slow_on_cpu=()):
+    """(device, *param) cases; those in `slow_on_cpu` join the slow set on CPU only (the interpreter's
+    minutes; CI keeps one case of each test), every case runs on CUDA."""
+    return [pytest.param(d, *p, marks=[pytest.mark.slow] if d == "cpu" and p in slow_on_cpu else [])
+            for d in DEVICES for p in params]
+
+
 def close(a, b, dtype):
     if dtype == torch.float32:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -95,8 +102,9 @@ def test_v2_split_choice(monkeypatch):
     assert qgemv.splits_for(1024, 8) == 4 and qgemv.splits_for(1024, 2) == 2
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt,N,K", [("fp8", 12, 1024), ("fp8", 9, 1280), ("fp4", 12, 256), ("fp4", 8, 320)])
+@pytest.mark.parametrize("device,fmt,N,K", per_device(
+    [("fp8", 12, 1024), ("fp8", 9, 1280), ("fp4", 12, 256), ("fp4", 8, 320)],
+    slow_on_cpu=[("fp8", 9, 1280), ("fp4", 12, 256)]))
 def test_v2_fused_sum_bit_identical(monkeypatch, device, fmt, N, K):
     """The splits summed by the last program of each row block (v2_fused_sum) give the same bits as the
     second launch: rows 1..MAX_ROWS, splits 1/2/4/8 (each row count with two of them), FP8 (a row slice
@@ -221,8 +229,8 @@ def moe_configured(monkeypatch, **overrides):
         monkeypatch.setitem(fused_moe.CONFIG, key, value)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt,dtype", [("fp4", torch.bfloat16), ("fp8", torch.float32)])
+@pytest.mark.parametrize("device,fmt,dtype", per_device(
+    [("fp4", torch.bfloat16), ("fp8", torch.float32)], slow_on_cpu=[("fp8", torch.float32)]))
 def test_moe_gate_up_variants(monkeypatch, device, fmt, dtype):
     """Kernel 1's options: compact rows give the same bits as the plain grid; split-K (2 and 4 splits, K
     of 4 K tiles) gives the same bits with the sum fused or in a second launch, whether compacted or not,
@@ -403,6 +411,7 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
 def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/moe_bench.py end to end on `tiny` widths through the interpreter (timings faked): every arm
