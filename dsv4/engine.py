@@ -28,6 +28,7 @@ from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
+from .pool import Pools
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
                       sample_processed, sample_rows)
@@ -205,6 +206,7 @@ class Model(ModelCommon):
         self._counts: weakref.WeakKeyDictionary[DecodeState, TokenCounts] = weakref.WeakKeyDictionary()
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
+        self._pools = Pools.from_env(cfg, self.device, self.dtype)  # DSV4_POOL=n: states are pool slots
 
     @property
     def rank(self) -> int:
@@ -216,6 +218,8 @@ class Model(ModelCommon):
 
     # ---- states ------------------------------------------------------------
     def new_state(self, capacity: int) -> DecodeState:
+        if self._pools is not None:
+            return self._pools.new_state(capacity)
         return DecodeState(self.cfg, capacity, self.device, self.dtype)
 
     def _tokens(self, ids, what: str) -> torch.Tensor:

@@ -9,6 +9,10 @@ the indexer's rings and compressed keys at index_head_dim.
 
 `pos` is a device scalar (no host sync reads it inside a step); `host_pos`
 mirrors it from each step's readback and guards the capacity. Nothing grows.
+
+`slots=n` stacks n states' buffers along a leading slot axis (the storage of a dsv4.pool.StatePool);
+`row(slot)` is then the DecodeState whose every buffer is that slot's view, so whatever works on a
+DecodeState (steps, graphs, digests, restore, discard) works on it unchanged.
 """
 
 from __future__ import annotations
@@ -32,45 +36,71 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
 
+def _zeros(slots: int | None):
+    """torch.zeros, with a leading slot axis when the buffers are a pool's (slots not None)."""
+    return lambda *shape, **kw: torch.zeros((() if slots is None else (slots,)) + shape, **kw)
+
+
 class LayerCache:
-    def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype, slots: int | None = None):
         hd, W = cfg.head_dim, cfg.sliding_window
         z = dict(device=device, dtype=dtype)
-        self.win = torch.zeros(W, hd, **z)
+        zeros = _zeros(slots)
+        self.win = zeros(W, hd, **z)
         m = cfg.compress_rate(layer)
         if m:
             csa = cfg.layer_types[layer] == CSA
             R, width = (2 * m, 2 * hd) if csa else (m, hd)
             rows = capacity // m + 2
-            self.ckv = torch.zeros(R, width, **z)
-            self.cgate = torch.zeros(R, width, **z)
-            self.comp = torch.zeros(rows, hd, **z)
+            self.ckv = zeros(R, width, **z)
+            self.cgate = zeros(R, width, **z)
+            self.comp = zeros(rows, hd, **z)
             if csa:
                 dI = cfg.index_head_dim
-                self.ikv = torch.zeros(2 * m, 2 * dI, **z)
-                self.igate = torch.zeros(2 * m, 2 * dI, **z)
-                self.icomp = torch.zeros(rows, dI, **z)
+                self.ikv = zeros(2 * m, 2 * dI, **z)
+                self.igate = zeros(2 * m, 2 * dI, **z)
+                self.icomp = zeros(rows, dI, **z)
 
     def buffers(self) -> list[tuple[str, torch.Tensor]]:
         return [(k, v) for k, v in vars(self).items() if isinstance(v, torch.Tensor)]
 
+    def row(self, slot: int) -> "LayerCache":
+        """One slot of a stacked cache: a LayerCache of views."""
+        view = LayerCache.__new__(LayerCache)
+        for k, v in self.buffers():
+            setattr(view, k, v[slot])
+        return view
+
 
 class DecodeState:
-    def __init__(self, cfg: ModelConfig, capacity: int, device, dtype):
+    def __init__(self, cfg: ModelConfig, capacity: int, device, dtype, slots: int | None = None):
         if not isinstance(capacity, int) or capacity < 1:
             raise CapacityError(f"capacity {capacity!r}: a positive integer of tokens")
         self.cfg, self.capacity, self.device, self.dtype = cfg, capacity, torch.device(device), dtype
         i64 = dict(dtype=torch.int64, device=self.device)
-        self.pos = torch.zeros((), **i64)
+        zeros = _zeros(slots)
+        self.pos = zeros(**i64)
         self.host_pos = 0
-        self.layers = [LayerCache(cfg, i, capacity, self.device, dtype) for i in range(cfg.num_hidden_layers)]
-        self.hidden = torch.zeros(cfg.hc_mult, cfg.hidden_size, device=self.device, dtype=dtype)
-        self.logits = torch.zeros(cfg.vocab_size, device=self.device, dtype=torch.float32)
-        self.input = torch.zeros(1, **i64)  # the step's input token (static: a graph reads it)
-        self.token = torch.zeros((), **i64)  # the sampled token
-        self.counts = torch.zeros(2, **i64)  # steps run on this state: [forward, commit]
+        self.layers = [LayerCache(cfg, i, capacity, self.device, dtype, slots) for i in range(cfg.num_hidden_layers)]
+        self.hidden = zeros(cfg.hc_mult, cfg.hidden_size, device=self.device, dtype=dtype)
+        self.logits = zeros(cfg.vocab_size, device=self.device, dtype=torch.float32)
+        self.input = zeros(1, **i64)  # the step's input token (static: a graph reads it)
+        self.token = zeros(**i64)  # the sampled token
+        self.counts = zeros(2, **i64)  # steps run on this state: [forward, commit]
         self.quarantine: str | None = None
         self.replay = None  # a captured full-token graph, set by dsv4.replay
+        self.pool = None  # the dsv4.pool.StatePool whose slot `slot` this state is a view of (None: its own)
+        self.slot: int | None = None
+
+    def row(self, slot: int) -> "DecodeState":
+        """Slot `slot` of a stacked state (slots=n): a DecodeState of views, starting at position 0."""
+        view = DecodeState.__new__(DecodeState)
+        vars(view).update(cfg=self.cfg, capacity=self.capacity, device=self.device, dtype=self.dtype, host_pos=0,
+                          layers=[layer.row(slot) for layer in self.layers], quarantine=None, replay=None,
+                          pool=None, slot=slot)
+        for name in ("pos", "hidden", "logits", "input", "token", "counts"):
+            setattr(view, name, getattr(self, name)[slot])
+        return view
 
     # ---- guards ------------------------------------------------------------
     def check_open(self):
