@@ -285,3 +285,74 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv("DSV4_POOL", "x")
     with pytest.raises(ValueError, match="DSV4_POOL"):
         dsv4.load("tiny", device="cpu")
+
+
+# ---- the pooled kernels against the plain ones, row by row (fresh random inputs) --------------------------
+def _rand(gen, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("heads", [4, 16])
+def test_pooled_attention_kernel_is_the_plain_kernel_per_row(heads):
+    """Exactly (bit for bit) the plain kernel launched on each row alone with its slot's caches."""
+    gen = torch.Generator().manual_seed(heads)
+    B, slots, hd, half, W, NS, K = 3, 4, 32, 8, 8, 10, 6
+    ids = torch.tensor([2, 0, 3], device=DEVICE)
+    on = lambda *shape, p: (torch.rand(*shape, generator=gen) < p).to(DEVICE)  # noqa: E731
+    q, win, kv = _rand(gen, B, heads, hd), _rand(gen, slots, W, hd), _rand(gen, B, hd)
+    visible, sink = on(B, W + 1, p=0.7), _rand(gen, heads)
+    cos, sin = _rand(gen, B, half), _rand(gen, B, half)
+    comp, new = _rand(gen, slots, NS, hd), _rand(gen, B, 1, hd)
+    sel = torch.randint(0, NS + 1, (B, K), generator=gen).to(DEVICE)
+    kinds = {"sliding": {}, "csa": dict(comp=comp, new=new, sel=sel, valid=on(B, K, p=0.8)),
+             "hca": dict(comp=comp, new=new, committed=on(B, NS, p=0.5), new_visible=on(B, 1, p=0.5))}
+    for kind, extra in kinds.items():
+        args = (q, win, kv, visible, sink, cos, sin)
+        assert attention_kernel.supported(*args, **extra, ids=ids)
+        got = attention_kernel.attention(*args, **extra, ids=ids)
+        for b in range(B):
+            s = int(ids[b])
+            row = {k: v[s] if k == "comp" else (v[b] if k == "new" else v[b:b + 1]) for k, v in extra.items()}
+            if kind == "hca":
+                row["committed"] = extra["committed"][b]
+            alone = attention_kernel.attention(q[b:b + 1], win[s], kv[b:b + 1], visible[b:b + 1], sink,
+                                               cos[b:b + 1], sin[b:b + 1], **row)
+            assert torch.equal(got[b:b + 1], alone), f"{kind}, row {b}"
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_pooled_compressor_and_index_kernels_are_the_plain_ones_per_row(model, monkeypatch, split):
+    """Pool entries and index keys of each row, against the plain kernels on a Step at the row's position;
+    `split`: the pool's channels split over programs (then normed and rotated by a second launch)."""
+    if split:
+        monkeypatch.setattr(compressor_kernel, "POOL_SPLIT_ABOVE", 0)
+        monkeypatch.setattr(compressor_kernel, "POOL_CHANNELS", 16)
+    gen = torch.Generator().manual_seed(1)
+    cfg, rope = model.cfg, model.transformer.rope
+    positions, ids, slots, rows = [14, 3, 31], torch.tensor([1, 3, 0], device=DEVICE), 4, 12
+    pos = torch.tensor(positions, device=DEVICE)
+    pooled = model_step.PoolStep(pos, ids, rope, cfg.sliding_window)
+    B, dim, dI, H = len(positions), cfg.head_dim, cfg.index_head_dim, cfg.index_n_heads
+    for m, overlap in ((4, True), (16, False)):
+        width, R = (2 * dim, 2 * m) if overlap else (dim, m)
+        kv, gate = _rand(gen, B, width), _rand(gen, B, width)
+        ring_kv, ring_gate = _rand(gen, slots, R, width), _rand(gen, slots, R, width)
+        ape, norm = _rand(gen, m, width), _rand(gen, dim)
+        got = compressor_kernel.pool(kv, gate, ring_kv, ring_gate, ape, norm, pooled.windows(m, R, rows), overlap,
+                                     1e-6, ids=ids)
+        for b, p in enumerate(positions):
+            win = model_step.Step(pos[b], 1, rope, cfg.sliding_window).windows(m, R, rows)
+            s = int(ids[b])
+            alone = compressor_kernel.pool(kv[b:b + 1], gate[b:b + 1], ring_kv[s], ring_gate[s], ape, norm, win,
+                                           overlap, 1e-6)
+            assert torch.equal(got[b:b + 1], alone), f"rate {m}, row {b}"
+    q, weights = _rand(gen, B, H, dI), _rand(gen, B, H)
+    icomp, inew = _rand(gen, slots, rows, dI), _rand(gen, B, 1, dI)
+    win, (cos, sin) = pooled.windows(4, 8, rows), pooled.cos_sin("compress")
+    got = compressor_kernel.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, ids=ids)
+    for b in range(B):
+        step = model_step.Step(pos[b], 1, rope, cfg.sliding_window)
+        w1, (c1, s1) = step.windows(4, 8, rows), step.cos_sin("compress")
+        alone = compressor_kernel.index_keys(q[b:b + 1], weights[b:b + 1], c1, s1, icomp[int(ids[b])], inew[b],
+                                             w1.committed, w1.visible)
+        assert torch.equal(got[b:b + 1], alone), f"index keys, row {b}"
