@@ -222,6 +222,11 @@ class Model(ModelCommon):
             return self._pools.new_state(capacity)
         return DecodeState(self.cfg, capacity, self.device, self.dtype)
 
+    def pool_states(self, slots: int) -> None:
+        """From now on new_state hands out slots of pools of `slots` states (dsv4.pool; 0: plain states), as
+        DSV4_POOL=slots does from the start. On every rank: model.each("pool_states", slots)."""
+        self._pools = Pools(slots, self.cfg, self.device, self.dtype) if slots else None
+
     def _tokens(self, ids, what: str) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
             ids = ids.flatten().tolist()
