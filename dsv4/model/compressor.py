@@ -49,7 +49,7 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
 
 
 def flat(buf: torch.Tensor) -> torch.Tensor:
-    """A pool's stacked buffer [slots, rows, ...] as [slots * rows, ...] (what a pooled write's flat indices address)."""
+    """A pool's stacked buffer [slots, rows, ...] as [slots * rows, ...]: what a pooled write's indices address."""
     return buf.view(-1, *buf.shape[2:])
 
 
