@@ -6,7 +6,7 @@ single-sequence full-token graph of the same build in the same run.
     DSV4_KERNELS=triton python benchmarks/batch_bench.py flash --ranks 2 --pool --sizes 1 4 8 16 32
 
 --pool: at each size, the same batch twice: plain states (today's per-sequence attention) and states
-that are slots of one dsv4.pool.StatePool (`Model.pool_states`): one launch per kernel for every row.
+that are slots of one dsv4.state.StatePool (`Model.pool_states`): one launch per kernel for every row.
 The pooled kernels are not GPU-checked yet, so only DSV4_KERNELS=triton runs them ("auto": the pooled
 arm reads the pool through each state's views, per sequence); each record says which arm it is (pool).
 

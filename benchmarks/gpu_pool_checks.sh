@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on 2 x H200 (nvidia-h200-x2), ~9 minutes: the pooled decode path (dsv4.pool, issue 12),
+# One device call on 2 x H200 (nvidia-h200-x2), ~9 minutes: the pooled decode path (dsv4.state.StatePool, issue 12),
 # whose kernels are not GPU-checked yet (dsv4/kernels/pooled.py), so everything pooled runs under
 # DSV4_KERNELS=triton. Outputs under a scratch folder ($RES), returned as $OUT/results.tgz and $OUT/summary.txt.
 #   phase 1, in parallel:

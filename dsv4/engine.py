@@ -28,11 +28,10 @@ from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
 from .model.forward import Transformer
 from .parallel import SITES, Comm
-from .pool import Pools
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
                       sample_processed, sample_rows)
-from .state import CapacityError, DecodeState, QuarantineError
+from .state import CapacityError, DecodeState, Pools, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
 
@@ -223,7 +222,7 @@ class Model(ModelCommon):
         return DecodeState(self.cfg, capacity, self.device, self.dtype)
 
     def pool_states(self, slots: int) -> None:
-        """From now on new_state hands out slots of pools of `slots` states (dsv4.pool; 0: plain states), as
+        """From now on new_state hands out slots of pools of `slots` states (dsv4.state.StatePool; 0: plain states), as
         DSV4_POOL=slots does from the start. On every rank: model.each("pool_states", slots)."""
         self._pools = Pools(slots, self.cfg, self.device, self.dtype) if slots else None
 

@@ -1,4 +1,4 @@
-"""Pooled decode (dsv4.pool.StatePool; issue 12): the states of a batch stacked along a slot axis, and the
+"""Pooled decode (dsv4.state.StatePool; issue 12): the states of a batch stacked along a slot axis, and the
 one-token step that serves every row with one launch per kernel (model.step.PoolStep, attention_pooled,
 the POOLED kernel variants).
 
@@ -33,7 +33,7 @@ from dsv4 import RefusalError, SamplingParams
 from dsv4.engine import Batch
 from dsv4.kernels import attention as attention_kernel
 from dsv4.kernels import commit_step, compressor as compressor_kernel, normrope as normrope_kernel
-from dsv4.pool import Pools, StatePool, pool_of
+from dsv4.state import Pools, StatePool, pool_of
 from dsv4.syncguard import NoHostSync
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +177,7 @@ def test_pooled_step_makes_no_host_sync(model):
 # ---- launches -------------------------------------------------------------------------------------------
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _PER_SEQUENCE = ("model/step.py", "model/attention.py", "model/compressor.py", "model/commit.py",
-                 "model/forward.py", "dsv4/pool.py", "kernels/attention.py", "kernels/compressor.py",
+                 "model/forward.py", "dsv4/state.py", "kernels/attention.py", "kernels/compressor.py",
                  "kernels/commit_step.py", "kernels/commit.py")
 
 

@@ -14,7 +14,7 @@ compressors and indexer are replicated. The output is a partial sum to reduce.
 _attend is the attention core and the reference of its fused form, dsv4.kernels.attention (two
 launches for decode chunks of up to 8 tokens, reading the picked rows in place).
 
-attention_pooled: one token of each of B sequences held in one dsv4.pool.StatePool (model.step.PoolStep);
+attention_pooled: one token of each of B sequences held in one dsv4.state.StatePool (model.step.PoolStep);
 its compressors, indexer and attention core run once for all rows, through the kernels' pooled variants
 (dsv4.kernels.pooled), and each write it stages holds every row's.
 """

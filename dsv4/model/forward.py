@@ -17,9 +17,8 @@ from ..formats import QWeight
 from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
-from ..pool import StatePool, pool_of
 from ..profile import phase
-from ..state import DecodeState
+from ..state import DecodeState, StatePool, pool_of
 from .attention import attention, attention_pooled
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
