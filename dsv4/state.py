@@ -167,6 +167,10 @@ class StatePool:
         self.slots, self.capacity = slots, capacity
         self.store = DecodeState(cfg, capacity, device, dtype, slots=slots)
         self.ids = torch.arange(slots, device=self.store.device)
+        # each slot's id alone, 16-byte aligned (stride 2): Triton compiles a kernel per alignment of its
+        # pointers, so a solo step's kernels are the same whatever its slot (a graph's warm-up on a scratch
+        # state in another slot compiles what its capture runs)
+        self._alone = self.ids.repeat_interleave(2)
         self._free = list(range(slots))
         self._index: dict[tuple[int, ...], torch.Tensor] = {}
 
@@ -199,12 +203,16 @@ class StatePool:
         return [t for _, t in s.committed()] + [s.input, s.counts]
 
     def index(self, states: list[DecodeState]) -> torch.Tensor:
-        """The states' slot ids [B] on the device (a slice of `ids` when consecutive, else gathered by a device
-        op: capture-safe, no host copy); cached per list of slots."""
+        """The states' slot ids [B] on the device, cached per list of slots. One slot, or consecutive slots: a
+        view of ids made at the pool's creation (nothing to run, so valid even when first asked for inside a
+        graph capture). Others: gathered by a device op the first time (a batch's graph warms up eagerly on
+        its own states first, so it is made before the capture)."""
         key = tuple(s.slot for s in states)
         ids = self._index.get(key)
         if ids is None:
-            if key == tuple(range(key[0], key[0] + len(key))):
+            if len(key) == 1:
+                ids = self._alone[2 * key[0]:2 * key[0] + 1]
+            elif key == tuple(range(key[0], key[0] + len(key))):
                 ids = self.ids[key[0]:key[0] + len(key)]
             else:
                 ids = torch.stack([self.ids[k] for k in key])

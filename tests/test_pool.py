@@ -263,6 +263,8 @@ def test_pool_states_are_views_of_one_store(model):
     a.discard()
     assert a.digest() == model.new_state(16).digest() and b.digest() != a.digest()
     assert pool.index([b, a]).tolist() == [2, 0] and pool.index([a, pool.state(1)]).tolist() == [0, 1]
+    alone = [pool.index([pool.state(k)]) for k in range(3)]
+    assert [t.tolist() for t in alone] == [[0], [1], [2]] and all(t.data_ptr() % 16 == 0 for t in alone)
 
 
 def test_env_pools_hand_out_the_lowest_free_slot(model):
