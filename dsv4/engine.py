@@ -31,7 +31,7 @@ from .parallel import SITES, Comm
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
                       sample_processed, sample_rows)
-from .state import CapacityError, DecodeState, QuarantineError
+from .state import CapacityError, DecodeState, Pools, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
 
@@ -208,6 +208,7 @@ class Model(ModelCommon):
         self._counts: weakref.WeakKeyDictionary[DecodeState, TokenCounts] = weakref.WeakKeyDictionary()
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
+        self._pools = Pools.from_env(cfg, self.device, self.dtype)  # DSV4_POOL=n: states are pool slots
 
     @property
     def rank(self) -> int:
@@ -219,7 +220,14 @@ class Model(ModelCommon):
 
     # ---- states ------------------------------------------------------------
     def new_state(self, capacity: int) -> DecodeState:
+        if self._pools is not None:
+            return self._pools.new_state(capacity)
         return DecodeState(self.cfg, capacity, self.device, self.dtype)
+
+    def pool_states(self, slots: int) -> None:
+        """From now on new_state hands out slots of pools of `slots` states (dsv4.state.StatePool; 0: plain states), as
+        DSV4_POOL=slots does from the start. On every rank: model.each("pool_states", slots)."""
+        self._pools = Pools(slots, self.cfg, self.device, self.dtype) if slots else None
 
     def _tokens(self, ids, what: str) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):

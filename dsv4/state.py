@@ -9,11 +9,26 @@ the indexer's rings and compressed keys at index_head_dim.
 
 `pos` is a device scalar (no host sync reads it inside a step); `host_pos`
 mirrors it from each step's readback and guards the capacity. Nothing grows.
+
+StatePool (issue 12): the states of several sequences stacked along a slot axis, so a batched decode
+step reaches every row's caches through one tensor per buffer. Each buffer is allocated once as
+[slots, ...] (`DecodeState(..., slots=n)`); `pool.state(slot)` is a DecodeState whose buffers are that
+slot's views (`row`), so everything that works on a state (a solo step, its graph, digests, restore,
+discard) works on it unchanged. When every state of a one-token step is a view of one pool, the forward
+takes the pooled path (model.step.PoolStep): the attention, compressor and indexer kernels read each
+row's caches through its slot id, one launch for all rows; its staged writes address the flattened pool
+buffers; the transaction's bookkeeping is one op per buffer over the pool's rows.
+
+`Model.new_state` hands out pool slots when DSV4_POOL=n is set (`Pools`: pools of n slots per capacity,
+lowest free slot first, a slot freed when its state is collected), so servers, benchmarks and the ranks
+of a distributed model get pooled states without another call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import weakref
 
 import torch
 
@@ -32,45 +47,71 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
 
+def _zeros(slots: int | None):
+    """torch.zeros, with a leading slot axis when the buffers are a pool's (slots not None)."""
+    return lambda *shape, **kw: torch.zeros((() if slots is None else (slots,)) + shape, **kw)
+
+
 class LayerCache:
-    def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype, slots: int | None = None):
         hd, W = cfg.head_dim, cfg.sliding_window
         z = dict(device=device, dtype=dtype)
-        self.win = torch.zeros(W, hd, **z)
+        zeros = _zeros(slots)
+        self.win = zeros(W, hd, **z)
         m = cfg.compress_rate(layer)
         if m:
             csa = cfg.layer_types[layer] == CSA
             R, width = (2 * m, 2 * hd) if csa else (m, hd)
             rows = capacity // m + 2
-            self.ckv = torch.zeros(R, width, **z)
-            self.cgate = torch.zeros(R, width, **z)
-            self.comp = torch.zeros(rows, hd, **z)
+            self.ckv = zeros(R, width, **z)
+            self.cgate = zeros(R, width, **z)
+            self.comp = zeros(rows, hd, **z)
             if csa:
                 dI = cfg.index_head_dim
-                self.ikv = torch.zeros(2 * m, 2 * dI, **z)
-                self.igate = torch.zeros(2 * m, 2 * dI, **z)
-                self.icomp = torch.zeros(rows, dI, **z)
+                self.ikv = zeros(2 * m, 2 * dI, **z)
+                self.igate = zeros(2 * m, 2 * dI, **z)
+                self.icomp = zeros(rows, dI, **z)
 
     def buffers(self) -> list[tuple[str, torch.Tensor]]:
         return [(k, v) for k, v in vars(self).items() if isinstance(v, torch.Tensor)]
 
+    def row(self, slot: int) -> "LayerCache":
+        """One slot of a stacked cache: a LayerCache of views."""
+        view = LayerCache.__new__(LayerCache)
+        for k, v in self.buffers():
+            setattr(view, k, v[slot])
+        return view
+
 
 class DecodeState:
-    def __init__(self, cfg: ModelConfig, capacity: int, device, dtype):
+    def __init__(self, cfg: ModelConfig, capacity: int, device, dtype, slots: int | None = None):
         if not isinstance(capacity, int) or capacity < 1:
             raise CapacityError(f"capacity {capacity!r}: a positive integer of tokens")
         self.cfg, self.capacity, self.device, self.dtype = cfg, capacity, torch.device(device), dtype
         i64 = dict(dtype=torch.int64, device=self.device)
-        self.pos = torch.zeros((), **i64)
+        zeros = _zeros(slots)
+        self.pos = zeros(**i64)
         self.host_pos = 0
-        self.layers = [LayerCache(cfg, i, capacity, self.device, dtype) for i in range(cfg.num_hidden_layers)]
-        self.hidden = torch.zeros(cfg.hc_mult, cfg.hidden_size, device=self.device, dtype=dtype)
-        self.logits = torch.zeros(cfg.vocab_size, device=self.device, dtype=torch.float32)
-        self.input = torch.zeros(1, **i64)  # the step's input token (static: a graph reads it)
-        self.token = torch.zeros((), **i64)  # the sampled token
-        self.counts = torch.zeros(2, **i64)  # steps run on this state: [forward, commit]
+        self.layers = [LayerCache(cfg, i, capacity, self.device, dtype, slots) for i in range(cfg.num_hidden_layers)]
+        self.hidden = zeros(cfg.hc_mult, cfg.hidden_size, device=self.device, dtype=dtype)
+        self.logits = zeros(cfg.vocab_size, device=self.device, dtype=torch.float32)
+        self.input = zeros(1, **i64)  # the step's input token (static: a graph reads it)
+        self.token = zeros(**i64)  # the sampled token
+        self.counts = zeros(2, **i64)  # steps run on this state: [forward, commit]
         self.quarantine: str | None = None
         self.replay = None  # a captured full-token graph, set by dsv4.replay
+        self.pool = None  # the StatePool whose slot `slot` this state is a view of (None: its own)
+        self.slot: int | None = None
+
+    def row(self, slot: int) -> "DecodeState":
+        """Slot `slot` of a stacked state (slots=n): a DecodeState of views, starting at position 0."""
+        view = DecodeState.__new__(DecodeState)
+        vars(view).update(cfg=self.cfg, capacity=self.capacity, device=self.device, dtype=self.dtype, host_pos=0,
+                          layers=[layer.row(slot) for layer in self.layers], quarantine=None, replay=None,
+                          pool=None, slot=slot)
+        for name in ("pos", "hidden", "logits", "input", "token", "counts"):
+            setattr(view, name, getattr(self, name)[slot])
+        return view
 
     # ---- guards ------------------------------------------------------------
     def check_open(self):
@@ -117,3 +158,95 @@ class DecodeState:
             t.zero_()
         self.host_pos = 0
         self.quarantine = None
+
+
+class StatePool:
+    def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype):
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots {slots!r}: a positive integer")
+        self.slots, self.capacity = slots, capacity
+        self.store = DecodeState(cfg, capacity, device, dtype, slots=slots)
+        self.ids = torch.arange(slots, device=self.store.device)
+        # each slot's id alone, 16-byte aligned (stride 2): Triton compiles a kernel per alignment of its
+        # pointers, so a solo step's kernels are the same whatever its slot (a graph's warm-up on a scratch
+        # state in another slot compiles what its capture runs)
+        self._alone = self.ids.repeat_interleave(2)
+        self._free = list(range(slots))
+        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def state(self, slot: int) -> DecodeState:
+        """The DecodeState of slot `slot` (views of the pool's buffers)."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} of a pool of {self.slots}")
+        view = self.store.row(slot)
+        view.pool = self
+        return view
+
+    def acquire(self) -> DecodeState | None:
+        """The lowest free slot's state, zeroed (a fresh state); None when every slot is taken. The slot is
+        free again once the state is collected."""
+        if not self._free:
+            return None
+        slot = self._free.pop(0)
+        for t in self._buffers():
+            t[slot].zero_()
+        view = self.state(slot)
+        weakref.finalize(view, self._release, slot)
+        return view
+
+    def _release(self, slot: int):
+        self._free.append(slot)
+        self._free.sort()
+
+    def _buffers(self) -> list[torch.Tensor]:
+        s = self.store
+        return [t for _, t in s.committed()] + [s.input, s.counts]
+
+    def index(self, states: list[DecodeState]) -> torch.Tensor:
+        """The states' slot ids [B] on the device, cached per list of slots. One slot, or consecutive slots: a
+        view of ids made at the pool's creation (nothing to run, so valid even when first asked for inside a
+        graph capture). Others: gathered by a device op the first time (a batch's graph warms up eagerly on
+        its own states first, so it is made before the capture)."""
+        key = tuple(s.slot for s in states)
+        ids = self._index.get(key)
+        if ids is None:
+            if len(key) == 1:
+                ids = self._alone[2 * key[0]:2 * key[0] + 1]
+            elif key == tuple(range(key[0], key[0] + len(key))):
+                ids = self.ids[key[0]:key[0] + len(key)]
+            else:
+                ids = torch.stack([self.ids[k] for k in key])
+            self._index[key] = ids
+        return ids
+
+
+def pool_of(states: list[DecodeState]) -> StatePool | None:
+    """The pool every state is a view of (each in its own slot), or None."""
+    pool = states[0].pool
+    if pool is None or any(s.pool is not pool for s in states) or len({s.slot for s in states}) != len(states):
+        return None
+    return pool
+
+
+class Pools:
+    """Model.new_state under DSV4_POOL=n: states from pools of n slots, one list of pools per capacity."""
+
+    def __init__(self, slots: int, cfg: ModelConfig, device, dtype):
+        self.slots, self.cfg, self.device, self.dtype = slots, cfg, device, dtype
+        self.by_capacity: dict[int, list[StatePool]] = {}
+
+    @staticmethod
+    def from_env(cfg: ModelConfig, device, dtype) -> "Pools | None":
+        value = os.environ.get("DSV4_POOL", "0")
+        if not value.isdigit():
+            raise ValueError(f"DSV4_POOL={value!r}: a number of slots per pool (0: no pools)")
+        return Pools(int(value), cfg, device, dtype) if int(value) else None
+
+    def new_state(self, capacity: int) -> DecodeState:
+        pools = self.by_capacity.setdefault(capacity, [])
+        for pool in pools:
+            state = pool.acquire()
+            if state is not None:
+                return state
+        pools.append(StatePool(self.cfg, self.slots, capacity, self.device, self.dtype))
+        return pools[-1].acquire()

@@ -23,7 +23,7 @@ from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
 from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
-from dsv4.model.step import Step  # noqa: E402
+from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
 from dsv4.model.commit import Write  # noqa: E402
 
@@ -168,6 +168,41 @@ default = dict(attention.CONFIG)
 attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
 attention.CONFIG.update(default)
+
+
+def pooled_variants(dtype, H, hd, half):
+    """The pooled decode variants (dsv4.kernels.pooled): 3 rows of a pool of 4 slots, Flash's compressors and
+    indexer; attention with H heads of hd."""
+    cfg = preset("flash")
+    B, slots = 3, 4
+    ids = torch.tensor([2, 0, 3])
+    step = PoolStep(torch.zeros(B, dtype=torch.int64), ids, Rope(cfg, "cpu"), cfg.sliding_window)
+    z = dict(dtype=dtype)
+    for m, dim, overlap in ((4, 512, True), (4, 128, True), (128, 512, False)):
+        width, R = (2 * dim, 2 * m) if overlap else (dim, m)
+        win = step.windows(m, R, 1026)
+        compressor.pool(torch.zeros(B, width, **z), torch.zeros(B, width, **z), torch.zeros(slots, R, width, **z),
+                        torch.zeros(slots, R, width, **z), torch.zeros(m, width), torch.ones(dim), win, overlap, 1e-6,
+                        ids=ids)
+    win = step.windows(4, 8, 1026)
+    cos, sin = step.cos_sin("compress")
+    compressor.index_keys(torch.zeros(B, 64, 128, **z), torch.zeros(B, 64, **z), cos, sin,
+                          torch.zeros(slots, 1026, 128, **z), torch.zeros(B, 1, 128, **z), win.committed, win.visible,
+                          ids=ids)
+    W = cfg.sliding_window
+    args = (torch.zeros(B, H, hd, **z), torch.zeros(slots, W, hd, **z), torch.zeros(B, hd, **z),
+            torch.zeros(B, W + 1, dtype=torch.bool), torch.zeros(H), torch.zeros(B, half), torch.zeros(B, half))
+    comp, new = torch.zeros(slots, 1026, hd, **z), torch.zeros(B, 1, hd, **z)
+    for extra in ({}, dict(comp=comp, new=new, sel=torch.zeros(B, 512, dtype=torch.int64),
+                           valid=torch.zeros(B, 512, dtype=torch.bool)),
+                  dict(comp=comp, new=new, committed=torch.zeros(B, 1026, dtype=torch.bool),
+                       new_visible=torch.zeros(B, 1, dtype=torch.bool))):
+        assert attention.supported(*args, **extra, ids=ids)
+        attention.attention(*args, **extra, ids=ids)
+
+
+pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
+pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
 
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)

@@ -14,6 +14,11 @@ The second kernel combines a head's partials in split order (deterministic, no a
 head's sink logit, which joins the denominator only, and rotates the output's rope slice back at
 the query position. Logits and sums are fp32; p is rounded to the keys' dtype for the p * v
 product, as flash attention does; the output is rounded once, to q's dtype.
+
+Pooled (POOLED, `ids`; dispatched by dsv4.kernels.pooled): the queries are B rows of one token each,
+row b's caches the slot ids[b] of stacked pool caches (win [slots, W, hd], comp [slots, NS, hd]), its
+chunk kv[b], its new rows new[b] and its masks row b of each. A row's program does exactly the
+arithmetic of the same row launched alone (the same splits: they depend on shapes only).
 """
 
 import torch
@@ -35,13 +40,21 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
-                       m_ptr, l_ptr, acc_ptr, NS, NW, sel_stride, ok_stride, scale, T: constexpr, H: constexpr,
-                       HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr,
-                       SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr,
-                       DOT_F32: constexpr):
+                       m_ptr, l_ptr, acc_ptr, ids_ptr, NS, NW, sel_stride, ok_stride, scale, T: constexpr,
+                       H: constexpr, HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr,
+                       ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr,
+                       BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr, POOLED: constexpr):
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.program_id(2).to(tl.int64)
+    if POOLED:  # t is a row (T == 1): its slot's caches, its own chunk row, new rows and committed mask
+        slot = tl.load(ids_ptr + t)
+        win_ptr += slot * (W * HD)
+        comp_ptr += slot * NS * HD
+        kv_ptr += t * HD
+        new_ptr += t * NW * HD
+        if ALL_ROWS:
+            ok_ptr += t * NS
     h_ok = h < H
     d = tl.arange(0, HD)
     q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
@@ -125,13 +138,18 @@ def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_
 
 
 def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None) -> bool:
+              new_visible=None, ids=None) -> bool:
     T, H, hd = q.shape
     half = cos.shape[-1]
     rows = [x for x in (q, win, kv, comp, new) if x is not None]
     masks = [x for x in (visible, committed, new_visible) if x is not None]
     picks = [x for x in (sel, valid) if x is not None]
-    return (1 <= T <= MAX_T and hd == next_pow2(hd) and half == next_pow2(half) and 2 * half <= hd
+    if ids is None:
+        shapes = 1 <= T <= MAX_T
+    else:  # pooled: T rows of one token each, any number of them
+        shapes = (ids.dtype == torch.int64 and ids.shape == (T,) and ids.is_contiguous() and win.dim() == 3
+                  and (comp is None or (comp.dim() == 3 and new.dim() == 3)))
+    return (shapes and hd == next_pow2(hd) and half == next_pow2(half) and 2 * half <= hd
             and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and all(x.is_contiguous() and x.dtype == q.dtype and x.shape[-1] == hd for x in rows)
             and all(x.is_contiguous() and x.dtype == torch.bool for x in masks)
@@ -141,14 +159,19 @@ def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
 
 
 def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None) -> torch.Tensor:
+              new_visible=None, ids=None) -> torch.Tensor:
     """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
-    (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype."""
+    (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype.
+    Pooled (ids [B], T = B rows of one token): win [slots, W, hd], kv [B, hd], visible [B, W + 1],
+    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...]."""
     T, H, hd = q.shape
-    W, half = win.shape[0], cos.shape[-1]
+    pooled = ids is not None
+    chunk = 1 if pooled else T  # tokens of one sequence's chunk
+    W, half = win.shape[-2], cos.shape[-1]
     picks, all_rows = sel is not None, comp is not None and sel is None  # CSA, HCA
-    n_keys = W + T + (sel.shape[-1] if picks else (comp.shape[0] + new.shape[0] if all_rows else 0))
+    n_keys = W + chunk + (sel.shape[-1] if picks else (comp.shape[-2] + new.shape[-2] if all_rows else 0))
     rows = (comp, new) if comp is not None else (q, q)  # q: an unread stand-in
+    counts = (comp.shape[-2], new.shape[-2]) if comp is not None else (T, T)  # NS, NW (unread without comp)
     masks = (sel, valid, visible) if picks else ((visible, committed, new_visible) if all_rows else (visible,) * 3)
     c = CONFIG
     block_h = min(c["block_h"], next_pow2(H))
@@ -162,11 +185,11 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     out = torch.empty_like(q)
     warps = (lambda n: {}) if interpreting() else (lambda n: {"num_warps": n})
     launcher(_attn_split_kernel, q)[(splits, cdiv(H, block_h), T)](
-        q, win, kv, visible, *rows, *masks, m, l, acc, rows[0].shape[0], rows[1].shape[0],
+        q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, *counts,
         sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
-        T=T, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
+        T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
-        DOT_F32=interpreting() and q.dtype != torch.float32, **warps(c["num_warps"]))
+        DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, **warps(c["num_warps"]))
     launcher(_attn_combine_kernel, q)[(H, T)](
         m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=hd - 2 * half, HALF=half, SPLITS=splits,
         BLOCK_S=next_pow2(splits), BLOCK_D=min(128, next_pow2(max(hd - 2 * half, 1))), **warps(c["combine_warps"]))

@@ -13,6 +13,10 @@ where not visible, and written as one int64 sort key per entry: the score's orde
 (negated) above the entry's index. The keys are distinct, so the k smallest are one set in one order
 whatever the selection algorithm: descending score, ties to the lower index, exactly the
 reference's stable descending sort (-0.0 counts as 0.0, as in the sort's comparison).
+
+Pooled (POOLED, `ids`; dispatched by dsv4.kernels.pooled): B rows of one token each, row b's rings and
+stores the slot ids[b] of stacked pool buffers, its chunk row kv[b] / q[b]; each touches one window.
+A row's program does exactly the arithmetic of the same row launched alone.
 """
 
 import torch
@@ -35,11 +39,19 @@ _INDEX_BITS = 0xFFFFFFFF
 
 
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
-                 cos_ptr, sin_ptr, out_ptr, eps, R, M: constexpr, DIM: constexpr, WIDTH: constexpr,
-                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr):
+                 cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, M: constexpr, DIM: constexpr, WIDTH: constexpr,
+                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr,
+                 POOLED: constexpr):
     """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
-    only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel."""
+    only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel.
+    POOLED: window w is row w's (one each): its slot's rings, its own chunk row."""
     w = tl.program_id(0).to(tl.int64)
+    if POOLED:
+        slot = tl.load(ids_ptr + w)
+        ring_kv_ptr += slot * R * WIDTH
+        ring_gate_ptr += slot * R * WIDTH
+        kv_ptr += w * WIDTH
+        gate_ptr += w * WIDTH
     c = tl.program_id(1) * CB + tl.arange(0, CB)
     s = tl.arange(0, BS)
     dt = out_ptr.dtype.element_ty
@@ -145,8 +157,9 @@ def pool_supported(kv: torch.Tensor, ring_kv: torch.Tensor, ape: torch.Tensor, n
             and dim == next_pow2(dim) and dim >= 2 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dim)
 
 
-def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float) -> torch.Tensor:
-    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width]."""
+def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None) -> torch.Tensor:
+    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width].
+    Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row."""
     width = kv.shape[-1]
     dim = width // 2 if overlap else width
     m = win.cur.shape[-1]
@@ -161,8 +174,9 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
     launcher(_pool_kernel, kv)[(n_win, dim // cb)](
         kv, gate.contiguous(), ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
-        win.sin.contiguous(), pooled, float(eps), ring_kv.shape[0], M=m, DIM=dim, WIDTH=width, SLOTS=slots,
-        OVERLAP=overlap, HALF=half, BS=block, CB=cb, num_warps=4 if cb * block <= 4096 else 8)
+        win.sin.contiguous(), pooled, kv if ids is None else ids, float(eps), ring_kv.shape[-2], M=m, DIM=dim,
+        WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb, POOLED=ids is not None,
+        num_warps=4 if cb * block <= 4096 else 8)
     if cb < dim:
         launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
                                                   win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
@@ -170,9 +184,13 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
 
 
 def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, committed_ptr, visible_ptr, keys_ptr,
-                       Ns, N, n_win, w_scale, q_scale, H: constexpr, H_PAD: constexpr, DI: constexpr,
-                       HALF: constexpr, BN: constexpr, IEEE: constexpr):
+                       ids_ptr, Ns, N, n_win, w_scale, q_scale, H: constexpr, H_PAD: constexpr, DI: constexpr,
+                       HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr):
     t = tl.program_id(0).to(tl.int64)
+    if POOLED:  # t is a row: its slot's stored keys, its own new rows and committed mask
+        icomp_ptr += tl.load(ids_ptr + t) * Ns * DI
+        inew_ptr += t * n_win * DI
+        committed_ptr += t * Ns
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     h = tl.arange(0, H_PAD)
     d = tl.arange(0, DI)
@@ -215,21 +233,22 @@ def index_supported(q: torch.Tensor, icomp: torch.Tensor, inew: torch.Tensor, co
     dI = q.shape[-1]
     return (q.dim() == 3 and q.is_contiguous() and icomp.is_contiguous() and q.dtype == icomp.dtype == inew.dtype
             and dI == next_pow2(dI) and dI >= 16 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dI
-            and icomp.shape[0] + inew.shape[0] < 2 ** 31)
+            and icomp.shape[-2] + inew.shape[-2] < 2 ** 31)
 
 
-def index_keys(q, weights, cos, sin, icomp, inew, committed, visible) -> torch.Tensor:
-    """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew]."""
+def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) -> torch.Tensor:
+    """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew].
+    Pooled (ids [B], T = B rows of one token): icomp [slots, Ns, dI], inew [B, n_win, dI], committed [B, Ns]."""
     T, H, dI = q.shape
-    Ns, n_win = icomp.shape[0], inew.shape[0]
+    Ns, n_win = icomp.shape[-2], inew.shape[-2]
     N = Ns + n_win
     keys = torch.empty(T, N, dtype=torch.int64, device=q.device)
     block = 64 if H <= 64 else 32
     launcher(_index_keys_kernel, q)[(T, cdiv(N, block))](
         q, weights.contiguous(), cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
-        committed.contiguous(), visible.contiguous(), keys, Ns, N, n_win, float(H ** -0.5), float(dI ** -0.5),
-        H=H, H_PAD=max(16, next_pow2(H)), DI=dI, HALF=cos.shape[-1], BN=block, IEEE=q.dtype == torch.float32,
-        num_warps=4)
+        committed.contiguous(), visible.contiguous(), keys, q if ids is None else ids, Ns, N, n_win,
+        float(H ** -0.5), float(dI ** -0.5), H=H, H_PAD=max(16, next_pow2(H)), DI=dI, HALF=cos.shape[-1], BN=block,
+        IEEE=q.dtype == torch.float32, POOLED=ids is not None, num_warps=4)
     return keys
 
 

@@ -13,6 +13,10 @@ compressors and indexer are replicated. The output is a partial sum to reduce.
 
 _attend is the attention core and the reference of its fused form, dsv4.kernels.attention (two
 launches for decode chunks of up to 8 tokens, reading the picked rows in place).
+
+attention_pooled: one token of each of B sequences held in one dsv4.state.StatePool (model.step.PoolStep);
+its compressors, indexer and attention core run once for all rows, through the kernels' pooled variants
+(dsv4.kernels.pooled), and each write it stages holds every row's.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..kernels import normrope
 from ..profile import phase
-from .compressor import Write, compress, index_project, index_topk, project
+from .compressor import Write, compress, compress_pooled, flat, index_project, index_topk, index_topk_pooled, project
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
-from .step import Step
+from .step import PoolStep, Step
 
 
 
@@ -37,16 +41,10 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
     over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry)."""
-    B, T, hd, eps = len(steps), steps[0].T, cfg.head_dim, cfg.rms_norm_eps
-    R = B * T
+    B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
-    cos, sin = _rows([s.cos_sin(kind) for s in steps])
-
-    q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
-    q = _norm_rope(linear(q_res, w["wq_b"]).view(R, heads, hd), None, eps, cos, sin)
-    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
-    proj = _project(x, q_res, w, cfg) if m else None
+    q_res, q, kv, proj = _projections(x, w, cfg, heads, m, *_rows([s.cos_sin(kind) for s in steps]))
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -64,10 +62,41 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             outs.append(fused.attention(*args, **extra))
         else:
             outs.append(_attend(*args, **extra))
-    out = outs[0] if B == 1 else torch.cat(outs)
+    return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads)
 
+
+def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
+                     writes: list[Write]) -> torch.Tensor:
+    """`attention` for one token of each of B pooled sequences: x [B, D]; `cache` the pool's stacked
+    LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
+    m = cfg.compress_rate(layer)
+    cos, sin = step.cos_sin("compress" if m else "main")
+    q_res, q, kv, proj = _projections(x, w, cfg, heads, m, cos, sin)
+    visible, slots = step.sliding()
+    writes.append(Write(flat(cache.win), slots, kv, step.keep()))
+    extra = {}
+    if m:
+        with phase("compressor"):
+            extra = _compressed_pooled(step, w, cache, layer, cfg, writes, proj)
+    args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
+    if not fused.supported(*args, **extra, ids=step.ids):
+        raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
+    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads)
+
+
+def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
+    """(q_res, roped queries [rows, heads, hd], roped K=V rows, the compressors' projections or None): row-wise."""
+    eps = cfg.rms_norm_eps
+    q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
+    q = _norm_rope(linear(q_res, w["wq_b"]).view(x.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
+    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
+    return q_res, q, kv, _project(x, q_res, w, cfg) if m else None
+
+
+def _output(out, w: dict, cfg: ModelConfig, heads: int):
+    """The grouped output projection of the heads' outputs [rows, heads, hd]."""
     groups = cfg.o_groups * heads // cfg.num_attention_heads
-    return linear(grouped_linear(out.reshape(R, -1), w["wo_a"], groups), w["wo_b"])
+    return linear(grouped_linear(out.reshape(out.shape[0], -1), w["wo_a"], groups), w["wo_b"])
 
 
 def _norm_rope(x, weight, eps, cos, sin):
@@ -108,6 +137,24 @@ def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConf
     ccos, csin = step.cos_sin("compress")
     sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
                             cfg.index_n_heads, cfg.index_head_dim, proj["index_q"])
+    return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
+
+
+def _compressed_pooled(step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write],
+                       proj: dict) -> dict:
+    """_compressed for pooled rows: each row's one window, its new entry new[b] [1, hd]."""
+    m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
+    csa = cfg.layer_types[layer] == CSA
+    win = step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
+    new = compress_pooled(w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
+                          proj["compressor"], step.ids).unsqueeze(1)
+    if not csa:
+        return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
+    i = w["indexer"]
+    inew = compress_pooled(i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"], step.ids)
+    ccos, csin = step.cos_sin("compress")
+    sel, valid = index_topk_pooled(ccos, csin, cache.icomp, inew.unsqueeze(1), win, cfg.index_topk, proj["index_q"],
+                                   step.ids)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 

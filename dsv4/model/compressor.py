@@ -48,6 +48,26 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
     return entries
 
 
+def flat(buf: torch.Tensor) -> torch.Tensor:
+    """A pool's stacked buffer [slots, rows, ...] as [slots * rows, ...]: what a pooled write's indices address."""
+    return buf.view(-1, *buf.shape[2:])
+
+
+def compress_pooled(w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool, eps: float,
+                    writes: list[Write], proj, ids: torch.Tensor) -> torch.Tensor:
+    """`compress` for one token of each of B pooled sequences (model.step.PoolStep's windows): rings and store
+    stacked [slots, ...], proj the rows' (kv, gate) [B, width] -> each row's window entry [B, dim]. The pooled
+    kernel only (dsv4.kernels.pooled): it does each row's arithmetic as the row alone does."""
+    kv, gate = proj
+    if not fused.pool_supported(kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
+        raise RuntimeError("the pooled compressor kernel does not take these shapes/dtypes")
+    entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps, ids=ids)
+    writes.append(Write(flat(ring_kv), win.slots, kv, win.ring_keep))
+    writes.append(Write(flat(ring_gate), win.slots, gate, win.ring_keep))
+    writes.append(Write(flat(store), win.store_index, entries, win.store_keep))
+    return entries
+
+
 def _pool(kv, gate, ring_kv, ring_gate, w: dict, win: Windows, overlap: bool, eps: float) -> torch.Tensor:
     dim = kv.shape[-1] // 2 if overlap else kv.shape[-1]
     stream_kv = torch.cat([ring_kv, kv])
@@ -95,3 +115,13 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     k = min(topk, scores.shape[-1])
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     return order[:, :k], sorted_scores[:, :k] > float("-inf")
+
+
+def index_topk_pooled(cos, sin, icomp, inew, win: Windows, topk: int, proj, ids: torch.Tensor):
+    """`index_topk` for one token of each of B pooled sequences: icomp [slots, Ns, dI] stacked, inew [B, 1, dI],
+    proj the rows' (q, weights). The keys are distinct, so each row's top-k is what it is alone."""
+    q, weights = proj
+    if not fused.index_supported(q, icomp, inew, cos):
+        raise RuntimeError("the pooled index kernel does not take these shapes/dtypes")
+    keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, ids=ids)
+    return fused.topk(keys, min(topk, keys.shape[-1]))

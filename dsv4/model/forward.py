@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight
+from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
-from ..state import DecodeState
-from .attention import attention
+from ..state import DecodeState, StatePool, pool_of
+from .attention import attention, attention_pooled
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
 from .rows import dense, rows_alone
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
-from .step import Step
+from .step import PoolStep, Step
 
 
 def _stack(ws: list[QWeight]) -> QWeight:
@@ -102,8 +104,17 @@ class Transformer:
         cfg = self.cfg
         B = len(states)
         T = tokens.shape[0] // B
-        steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b])
-                 for b, s in enumerate(states)]
+        pool = self._pooled(states, T)
+        if pool is not None:  # one launch per kernel for every row (attention_pooled)
+            ids = pool.index(states)
+            step = PoolStep(pool.store.pos.index_select(0, ids), ids, self.rope, cfg.sliding_window, active)
+            attend = lambda x, w, i, writes: attention_pooled(  # noqa: E731
+                x, step, w, pool.store.layers[i], i, cfg, self.heads, writes)
+        else:
+            steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b])
+                     for b, s in enumerate(states)]
+            attend = lambda x, w, i, writes: attention(  # noqa: E731
+                x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes)
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
         h = x.unsqueeze(1).expand(B * T, cfg.hc_mult, cfg.hidden_size).contiguous()
@@ -113,8 +124,7 @@ class Transformer:
                 with phase("mhc"):
                     post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
                 with phase("attention"):
-                    a = attention(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), steps, L["attn"],
-                                  [s.layers[i] for s in states], i, cfg, self.heads, writes)
+                    a = attend(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), L["attn"], i, writes)
                 h = self._post(self._reduce(a, i, "attention"), post, comb, h)
                 with phase("mhc"):
                     post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
@@ -123,6 +133,15 @@ class Transformer:
                             self.experts.start, cfg)
                 h = self._post(self._reduce(f, i, "moe"), post, comb, h)
         return writes, h
+
+    @staticmethod
+    def _pooled(states: list[DecodeState], T: int) -> StatePool | None:
+        """The pool of a one-token step whose states all live in it, when its pooled kernels run (see
+        dsv4.kernels.pooled); else None: each sequence attends on its own (its state's views, if pooled)."""
+        pool = pool_of(states) if T == 1 else None
+        if pool is None or not kernels.use_triton(pool.store.pos, gpu_checked=pooled.GPU_CHECKED):
+            return None
+        return pool
 
     def _reduce(self, x, layer: int, site: str):
         with phase("collective"):
@@ -157,9 +176,9 @@ class Transformer:
         step's rows without a sequence compute and change nothing; None: all)."""
         B = len(states)
         T = tokens.shape[0] // B
+        rows = _Rows(states, pool_of(states))
         self.comm.begin_step()
-        for b, s in enumerate(states):
-            s.counts[0].add_(1 if active is None else active[b].long())
+        rows.count(0, None if active is None else active.long())
         writes, h = self.forward(states, tokens, active)
         self.comm.end_step()
         verdict = self.comm.verdict
@@ -168,10 +187,41 @@ class Transformer:
             commit(writes, verdict)
         last = h[T - 1::T]  # each sequence's last row [B, hc, D]
         logits = self.head(last)
-        for b, s in enumerate(states):
-            keep = ok if active is None else ok & active[b]
-            s.hidden.copy_(torch.where(keep, last[b], s.hidden))
-            s.pos.add_(keep.long() * T)
-            s.counts[1].add_(keep.long())
-            s.logits.copy_(torch.where(keep, logits[b], s.logits))
+        rows.settle(ok if active is None else ok & active, last, logits, T)
         return verdict
+
+
+class _Rows:
+    """The transaction's per-state bookkeeping (step counters, hidden, pos, logits): one state at a time, or,
+    when every state is a slot of one StatePool, one op per buffer over the pool's rows (the same bytes)."""
+
+    def __init__(self, states: list[DecodeState], pool: StatePool | None):
+        self.states, self.pool = states, pool
+        self.ids = None if pool is None else pool.index(states)
+
+    def count(self, column: int, delta: torch.Tensor | None):
+        """counts[:, column] += delta [B] (None: 1 for every row)."""
+        if self.pool is None:
+            for b, s in enumerate(self.states):
+                s.counts[column].add_(1 if delta is None else delta[b])
+            return
+        if delta is None:
+            delta = torch.ones(len(self.states), dtype=torch.int64, device=self.ids.device)
+        self.pool.store.counts.select(1, column).index_add_(0, self.ids, delta)
+
+    def settle(self, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
+        """Where keep (0-dim, or [B]) holds: hidden = last, pos += T, commits += 1, logits = logits."""
+        if self.pool is None:
+            for b, s in enumerate(self.states):
+                k = keep if keep.dim() == 0 else keep[b]
+                s.hidden.copy_(torch.where(k, last[b], s.hidden))
+                s.pos.add_(k.long() * T)
+                s.counts[1].add_(k.long())
+                s.logits.copy_(torch.where(k, logits[b], s.logits))
+            return
+        store, ids = self.pool.store, self.ids
+        keep = keep.expand(len(self.states))
+        store.hidden.index_copy_(0, ids, torch.where(keep.view(-1, 1, 1), last, store.hidden.index_select(0, ids)))
+        store.pos.index_add_(0, ids, keep.long() * T)
+        self.count(1, keep.long())
+        store.logits.index_copy_(0, ids, torch.where(keep.view(-1, 1), logits, store.logits.index_select(0, ids)))

@@ -111,3 +111,81 @@ class Step:
             ring_keep=self.keep(min(T, R)),
             committed=torch.arange(rows, device=dev) < pos // m,
             visible=closed.unsqueeze(0) & (wids.unsqueeze(0) < ((self.positions + 1) // m).unsqueeze(-1)))
+
+
+def rows_cos_sin(rope: Rope, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope.cos_sin of positions [B] (-> [B, rd/2]) with each row's bits those of the row alone: on CUDA
+    one launch (an elementwise op's element does not depend on its neighbours); on CPU row by row, since
+    ATen computes a tensor's tail with scalar math and the rest with SIMD (see model/rows.py)."""
+    if positions.is_cuda or positions.shape[0] == 1:
+        return rope.cos_sin(positions, kind)
+    parts = [rope.cos_sin(positions[b:b + 1], kind) for b in range(positions.shape[0])]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+class PoolStep:
+    """One token of each of B sequences whose states are the slots `ids` [B] of one StatePool: the Step of
+    every row at once, each tensor with a leading row axis. Each row's values are exactly its own Step's
+    (T = 1: one window per rate); the indices of the writes address the pool's buffers flattened to
+    [slots * rows_per_slot, ...], so one staged write holds every row's."""
+
+    T = 1
+
+    def __init__(self, pos: torch.Tensor, ids: torch.Tensor, rope: Rope, window: int,
+                 active: torch.Tensor | None = None):
+        self.pos, self.ids, self.rope, self.window, self.active = pos, ids, rope, window, active
+        self.device = pos.device
+        self.positions = pos
+        self._cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._windows: dict[tuple[int, int, int], Windows] = {}
+        self._sliding = None
+
+    def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if kind not in self._cos_sin:
+            self._cos_sin[kind] = rows_cos_sin(self.rope, self.positions, kind)
+        return self._cos_sin[kind]
+
+    def keep(self) -> torch.Tensor | None:
+        """The keep mask [B] of a write of one row per sequence with no mask of its own."""
+        return self.active
+
+    def flat(self, slot_rows: int, row: torch.Tensor) -> torch.Tensor:
+        """Row `row` [B] of each sequence's slot, in a pool buffer flattened to [slots * slot_rows, ...]."""
+        return self.ids * slot_rows + row
+
+    def sliding(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(visible [B, W + 1] over keys [ring | the row's token], flat ring row of each row's token)."""
+        if self._sliding is None:
+            W, pos = self.window, self.pos.unsqueeze(-1)
+            last = pos - 1
+            ring_pos = last - torch.remainder(last - torch.arange(W, device=self.device), W)
+            key_pos = torch.cat([ring_pos, pos], dim=-1)
+            visible = (key_pos >= 0) & (key_pos <= pos) & (key_pos > pos - W)
+            self._sliding = visible, self.flat(W, torch.remainder(self.pos, W))
+        return self._sliding
+
+    def windows(self, m: int, R: int, rows: int) -> Windows:
+        key = (m, R, rows)
+        if key not in self._windows:
+            self._windows[key] = self._make_windows(m, R, rows)
+        return self._windows[key]
+
+    def _make_windows(self, m: int, R: int, rows: int) -> Windows:
+        """Step._make_windows for T = 1, per row (the one window holding the token): cur/prev [B, m] index
+        each row's stream [its slot's ring | its token]; slots and store_index are flat pool rows."""
+        pos, dev = self.pos.unsqueeze(-1), self.device
+        wids = self.pos // m
+        cur = wids.unsqueeze(-1) * m + torch.arange(m, device=dev)
+
+        def stream_row(q):
+            return torch.where(q < pos, torch.remainder(q, R), R + (q - pos)).clamp(0, R)
+
+        cos, sin = rows_cos_sin(self.rope, wids * m, "compress")
+        closed = (wids + 1) * m <= self.pos + 1
+        return Windows(
+            wids=wids, closed=closed, cur=stream_row(cur), prev=stream_row(cur - m),
+            prev_live=(cur - m >= 0).unsqueeze(-1), cos=cos, sin=sin,
+            slots=self.flat(R, torch.remainder(self.pos, R)), store_index=self.flat(rows, torch.remainder(wids, rows)),
+            store_keep=closed if self.active is None else closed & self.active, ring_keep=self.keep(),
+            committed=torch.arange(rows, device=dev) < pos // m,
+            visible=(closed & (wids < (self.pos + 1) // m)).unsqueeze(-1))
