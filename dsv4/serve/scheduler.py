@@ -1,7 +1,7 @@
 """One scheduler thread owns the engine; request handlers talk to it through queues.
 
 A request becomes one `Sequence` (its own prompt, sampling parameters and output queue). The
-scheduler holds a pool of `max_num_seqs` DecodeStates of `max_model_len` tokens, allocated once
+scheduler holds a pool of `max_num_seqs` DecodeStates of `max_model_len` tokens (one StatePool), allocated once
 and reused (zeroed on release, so a reused slot is byte for byte a fresh one). Each round:
 
   1. take what handlers sent (new sequences wait in arrival order; cancellations are flags);
@@ -94,7 +94,14 @@ class Scheduler:
             raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
                              f"prefill_chunk {prefill_chunk} >= 1 are required")
         self.model, self.max_waiting, self.prefill_chunk, self.metrics = model, max_waiting, prefill_chunk, metrics
-        self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
+        # The slots are the rows of one pool (dsv4.state.StatePool): a batched step over them runs each of
+        # attention's, the compressors' and the indexer's kernels once for all rows where the pooled
+        # kernels run (each slot is still byte for byte a fresh state of its own).
+        model.each("pool_states", max_num_seqs)
+        try:
+            self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
+        finally:
+            model.each("pool_states", 0)
         # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self.buckets = sorted({min(1 << i, max_num_seqs) for i in range(max_num_seqs.bit_length() + 1)})
