@@ -58,8 +58,8 @@ def _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32: constexpr):
 def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr, sink_ptr,
                          cos_ptr, sin_ptr, out_ptr, T, K, NS, NW, sel_stride, ok_stride, scale, H: constexpr,
                          HD: constexpr, W: constexpr, NOPE: constexpr, HALF: constexpr, PICKS: constexpr,
-                         ALL_ROWS: constexpr, K_TILES: constexpr, NS_TILES: constexpr,
-                         NW_TILES: constexpr, BLOCK_H: constexpr, BLOCK_N: constexpr, DOT_F32: constexpr):
+                         ALL_ROWS: constexpr, K_TILES: constexpr, ROW_TILES: constexpr,
+                         BLOCK_H: constexpr, BLOCK_N: constexpr, DOT_F32: constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = h < H
@@ -88,16 +88,15 @@ def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel
             ok = tl.load(ok_ptr + t * ok_stride + i, mask=i < K, other=0) != 0
             rows = tl.where(idx < NS, comp_ptr + idx * HD, new_ptr + (idx - NS) * HD)
             m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
-    if ALL_ROWS:  # HCA
-        for j0 in range(0, NS_TILES * BLOCK_N, BLOCK_N):
+    if ALL_ROWS:  # HCA: [comp | new] in one loop (a loop more costs registers)
+        for j0 in range(0, ROW_TILES * BLOCK_N, BLOCK_N):
             j = j0 + n
-            ok = tl.load(ok_ptr + j, mask=j < NS, other=0) != 0
-            if tl.max(ok.to(tl.int32), axis=0) > 0:
-                m, l, acc = _tile(q, m, l, acc, comp_ptr + j * HD, ok, d, scale, out_ptr, DOT_F32)
-        for j0 in range(0, NW_TILES * BLOCK_N, BLOCK_N):
-            j = j0 + n
-            ok = tl.load(ok_new_ptr + t * NW + j, mask=j < NW, other=0) != 0
-            m, l, acc = _tile(q, m, l, acc, new_ptr + j * HD, ok, d, scale, out_ptr, DOT_F32)
+            is_new = j >= NS
+            ok = tl.where(is_new, tl.load(ok_new_ptr + t * NW + (j - NS), mask=is_new & (j < NS + NW), other=0),
+                          tl.load(ok_ptr + j, mask=j < NS, other=0)) != 0
+            if tl.max(ok.to(tl.int32), axis=0) > 0:  # store rows not yet committed: skipped
+                rows = tl.where(is_new, new_ptr + (j - NS) * HD, comp_ptr + j * HD)
+                m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
 
     dt = out_ptr.dtype.element_ty
     sink = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(dt).to(tl.float32)  # the reference adds it in q's dtype
@@ -149,7 +148,7 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_prefill_attn_kernel, q)[(T, cdiv(H, block_h))](
         q, win, kv, visible, *rows, *masks, sink, cos, sin, out, T, K, NS, NW, sel.stride(0) if picks else 0,
         valid.stride(0) if picks else 0, float(hd ** -0.5), H=H, HD=hd, W=W, NOPE=hd - 2 * half, HALF=half,
-        PICKS=picks, ALL_ROWS=all_rows, K_TILES=cdiv(K, block_n), NS_TILES=cdiv(NS, block_n) if all_rows else 0,
-        NW_TILES=cdiv(NW, block_n), BLOCK_H=block_h, BLOCK_N=block_n,
+        PICKS=picks, ALL_ROWS=all_rows, K_TILES=cdiv(K, block_n), ROW_TILES=cdiv(NS + NW, block_n),
+        BLOCK_H=block_h, BLOCK_N=block_n,
         DOT_F32=interpreting() and q.dtype != torch.float32, **options)
     return out
