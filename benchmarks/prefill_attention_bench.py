@@ -41,6 +41,7 @@ CONFIGS = {
     "n64": {"block_n": 64},
     "n16": {"block_n": 16},
     "h32": {"block_h": 32},
+    "skips": {"skip_picks": True, "skip_rows": False},
 }
 
 

@@ -189,7 +189,8 @@ prefill_attention_variants(torch.bfloat16, 64, 512, 32, 128, 1026, 512)  # Flash
 prefill_attention_variants(torch.float32, 4, 32, 8, 8, 26, 8)  # tiny in fp32 (the model test on a GPU)
 # The launch configurations benchmarks/prefill_attention_bench.py tries.
 default = dict(prefill_attention.CONFIG)
-for cfg in ({"num_stages": 3}, {"num_stages": 1}, {"block_n": 64}, {"block_n": 16}, {"block_h": 32}):
+for cfg in ({"num_stages": 3}, {"num_stages": 1}, {"block_n": 64}, {"block_n": 16}, {"block_h": 32},
+            {"skip_picks": True, "skip_rows": False}):
     prefill_attention.CONFIG.update(cfg)
     prefill_attention_variants(torch.bfloat16, 64, 512, 32, 128, 1026, 512)
     prefill_attention.CONFIG.update(default)

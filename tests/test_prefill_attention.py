@@ -119,6 +119,16 @@ def test_tiles_narrower_than_the_window(monkeypatch, device, kind, pos, T):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind,pos,T", [(CSA, 0, 21), (CSA, 45, 30), (HCA, 0, 20), (HCA, 60, 33)])
+def test_skip_variants(monkeypatch, device, kind, pos, T):
+    """Tiles of picks or store rows none of which the query sees: skipped or scored masked, the same result."""
+    monkeypatch.setitem(pattn.CONFIG, "block_n", 16)
+    monkeypatch.setitem(pattn.CONFIG, "skip_picks", True)
+    monkeypatch.setitem(pattn.CONFIG, "skip_rows", False)
+    check(kind, pos, T, 20, torch.float32, device, config(topk=24), capacity=400)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,pos,T", [(CSA, 45, 30), (HCA, 37, 23), (SLIDING, 21, 17)])
 def test_bfloat16(device, kind, pos, T):
     check(kind, pos, T, 16, torch.bfloat16, device, config(head_dim=64, qk_rope_head_dim=16))

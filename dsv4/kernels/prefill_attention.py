@@ -10,8 +10,7 @@ rows, each tile loaded once for every head of the block (MQA: one K=V row per ke
                   query sees are skipped (only the chunk's first W - 1 queries see any ring row)
     chunk band    chunk rows t - W + 1 .. t, masked by visible[t, W + j]
     CSA           pick i is row sel[t, i] of [comp | new], masked by valid[t, i]
-    HCA           comp rows masked by committed (tiles with none committed skipped), then new rows
-                  masked by new_visible[t]
+    HCA           [comp | new]: comp rows masked by committed, new rows by new_visible[t]
 
 The band is all the kernel reads of visible's chunk part: the kernel equals the reference when
 visible[t, W + j] is false outside t - W < j <= t (W = win's rows), as step.Step.sliding builds it
@@ -34,8 +33,12 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = False
 # block_h heads per program (at least 16: a tensor-core tile; fewer heads are masked rows), block_n keys
-# per tile; benchmarks/prefill_attention_bench.py times variants.
-CONFIG = {"block_h": 64, "block_n": 32, "num_warps": 8, "num_stages": 2}
+# per tile. skip_picks / skip_rows: skip CSA / HCA tiles none of whose keys the query sees (a branch
+# around the tile, which keeps Triton from pipelining that loop's loads): the first chunk's early queries
+# have invalid picks; HCA's store holds capacity / 128 rows, committed only up to the chunk's start, so
+# a short chunk in a large state would otherwise score every row. benchmarks/prefill_attention_bench.py
+# times variants.
+CONFIG = {"block_h": 64, "block_n": 32, "num_warps": 8, "num_stages": 2, "skip_picks": False, "skip_rows": True}
 _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
 
 
@@ -59,6 +62,7 @@ def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel
                          cos_ptr, sin_ptr, out_ptr, T, K, NS, NW, sel_stride, ok_stride, scale, H: constexpr,
                          HD: constexpr, W: constexpr, NOPE: constexpr, HALF: constexpr, PICKS: constexpr,
                          ALL_ROWS: constexpr, K_TILES: constexpr, ROW_TILES: constexpr,
+                         SKIP_PICKS: constexpr, SKIP_ROWS: constexpr,
                          BLOCK_H: constexpr, BLOCK_N: constexpr, DOT_F32: constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -87,15 +91,22 @@ def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel
             idx = tl.load(sel_ptr + t * sel_stride + i, mask=i < K, other=0)
             ok = tl.load(ok_ptr + t * ok_stride + i, mask=i < K, other=0) != 0
             rows = tl.where(idx < NS, comp_ptr + idx * HD, new_ptr + (idx - NS) * HD)
-            m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
+            if SKIP_PICKS:
+                if tl.max(ok.to(tl.int32), axis=0) > 0:
+                    m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
+            else:
+                m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
     if ALL_ROWS:  # HCA: [comp | new] in one loop (a loop more costs registers)
         for j0 in range(0, ROW_TILES * BLOCK_N, BLOCK_N):
             j = j0 + n
             is_new = j >= NS
             ok = tl.where(is_new, tl.load(ok_new_ptr + t * NW + (j - NS), mask=is_new & (j < NS + NW), other=0),
                           tl.load(ok_ptr + j, mask=j < NS, other=0)) != 0
-            if tl.max(ok.to(tl.int32), axis=0) > 0:  # store rows not yet committed: skipped
-                rows = tl.where(is_new, new_ptr + (j - NS) * HD, comp_ptr + j * HD)
+            rows = tl.where(is_new, new_ptr + (j - NS) * HD, comp_ptr + j * HD)
+            if SKIP_ROWS:
+                if tl.max(ok.to(tl.int32), axis=0) > 0:
+                    m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
+            else:
                 m, l, acc = _tile(q, m, l, acc, rows, ok, d, scale, out_ptr, DOT_F32)
 
     dt = out_ptr.dtype.element_ty
@@ -149,6 +160,6 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
         q, win, kv, visible, *rows, *masks, sink, cos, sin, out, T, K, NS, NW, sel.stride(0) if picks else 0,
         valid.stride(0) if picks else 0, float(hd ** -0.5), H=H, HD=hd, W=W, NOPE=hd - 2 * half, HALF=half,
         PICKS=picks, ALL_ROWS=all_rows, K_TILES=cdiv(K, block_n), ROW_TILES=cdiv(NS + NW, block_n),
-        BLOCK_H=block_h, BLOCK_N=block_n,
+        SKIP_PICKS=c["skip_picks"], SKIP_ROWS=c["skip_rows"], BLOCK_H=block_h, BLOCK_N=block_n,
         DOT_F32=interpreting() and q.dtype != torch.float32, **options)
     return out
