@@ -191,6 +191,7 @@ def test_model_prefill_with_the_kernel_equals_single_steps(monkeypatch):
     assert calls == [23] * 5 + [15] * 10
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", [SLIDING, CSA, HCA])
 def test_flash_shapes_bf16_on_cuda(kind):
