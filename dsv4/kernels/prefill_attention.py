@@ -82,7 +82,7 @@ def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel
         if tl.max(ok.to(tl.int32), axis=0) > 0:
             m, l, acc = _tile(q, m, l, acc, win_ptr + j * HD, ok, d, scale, out_ptr, DOT_F32)
     # the chunk's band: W keys ending at t. Loops run static tile counts (masked at the ends): Triton 3.6's
-    # interpreter takes no runtime loop bound, and one compiled variant serves every chunk length
+    # interpreter takes no runtime loop bound (T stays a runtime argument: no variant per chunk length)
     for j0 in range(0, W, BLOCK_N):
         j = t - W + 1 + j0 + n
         ok = tl.load(vis + W + j, mask=(j >= 0) & (j <= t), other=0) != 0
