@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -203,6 +203,33 @@ def pooled_variants(dtype, H, hd, half):
 
 pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
+
+
+def prefill_attention_variants(dtype, H, hd, half, window, rows, picks, kinds=("sliding", "csa", "hca")):
+    """Prefill attention: sliding only, CSA (`picks` picks), HCA over a store of `rows` rows (3 new windows)."""
+    T, z = 64, dict(dtype=dtype)
+    args = (torch.zeros(T, H, hd, **z), torch.zeros(window, hd, **z), torch.zeros(T, hd, **z),
+            torch.zeros(T, window + T, dtype=torch.bool), torch.zeros(H), torch.zeros(T, half), torch.zeros(T, half))
+    comp, new = torch.zeros(rows, hd, **z), torch.zeros(3, hd, **z)
+    extra = {"sliding": {},
+             "csa": dict(comp=comp, new=new, sel=torch.zeros(T, picks, dtype=torch.int64),
+                         valid=torch.zeros(T, picks, dtype=torch.bool)),
+             "hca": dict(comp=comp, new=new, committed=torch.zeros(rows, dtype=torch.bool),
+                         new_visible=torch.zeros(T, 3, dtype=torch.bool))}
+    for kind in kinds:
+        assert prefill_attention.supported(*args, **extra[kind])
+        prefill_attention.attention(*args, **extra[kind])
+
+
+prefill_attention_variants(torch.bfloat16, 64, 512, 32, 128, 1026, 512)  # Flash, a rank of 2
+prefill_attention_variants(torch.float32, 4, 32, 8, 8, 26, 8)  # tiny in fp32 (the model test on a GPU)
+# The launch configurations benchmarks/prefill_attention_bench.py tries.
+default = dict(prefill_attention.CONFIG)
+for cfg in ({"num_stages": 3}, {"num_stages": 1}, {"block_n": 64}, {"block_n": 16}, {"block_h": 32},
+            {"skip_picks": True, "skip_rows": False}):
+    prefill_attention.CONFIG.update(cfg)
+    prefill_attention_variants(torch.bfloat16, 64, 512, 32, 128, 1026, 512)
+    prefill_attention.CONFIG.update(default)
 
 # The launch configurations benchmarks/qgemv_bench.py tries.
 default = dict(qgemv.CONFIG)

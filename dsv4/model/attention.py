@@ -11,8 +11,9 @@ groups of heads to `o_lora_rank` each (wo_a), then mixes them (wo_b).
 With TP a rank holds `heads` of the heads (whole output groups); the K=V head,
 compressors and indexer are replicated. The output is a partial sum to reduce.
 
-_attend is the attention core and the reference of its fused form, dsv4.kernels.attention (two
-launches for decode chunks of up to 8 tokens, reading the picked rows in place).
+_attend is the attention core and the reference of its fused forms, dsv4.kernels.attention (two
+launches for decode chunks of up to 8 tokens, reading the picked rows in place) and
+dsv4.kernels.prefill_attention (longer chunks: each query visits only its window and its compressed rows).
 
 attention_pooled: one token of each of B sequences held in one dsv4.state.StatePool (model.step.PoolStep);
 its compressors, indexer and attention core run once for all rows, through the kernels' pooled variants
@@ -27,6 +28,7 @@ from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..kernels import normrope
+from ..kernels import prefill_attention as prefill
 from ..profile import phase
 from .compressor import Write, compress, compress_pooled, flat, index_project, index_topk, index_topk_pooled, project
 from .linear import grouped_linear, linear
@@ -60,6 +62,8 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
         args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
             outs.append(fused.attention(*args, **extra))
+        elif kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
+            outs.append(prefill.attention(*args, **extra))  # chunks past the decode kernel's MAX_T
         else:
             outs.append(_attend(*args, **extra))
     return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads)
