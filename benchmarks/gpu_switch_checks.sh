@@ -41,7 +41,7 @@ PATTN_TESTS=$(ls tests/test_prefill_attention.py 2>/dev/null)
     > "$OUT/qgemv_ab.txt" 2>&1
   echo "rc=$?" >> "$OUT/qgemv_ab.txt"
   if [ -f benchmarks/prefill_attention_bench.py ]; then
-    timeout 90 python benchmarks/prefill_attention_bench.py > "$OUT/pattn_bench.txt" 2>&1
+    timeout 100 python benchmarks/prefill_attention_bench.py --configs default,n64,skips > "$OUT/pattn_bench.txt" 2>&1
     echo "rc=$?" >> "$OUT/pattn_bench.txt"
   fi
   timeout 100 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 \
