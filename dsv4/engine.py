@@ -106,6 +106,20 @@ class ModelCommon:
     per-rank views for gates and tests, one entry per rank, built on `each(name, *args)` (a Model has
     one rank; a DistributedModel asks every rank)."""
 
+    def prefill_chunk(self, capacity: int) -> int:
+        """The default prefill chunk for a state of `capacity` tokens (module function prefill_chunk): what
+        prefill takes when not told, on every rank."""
+        return prefill_chunk(self.cfg, capacity, self.world, self.index_kernel())
+
+    def index_kernel(self) -> bool:
+        """Whether the indexer's scores run as the kernel (its sort keys, not the reference's fp32 scores: see
+        prefill_chunk); the shape conditions of dsv4.kernels.compressor.index_supported that the config sets."""
+        from .kernels import compressor
+
+        d = self.cfg.index_head_dim
+        return (kernels.use_triton(torch.empty(0, device=self.device), gpu_checked=compressor.GPU_CHECKED)
+                and d >= 16 and d & (d - 1) == 0)
+
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampling=None,
                  capacity: int | None = None, stop_at_eos: bool = True) -> Iterator[str]:
         """Yield the text of each generated token (dsv4.generation.generate)."""
@@ -272,7 +286,7 @@ class Model(ModelCommon):
         state.check_open()
         tokens = self._tokens(ids, "prefill")
         if chunk_size is None:
-            chunk_size = prefill_chunk(self.cfg, state.capacity, self.world, self.index_kernel())
+            chunk_size = self.prefill_chunk(state.capacity)
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size {chunk_size!r}: a positive integer")
         state.check_room(tokens.shape[0])
@@ -281,15 +295,6 @@ class Model(ModelCommon):
             for start in range(0, tokens.shape[0], chunk_size):
                 self._run(state, tokens[start:start + chunk_size])
         return state.logits.clone()
-
-    def index_kernel(self) -> bool:
-        """Whether the indexer's scores run as the kernel (its sort keys, not the reference's fp32 scores: see
-        prefill_chunk); the shape conditions of dsv4.kernels.compressor.index_supported that the config sets."""
-        from .kernels import compressor
-
-        d = self.cfg.index_head_dim
-        return (kernels.use_triton(torch.empty(0, device=self.device), gpu_checked=compressor.GPU_CHECKED)
-                and d >= 16 and d & (d - 1) == 0)
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor:
         """One committed step on `token`; returns its logits (fp32 [vocab])."""

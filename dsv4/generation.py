@@ -12,12 +12,10 @@ from .tokenizer import TextStream
 
 
 def prefill(model: DecodeModel, state, ids: Sequence[int], progress: bool = False, chunk_size: int | None = None):
-    """model.prefill(state, ids) in its chunks (default: engine.prefill_chunk, as model.prefill takes them, so
+    """model.prefill(state, ids) in its chunks (default: model.prefill_chunk, as model.prefill takes them, so
     the same bits), with a bar over the prompt's tokens when `progress` and stderr is a terminal and the
     prompt spans several chunks (someone is waiting for the first token)."""
-    from .engine import prefill_chunk
-
-    chunk = chunk_size or prefill_chunk(model.cfg, state.capacity, model.world)
+    chunk = chunk_size or model.prefill_chunk(state.capacity)
     if not progress or len(ids) <= chunk or not sys.stderr.isatty():
         return model.prefill(state, ids, chunk_size=chunk)
     from tqdm import tqdm
