@@ -28,34 +28,34 @@ fi
 PATTN_TESTS=$(ls tests/test_prefill_attention.py 2>/dev/null)
 (
   export CUDA_VISIBLE_DEVICES=0
-  DSV4_KERNELS=triton timeout 150 python -m pytest -q -p no:cacheprovider tests/test_pool.py \
+  DSV4_KERNELS=triton timeout 110 python -m pytest -q -p no:cacheprovider tests/test_pool.py \
     tests/test_attention_kernel.py tests/test_compressor_kernel.py tests/test_replay_gpu.py > "$OUT/pytest_pool.txt" 2>&1
   echo "pytest rc=$? kernels=triton" >> "$OUT/pytest_pool.txt"
-  timeout 150 python -m pytest -q -p no:cacheprovider tests/test_qgemv.py tests/test_dense_kernel.py \
+  timeout 100 python -m pytest -q -p no:cacheprovider tests/test_qgemv.py tests/test_dense_kernel.py \
     tests/test_syncguard.py $PATTN_TESTS > "$OUT/pytest_kernels.txt" 2>&1
   echo "pytest rc=$? kernels=auto" >> "$OUT/pytest_kernels.txt"
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1
-  timeout 90 python benchmarks/qgemv_bench.py --arms '^(v2_default|v2_fused_sum|v2_programs528|v2_fused_sum_programs528)$' \
+  timeout 60 python benchmarks/qgemv_bench.py --arms '^(v2_default|v2_fused_sum|v2_programs528|v2_fused_sum_programs528)$' \
     > "$OUT/qgemv_ab.txt" 2>&1
   echo "rc=$?" >> "$OUT/qgemv_ab.txt"
   if [ -f benchmarks/prefill_attention_bench.py ]; then
-    timeout 100 python benchmarks/prefill_attention_bench.py --configs default,n64,skips > "$OUT/pattn_bench.txt" 2>&1
+    timeout 70 python benchmarks/prefill_attention_bench.py --configs default,n64,skips > "$OUT/pattn_bench.txt" 2>&1
     echo "rc=$?" >> "$OUT/pattn_bench.txt"
   fi
-  timeout 100 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 \
+  timeout 80 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 \
     --prompt-tokens 64 --max-tokens 32 --level-timeout 30 > "$OUT/serve_mini.txt" 2>&1
   echo "serve_bench rc=$?" >> "$OUT/serve_mini.txt"
 ) &
 wait
-DSV4_KERNELS=triton DSV4_POOL=8 timeout 100 python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --prime 128 \
+DSV4_KERNELS=triton DSV4_POOL=8 timeout 80 python -m dsv4.cli gate --preset mini --device cuda --ranks 2 --prime 128 \
   --output 32 --batch 4 --out "$OUT/gate_mini_pool.txt" > "$OUT/gate_mini_pool_stdout.txt" 2>&1
 echo "gate rc=$?" >> "$OUT/gate_mini_pool_stdout.txt"
 # shellcheck disable=SC2086
-DSV4_KERNELS=triton timeout "${BATCH_TIMEOUT:-170}" python benchmarks/batch_bench.py flash --ranks 2 --pool \
+DSV4_KERNELS=triton timeout "${BATCH_TIMEOUT:-140}" python benchmarks/batch_bench.py flash --ranks 2 --pool \
   --sizes ${SIZES:-1 16} --steps 16 --rows 3 > "$OUT/batch_flash_pool.txt" 2>&1
 echo "batch_bench rc=$?" >> "$OUT/batch_flash_pool.txt"
-DSV4_KERNELS=triton timeout "${PREFILL_TIMEOUT:-100}" python benchmarks/prefill_bench.py flash --sizes 4096 --runs 2 \
+DSV4_KERNELS=triton timeout "${PREFILL_TIMEOUT:-90}" python benchmarks/prefill_bench.py flash --sizes 4096 --runs 2 \
   --eager-steps 0 --graph-steps 16 > "$OUT/prefill_flash.txt" 2>&1
 echo "prefill rc=$?" >> "$OUT/prefill_flash.txt"
