@@ -15,8 +15,10 @@ def prefill(model: DecodeModel, state, ids: Sequence[int], progress: bool = Fals
     """model.prefill(state, ids) in its chunks (default: model.prefill_chunk, as model.prefill takes them, so
     the same bits), with a bar over the prompt's tokens when `progress` and stderr is a terminal and the
     prompt spans several chunks (someone is waiting for the first token)."""
+    if not progress or not sys.stderr.isatty():
+        return model.prefill(state, ids) if chunk_size is None else model.prefill(state, ids, chunk_size=chunk_size)
     chunk = chunk_size or model.prefill_chunk(state.capacity)
-    if not progress or len(ids) <= chunk or not sys.stderr.isatty():
+    if len(ids) <= chunk:
         return model.prefill(state, ids, chunk_size=chunk)
     from tqdm import tqdm
 

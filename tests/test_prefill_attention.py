@@ -168,7 +168,8 @@ def test_model_prefill_with_the_kernel_equals_single_steps(monkeypatch):
     """tiny, fp32: prefill chunks (over the window and both rates, unaligned starts) whose attention cores run
     the kernel, every other op the torch reference, against single decode steps on the reference: logits
     within tests/test_prefill.py's TOL (1e-4 relative), and the kernel ran for every layer of every chunk.
-    A chunk's transaction through it reads no device value on the host (check_capturable)."""
+    A chunk's transaction through it reads no device value on the host (check_capturable; on CPU, where the
+    rest of the fp32 reference prefill is capturable too)."""
     import dsv4
     from dsv4.model import attention as attention_mod
 
@@ -190,8 +191,9 @@ def test_model_prefill_with_the_kernel_equals_single_steps(monkeypatch):
         rel = float((logits - ref[start - 1]).abs().max() / ref[start - 1].abs().max())
         assert rel <= 1e-4, f"prefill ending at {start}"
     assert calls == [23] * 5 + [15] * 10
-    model.check_capturable(model.new_state(64), stream[:20])  # a prefill chunk through the kernel: no host sync
-    assert calls[-5:] == [20] * 5
+    if device == "cpu":  # on CUDA the fp32 reference's grouped matmul loop reads its group ends (not capturable)
+        model.check_capturable(model.new_state(64), stream[:20])  # a prefill chunk through the kernel: no host sync
+        assert calls[-5:] == [20] * 5
 
 
 @pytest.mark.gpu

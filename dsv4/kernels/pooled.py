@@ -7,4 +7,4 @@ per-sequence path (which reads the same pool through each state's views) until t
 the GPU run (benchmarks/batch_bench.py --pool, tests/test_pool.py on CUDA).
 """
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # session 5: test_pool, the attention/compressor kernel tests and test_replay_gpu on CUDA (triton), the mini gate --batch 4 on pooled states (2 ranks), batch_bench --pool on flash

@@ -31,7 +31,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False
+GPU_CHECKED = True  # session 5: its CUDA tests (Flash shapes against _attend; a tiny fp32 prefill against single steps), prefill_attention_bench, flash prefill at 4k
 # block_h heads per program (at least 16: a tensor-core tile; fewer heads are masked rows), block_n keys
 # per tile. skip_picks / skip_rows: skip CSA / HCA tiles none of whose keys the query sees (a branch
 # around the tile, which keeps Triton from pipelining that loop's loads): the first chunk's early queries
