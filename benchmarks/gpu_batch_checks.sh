@@ -10,21 +10,7 @@
 #   phase 2, both GPUs: the gate on mini, 2 ranks, with --batch 4 ($MINI_PRIME/$MINI_OUTPUT, default 128),
 #            then flash's kernel table on 2 ranks (triton).
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_batch_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 30 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-if [ -d .whl ]; then
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    > "$OUT/wheels.txt" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
-fi
-{ python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L;
-  git log --oneline -1 2>/dev/null; } > "$OUT/versions.txt" 2>&1
+source benchmarks/gpu_env.sh
 (
   export CUDA_VISIBLE_DEVICES=0
   timeout 150 python benchmarks/batch_invariance.py --preset mini > "$OUT/invariance.txt" 2>&1

@@ -19,23 +19,10 @@
 # (the device tool returns at most 8 files), next to $OUT/summary.txt (the tail of each output).
 # Usage: OUT=dir [KERNELS=auto|triton] [KERNEL_BENCH=1] [SERVE_BENCH=1] [FLASH_BENCH=1] [FLASH_SYMM=1] [PREFILL=1] \
 #        [MINI_GATE=1] [FLASH_PRIME=64 FLASH_OUTPUT=64] bash benchmarks/gpu_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
+SUMMARY_LINES=25
+source benchmarks/gpu_env.sh
 KERNELS=${KERNELS:-auto}
 BATCH=${BATCH:-0}
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 25 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-if [ -d .whl ]; then  # the serving wheels carried in .whl (openai, fastapi, uvicorn, ...): the image lacks them
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    > "$OUT/wheels.txt" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
-fi
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$OUT/versions.txt"
-nvidia-smi -L >> "$OUT/versions.txt"
 (
   export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=$KERNELS
   timeout "${PYTEST_TIMEOUT:-200}" python -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_qgemv.py \

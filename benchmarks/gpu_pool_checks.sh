@@ -10,17 +10,8 @@
 #   phase 2, both GPUs: the gate on mini, 2 ranks, pooled, --batch 4; then batch_bench on flash, 2 ranks, each
 #            size as plain states and as pool slots (BATCH records, pool false / true, vs_plain).
 # Usage: OUT=dir [RES=/tmp/res] [SIZES="1 4 8 16 32"] bash benchmarks/gpu_pool_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 DSV4_KERNELS=triton
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 30 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-{ python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L;
-  git log --oneline -1 2>/dev/null; } > "$OUT/versions.txt" 2>&1
+source benchmarks/gpu_env.sh
+export DSV4_KERNELS=triton
 (
   export CUDA_VISIBLE_DEVICES=0
   timeout 200 python -m pytest -q -p no:cacheprovider tests/test_pool.py tests/test_attention_kernel.py \

@@ -9,17 +9,7 @@
 #            131,072 tokens with decode (eager and graph) after the largest, and the memory table; then the
 #            prefill table at 4,096 tokens.
 # Usage: OUT=dir [RES=/tmp/res] [FLASH_KERNELS=triton] bash benchmarks/gpu_prefill_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 30 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-{ python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L; } \
-  > "$OUT/versions.txt" 2>&1
+source benchmarks/gpu_env.sh
 (
   export CUDA_VISIBLE_DEVICES=0
   DSV4_KERNELS=triton timeout 120 python -m pytest -q -p no:cacheprovider tests/test_prefill.py > "$OUT/pytest_prefill.txt" 2>&1

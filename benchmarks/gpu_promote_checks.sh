@@ -13,21 +13,7 @@
 #            then flash decode on 2 ranks, one process per arm in $FLASH_ARMS (label=env assignments).
 # Usage: OUT=dir [RES=/tmp/res] [FLASH_ARMS="auto:DSV4_KERNELS=auto dense_symm:DSV4_KERNELS=triton,DSV4_REDUCE=symm"]
 #        bash benchmarks/gpu_promote_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 30 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-if [ -d .whl ]; then
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    > "$OUT/wheels.txt" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
-fi
-{ python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L; } \
-  > "$OUT/versions.txt" 2>&1
+source benchmarks/gpu_env.sh
 (
   export CUDA_VISIBLE_DEVICES=0
   timeout 60 python -m pytest -q -p no:cacheprovider tests/test_sampler.py > "$OUT/pytest_sampler.txt" 2>&1

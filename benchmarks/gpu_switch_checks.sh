@@ -10,21 +10,7 @@
 #   phase 2, both GPUs: the gate on mini, 2 ranks, pooled states, --batch 4 (triton); batch_bench on flash,
 #            2 ranks, plain vs pooled at $SIZES (triton); flash prefill of 4,096 tokens (triton: prefill attention).
 # Usage: OUT=dir [RES=/tmp/res] [SIZES="1 16"] bash benchmarks/gpu_switch_checks.sh
-set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-FINAL=${OUT:?}
-OUT=${RES:-$(mktemp -d)}; mkdir -p "$OUT"
-pack() {
-  for f in "$OUT"/*; do echo "== $(basename "$f")"; tail -n 30 "$f"; done > "$FINAL/summary.txt" 2>&1
-  tar czf "$FINAL/results.tgz" -C "$OUT" .
-}
-trap pack EXIT
-if [ -d .whl ]; then
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    > "$OUT/wheels.txt" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
-fi
-{ python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L; } \
-  > "$OUT/versions.txt" 2>&1
+source benchmarks/gpu_env.sh
 PATTN_TESTS=$(ls tests/test_prefill_attention.py 2>/dev/null)
 (
   export CUDA_VISIBLE_DEVICES=0
