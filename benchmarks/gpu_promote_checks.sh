@@ -33,7 +33,7 @@ GPUS=$(nvidia-smi -L | wc -l)
   export CUDA_VISIBLE_DEVICES=$((GPUS - 1))
   timeout 200 python benchmarks/dense_bench.py > "$OUT/dense_bench.txt" 2>&1
   echo "rc=$?" >> "$OUT/dense_bench.txt"
-  timeout 150 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 --precapture \
+  timeout 150 python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,4,16 \
     --prompt-tokens 64 --max-tokens 32 --level-timeout 30 > "$OUT/serve_mini_precapture.txt" 2>&1
   echo "serve_bench rc=$?" >> "$OUT/serve_mini_precapture.txt"
 ) &

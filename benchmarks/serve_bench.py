@@ -46,7 +46,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
            "--max-model-len", str(args.prompt_tokens + args.max_tokens + 8)]
     cmd += ["--model", args.model] if args.model else ["--preset", args.preset]
     cmd += ["--ranks", str(args.ranks)] + (["--device", args.device] if args.device else [])
-    cmd += ["--precapture"] if args.precapture else []
+    cmd += ["--no-precapture"] if args.no_precapture else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in proc.stderr:
@@ -152,7 +152,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds a level may issue requests")
-    ap.add_argument("--precapture", action="store_true", help="start the server with --precapture")
+    ap.add_argument("--no-precapture", action="store_true",
+                    help="start the server with --no-precapture (each bucket's graph captured at its first use)")
     args = ap.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
     proc = None
