@@ -133,3 +133,28 @@ def test_text_stream_releases_the_whole_text(model):
                 break
         got += "" if stream.finish else stream.end("length")
         assert got == (full[:full.find(stop[0])] if stop else full), (trial, ids, stop)
+
+
+def test_slots_are_one_pool_and_two_ranks_equal_alone(model):
+    """The slots are the rows of one StatePool (so a batched step runs the pooled kernels where they run),
+    and on two ranks (gloo) sequences together equal each alone, as on one."""
+    from dsv4.state import pool_of
+
+    sched = Scheduler(model, max_num_seqs=3, max_model_len=64)
+    assert pool_of(sched.slots) is not None
+    assert pool_of([model.new_state(64)]) is None  # the model hands out plain states again
+    two = dsv4.load("tiny", device="cpu", dtype=torch.float32, ranks=2)
+    try:
+        tok = two.tokenizer
+        jobs = [(tok.encode("a small river"), 6, dsv4.SamplingParams(seed=4)),
+                (tok.encode("hello there"), 8, dsv4.SamplingParams(temperature=0.9, seed=5))]
+        expected = [solo(two, *j) for j in jobs]
+        sched = Scheduler(two, max_num_seqs=2, max_model_len=64)
+        sched.start()
+        try:
+            got, _ = run(sched, jobs)
+        finally:
+            sched.stop()
+        assert got == expected
+    finally:
+        two.close()
