@@ -64,21 +64,6 @@ SHARED_VARIANTS = {
 }
 
 
-def bandwidth() -> float:
-    """Bytes read plus written per second by a device-to-device copy of 1 GiB, median of 20."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=qb.DEVICE)
-    dst = torch.empty_like(src)
-    walls = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        walls.append(a.elapsed_time(b) / 1000)
-    return 2 * src.numel() / statistics.median(walls)
-
-
 def launches(fn) -> int | None:
     """Kernels one call of fn launches (memcpy/memset not counted); None off CUDA."""
     if qb.DEVICE != "cuda":
@@ -198,9 +183,9 @@ def main():
     ap.add_argument("--arms", default=".", help="regex over variant names (e.g. 'base|split4')")
     ap.add_argument("--calls", type=int, default=64, help="calls per captured graph")
     args = ap.parse_args()
-    bw = bandwidth()
+    bw = qb.bandwidth()
     emit("MOE_BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name() if qb.DEVICE == "cuda" else qb.DEVICE,
-         scope="d2d copy of 1 GiB, read+written")
+         scope="d2d copy of 2 GiB, read+written (qgemv_bench.bandwidth)")
     bench = Bench(preset("flash"), args.world, re.compile(args.arms), args.calls, bw)
     for T in (int(t) for t in args.tokens.split(",")):
         bench.routed(T)

@@ -20,10 +20,10 @@ Usage: python benchmarks/prefill_attention_bench.py [--configs default,s3,...] [
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
+from benchmarks.attention_bench import timed_eager as timed
 from dsv4.config import CSA, HCA, SLIDING, preset
 from dsv4.kernels import prefill_attention as pattn
 from dsv4.model.attention import _attend
@@ -83,20 +83,6 @@ def useful_flops(args, extra) -> tuple[int, int]:
     elif extra:
         pairs += T * int(extra["committed"].sum()) + int(extra["new_visible"].sum())
     return pairs, pairs * H * 4 * hd
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000)
-    return statistics.median(times)
 
 
 def bench(configs, T: int, reps: int, reference: bool):
