@@ -395,7 +395,7 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "L2_DEFEAT", 1 << 15)
-    monkeypatch.setattr(qb, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
     monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
