@@ -58,7 +58,8 @@ def inputs(cfg, rows: int, copies: int, gen) -> dict:
                 post=2 * torch.rand(rows, hc_mult, generator=gen, device=DEVICE),
                 comb=torch.softmax(rand(rows, hc_mult, hc_mult), -1),
                 fns=[rand(n, hc_mult * D, scale=0.05) for _ in range(copies)], base=rand(n, scale=0.1),
-                scale=torch.rand(3, generator=gen, device=DEVICE), norm_w=torch.rand(D, generator=gen, device=DEVICE) + 0.5)
+                scale=torch.rand(3, generator=gen, device=DEVICE),
+                norm_w=torch.rand(D, generator=gen, device=DEVICE) + 0.5)
 
 
 def unfused(a, i, cfg, first: bool):
@@ -117,7 +118,8 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
             emit("HC_BOUNDARY", record, error=f"{type(e).__name__}: {str(e)[:300]}")
             continue
         record["streams_equal"] = torch.equal(got[0], ref[0])
-        record["max_rel_err"] = {name: rel_err(x, y) for name, x, y in zip(("post", "comb", "normed"), got[1:], ref[1:])}
+        record["max_rel_err"] = {name: rel_err(x, y)
+                                 for name, x, y in zip(("post", "comb", "normed"), got[1:], ref[1:])}
         emit("HC_BOUNDARY", record)
         results[(kind, rows, arm)] = record
 

@@ -37,14 +37,14 @@ def inputs(T, hc_mult, D, dtype, seed):
     return dict(out=rand(T, D).to(dtype), post=2 * torch.rand(T, hc_mult, generator=g).to(DEVICE),
                 comb=torch.softmax(rand(T, hc_mult, hc_mult), -1), h=rand(T, hc_mult, D).to(dtype),
                 fn=rand(n, hc_mult * D, scale=0.05), base=rand(n, scale=0.1),
-                scale=torch.rand(3, generator=g).to(DEVICE), norm_w=(torch.rand(D, generator=g) + 0.5).to(dtype).to(DEVICE))
+                scale=torch.rand(3, generator=g).to(DEVICE),
+                norm_w=(torch.rand(D, generator=g) + 0.5).to(dtype).to(DEVICE))
 
 
 def fused_boundary(a, hc_mult, first=False):
-    cfg = CFG
-    return fused.boundary(a["out"], None if first else a["post"], None if first else a["comb"], None if first else a["h"],
-                          a["fn"], a["base"], a["scale"], a["norm_w"], hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps,
-                          cfg.hc_eps)
+    post, comb, h = (None, None, None) if first else (a["post"], a["comb"], a["h"])
+    return fused.boundary(a["out"], post, comb, h, a["fn"], a["base"], a["scale"], a["norm_w"], hc_mult,
+                          CFG.hc_sinkhorn_iters, CFG.rms_norm_eps, CFG.hc_eps)
 
 
 def reference_pre(h, a, hc_mult, monkeypatch):

@@ -91,7 +91,8 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
 
 @device_function
 def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps,
-            D: constexpr, HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr):
+            D: constexpr, HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
+            BLOCK_R: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
     hc.py's maps, then the collapse and its RMSNorm. Loads of what other programs wrote go to L2 (.cg)."""
     k = tl.arange(0, HC)
@@ -167,6 +168,6 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     launcher(_boundary_kernel, out)[(T, slices)](
         out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
         fn, base.contiguous(), scale.contiguous(), norm_w.contiguous(), new, post_out, comb_out, x, partials, tickets,
-        float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d, SLICES=slices, SP=next_pow2(slices), NP=np_,
-        BLOCK_R=min(CONFIG["block_r"], next_pow2(D)), **extra)
+        float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d, SLICES=slices,
+        SP=next_pow2(slices), NP=np_, BLOCK_R=min(CONFIG["block_r"], next_pow2(D)), **extra)
     return new, post_out, comb_out, x
