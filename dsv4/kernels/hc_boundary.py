@@ -154,10 +154,11 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     T, D = out.shape
     first = h is None
     out = out.contiguous()
-    new = torch.empty(T, hc, D, dtype=out.dtype, device=out.device)
+    dtype = out.dtype if first else h.dtype  # the streams', as hc_post's
+    new = torch.empty(T, hc, D, dtype=dtype, device=out.device)
     post_out = torch.empty(T, hc, dtype=torch.float32, device=out.device)
     comb_out = torch.empty(T, hc, hc, dtype=torch.float32, device=out.device)
-    x = torch.empty(T, D, dtype=out.dtype, device=out.device)
+    x = torch.empty(T, D, dtype=dtype, device=out.device)
     block_d, slices = slicing(hc, D)
     np_ = next_pow2((2 + hc) * hc + 1)
     partials = torch.empty(T, slices, np_, dtype=torch.float32, device=out.device)
