@@ -24,20 +24,21 @@ from dsv4.model import forward as fwd
 from dsv4.receipts import emit
 from dsv4.sampler import SamplingParams
 
-MODULES = ["qgemv", "moe", "route", "hc", "hc_post", "norm", "attention", "compressor", "commit", "door"]
+MODULES = ["qgemv", "moe", "route", "hc", "hc_post", "hc_boundary", "norm", "attention", "compressor", "commit", "door"]
 
 
 def run(model, args, variant: str) -> dict:
     cfg = model.cfg
     trace: list = []
-    post = fwd.Transformer._post
+    boundary = fwd.Transformer._boundary
 
-    def recording(self, reduced, p, comb, h):
-        out = post(self, reduced, p, comb, h)
-        trace.append(out[0].detach().clone())
-        return out
+    def recording(self, out, p, comb, h, *rest):
+        result = boundary(self, out, p, comb, h, *rest)
+        if h is not None:  # the streams after an mHC post
+            trace.append(result[0][0].detach().clone())
+        return result
 
-    fwd.Transformer._post = recording
+    fwd.Transformer._boundary = recording
     try:
         prompt = [(i * 7919 + 13) % cfg.vocab_size for i in range(args.prime)]
         base = model.new_state(args.prime + args.steps + 8)
@@ -69,7 +70,7 @@ def run(model, args, variant: str) -> dict:
             tok = [a] + list(out[1:])
         return {"variant": variant, "step": None, "all_equal": True}
     finally:
-        fwd.Transformer._post = post
+        fwd.Transformer._boundary = boundary
 
 
 def main():

@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -320,6 +320,25 @@ for n in (1, 100):
     commit_step.commit([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.int64),
                               torch.zeros(n, 512, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bool))],
                        torch.zeros(()))
+
+
+def hc_boundary_variants(dtype):
+    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype."""
+    h, fn = torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096)
+    for first in (False, True):
+        for norm_dtype in (dtype, torch.float32):
+            hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                 None if first else h, fn, torch.zeros(24), torch.ones(3),
+                                 torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6)
+
+
+# at the default tiles and at those benchmarks/hc_boundary_bench.py sweeps
+default = dict(hc_boundary.CONFIG)
+for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 8, "block_r": 2048}):
+    hc_boundary.CONFIG.update(cfg)
+    for dtype in (torch.bfloat16, torch.float32):
+        hc_boundary_variants(dtype)
+    hc_boundary.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

@@ -14,6 +14,7 @@ import torch
 from .. import kernels
 from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight
+from ..kernels import hc_boundary as fused_boundary
 from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
@@ -117,21 +118,18 @@ class Transformer:
                 x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes)
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
-        h = x.unsqueeze(1).expand(B * T, cfg.hc_mult, cfg.hidden_size).contiguous()
         writes: list[Write] = []
-        with rows_alone(T == 1):
+        decode = T == 1
+        with rows_alone(decode):
+            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", decode)
             for i, L in enumerate(self.layers):
-                with phase("mhc"):
-                    post, comb, collapsed = hc_pre(h, *L["hc"]["attn"], cfg)
                 with phase("attention"):
-                    a = attend(rms_norm(collapsed, L["attn_norm"], cfg.rms_norm_eps), L["attn"], i, writes)
-                h = self._post(self._reduce(a, i, "attention"), post, comb, h)
-                with phase("mhc"):
-                    post, comb, collapsed = hc_pre(h, *L["hc"]["ffn"], cfg)
+                    a = attend(x, L["attn"], i, writes)
+                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", decode)
                 with phase("moe"):
-                    f = moe(rms_norm(collapsed, L["ffn_norm"], cfg.rms_norm_eps), tokens, L["ffn"],
-                            self.experts.start, cfg)
-                h = self._post(self._reduce(f, i, "moe"), post, comb, h)
+                    f = moe(x, tokens, L["ffn"], self.experts.start, cfg)
+                after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
+                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", decode)
         return writes, h
 
     @staticmethod
@@ -151,11 +149,29 @@ class Transformer:
         if self.trace is not None:
             self.trace[what] += n
 
-    def _post(self, reduced, post, comb, h):
-        self._count("collective")
-        self._count("hc_post")
+    def _boundary(self, out, post, comb, h, L: dict | None, site: str, decode: bool):
+        """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
+        out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
+        normed input -> (streams, post, comb, x); L None (after the last layer): the streams alone.
+        A decode step runs it in one launch (dsv4.kernels.hc_boundary)."""
+        cfg = self.cfg
+        if h is not None:
+            self._count("collective")
+            self._count("hc_post")
+        if L is not None and decode and kernels.use_triton(out, gpu_checked=fused_boundary.GPU_CHECKED) and \
+                fused_boundary.supported(out if h is None else h, cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]):
+            with phase("mhc"):
+                return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
+                                               cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps)
         with phase("mhc"):
-            return hc_post(reduced, post, comb, h)
+            if h is None:
+                h = out.unsqueeze(1).expand(out.shape[0], cfg.hc_mult, cfg.hidden_size).contiguous()
+            else:
+                h = hc_post(out, post, comb, h)
+            if L is None:
+                return h, None, None, None
+            post, comb, collapsed = hc_pre(h, *L["hc"][site], cfg)
+            return h, post, comb, rms_norm(collapsed, L[site + "_norm"], cfg.rms_norm_eps)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Streams [B, hc, D] of each sequence's last token -> fp32 logits [B, vocab] (vocab-parallel,

@@ -1,0 +1,174 @@
+"""One mHC boundary of a decode step in one launch (reference: dsv4.model.hc's hc_post, then hc_pre, then
+dsv4.model.norm.rms_norm with the next sublayer's norm weight).
+
+Between two sublayers a decode row ran four to six launches: hc_post (new streams), an fp32 copy of them,
+the mix GEMV (dense.py, 24 outputs over hc * D), hc.py's pre kernel and the RMSNorm. Here program
+(row, slice) computes its D-slice of the new streams exactly as kernels/hc_post.py does, stores it, and
+stores fp32 partials over its slice: the 24 dot products of the mix and the sum of squares of the
+flattened streams. The last program of the row to finish (a ticket, as qgemv's split sum: no float
+atomics; it puts the ticket back to 0) sums the partials over the slices in one fixed order, computes
+pre / post / comb as hc.py does, collapses the new streams (read back from L2) and normalises the
+collapsed row as kernels/norm.py does. The slices depend on (hc, D) alone, never on the rows, so a row
+gets the same bits alone or in a batch.
+
+The first boundary of a step (embedding -> layer 0) has no sublayer output: FIRST makes every stream a
+copy of the embedded row. The head's collapse (hc_head, after the commit) keeps its own launches.
+"""
+
+import torch
+
+from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import qgemv
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps the unfused launches; DSV4_KERNELS=triton runs it
+
+# D per slice program (the mix's fp32 weight tile is next_pow2(25) x hc x block_d), warps per program, and
+# the reducer's chunk of D. benchmarks/hc_boundary_bench.py sweeps them.
+CONFIG = {"block_d": 32, "num_warps": 4, "block_r": 1024}
+
+
+def supported(h: torch.Tensor, hc: int, fn: torch.Tensor, norm_w: torch.Tensor) -> bool:
+    """h [T, hc, D] (the streams, or the embedded rows [T, D] of the first boundary), hc_fn [(2 + hc) * hc,
+    hc * D], the next sublayer's norm weight [D] in h's dtype or fp32 (as dsv4.kernels.norm)."""
+    D = h.shape[-1]
+    return (h.is_contiguous() and hc == next_pow2(hc) and (h.dim() == 2 or h.shape[-2] == hc)
+            and 0 < h.numel() // D <= qgemv.TICKETS and fn.shape == ((2 + hc) * hc, hc * D) and fn.is_contiguous()
+            and fn.dtype == torch.float32 and norm_w.shape == (D,)
+            and (norm_w.dtype in (h.dtype, torch.float32) or h.dtype == torch.float32))
+
+
+def slicing(hc: int, D: int) -> tuple[int, int]:
+    """(BLOCK_D, slices) from the shape alone: a row's partials are summed in one order whatever the batch."""
+    block = min(CONFIG["block_d"], next_pow2(D))
+    return block, cdiv(D, block)
+
+
+def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale_ptr, norm_w_ptr,
+                     new_ptr, post_out_ptr, comb_out_ptr, x_ptr, p_ptr, tickets_ptr, norm_eps, eps,
+                     D: constexpr, HC: constexpr, ITERS: constexpr, FIRST: constexpr, BLOCK_D: constexpr,
+                     SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr):
+    """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares."""
+    t = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    k = tl.arange(0, HC)
+    d = s * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok = d < D
+    dt = new_ptr.dtype.element_ty
+    x = tl.load(out_ptr + t * D + d, mask=ok, other=0.0).to(tl.float32)
+    if FIRST:
+        new = tl.zeros([HC, BLOCK_D], dtype=tl.float32) + x[None, :]
+    else:
+        # hc_post.py's arithmetic: post and comb rounded to the streams' dtype, one rounding of the sum
+        post = tl.load(post_ptr + t * HC + k).to(dt).to(tl.float32)
+        comb = tl.load(comb_ptr + t * HC * HC + k[:, None] * HC + k[None, :]).to(dt).to(tl.float32)  # [j, k]
+        h = tl.load(h_ptr + t * HC * D + k[:, None] * D + d[None, :], mask=ok[None, :], other=0.0).to(tl.float32)
+        new = post[:, None] * x[None, :] + tl.sum(comb[:, :, None] * h[:, None, :], axis=0)
+    new = new.to(dt)
+    tl.store(new_ptr + t * HC * D + k[:, None] * D + d[None, :], new, mask=ok[None, :])
+    new = new.to(tl.float32)
+
+    N = (2 + HC) * HC
+    n = tl.arange(0, NP)
+    w = tl.load(fn_ptr + n[:, None, None] * (HC * D) + k[None, :, None] * D + d[None, None, :],
+                mask=(n < N)[:, None, None] & ok[None, None, :], other=0.0)
+    part = tl.sum(tl.sum(w * new[None, :, :], axis=2), axis=1)
+    part = tl.where(n == N, tl.sum(tl.sum(new * new, axis=1), axis=0), part)
+    row_p = p_ptr + t * SLICES * NP
+    tl.store(row_p + s * NP + n, part)
+    # As qgemv._reduce_splits: every thread's stores before the ticket's release; the last program reduces.
+    tl.debug_barrier()
+    if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
+        _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps,
+                eps, D, HC, ITERS, SLICES, SP, NP, BLOCK_R)
+        tl.store(tickets_ptr + t, 0)
+
+
+@device_function
+def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps,
+            D: constexpr, HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
+            BLOCK_R: constexpr):
+    """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
+    hc.py's maps, then the collapse and its RMSNorm. Loads of what other programs wrote go to L2 (.cg)."""
+    k = tl.arange(0, HC)
+    j = k[:, None] * HC + k[None, :]
+    sp = tl.arange(0, SP)
+    live = sp < SLICES
+    slices = row_p + sp * NP
+    pre_w = tl.sum(tl.load(slices[:, None] + k[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg"), axis=0)
+    post_w = tl.sum(tl.load(slices[:, None] + HC + k[None, :], mask=live[:, None], other=0.0, cache_modifier=".cg"),
+                    axis=0)
+    comb_w = tl.sum(tl.load(slices[:, None, None] + 2 * HC + j[None, :, :], mask=live[:, None, None], other=0.0,
+                            cache_modifier=".cg"), axis=0)
+    squares = tl.sum(tl.load(slices + (2 + HC) * HC, mask=live, other=0.0, cache_modifier=".cg"), axis=0)
+    rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
+
+    # hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r)
+    s0 = tl.load(scale_ptr).to(tl.float32)
+    s1 = tl.load(scale_ptr + 1).to(tl.float32)
+    s2 = tl.load(scale_ptr + 2).to(tl.float32)
+    pre = tl.sigmoid(pre_w * rstd * s0 + tl.load(base_ptr + k).to(tl.float32)) + eps
+    post = 2 * tl.sigmoid(post_w * rstd * s1 + tl.load(base_ptr + HC + k).to(tl.float32))
+    c = comb_w * rstd * s2 + tl.load(base_ptr + 2 * HC + j).to(tl.float32)
+    c = tl.exp(c - tl.max(c, axis=1)[:, None])
+    c = c / tl.sum(c, axis=1)[:, None] + eps
+    c = c / (tl.sum(c, axis=0)[None, :] + eps)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + eps)
+    tl.store(post_out_ptr + t * HC + k, post)
+    tl.store(comb_out_ptr + t * HC * HC + j, c)
+
+    # The collapse, rounded to the streams' dtype, is stored and read back by the norm's second pass.
+    dt = x_ptr.dtype.element_ty
+    r = tl.arange(0, BLOCK_R)
+    streams = new_ptr + t * HC * D + k[:, None] * D
+    x_row = x_ptr + t * D
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_R):
+        m = (d0 + r) < D
+        hv = tl.load(streams + d0 + r[None, :], mask=m[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
+        y = tl.sum(pre[:, None] * hv, axis=0).to(dt)
+        tl.store(x_row + d0 + r, y, mask=m)
+        y = y.to(tl.float32)
+        acc += y * y
+    rstd_x = tl.rsqrt(tl.sum(acc, axis=0) / D + norm_eps)
+    tl.debug_barrier()
+    for d0 in range(0, D, BLOCK_R):  # norm.py's weighted arithmetic
+        m = (d0 + r) < D
+        y = (tl.load(x_row + d0 + r, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32) * rstd_x).to(dt)
+        y = (tl.load(norm_w_ptr + d0 + r, mask=m, other=0.0).to(tl.float32) * y.to(tl.float32)).to(dt)
+        tl.store(x_row + d0 + r, y, mask=m)
+
+
+def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float):
+    """The sublayer's reduced output out [T, D] placed into the streams h [T, hc, D] by post [T, hc] and
+    comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
+    from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
+    comb [T, hc, hc] fp32, normed [T, D] in the streams' dtype)."""
+    T, D = out.shape
+    first = h is None
+    out = out.contiguous()
+    dtype = out.dtype if first else h.dtype  # the streams', as hc_post's
+    new = torch.empty(T, hc, D, dtype=dtype, device=out.device)
+    post_out = torch.empty(T, hc, dtype=torch.float32, device=out.device)
+    comb_out = torch.empty(T, hc, hc, dtype=torch.float32, device=out.device)
+    x = torch.empty(T, D, dtype=dtype, device=out.device)
+    block_d, slices = slicing(hc, D)
+    np_ = next_pow2((2 + hc) * hc + 1)
+    partials = torch.empty(T, slices, np_, dtype=torch.float32, device=out.device)
+    tickets = qgemv.tickets_for(T, out.device)
+    if tickets is None:  # a capture before any eager launch made the device's tickets: a zeroed buffer of its own
+        tickets = torch.zeros(T, dtype=torch.int32, device=out.device)
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    launcher(_boundary_kernel, out)[(T, slices)](
+        out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
+        fn, base.contiguous(), scale.contiguous(), norm_w.contiguous(), new, post_out, comb_out, x, partials, tickets,
+        float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d, SLICES=slices,
+        SP=next_pow2(slices), NP=np_, BLOCK_R=min(CONFIG["block_r"], next_pow2(D)), **extra)
+    return new, post_out, comb_out, x
