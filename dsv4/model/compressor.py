@@ -103,14 +103,10 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     T = x.shape[0]
     q, weights = proj if proj is not None else index_project(q_res, x, w, n_heads, head_dim)
     if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.index_supported(q, icomp, inew, cos):
-        Ns, N = icomp.shape[0], icomp.shape[0] + inew.shape[0]
-        if prefix is not None and prefix[0] < Ns:
-            n, c = prefix
-            keys = fused.index_keys(q, weights, cos, sin, icomp[:n], inew, win.committed[:n], win.visible)
-            sel, valid = fused.topk(keys, min(topk, N, keys.shape[-1]))
-            return _as_whole_store(sel, valid, n, Ns, c, win.visible, min(topk, N))
+        if prefix is not None and prefix[0] < icomp.shape[0]:
+            return _topk_over_prefix(q, weights, cos, sin, icomp, inew, win, topk, *prefix)
         keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
-        return fused.topk(keys, min(topk, N))
+        return fused.topk(keys, min(topk, keys.shape[-1]))
     q = apply_rope(q, cos, sin).float()
     scores = torch.cat([torch.einsum("thd,nd->thn", q, icomp.float()),
                         torch.einsum("thd,nd->thn", q, inew.float())], dim=-1)
@@ -122,6 +118,15 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     k = min(topk, scores.shape[-1])
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     return order[:, :k], sorted_scores[:, :k] > float("-inf")
+
+
+def _topk_over_prefix(q, weights, cos, sin, icomp, inew, win: Windows, topk: int, n: int, c: int):
+    """The kernel's top-k over the store's rows [0, n) (holding its c committed ones) and the new windows,
+    in the whole store's index space."""
+    Ns, K = icomp.shape[0], min(topk, icomp.shape[0] + inew.shape[0])
+    keys = fused.index_keys(q, weights, cos, sin, icomp[:n], inew, win.committed[:n], win.visible)
+    sel, valid = fused.topk(keys, min(K, keys.shape[-1]))
+    return _as_whole_store(sel, valid, n, Ns, c, win.visible, K)
 
 
 def _as_whole_store(sel, valid, n: int, Ns: int, c: int, visible, K: int):
