@@ -13,13 +13,14 @@
 #      kernel for each cut HCA row count (up to 4 more variants at 128k, ~seconds): counted in its time.
 # Usage: OUT=dir [RES=/tmp/res] [FLASH_KERNELS=triton] [SIZES="4096 131072"] bash benchmarks/gpu_store_limit_checks.sh
 source benchmarks/gpu_env.sh
-CUDA_VISIBLE_DEVICES=0 timeout "${TEST_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider tests/test_prefill_limit.py \
-  > "$OUT/pytest_store_limit.txt" 2>&1
+CUDA_VISIBLE_DEVICES=0 timeout "${TEST_TIMEOUT:-120}" python -m pytest -q -p no:cacheprovider \
+  tests/test_prefill_limit.py > "$OUT/pytest_store_limit.txt" 2>&1
 echo "pytest rc=$?" >> "$OUT/pytest_store_limit.txt"
 K=${FLASH_KERNELS:-triton}
 for limit in 0 1; do
-  DSV4_KERNELS=$K DSV4_PREFILL_STORE_LIMIT=$limit timeout "${FLASH_TIMEOUT:-220}" python benchmarks/prefill_bench.py flash \
-    --sizes ${SIZES:-4096 131072} --runs 1 --long-runs 1 --eager-steps 0 --graph-steps 0 --digest \
+  DSV4_KERNELS=$K DSV4_PREFILL_STORE_LIMIT=$limit timeout "${FLASH_TIMEOUT:-220}" \
+    python benchmarks/prefill_bench.py flash --sizes ${SIZES:-4096 131072} --runs 1 --long-runs 1 --digest \
+    --eager-steps 0 --graph-steps 0 \
     > "$OUT/prefill_flash_limit$limit.txt" 2>&1
   echo "rc=$? kernels=$K store_limit=$limit" >> "$OUT/prefill_flash_limit$limit.txt"
 done
