@@ -20,7 +20,11 @@ record is printed (flushed) when measured, so a run cut short keeps what it meas
                  and that capped at max_position_embeddings (the largest a state may usefully have)
   PREFILL        N, chunk, chunks, prefill s and tok/s (N - 1 tokens), time to first token (prefill +
                  step), each run's figures, rank 0's peak GiB (ranks are symmetric: even expert and
-                 head splits, replicated state), GiB per rank after
+                 head splits, replicated state), GiB per rank after; store_limit (the env
+                 DSV4_PREFILL_STORE_LIMIT: prefill chunks score only the compressed rows committed
+                 before them), the sha256 of the last run's logits after its step (rank 0), and with
+                 --digest every rank's state digest then: two runs that differ in the env only must
+                 print the same logits_sha and digests
   DECODE_AFTER   right after the largest prefill, on its state: arm "eager" (--eager-steps model.step
                  calls) then arm "graph" (enable_replay; the capture step untimed, then --graph-steps
                  replayed steps), tok/s of each: the speed a user sees after a long prompt
@@ -81,7 +85,7 @@ def prefill_once(model, ids, chunk):
     return t1 - t0, t2 - t0, torch.cuda.max_memory_allocated(), state, token
 
 
-def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph_steps):
+def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph_steps, digest=False):
     vocab = model.cfg.vocab_size
     prefill_once(model, prompt(min(sizes), vocab), chunk)  # warm-up: allocator, cuBLAS handles, Triton builds
     for n in sizes:
@@ -99,7 +103,9 @@ def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph
              tok_s=round((n - 1) / wall, 1), ttft_s=round(statistics.median(ttfts), 4),
              prefill_s_runs=[round(w, 4) for w in walls], rank0_peak_gib=round(max(peaks) / GIB, 2),
              gib_per_rank_after=[round(m / GIB, 2) for m in model.each("memory_allocated")],
-             kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_dense_above=prefill_moe.CONFIG["dense_above"])
+             kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_dense_above=prefill_moe.CONFIG["dense_above"],
+             store_limit=os.environ.get("DSV4_PREFILL_STORE_LIMIT", "0"), logits_sha=model.logits_sha_all(state)[0],
+             **({"digests": model.digests_all(state)} if digest else {}))
         if n == max(sizes) and (eager_steps or graph_steps):
             decode_after(model, name, state, token, n, eager_steps, graph_steps)
 
@@ -203,6 +209,8 @@ def main():
     ap.add_argument("--eager-steps", type=int, default=16, help="DECODE_AFTER's eager steps (0: none)")
     ap.add_argument("--graph-steps", type=int, default=64, help="DECODE_AFTER's replayed steps (0: none)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--digest", action="store_true", help="PREFILL records every rank's state digest (sha256 of "
+                    "the whole state: seconds at 128k)")
     ap.add_argument("--hf-sizes", type=int, nargs="+", default=None,
                     help=f"sizes HF runs (default: --sizes up to {LONG})")
     ap.add_argument("--moe-dense-above", type=int, default=None,
@@ -221,7 +229,7 @@ def main():
          device=torch.cuda.get_device_name(), commit=commit_id(), torch=torch.__version__)
     state_memory(model, args.preset, dequant_stack_bytes(model))
     bench_prefill(model, args.preset, sorted(args.sizes), args.runs, args.long_runs, args.chunk, args.eager_steps,
-                  args.graph_steps)
+                  args.graph_steps, args.digest)
     if args.preset == "mini" and not args.no_hf:
         bench_hf(model, args.preset, sorted(args.hf_sizes or [n for n in args.sizes if n <= LONG]), args.runs)
     if ranks > 1:

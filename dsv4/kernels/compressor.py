@@ -35,6 +35,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 _VISIBLE_BELOW = 0x7F800000 << 32
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
+INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
 _INDEX_BITS = 0xFFFFFFFF
 
 
@@ -243,7 +244,7 @@ def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) 
     Ns, n_win = icomp.shape[-2], inew.shape[-2]
     N = Ns + n_win
     keys = torch.empty(T, N, dtype=torch.int64, device=q.device)
-    block = 64 if H <= 64 else 32
+    block = INDEX_BLOCK if H <= 64 else INDEX_BLOCK // 2
     launcher(_index_keys_kernel, q)[(T, cdiv(N, block))](
         q, weights.contiguous(), cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
         committed.contiguous(), visible.contiguous(), keys, q if ids is None else ids, Ns, N, n_win,

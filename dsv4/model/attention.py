@@ -29,13 +29,13 @@ from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
+from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
 from .compressor import Write, compress, compress_pooled, flat, index_project, index_topk, index_topk_pooled, project
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import PoolStep, Step
-
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
@@ -63,7 +63,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
             outs.append(fused.attention(*args, **extra))
         elif kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
-            outs.append(prefill.attention(*args, **extra))  # chunks past the decode kernel's MAX_T
+            outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
             outs.append(_attend(*args, **extra))
     return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads)
@@ -139,9 +139,20 @@ def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConf
     i = w["indexer"]
     inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"])
     ccos, csin = step.cos_sin("compress")
+    rows = cache.icomp.shape[0]
+    prefix = None if step.host_pos is None else (step.scored_rows(m, rows, INDEX_BLOCK), step.committed_rows(m, rows))
     sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
-                            cfg.index_n_heads, cfg.index_head_dim, proj["index_q"])
+                            cfg.index_n_heads, cfg.index_head_dim, proj["index_q"], prefix)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
+
+
+def _scored(extra: dict, step: Step, m: int) -> dict:
+    """HCA's rows for the prefill kernel cut to the prefix step.scored_rows keeps: the rows cut off are
+    uncommitted (masked), and the kernel's tiles of the rows it still sees are the same, so is its output."""
+    if "committed" not in extra or step.host_pos is None:
+        return extra
+    n = step.scored_rows(m, extra["comp"].shape[0], prefill.CONFIG["block_n"])
+    return dict(extra, comp=extra["comp"][:n], committed=extra["committed"][:n])
 
 
 def _compressed_pooled(step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write],

@@ -92,16 +92,19 @@ def index_project(q_res, x, w: dict, n_heads: int, head_dim: int) -> tuple[torch
 
 
 def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int,
-               proj=None):
+               proj=None, prefix: tuple[int, int] | None = None):
     """Lightning indexer: pick each query's top-k compressed entries (ties to the lowest index).
 
     Index space: [committed rows 0..Ns) then [this chunk's windows Ns..Ns+n_win).
     Returns (selected [T, K] indices into that space, valid [T, K] bool). `proj`: (q, weights) when
-    already projected (`index_project`).
+    already projected (`index_project`). `prefix` (n, c): the kernel scores only the store's rows [0, n),
+    which hold its c committed ones (model.step.Step.scored_rows); the answer is the same (_as_whole_store).
     """
     T = x.shape[0]
     q, weights = proj if proj is not None else index_project(q_res, x, w, n_heads, head_dim)
     if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.index_supported(q, icomp, inew, cos):
+        if prefix is not None and prefix[0] < icomp.shape[0]:
+            return _topk_over_prefix(q, weights, cos, sin, icomp, inew, win, topk, *prefix)
         keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
         return fused.topk(keys, min(topk, keys.shape[-1]))
     q = apply_rope(q, cos, sin).float()
@@ -115,6 +118,31 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     k = min(topk, scores.shape[-1])
     sorted_scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     return order[:, :k], sorted_scores[:, :k] > float("-inf")
+
+
+def _topk_over_prefix(q, weights, cos, sin, icomp, inew, win: Windows, topk: int, n: int, c: int):
+    """The kernel's top-k over the store's rows [0, n) (holding its c committed ones) and the new windows,
+    in the whole store's index space."""
+    Ns, K = icomp.shape[0], min(topk, icomp.shape[0] + inew.shape[0])
+    keys = fused.index_keys(q, weights, cos, sin, icomp[:n], inew, win.committed[:n], win.visible)
+    sel, valid = fused.topk(keys, min(K, keys.shape[-1]))
+    return _as_whole_store(sel, valid, n, Ns, c, win.visible, K)
+
+
+def _as_whole_store(sel, valid, n: int, Ns: int, c: int, visible, K: int):
+    """The top-K over [store rows 0..Ns | new windows] from the top-k (k <= K) over [store rows 0..n | new
+    windows], when rows [c, Ns) are uncommitted (c <= n). Both put each query's visible entries first, in the
+    same order (their keys are the same; new window j is index n + j here, Ns + j there), then the invisible
+    ones by ascending index: in the whole store, the rows c..Ns-1, then the query's invisible new windows."""
+    n_win = visible.shape[-1]
+    ranks = torch.arange(K, device=sel.device)
+    seen = valid.sum(dim=-1, keepdim=True)  # visible entries of each query: its first picks
+    sel = torch.nn.functional.pad(torch.where(sel >= n, sel + (Ns - n), sel), (0, K - sel.shape[-1]))
+    r = ranks - seen  # rank among the invisible entries
+    hidden_new = Ns + torch.sort(visible.to(torch.uint8), dim=-1, stable=True).indices  # invisible windows first
+    tail = torch.where(r < Ns - c, c + r, hidden_new.gather(1, (r - (Ns - c)).clamp(0, n_win - 1)))
+    first = ranks < seen
+    return torch.where(first, sel, tail), first
 
 
 def index_topk_pooled(cos, sin, icomp, inew, win: Windows, topk: int, proj, ids: torch.Tensor):

@@ -112,7 +112,7 @@ class Transformer:
             attend = lambda x, w, i, writes: attention_pooled(  # noqa: E731
                 x, step, w, pool.store.layers[i], i, cfg, self.heads, writes)
         else:
-            steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b])
+            steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b], s.host_pos)
                      for b, s in enumerate(states)]
             attend = lambda x, w, i, writes: attention(  # noqa: E731
                 x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes)

@@ -8,11 +8,24 @@ step read it from here; everything stays device tensors (no host sync, static sh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from ..kernels.attention import MAX_T
 from .rope import Rope
+
+# A prefill chunk's kernels score a compressed store's rows up to the committed ones rounded up to a
+# multiple of this (plus the store's remainder: see Step.scored_rows), so the shapes of a long prompt's
+# chunks take few distinct values. A multiple of the kernels' row tiles (index_keys: 32 or 64 rows;
+# prefill_attention: CONFIG["block_n"]).
+STORE_BLOCK = 256
+
+
+def store_limit() -> bool:
+    """DSV4_PREFILL_STORE_LIMIT=1: prefill chunks score only the store rows committed before them (off by default)."""
+    return os.environ.get("DSV4_PREFILL_STORE_LIMIT", "0") == "1"
 
 
 def windows_touched(T: int, m: int) -> int:
@@ -51,10 +64,14 @@ class Windows:
 
 class Step:
     """One sequence's share of a step. `active` (a 0-dim bool, or None for always): whether this
-    sequence's row of a batched step commits; its writes carry it as their keep mask."""
+    sequence's row of a batched step commits; its writes carry it as their keep mask. `host_pos`: the
+    host's copy of pos (DecodeState.host_pos), kept for a prefill chunk (T > the decode kernels' MAX_T,
+    never graph-captured) when store_limit() is on: its shapes may then follow the position (scored_rows)."""
 
-    def __init__(self, pos: torch.Tensor, T: int, rope: Rope, window: int, active: torch.Tensor | None = None):
+    def __init__(self, pos: torch.Tensor, T: int, rope: Rope, window: int, active: torch.Tensor | None = None,
+                 host_pos: int | None = None):
         self.pos, self.T, self.rope, self.window, self.active = pos, T, rope, window, active
+        self.host_pos = host_pos if T > MAX_T and store_limit() else None
         self.device = pos.device
         self._keeps: dict[int, torch.Tensor] = {}
         self.positions = pos + torch.arange(T, device=self.device)
@@ -92,6 +109,22 @@ class Step:
         if key not in self._windows:
             self._windows[key] = self._make_windows(m, R, rows)
         return self._windows[key]
+
+    def committed_rows(self, m: int, rows: int) -> int | None:
+        """How many rows of a store (rate m, `rows` rows) hold windows closed before the chunk: its committed
+        prefix [0, c) (Windows.committed), from the host position; None without one."""
+        return None if self.host_pos is None else min(self.host_pos // m, rows)
+
+    def scored_rows(self, m: int, rows: int, tile: int) -> int:
+        """The store rows [0, n) a prefill chunk's kernel, of `tile`-row tiles, scores (`rows` without a host
+        position): the committed ones rounded up to STORE_BLOCK, plus rows % STORE_BLOCK. So n = rows - k *
+        STORE_BLOCK: the rows after the store (the chunk's new windows) keep their offset within every tile
+        (STORE_BLOCK a multiple of `tile`), and the tile where the store ends holds no committed row, here
+        and in the whole store alike; the rows cut off are uncommitted (invisible to every query)."""
+        c = self.committed_rows(m, rows)
+        if c is None or STORE_BLOCK % tile:
+            return rows
+        return min(rows, -(-c // STORE_BLOCK) * STORE_BLOCK + rows % STORE_BLOCK)
 
     def _make_windows(self, m: int, R: int, rows: int) -> Windows:
         pos, T, dev = self.pos, self.T, self.device
