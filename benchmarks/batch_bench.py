@@ -19,6 +19,7 @@ graph (Model.step), timed the same way. One record per line:
   BATCH_SOLO   ms per token and tok/s of the single-sequence graph
   BATCH        B, ms per step, aggregate tok/s, per-sequence tok/s, speedup over SOLO's tok/s, pool
                (with --pool: vs_plain, the pooled arm's tok/s over the plain arm's at the same B)
+  BATCH_KERNEL_ROW / _TOTAL   with --profile B: that size's kernels per step and rank (Model.kernel_table_batch)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def timed_rows(run_row, rows: int) -> list[float]:
     return out
 
 
-def batch_point(model, B: int, capacity: int, prefix, prompt, graph: bool, args) -> float:
+def batch_point(model, B: int, capacity: int, prefix, prompt, graph: bool, args, pooled: bool = False) -> float:
     """Aggregate tok/s of B fresh states (copies of prefix) stepped together (a graph on CUDA)."""
     states = [model.new_state(capacity) for _ in range(B)]
     for s in states:
@@ -59,6 +60,11 @@ def batch_point(model, B: int, capacity: int, prefix, prompt, graph: bool, args)
 
     batch_row()  # the capture, untimed
     s = statistics.median(timed_rows(batch_row, args.rows))
+    if B in args.profile and (pooled or not args.pool):
+        for rank, table in enumerate(model.each("kernel_table_batch", states, tokens, samplings, args.profile_steps)):
+            for row in table.pop("kernels")[:args.top]:
+                emit("BATCH_KERNEL_ROW", rows=B, pool=pooled, rank=rank, **row)
+            emit("BATCH_KERNEL_TOTAL", rows=B, pool=pooled, rank=rank, per="step (B tokens)", **table)
     for st in states:
         st.discard()
     model.each("drop_batch_graphs")  # its graph holds the states (and their pool)
@@ -80,13 +86,17 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--rows", type=int, default=3)
     ap.add_argument("--pool", action="store_true", help="also time each size with pooled states")
+    ap.add_argument("--profile", type=int, nargs="*", default=[],
+                    help="at these sizes (the pooled arm with --pool) also a kernel table per step and rank")
+    ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     start = time.perf_counter()
     model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
     graph = model.device.type == "cuda"
     emit("BATCH_BUILD", build_s=round(time.perf_counter() - start, 1), ranks=args.ranks, graph=graph,
          **provenance(model.device, args.preset))
-    capacity = args.prime + 8 + args.steps * (args.rows + 1)
+    capacity = args.prime + 8 + args.steps * (args.rows + 1) + (2 * args.profile_steps + 1 if args.profile else 0)
     prompt = [(i * 7919 + 13) % model.cfg.vocab_size for i in range(args.prime)]
     prefix = model.new_state(capacity)
     model.prefill(prefix, prompt)
@@ -114,7 +124,7 @@ def main():
         plain = None
         for pooled in ([False, True] if args.pool else [False]):
             model.each("pool_states", B if pooled else 0)
-            tok_s = batch_point(model, B, capacity, prefix, prompt, graph, args)
+            tok_s = batch_point(model, B, capacity, prefix, prompt, graph, args, pooled)
             extra = dict(vs_plain=round(tok_s / plain, 2)) if pooled else {}
             plain = tok_s
             emit("BATCH", rows=B, **extra, **batch_record(B, tok_s, solo_tok_s, pooled, args))

@@ -530,6 +530,20 @@ class Model(ModelCommon):
 
         return measure.kernel_table(one, steps, self.device)
 
+    def kernel_table_batch(self, states: Sequence[DecodeState], tokens: Sequence[int], samplings: Sequence,
+                           steps: int = 16) -> dict:
+        """kernel_table of `steps` batched steps of these states (their batch graph on CUDA, captured at the
+        first untimed step): calls and GPU time per step (B tokens) by kernel name, against the wall."""
+        from . import measure
+
+        graph = self.device.type == "cuda"
+        carry = [list(self.step_batch(states, tokens, samplings, graph=graph))]
+
+        def one():
+            carry[0] = list(self.step_batch(states, carry[0], samplings, graph=graph))
+
+        return measure.kernel_table(one, steps, self.device)
+
     def prefill_table(self, state: DecodeState, prefix: DecodeState, ids: Sequence[int], chunk_size: int | None = None,
                       runs: int = 2) -> dict:
         """This rank's time of `prefill(state, ids, chunk_size)` from `prefix` (restored before each run), by
