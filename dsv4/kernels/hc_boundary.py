@@ -26,11 +26,12 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps the unfused launches; DSV4_KERNELS=triton runs it
+GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under triton, hc_boundary_bench
 
 # D per slice program (the mix's fp32 weight tile is next_pow2(25) x hc x block_d), warps per program, and
-# the reducer's chunk of D. benchmarks/hc_boundary_bench.py sweeps them.
-CONFIG = {"block_d": 32, "num_warps": 4, "block_r": 1024}
+# the reducer's chunk of D. benchmarks/hc_boundary_bench.py sweeps them (session 6 on an H200, a Flash mid
+# boundary at 1 row: 32/4/1024 12.97 us, 128/8/2048 11.33 us, the six unfused launches 16.8 us).
+CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048}
 
 
 def supported(h: torch.Tensor, hc: int, fn: torch.Tensor, norm_w: torch.Tensor) -> bool:
