@@ -6,8 +6,9 @@ One warm-up prefill, then: (1) the wall of a prefill and the host time until mod
 final device sync (the enqueue time: when it is close to the wall, the host is the bound); (2) the same
 prefill under torch.cuda's sync debug mode, every synchronizing call site counted (file:line, message); (3)
 one prefill under torch.profiler (CPU + CUDA): the top host ops by self CPU time, and the CUDA runtime calls
-(cudaLaunchKernel, cudaStreamSynchronize, cudaMemcpyAsync) with their counts and host time. Records
-(dsv4.receipts): PREFILL_HOST, PREFILL_SYNC, PREFILL_HOST_OP.
+(cudaLaunchKernel, cudaStreamSynchronize, cudaMemcpyAsync) with their counts and host time ("Command Buffer
+Full": the host waited for the GPU), and every kernel by device time. Records (dsv4.receipts): PREFILL_HOST,
+PREFILL_SYNC, PREFILL_HOST_OP, PREFILL_DEVICE_TOTAL, PREFILL_DEVICE_OP.
 """
 
 from __future__ import annotations
@@ -82,6 +83,13 @@ def main():
         for e in sorted(rows, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]:
             emit("PREFILL_HOST_OP", name=e.key[:90], calls=e.count, self_cpu_ms=round(e.self_cpu_time_total / 1e3, 2),
                  cpu_total_ms=round(e.cpu_time_total / 1e3, 2))
+        if cuda:  # every kernel by name, Triton's included (no range attribution): where the GPU's time goes
+            dev = [e for e in rows if e.self_device_time_total > 0]
+            total = sum(e.self_device_time_total for e in dev)
+            emit("PREFILL_DEVICE_TOTAL", device_ms=round(total / 1e3, 2), kernels=sum(e.count for e in dev))
+            for e in sorted(dev, key=lambda e: e.self_device_time_total, reverse=True)[:args.top]:
+                emit("PREFILL_DEVICE_OP", name=e.key[:100], calls=e.count,
+                     device_ms=round(e.self_device_time_total / 1e3, 2))
     except Exception:
         traceback.print_exc()
         raise
