@@ -246,10 +246,11 @@ for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8"
     qgemv.CONFIG.update(default)
 qgemv.CONFIG.update(kernel="v2")
 qgemv_variants(torch.float32, torch.float32)
-# the splits summed in the GEMV's own launch (the ticket reduce)
-qgemv.CONFIG.update(kernel="v2", v2_fused_sum=True)
-qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
-qgemv_variants(torch.float32, torch.float32)
+# the splits summed in a second launch (DSV4_FUSED_SPLIT_SUM=0) and in the GEMV's own (the ticket reduce)
+for fused_sum in (False, True):
+    qgemv.CONFIG.update(kernel="v2", v2_fused_sum=fused_sum)
+    qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    qgemv_variants(torch.float32, torch.float32)
 qgemv.CONFIG.update(default)
 
 
