@@ -34,7 +34,7 @@ GPU_CHECKED = True  # session 5: its CUDA tests (against CUTLASS and the fp32 lo
 # expert) pairs per local expert than this (all ranks' pairs counted), the grouped path dequantises the
 # stacks and runs the grouped GEMM instead: each tile of rows unpacks its expert's bytes again, which for
 # long chunks may cost more than one dense copy (None: always this kernel; benchmarks set it to compare).
-CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "dense_above": None}
+CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "max_block_m": 64, "dense_above": None}
 
 
 @device_function
@@ -118,8 +118,9 @@ def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
 
 
 def block_m(pairs: int, n: int) -> int:
-    """Rows per tile: about the pairs an expert gets, 16 (tl.dot's least) to 64."""
-    return min(64, max(16, 1 << max(0, (pairs // max(n, 1) - 1).bit_length())))
+    """Rows per tile: about the pairs an expert gets, 16 (tl.dot's least) to CONFIG's max_block_m (each tile
+    unpacks its expert's weight slice again, so fuller tiles unpack less per product)."""
+    return min(CONFIG["max_block_m"], max(16, 1 << max(0, (pairs // max(n, 1) - 1).bit_length())))
 
 
 def schedule(ends: torch.Tensor, pairs: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,130 @@
+"""Prefill's routed experts at Flash's per-rank shapes (one GPU): the FP4 grouped kernel's launch configurations
+against the dense path (the stacks dequantised by dsv4.kernels.dequant, then torch._grouped_mm).
+
+    python benchmarks/prefill_moe_bench.py [--tokens 64,4096,8192] [--arms REGEX]
+
+A rank of 2 holds 128 of the 256 experts (I 2048, D 4096, FP4 with ue8m0 scales); T tokens pick 6 distinct
+experts each, uniformly, so about half the T*6 pairs are local (what moe_prefill.grouped_experts sorts and
+hands on). Each arm is timed with CUDA events (median of --reps after a warm-up) and compared with the dense
+path's output (max relative error). Records (dsv4.receipts):
+  PMOE       T, arm, config, ms, TFLOPS (the pairs' 3 products), max_rel_err against the dense path
+  PMOE_BEST  T, the fastest arm
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+
+import torch
+
+from dsv4.formats import QWeight
+from dsv4.kernels import dequant, prefill_moe
+from dsv4.model import moe_prefill
+from dsv4.receipts import emit
+
+D, I, N_LOCAL, TOTAL, TOPK, LIMIT = 4096, 2048, 128, 256, 6, 10.0
+VARIANTS = {  # prefill_moe.CONFIG overrides
+    "base": {},
+    "bm128": {"max_block_m": 128},
+    "bm128_w8": {"max_block_m": 128, "num_warps": 8},
+    "bm128_n128_w8": {"max_block_m": 128, "block_n": 128, "num_warps": 8},
+    "bm128_k64_w8_s4": {"max_block_m": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
+    "bm64_n128_w8": {"block_n": 128, "num_warps": 8},
+    "bm128_n64_k64_w4_s4": {"max_block_m": 128, "block_k": 64, "num_stages": 4},
+}
+
+
+def stacks(device):
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def fp4(rows, cols):  # random e2m1 bytes, ue8m0 scales 2**-8..2**-1 (values of a trained expert's size)
+        data = torch.randint(0, 256, (N_LOCAL, rows, cols // 2), generator=g, device=device, dtype=torch.uint8)
+        scale = torch.randint(119, 127, (N_LOCAL, rows, cols // 32), generator=g, device=device, dtype=torch.uint8)
+        return QWeight(data.view(torch.int8), scale.view(torch.float8_e8m0fnu), "fp4")
+
+    return {"w1": fp4(I, D), "w3": fp4(I, D), "w2": fp4(D, I)}
+
+
+def pairs(T, device):
+    g = torch.Generator(device=device).manual_seed(T)
+    ids = torch.rand(T, TOTAL, generator=g, device=device).argsort(dim=-1)[:, :TOPK]
+    local = ids  # this rank holds experts 0..127
+    n = N_LOCAL
+    key = torch.where((local >= 0) & (local < n), local, n).flatten()
+    key, order = torch.sort(key, stable=True)
+    ends = torch.searchsorted(key, torch.arange(n, device=device), right=True, out_int32=True)
+    return order // TOPK, ends, int((key < n).sum())
+
+
+def timed(fn, reps):
+    if not torch.cuda.is_available():  # the CPU smoke run (--small, TRITON_INTERPRET=1): one call, no timing
+        fn()
+        return float("nan")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="64,4096,8192")
+    ap.add_argument("--arms", default=".")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    global D, I, N_LOCAL, TOTAL
+    if args.small:
+        D, I, N_LOCAL, TOTAL = 64, 64, 4, 8
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    experts = stacks(device)
+    act = lambda gate, up: torch.nn.functional.silu(gate.clamp(max=LIMIT)) * up.clamp(-LIMIT, LIMIT)  # noqa: E731
+    default = dict(prefill_moe.CONFIG)
+    dequant.GPU_CHECKED = True  # this benchmark times the dense path with the dequant kernel
+    for T in (int(t) for t in args.tokens.split(",")):
+        x = torch.randn(T, D, device=device, dtype=torch.bfloat16)
+        src, ends, local_pairs = pairs(T, device)
+        flops = 2 * 3 * local_pairs * D * I
+        results = {}
+        rows = x.index_select(0, src)
+        ref = moe_prefill._dequantised(rows, ends, experts, act)
+        valid = torch.arange(src.shape[0], device=device) < ends[-1]
+        if re.search(args.arms, "dense"):
+            ms = timed(lambda: moe_prefill._dequantised(rows, ends, experts, act), args.reps)
+            ms_dq = timed(lambda: moe_prefill.dequant_stack([experts["w1"], experts["w3"]], torch.bfloat16), args.reps)
+            results["dense"] = ms
+            emit("PMOE", T=T, arm="dense", ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
+                 gate_up_dequant_ms=round(ms_dq, 3), local_pairs=local_pairs, max_rel_err=0.0)
+        for name, over in VARIANTS.items():
+            if not re.search(args.arms, name):
+                continue
+            prefill_moe.CONFIG.update(default)
+            prefill_moe.CONFIG.update(over)
+            run = lambda: prefill_moe.experts(x, src, ends, [experts[k] for k in ("w1", "w3", "w2")], LIMIT)  # noqa: E731
+            try:
+                y = run()
+                ms = timed(run, args.reps)
+            except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses is a result
+                emit("PMOE", T=T, arm=name, config=over, error=str(e)[:200])
+                continue
+            err = ((y - ref).float().abs()[valid].max() / ref.float().abs()[valid].max()).item()
+            results[name] = ms
+            emit("PMOE", T=T, arm=name, config=over, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
+                 block_m=prefill_moe.block_m(src.shape[0], N_LOCAL), max_rel_err=round(err, 5))
+        prefill_moe.CONFIG.update(default)
+        if results:
+            best = min(results, key=results.get)
+            emit("PMOE_BEST", T=T, arm=best, ms=round(results[best], 3))
+
+
+if __name__ == "__main__":
+    main()
