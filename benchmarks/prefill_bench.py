@@ -213,10 +213,10 @@ def main():
                     "the whole state: seconds at 128k)")
     ap.add_argument("--hf-sizes", type=int, nargs="+", default=None,
                     help=f"sizes HF runs (default: --sizes up to {LONG})")
-    ap.add_argument("--moe-dense-above", type=int, default=None,
-                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (with DSV4_KERNELS=triton)")
+    ap.add_argument("--moe-dense-above", type=int, default=prefill_moe.CONFIG["dense_above"],
+                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (-1: None, the FP4 kernel always)")
     args = ap.parse_args()
-    prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
+    prefill_moe.CONFIG["dense_above"] = None if args.moe_dense_above < 0 else args.moe_dense_above
     if args.eager_steps + args.graph_steps + 2 > ROOM:
         ap.error(f"--eager-steps + --graph-steps must leave room for the first token and the capture: "
                  f"at most {ROOM - 2}")

@@ -79,10 +79,10 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the records to this file")
-    ap.add_argument("--moe-dense-above", type=int, default=None,
-                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (with DSV4_KERNELS=triton)")
+    ap.add_argument("--moe-dense-above", type=int, default=prefill_moe.CONFIG["dense_above"],
+                    help="dsv4.kernels.prefill_moe.CONFIG['dense_above'] (-1: None, the FP4 kernel always)")
     args = ap.parse_args(argv)
-    prefill_moe.CONFIG["dense_above"] = args.moe_dense_above
+    prefill_moe.CONFIG["dense_above"] = None if args.moe_dense_above < 0 else args.moe_dense_above
     receipts = Receipts(args.out)
     model = dsv4.load(args.model or args.preset, device=args.device, ranks=args.ranks, seed=0)
     try:

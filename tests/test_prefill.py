@@ -413,6 +413,29 @@ def test_prefill_moe_dense_above_takes_the_dequantised_path(monkeypatch):
     assert torch.equal(got, grouped_experts(x, local, weights, experts, act, cfg.swiglu_limit))
 
 
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+def test_the_dense_path_is_chosen_only_where_the_dequant_kernel_runs(monkeypatch):
+    """By default (dense_above 0) FP4 stacks take the dequant kernel + grouped matmul when that kernel runs,
+    else prefill_moe's FP4 kernel (the torch dequantisation is the slow one); dense_above None: the FP4 kernel."""
+    pytest.importorskip("triton")
+    from dsv4.kernels import dequant, prefill_moe
+
+    from dsv4.model.moe_prefill import _dense_chosen
+
+    experts = fp4_stacks(4, 64, 64, torch.float8_e8m0fnu, seed=2)
+    x = torch.randn(20, 64)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    assert prefill_moe.CONFIG["dense_above"] == 0 and _dense_chosen(x, experts, 40, 4)
+    monkeypatch.setenv("DSV4_KERNELS", "auto")  # CPU tensors: the dequant kernel does not run in "auto"
+    assert not _dense_chosen(x, experts, 40, 4)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(prefill_moe.CONFIG, "dense_above", None)
+    assert not _dense_chosen(x, experts, 40, 4)
+    monkeypatch.setitem(prefill_moe.CONFIG, "dense_above", 10)
+    assert not _dense_chosen(x, experts, 40, 4) and _dense_chosen(x, experts, 41, 4)
+    assert dequant.GPU_CHECKED
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefill_moe_kernel_bf16_on_cuda_at_wider_shapes(monkeypatch):

@@ -29,12 +29,15 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 GPU_CHECKED = True  # session 5: its CUDA tests (against CUTLASS and the fp32 loop) and flash prefill at 4k-128k under DSV4_KERNELS=triton
-# Columns and inputs per program, warps, pipeline stages (the rows per tile follow the pairs per expert:
-# block_m). Untuned: a first choice for Flash's K 4096 / 2048 on sm_90. dense_above: with more (token,
-# expert) pairs per local expert than this (all ranks' pairs counted), the grouped path dequantises the
-# stacks and runs the grouped GEMM instead: each tile of rows unpacks its expert's bytes again, which for
-# long chunks may cost more than one dense copy (None: always this kernel; benchmarks set it to compare).
-CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "max_block_m": 64, "dense_above": None}
+# Columns and inputs per program, warps, pipeline stages, the most rows per tile (block_m follows the pairs
+# per expert). benchmarks/prefill_moe_bench.py on an H200 (session 6), Flash's 128 local experts at 4,096
+# tokens: 64/128/4/3 with 64 rows 23.1 ms, 128 rows 14.4 ms, 128 rows with K tiles of 64 and 4 stages 11.1 ms.
+# dense_above: with more (token, expert) pairs per local expert than this (all ranks' pairs counted), the
+# grouped path dequantises the stacks (dsv4.kernels.dequant) and runs torch._grouped_mm instead: each tile of
+# rows here unpacks its expert's bytes again, and the unpacking, not the products, bounds this kernel. The
+# same bench: the dense path 6.2 / 7.3 / 7.7 ms at 64 / 4,096 / 8,192 tokens, this kernel 7.0 / 11.1 / 20.5
+# at best, so 0 (always, where the dequant kernel runs: moe_prefill._dense_chosen); None: always this kernel.
+CONFIG = {"block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 4, "max_block_m": 128, "dense_above": 0}
 
 
 @device_function

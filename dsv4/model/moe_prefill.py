@@ -54,8 +54,7 @@ def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor,
     key = torch.where((local >= 0) & (local < n), local, n).flatten()
     key, order = torch.sort(key, stable=True)
     ends = torch.searchsorted(key, torch.arange(n, device=key.device), right=True, out_int32=True)
-    dense_above = prefill_moe.CONFIG["dense_above"]
-    if limit is not None and fused_runs(x, experts) and (dense_above is None or T * k <= dense_above * n):
+    if limit is not None and fused_runs(x, experts) and not _dense_chosen(x, experts, T * k, n):
         y = prefill_moe.experts(x, order // k, ends, [experts[name] for name in ("w1", "w3", "w2")], limit)
     else:
         y = _dequantised(x.index_select(0, order // k), ends, experts, act)
@@ -64,6 +63,20 @@ def grouped_experts(x: torch.Tensor, local: torch.Tensor, weights: torch.Tensor,
     y = torch.where((key < n).unsqueeze(-1), y, 0.0)
     back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
     return (y.index_select(0, back).view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+
+def _dense_chosen(x: torch.Tensor, experts: dict, pairs: int, n: int) -> bool:
+    """Whether the dequantised stacks and torch._grouped_mm run instead of the FP4 kernel: more pairs per local
+    expert than prefill_moe.CONFIG's dense_above, and the stacks dequantised by dsv4.kernels.dequant (the torch
+    dequantisation is ~10x slower: then the FP4 kernel). Flash on an H200 (session 6, prefill_moe_bench), one
+    layer's 128 local experts: at 4,096 tokens 7.3 ms dense against 11.1-23.1 ms in the FP4 kernel."""
+    dense_above = prefill_moe.CONFIG["dense_above"]
+    if dense_above is None or pairs <= dense_above * n:
+        return False
+    out = torch.empty(0, device=x.device)
+    return kernels.use_triton(out, gpu_checked=dequant.GPU_CHECKED) and all(
+        w.fmt == "fp4" and w.scale is not None and w.data.dim() == 3 and w.row0 == 0 and w.col0 == 0
+        for w in experts.values())
 
 
 def _dequantised(rows: torch.Tensor, ends: torch.Tensor, experts: dict, act) -> torch.Tensor:
