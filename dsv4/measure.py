@@ -24,9 +24,8 @@ from .profile import PREFIX, PHASES, marking
 def phase_breakdown(run_step, steps: int) -> dict:
     """Run `run_step()` `steps` times under the profiler -> {phase: {"us": per step, "kernels": per step}}.
 
-    A kernel belongs to the innermost phase range open on the host when it was launched (the profiler
-    attaches a kernel launched inside a torch op to that op, and one launched directly, as Triton's are, to
-    the range itself: both are counted); its time is its own GPU duration (a range's span on the GPU would also count the gaps, e.g. waiting for a
+    A kernel belongs to the innermost phase range open on the host when it was launched; its time is
+    its own GPU duration (a range's span on the GPU would also count the gaps, e.g. waiting for a
     peer in a collective). On CPU (no kernels) each phase gets the host time of the ops it ran.
     """
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -44,8 +43,7 @@ def phase_breakdown(run_step, steps: int) -> dict:
     starts = [r[0] for r in ranges]
     out = {p: {"us": 0.0, "kernels": 0} for p in PHASES + ("other",)}
     for e in events:
-        ranged = e.name.startswith(PREFIX)
-        if ranged and not cuda:
+        if e.name.startswith(PREFIX):
             continue
         if cuda:
             if not e.kernels:
@@ -55,8 +53,7 @@ def phase_breakdown(run_step, steps: int) -> dict:
             us, n = e.cpu_time_total, 0  # an op called from dsv4's code (its children are inside its time)
         else:
             continue
-        where = e.name[len(PREFIX):] if ranged else _innermost(ranges, starts, e.time_range.start, e.thread)
-        slot = out.setdefault(where, {"us": 0.0, "kernels": 0})
+        slot = out.setdefault(_innermost(ranges, starts, e.time_range.start, e.thread), {"us": 0.0, "kernels": 0})
         slot["us"] += us / steps
         slot["kernels"] += n / steps
     return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 1)} for k, v in out.items()}
@@ -343,8 +340,7 @@ def _attribute(events, cuda: bool) -> tuple[dict, dict]:
     phases: dict = {}
     kernels: dict = collections.defaultdict(lambda: (0.0, 0))
     for e in events:
-        ranged = e.name.startswith(PREFIX)
-        if ranged and not cuda:
+        if e.name.startswith(PREFIX):
             continue
         if cuda:
             parts = [(k.name, k.duration) for k in e.kernels]
@@ -354,7 +350,7 @@ def _attribute(events, cuda: bool) -> tuple[dict, dict]:
             continue
         if not parts:
             continue
-        where = e.name[len(PREFIX):] if ranged else _innermost(ranges, starts, e.time_range.start, e.thread)
+        where = _innermost(ranges, starts, e.time_range.start, e.thread)
         slot = phases.setdefault(where, {"us": 0.0, "kernels": 0})
         for name, us in parts:
             slot["us"] += us
