@@ -104,7 +104,7 @@ def bench_prefill(model, name, sizes, runs, long_runs, chunk, eager_steps, graph
              prefill_s_runs=[round(w, 4) for w in walls], rank0_peak_gib=round(max(peaks) / GIB, 2),
              gib_per_rank_after=[round(m / GIB, 2) for m in model.each("memory_allocated")],
              kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_dense_above=prefill_moe.CONFIG["dense_above"],
-             store_limit=os.environ.get("DSV4_PREFILL_STORE_LIMIT", "0"), logits_sha=model.logits_sha_all(state)[0],
+             store_limit=os.environ.get("DSV4_PREFILL_STORE_LIMIT", "1"), logits_sha=model.logits_sha_all(state)[0],
              **({"digests": model.digests_all(state)} if digest else {}))
         if n == max(sizes) and (eager_steps or graph_steps):
             decode_after(model, name, state, token, n, eager_steps, graph_steps)

@@ -9,6 +9,7 @@ hands on). Each arm is timed with CUDA events (median of --reps after a warm-up)
 path's output (max relative error). Records (dsv4.receipts):
   PMOE       T, arm, config, ms, TFLOPS (the pairs' 3 products), max_rel_err against the dense path
   PMOE_BEST  T, the fastest arm
+  PMOE_DEQUANT  (--dequant) one layer's gate|up stacks dequantised per dequant.CONFIG: ms, GB/s, bit_equal
 """
 
 from __future__ import annotations
@@ -34,6 +35,35 @@ VARIANTS = {  # prefill_moe.CONFIG overrides
     "bm64_n128_w8": {"block_n": 128, "num_warps": 8},
     "bm128_n64_k64_w4_s4": {"max_block_m": 128, "block_k": 64, "num_stages": 4},
 }
+
+
+DEQUANT_VARIANTS = {  # dequant.CONFIG overrides
+    "dq_base": {}, "dq_r32_b128": {"block_r": 32, "block_b": 128}, "dq_r16_b256": {"block_r": 16, "block_b": 256},
+    "dq_r32_b256_w8": {"block_r": 32, "block_b": 256, "num_warps": 8}, "dq_r64_b128_w8": {"block_r": 64, "block_b": 128, "num_warps": 8},
+    "dq_r8_b512": {"block_r": 8, "block_b": 512},
+}
+
+
+def dequant_sweep(experts, reps):
+    """One layer's gate|up stacks dequantised under each dequant.CONFIG: ms, GB/s (bytes read + written), equal
+    to the default's output bit for bit."""
+    default = dict(dequant.CONFIG)
+    w = [experts["w1"], experts["w3"]]
+    ref = moe_prefill.dequant_stack(w, torch.bfloat16)
+    moved = sum(s.data.numel() + s.scale.numel() for s in w) + ref.numel() * ref.element_size()
+    for name, over in DEQUANT_VARIANTS.items():
+        dequant.CONFIG.update(default)
+        dequant.CONFIG.update(over)
+        try:
+            out = moe_prefill.dequant_stack(w, torch.bfloat16)
+            ms = timed(lambda: moe_prefill.dequant_stack(w, torch.bfloat16), reps)
+        except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses is a result
+            emit("PMOE_DEQUANT", arm=name, config=over, error=str(e)[:200])
+            continue
+        emit("PMOE_DEQUANT", arm=name, config=over, ms=round(ms, 3), gb_s=round(moved / ms / 1e6, 1),
+             bit_equal=bool(torch.equal(out, ref)))
+        del out
+    dequant.CONFIG.update(default)
 
 
 def stacks(device):
@@ -80,6 +110,7 @@ def main():
     ap.add_argument("--tokens", default="64,4096,8192")
     ap.add_argument("--arms", default=".")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dequant", action="store_true", help="also sweep dsv4.kernels.dequant's CONFIG")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     global D, I, N_LOCAL, TOTAL
@@ -90,6 +121,8 @@ def main():
     act = lambda gate, up: torch.nn.functional.silu(gate.clamp(max=LIMIT)) * up.clamp(-LIMIT, LIMIT)  # noqa: E731
     default = dict(prefill_moe.CONFIG)
     dequant.GPU_CHECKED = True  # this benchmark times the dense path with the dequant kernel
+    if args.dequant:
+        dequant_sweep(experts, args.reps)
     for T in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(T, D, device=device, dtype=torch.bfloat16)
         src, ends, local_pairs = pairs(T, device)

@@ -11,7 +11,7 @@ fp32, so the output equals the reference bit for bit (for a scale byte of 0, 2**
 import torch
 
 from ..formats import QWeight
-from . import cdiv, launcher
+from . import cdiv, interpreting, launcher
 
 try:
     import triton.language as tl
@@ -21,7 +21,8 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 6: prefill_moe_bench's dense path through it equals the FP4 kernel's output (max
 # relative error 0 at Flash's shapes, 4,096 and 8,192 tokens); its CUDA test in benchmarks/gpu_s6_call6.sh
-BLOCK_R, BLOCK_B = 16, 64  # rows x packed bytes per program
+# Rows x packed bytes per program, warps (benchmarks/prefill_moe_bench.py --dequant sweeps them).
+CONFIG = {"block_r": 16, "block_b": 64, "num_warps": 4}
 
 
 def _fp4_dequant_kernel(w_ptr, s_ptr, out_ptr, ROWS, R, out_e_stride, out_r_stride,
@@ -62,7 +63,10 @@ def dequant_into(w: QWeight, out: torch.Tensor) -> torch.Tensor:
     n, R, KB = w.data.shape
     data = w.data.view(torch.uint8)
     scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
-    launcher(_fp4_dequant_kernel, data)[(cdiv(n * R, BLOCK_R), cdiv(KB, BLOCK_B))](
+    c = CONFIG
+    options = {} if interpreting() else {"num_warps": c["num_warps"]}
+    launcher(_fp4_dequant_kernel, data)[(cdiv(n * R, c["block_r"]), cdiv(KB, c["block_b"]))](
         data, scale, out, n * R, R, out.stride(0), out.stride(1),
-        KB=KB, S_STRIDE=scale.shape[-1], E8M0=scale.dtype == torch.uint8, BLOCK_R=BLOCK_R, BLOCK_B=BLOCK_B)
+        KB=KB, S_STRIDE=scale.shape[-1], E8M0=scale.dtype == torch.uint8, BLOCK_R=c["block_r"],
+        BLOCK_B=c["block_b"], **options)
     return out

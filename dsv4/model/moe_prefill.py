@@ -74,7 +74,9 @@ def _dense_chosen(x: torch.Tensor, experts: dict, pairs: int, n: int) -> bool:
     if dense_above is None or pairs <= dense_above * n:
         return False
     out = torch.empty(0, device=x.device)
-    return kernels.use_triton(out, gpu_checked=dequant.GPU_CHECKED) and all(
+    # The grouped matmul must run without a host read (bf16 on CUDA): a chunk stays capturable.
+    dense_mm = _grouped_mm_runs(x, torch.empty(0, 8, x.shape[-1], dtype=x.dtype, device=x.device))
+    return dense_mm and kernels.use_triton(out, gpu_checked=dequant.GPU_CHECKED) and all(
         w.fmt == "fp4" and w.scale is not None and w.data.dim() == 3 and w.row0 == 0 and w.col0 == 0
         for w in experts.values())
 
