@@ -228,7 +228,7 @@ def cmd_serve(args) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with _model(args) as model:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
-                        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+                        max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, prefill_chunk=args.prefill_chunk,
                         api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture)
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world})", file=sys.stderr, flush=True)
@@ -307,6 +307,9 @@ def main(argv=None) -> int:
                     help="sequences decoding at once (each holds a preallocated state of --max-model-len tokens)")
     sv.add_argument("--max-waiting", type=int, default=64,
                     help="requests that may wait for a sequence slot; beyond it: 429 with Retry-After")
+    sv.add_argument("--prefill-chunk", type=int, default=None,
+                    help="prompt tokens prefilled per scheduler round (the running sequences step between rounds; "
+                         "default: the model's prefill chunk for --max-model-len, 4096 on Flash)")
     sv.add_argument("--api-key", default=None,
                     help="require `Authorization: Bearer KEY` on every route but /health (unset: $DSV4_API_KEY)")
     sv.add_argument("--precapture", action=argparse.BooleanOptionalAction, default=True,
