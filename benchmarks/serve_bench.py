@@ -10,7 +10,10 @@ seconds. Prints one record per line, `TAG {json}`:
   REQUEST  per request: ttft_s (request sent -> first streamed token), tpot_s (time per output token
            after the first), completion tokens, e2e_s
   LEVEL    per concurrency: aggregate tok/s (completion tokens / wall time of the level), ttft and
-           tpot percentiles, errors
+           tpot percentiles as the client saw them, errors; server_ttft_mean_s / server_tpot_mean_s: the
+           server's own means over the level (GET /metrics), which count every sampled token (a random
+           checkpoint's tokens often spell nothing, and an empty delta is not streamed, so the client's
+           ttft is then its first non-empty text and its tpot misses tokens)
   IDENTITY request i has the same prompt and seed at every level: its text must be the same alone and
            among others (exit 1 when not)
 
@@ -81,6 +84,33 @@ def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: in
             "text_sha": hashlib.sha256("".join(pieces).encode()).hexdigest()[:16]}
 
 
+def server_times(url: str) -> dict[str, float]:
+    """The server's own histogram sums and counts (GET /metrics): time to first token and time per output token,
+    as the scheduler measures them per sampled token. The client's view misses tokens whose text is empty (random
+    weights draw many ids the tokenizer spells as nothing, and empty deltas are not streamed)."""
+    import urllib.request
+
+    base = url.rsplit("/v1", 1)[0]
+    text = urllib.request.urlopen(base + "/metrics", timeout=30).read().decode()
+    out = {}
+    for name in ("dsv4_time_to_first_token_seconds", "dsv4_time_per_output_token_seconds"):
+        for part in ("sum", "count"):
+            found = re.search(rf"^{name}_{part}{{[^}}]*}} (\S+)$", text, re.M)
+            out[f"{name}_{part}"] = float(found.group(1)) if found else 0.0
+    return out
+
+
+def server_means(before: dict, after: dict) -> dict:
+    means = {}
+    for key, name in (("server_ttft_mean_s", "dsv4_time_to_first_token_seconds"),
+                      ("server_tpot_mean_s", "dsv4_time_per_output_token_seconds")):
+        count = after[f"{name}_count"] - before[f"{name}_count"]
+        means[key] = round((after[f"{name}_sum"] - before[f"{name}_sum"]) / count, 5) if count else None
+    tpot = means["server_tpot_mean_s"]
+    means["server_decode_tok_s_per_sequence"] = round(1 / tpot, 1) if tpot else None
+    return means
+
+
 def pct(values: list[float], q: float) -> float | None:
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -88,7 +118,7 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 5)
 
 
-def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -> list[dict]:
+def run_level(client, model, args, concurrency: int, prompts: list[list[int]], url: str) -> list[dict]:
     total = args.requests or 2 * concurrency
     deadline = time.monotonic() + args.level_timeout
     lock, issued, records, errors = threading.Lock(), [0], [], []
@@ -110,6 +140,7 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -
             with lock:
                 records.append({"index": i, **rec})
 
+    before = server_times(url)
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
@@ -117,6 +148,7 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    server = server_means(before, server_times(url))
     tokens = sum(r["completion_tokens"] for r in records)
     emit("LEVEL", concurrency=concurrency, requests=len(records), errors=len(errors), first_error=errors[:1],
          wall_s=round(wall, 3), completion_tokens=tokens, aggregate_tok_s=round(tokens / wall, 2),
@@ -124,7 +156,7 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]]) -
          if records else None,
          ttft_p50_s=pct([r["ttft_s"] for r in records], 0.5), ttft_p90_s=pct([r["ttft_s"] for r in records], 0.9),
          tpot_p50_s=pct([r["tpot_s"] for r in records], 0.5), tpot_p90_s=pct([r["tpot_s"] for r in records], 0.9),
-         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timed_out=time.monotonic() > deadline)
+         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timed_out=time.monotonic() > deadline, **server)
     return records
 
 
@@ -169,7 +201,7 @@ def main():
         rng = random.Random(0)
         prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
         one_request(client, model, prompts[0], 4, seed=0)  # warm-up: first-call costs stay out of the levels
-        levels = {c: run_level(client, model, args, c, prompts) for c in args.levels}
+        levels = {c: run_level(client, model, args, c, prompts, url) for c in args.levels}
         if not identity(levels):
             raise SystemExit(1)
     finally:
