@@ -77,9 +77,13 @@ def stacks(device):
     return {"w1": fp4(I, D), "w3": fp4(I, D), "w2": fp4(D, I)}
 
 
-def pairs(T, device):
+def routing(T, device):
     g = torch.Generator(device=device).manual_seed(T)
-    ids = torch.rand(T, TOTAL, generator=g, device=device).argsort(dim=-1)[:, :TOPK]
+    return torch.rand(T, TOTAL, generator=g, device=device).argsort(dim=-1)[:, :TOPK]
+
+
+def pairs(T, device):
+    ids = routing(T, device)
     local = ids  # this rank holds experts 0..127
     n = N_LOCAL
     key = torch.where((local >= 0) & (local < n), local, n).flatten()
@@ -107,7 +111,7 @@ def timed(fn, reps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", default="64,4096,8192")
+    ap.add_argument("--tokens", default="16,64,128,256,4096")
     ap.add_argument("--arms", default=".")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dequant", action="store_true", help="also sweep dsv4.kernels.dequant's CONFIG")
@@ -137,6 +141,25 @@ def main():
             results["dense"] = ms
             emit("PMOE", T=T, arm="dense", ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
                  gate_up_dequant_ms=round(ms_dq, 3), local_pairs=local_pairs, max_rel_err=0.0)
+        if re.search(args.arms, "pairs"):  # the decode kernels, a GEMV row per (token, expert) pair
+            from dsv4.kernels import moe as fused_moe
+
+            ids = routing(T, device)
+            w = torch.rand(T, TOPK, device=device).to(torch.bfloat16)
+            w = torch.where(ids < N_LOCAL, w, 0)
+            run = lambda: fused_moe.routed(x, ids, w, [experts[k] for k in ("w1", "w3", "w2")], 0, LIMIT)  # noqa: E731
+            y = run()
+            ms = timed(run, args.reps)
+            mine = ids < N_LOCAL
+            key = torch.where(mine, ids, N_LOCAL).flatten()
+            key, order = torch.sort(key, stable=True)
+            back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
+            want = (torch.where((key < N_LOCAL).unsqueeze(-1), ref, 0.0).index_select(0, back).view(T, TOPK, -1)
+                    * w.unsqueeze(-1)).sum(dim=1)
+            err = ((y - want).float().abs().max() / want.float().abs().max()).item()
+            results["pairs"] = ms
+            emit("PMOE", T=T, arm="pairs", ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
+                 max_rel_err=round(err, 5))
         for name, over in VARIANTS.items():
             if not re.search(args.arms, name):
                 continue

@@ -457,3 +457,58 @@ def test_prefill_moe_kernel_bf16_on_cuda_at_wider_shapes(monkeypatch):
     assert torch.equal(a, b)
     assert float((a.float() - cutlass.float()).abs().max()) <= 2 ** -7 * float(cutlass.float().abs().max())
     assert float((a.float().cpu() - loop).abs().max()) <= 2 ** -6 * float(loop.abs().max())
+
+
+@needs_kernels
+@pytest.mark.parametrize("device", [pytest.param(KERNEL_DEVICE, marks=[pytest.mark.slow] if KERNEL_DEVICE == "cpu" else [])])
+@torch.inference_mode()
+def test_a_short_chunk_takes_the_pair_kernels_and_equals_single_steps(monkeypatch, device):
+    """tiny with FP4 experts, fp32, every kernel on: a prefill chunk of at most prefill_pair_tokens tokens runs
+    its routed experts through the decode kernels (a GEMV row per (token, expert) pair) in every MoE layer, and
+    its logits are those of single decode steps within TOL. (On CPU the interpreter's minutes: the slow set; the
+    routing choice itself is tested by test_short_chunks_choose_the_pair_kernels.)"""
+    pytest.importorskip("triton")
+    from dsv4.checkpoint.init import random_weights
+    from dsv4.checkpoint.synth import written_config
+    from dsv4.engine import Model
+    from dsv4.kernels import moe as fused_moe
+    from dsv4.model.forward import Transformer
+    from dsv4.parallel import Comm
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    cfg = written_config(dsv4.config.preset("tiny"), "fp8")
+    dev = device
+    weights = random_weights(cfg, device=dev, dtype=torch.float32, seed=3)
+    model = Model(cfg, Transformer(cfg, weights, Comm(cfg.num_hidden_layers, dev), dev, torch.float32))
+    stream = ids(12, seed=5)
+    state = model.new_state(16)
+    ref = [model.decode(state, t) for t in stream]
+    calls = []
+    kernel = fused_moe.routed
+    monkeypatch.setattr(fused_moe, "routed", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    assert len(stream) <= fused_moe.CONFIG["prefill_pair_tokens"]
+    logits = model.prefill(model.new_state(16), stream, chunk_size=len(stream))
+    assert calls == [len(stream)] * cfg.num_hidden_layers
+    assert rel(logits, ref[-1]) <= TOL
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
+def test_short_chunks_choose_the_pair_kernels(monkeypatch):
+    """moe.routed on a prefill chunk: at most prefill_pair_tokens rows take the decode kernels (kernels on), more
+    rows the grouped path; with the kernels off ("auto" on CPU) the torch reference's choice is unchanged."""
+    pytest.importorskip("triton")
+    from dsv4.kernels import moe as fused_moe
+    from dsv4.model import moe_prefill
+
+    cfg = dsv4.config.preset("tiny")
+    experts = fp4_stacks(4, 64, 64, torch.float8_e8m0fnu, seed=2)
+    taken = []
+    monkeypatch.setattr(fused_moe, "routed", lambda x, *a: taken.append(("pairs", x.shape[0])) or x)
+    monkeypatch.setattr(moe_prefill, "grouped_experts", lambda x, *a: taken.append(("grouped", x.shape[0])) or x)
+    monkeypatch.setattr(moe, "grouped_experts", moe_prefill.grouped_experts)
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 16)
+    for T, kernels_on in ((16, True), (17, True), (16, False)):
+        monkeypatch.setenv("DSV4_KERNELS", "triton" if kernels_on else "auto")
+        local, weights = routing(T, 2, 4, seed=1)
+        moe.routed(torch.randn(T, 64), local, weights, experts, 0, cfg)
+    assert taken == [("pairs", 16), ("grouped", 17), ("grouped", 16)]

@@ -44,8 +44,11 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # benchmarks/qgemv_bench.py and benchmarks/moe_bench.py sweep them. The shared expert's gate/up has few rows
 # (I / ranks) and no routing: narrower programs fill the SMs; its split-K 4 (session 6, moe_bench on an H200:
 # Flash's shared gate/up at 1 row 12.0 -> 6.4 us, bits equal to the unsplit launch at 1 and 4 rows).
-CONFIG = {"gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4, "block_k_fp4": 1024, "block_k_fp8": 512,
-          "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False}
+# prefill_pair_tokens: prefill chunks of at most this many tokens take these kernels too (dsv4.model.moe.routed),
+# one row per (token, expert) pair: on Flash a 64-token chunk's grouped paths cost 6-7 ms per layer, for their
+# unpacking of the layer's experts whole (benchmarks/prefill_moe_bench.py, session 6).
+CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
+          "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False}
 
 
 def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,

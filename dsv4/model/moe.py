@@ -90,10 +90,15 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     weights = torch.where(mine, weights, 0.0).to(x.dtype)
     limit = cfg.swiglu_limit
     alone = rows_per_weight(x) == 1
+    stacks = [experts[name] for name in ("w1", "w3", "w2")]
+    if not alone and T <= fused_moe.CONFIG["prefill_pair_tokens"] and fused_moe.supported(x, stacks, 1) \
+            and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+        # A short prefill chunk: the decode kernels, one GEMV row per (token, expert) pair, read each pair's
+        # expert once; the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
+        return fused_moe.routed(x, ids, weights, stacks, first, limit)
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
-        stacks = [experts[name] for name in ("w1", "w3", "w2")]
         if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
             # Two launches on the stored bytes; experts of other ranks are skipped unread.
             return fused_moe.routed(x, ids, weights, stacks, first, limit)
