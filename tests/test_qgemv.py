@@ -133,6 +133,45 @@ def test_v2_fused_sum_bit_identical(monkeypatch, device, fmt, N, K):
                 assert not qgemv.tickets_for(1, x.device).any()
 
 
+@pytest.mark.parametrize("device,fmt,splits", per_device(
+    [("fp8", 1), ("fp8", 3), ("fp4", 1), ("fp4", 3)], slow_on_cpu=[("fp8", 1), ("fp4", 3)]))
+def test_v2_rows_each_row_alone(monkeypatch, device, fmt, splits):
+    """v2_rows 8 (a program reads each weight tile once for up to 8 rows): every row of B = 1, 3, 8, 11 rows (a
+    group, one with a repeated row, a full one, two groups) has the bits of that row launched alone one row per
+    program (v2_rows 1), bit for bit: FP8 (a row slice starting inside a scale block; and the grouped wo_a) and
+    FP4, N not a whole number of row blocks, K not a whole number of tiles, split-K off or 3 with the splits
+    summed in the launch (tickets back at 0) or in a second one; fp32 outputs (and bf16 ones)."""
+    for key, value in {**V2, "v2_split_k": splits}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(splits)
+    if fmt == "fp8":
+        full = quantised("fp8", 84, 384, g)
+        cases = [(QWeight(full.data[64:].contiguous(), full.scale.contiguous(), "fp8", 64, 0), qgemv.linear, 384,
+                  torch.float32),
+                 (quantised("fp8", 2 * 16, 256, g), lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]
+    else:
+        cases = [(quantised("fp4", 20, 160, g), qgemv.linear, 160, torch.float32)]
+    for w, fn, K, dtype in cases:  # fp32 outputs show every bit of the sums
+        w = w.to(device)
+        x = torch.randn(11, K, generator=g).to(dtype).to(device)
+        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 1)
+        alone = [fn(x[r:r + 1], w) for r in range(11)]
+        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 8)
+        for B in (1, 3, 8, 11):
+            for fused in ((False, True) if splits > 1 else (True,)):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                got = fn(x[:B], w)
+                for r in range(B):
+                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
+                assert not qgemv.tickets_for(1, x.device).any()
+
+
+def test_v2_rows_per_program():
+    """All rows of a launch up to the cap, as a power of two."""
+    assert [qgemv.rows_per_program(rows, 8) for rows in (1, 2, 3, 5, 8, 11, 32)] == [1, 2, 4, 8, 8, 8, 8]
+    assert qgemv.rows_per_program(3, 1) == 1 and qgemv.rows_per_program(16, 16) == 16
+
+
 def test_v2_fused_sum_tickets(monkeypatch):
     """The tickets are one buffer per device, made outside a capture; a launch needing more (or a capture
     before the buffer exists) sums in a second launch instead."""
