@@ -77,8 +77,8 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, totals[i].to(y_ptr.dtype.element_ty), mask=n_ok)
     elif FUSED_SUM:
-        _reduce_splits(totals, rs, p_ptr, y_ptr, tickets_ptr + tl.program_id(0) * tl.num_programs(1) + nb, split, n, N,
-                       SPLITS)
+        ticket = tickets_ptr + tl.program_id(0) * tl.num_programs(1) + nb
+        _reduce_splits(totals, tl.program_id(0), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         for i in tl.static_range(ROWS):
             tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)

@@ -250,8 +250,8 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
     elif FUSED_SUM:
-        _reduce_splits(accs, rs, p_ptr, y_ptr, tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb, split, n, N,
-                       SPLITS)
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
+        _reduce_splits(accs, tl.program_id(2), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         for i in tl.static_range(ROWS):
             tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, accs[i], mask=n < N)
@@ -259,7 +259,8 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
 
 @device_function
 def _group_rows(group, rows, ROWS: constexpr):
-    """The int64 rows of a program's group: group * ROWS + i, past the last row that last row again."""
+    """The int64 rows of a program's group: group * ROWS + i, past the last row that last row again (as
+    _reduce_splits)."""
     rs = ()
     for i in tl.static_range(ROWS):
         rs = rs + (tl.minimum(group * ROWS + i, rows - 1).to(tl.int64),)
@@ -267,24 +268,28 @@ def _group_rows(group, rows, ROWS: constexpr):
 
 
 @device_function
-def _reduce_splits(accs, rs, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
-    """Store this split's fp32 partials of outputs n of rows rs (accs[i] of row rs[i]); the program that finishes
-    the (row group, row block) last sums each row's SPLITS partials in ascending split order (as
-    _sum_splits_kernel: the same bits whichever program came last), writes y in its dtype and puts the ticket
-    back to 0 for the next launch. A row repeated in rs stores the same bits twice.
+def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
+    """Store this split's fp32 partials of outputs n of the rows of the group (accs[i] of its row i, as
+    _group_rows); the program that finishes the (group, row block) last sums each row's SPLITS partials in
+    ascending split order (as _sum_splits_kernel: the same bits whichever program came last), writes y in its
+    dtype and puts the ticket back to 0 for the next launch. A row repeated in the group stores the same bits
+    twice. The rows are summed in a loop (not unrolled): SPLITS loads per row of code, not per row of the group.
 
     The barrier makes every thread's partials stored before the ticket's release; the reducer's loads go
     to L2 (.cg): L1 is not coherent across SMs and could hold stale lines of the workspace."""
+    ROWS: constexpr = len(accs)
     ok = n < N
-    for i in tl.static_range(len(rs)):
+    rs = _group_rows(group, rows, ROWS)
+    for i in tl.static_range(ROWS):
         tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, accs[i], mask=ok)
     tl.debug_barrier()
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        for i in tl.static_range(len(rs)):
-            total = tl.zeros_like(accs[i])
+        for j in range(ROWS):  # a loop variable of its own: static_range's i is a constexpr
+            r = tl.minimum(group * ROWS + j, rows - 1).to(tl.int64)
+            total = tl.zeros_like(accs[0])
             for sp in tl.static_range(SPLITS):
-                total += tl.load(p_ptr + (rs[i] * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + rs[i] * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
+                total += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
         tl.store(ticket_ptr, 0)
 
 
