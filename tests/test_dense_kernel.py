@@ -117,6 +117,14 @@ def test_tiling_depends_on_the_weight_alone():
     assert dense_kernel.tiling(24, 16384, FP32) == (256, 256, 64)  # the mix
 
 
+def test_program_rows():
+    """Up to 8 rows per program, as a power of two; 2 where each row carries a [16, 512] fp32 tile over several
+    K tiles (Flash's head slice: 64 registers per thread each), 4 for fp32 weights' [16, 256] tiles."""
+    assert [dense_kernel.program_rows(rows, 512, 512) for rows in (1, 3, 8, 16)] == [1, 4, 8, 8]
+    assert [dense_kernel.program_rows(rows, 512, 4096) for rows in (1, 3, 8, 16)] == [1, 2, 2, 2]
+    assert dense_kernel.program_rows(16, 256, 1024) == 4
+
+
 @pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
 def test_dispatch(monkeypatch):
     """rows.dense: "auto" keeps cuBLAS while GPU_CHECKED is False (and on CPU); "triton" runs the kernel

@@ -4,14 +4,17 @@ In the official checkpoint the compressors' wkv/wgate, the indexer's weights_pro
 the router gate and the head are bf16, and mHC's mix multiplies by the fp32 hc_fn. cuBLAS picks its
 GEMM kernel (and so each row's sum order) by the number of rows, so a batched decode step ran these
 row by row (dsv4.model.rows): one launch per row and per weight. Here one launch computes every row,
-each on its own: program (row, N block, K split) sums BLOCK_N outputs of one row over one K chunk in
+each on its own: program (row group, N block, K split) sums BLOCK_N outputs of each row over one K chunk in
 fp32, and the K split depends on (N, K) alone; with several splits, fp32 partials are added in
 ascending split order by a second launch (qgemv's split sum) or, with CONFIG["fused_sum"], by the last
-program of the (row, N block) to finish (qgemv's ticket reduce; the same bits, deterministic, no float
+program of the (row group, N block) to finish (qgemv's ticket reduce; the same bits, deterministic, no float
 atomics). A row's bits therefore do not depend on how many rows share the launch.
 
-Rows are the fastest grid axis: the programs of all rows that read one weight tile are launched
-together, so the tile comes from HBM once and from L2 for the other rows.
+A program computes up to CONFIG["rows"] rows (program_rows): it loads each weight tile once and applies it
+to each row in turn with that row's own operations (the ones a program of that row alone runs, on the same
+tile layout), so the bits stay the row's own. Row groups are the fastest grid axis: the programs of all
+groups that read one weight tile are launched together, so the tile comes from HBM once and from L2 for the
+other groups.
 
 W [N, K] bf16 or fp32, x [..., K] bf16 or fp32; the output has x's dtype (fp32 in, fp32 out).
 """
@@ -35,9 +38,11 @@ DTYPES = (torch.bfloat16, torch.float32)
 # Launch configuration (benchmarks/dense_bench.py sweeps it): outputs per program, the K tile in bytes
 # of weight per output row (bf16: 512 inputs, fp32: 256: 16-byte loads either way), warps, and the
 # K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed;
-# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM).
+# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM);
+# "rows": at most this many rows in one program, which reads each weight tile once for all of them (1: a program
+# per row), fewer where their accumulators would pass "acc_regs" registers per thread (program_rows).
 CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
-          "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": 8}
+          "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": 8, "acc_regs": 128}
 
 
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,
@@ -107,6 +112,18 @@ def tiling(N: int, K: int, weight_dtype: torch.dtype) -> tuple[int, int, int]:
     return block_k, k_chunk, cdiv(K, k_chunk)  # no split left without inputs
 
 
+def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
+    """Rows per program: up to CONFIG["rows"]; where a program's K chunk spans several tiles (each row's
+    [BLOCK_N, BLOCK_K] fp32 tile then lives across them), only as many as hold their tiles in CONFIG["acc_regs"]
+    registers per thread (sm_90 compiles: Flash's head slice, 8 tiles of [16, 512], at 2 rows 241 registers
+    and no spill, at 4 rows 680 bytes of spills, at 8 rows 9 KB). A row's bits do not depend on it."""
+    cap = CONFIG["rows"]
+    if k_chunk > block_k:
+        per_row = CONFIG["block_n"] * block_k // (32 * CONFIG["num_warps"])
+        cap = min(cap, 1 << (max(1, CONFIG["acc_regs"] // per_row).bit_length() - 1))
+    return rows_per_program(rows, cap)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype."""
     N, K = weight.shape
@@ -116,7 +133,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]
     blocks = cdiv(N, block_n)
-    per_program = rows_per_program(rows, CONFIG["rows"])
+    per_program = program_rows(rows, block_k, k_chunk)
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = qgemv.tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
