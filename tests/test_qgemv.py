@@ -452,6 +452,31 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/qgemv_bench.py --rows on `tiny` widths through the interpreter (timings faked): every arm
+    within tolerance and row-exact, and the per-layer sums come out for each row count and arm."""
+    import json
+    import sys
+
+    import benchmarks.qgemv_bench as bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1 << 15)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^v2_rows(1|8)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
+    assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
+                           for r in records), records
+    sums = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV_ROWS ")]
+    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3) for v in ("v2_rows1", "v2_rows8")}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
 def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/moe_bench.py end to end on `tiny` widths through the interpreter (timings faked): every arm
     within tolerance of the reference, the compact and fused-sum arms bit-equal to their base, bytes counted."""
