@@ -172,6 +172,47 @@ def test_v2_rows_per_program():
     assert qgemv.rows_per_program(3, 1) == 1 and qgemv.rows_per_program(16, 16) == 16
 
 
+@pytest.mark.slow  # ~3 min in the interpreter; the row tests above run in CI
+def test_quantised_tiny_batched_equals_solo_with_rows_per_program(monkeypatch, tmp_path):
+    """Through the model: the FP8 tiny checkpoint under DSV4_KERNELS=triton, where a batched step's 3 rows share
+    each FP8 linear's programs (v2_rows; a solo step runs one row per program): each row's tokens and committed
+    bytes are its sequence's solo ones, step by step."""
+    import dsv4
+    from dsv4 import SamplingParams
+    from dsv4.checkpoint.synth import synth
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load(synth(preset("tiny"), tmp_path / "tiny", seed=3, quant="fp8"), device=DEVICES[0],
+                      tokenizer="stand-in")
+    launched = []
+    real = qgemv._launch2
+    monkeypatch.setattr(qgemv, "_launch2", lambda x, w, y, rows, experts, *a: launched.append(
+        (rows, experts is None)) or real(x, w, y, rows, experts, *a))
+    prompts, samplings = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3, 4]], [SamplingParams(temperature=t, seed=i)
+                                                                        for i, t in enumerate([1.0, 0.0, 1.3])]
+
+    def prefilled(i):
+        state = model.new_state(32)
+        model.prefill(state, prompts[i][:-1])
+        return state
+
+    solos = []
+    for i in range(3):
+        state, token, out = prefilled(i), prompts[i][-1], []
+        for _ in range(2):
+            token = model.step(state, token, samplings[i])
+            out.append((token, state.digest()))
+        solos.append(out)
+    rows = [2, 0, 1]
+    states, tokens = [prefilled(i) for i in rows], [prompts[i][-1] for i in rows]
+    launched.clear()
+    for step in range(2):
+        tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
+    assert (3, True) in launched  # the FP8 linears took the batch's rows in one launch
+
+
 def test_v2_fused_sum_tickets(monkeypatch):
     """The tickets are one buffer per device, made outside a capture; a launch needing more (or a capture
     before the buffer exists) sums in a second launch instead."""
