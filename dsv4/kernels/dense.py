@@ -42,7 +42,8 @@ DTYPES = (torch.bfloat16, torch.float32)
 # "rows": at most this many rows in one program, which reads each weight tile once for all of them (1: a program
 # per row), fewer where their accumulators would pass "acc_regs" registers per thread (program_rows).
 CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
-          "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": 8, "acc_regs": 128}
+          "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": qgemv.CONFIG["v2_rows"],
+          "acc_regs": 128}
 
 
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,

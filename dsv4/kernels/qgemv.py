@@ -59,11 +59,13 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # splits are summed by the last program of each row block instead of a second launch (same bits; on since
 # session 6: flash decode 84.0 -> 90.0 tok/s, replay tests passed; DSV4_FUSED_SPLIT_SUM=0 keeps two launches);
 # "v2_rows": at most this many rows that share a weight (not the routed experts') are computed by one program,
-# which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way.
+# which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way
+# (DSV4_GEMV_ROWS sets it and dense's "rows").
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
-          "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1", "v2_rows": 8}
+          "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
+          "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8"))}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
