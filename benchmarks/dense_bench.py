@@ -46,6 +46,9 @@ VARIANTS = {  # dense_kernel.CONFIG overrides (tests/compile_kernels.py compiles
     "k512B": {"block_k_bytes": 512},
     "k2048B": {"block_k_bytes": 2048},
     "programs528": {"programs": 528},
+    "rows1": {"rows": 1},  # a program per row (the default: up to 8 rows per program, fewer on the head)
+    "rows16": {"rows": 16},
+    "rows16_acc256": {"rows": 16, "acc_regs": 256},  # more rows on the head's carried tiles (it spills)
 }
 L2_DEFEAT = 256 << 20
 MAX_COPIES = 256

@@ -22,6 +22,10 @@ Prints:
   QGEMV_LAYER {...} per qgemv variant: one layer's quantised linears (each once) and routed + shared
     experts with the variant's MoE path, summed
   QGEMV_BEST {...} per shape: the fastest variant within tolerance
+With --rows 1,4,16,32 (only these arms): a batched decode step's rows on each FP8 linear, one program per row
+against v2_rows rows per program (ROWS_VARIANTS), each checked row by row against that row alone (rows_exact):
+  QGEMV {..., "rows", "rows_exact"} per shape ("wq_a x16"), rows and variant
+  QGEMV_ROWS {"rows", "variant", "us", "fraction", ...}: one layer's FP8 linears summed
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v2_fused_sum_programs528": {"kernel": "v2", "v2_fused_sum": True, "v2_programs": 528},
 }
 TWINS = {"v2_fused_sum": "v2_default", "v2_fused_sum_programs528": "v2_programs528"}  # variant -> same bits as
+ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per row or v2_rows per program
+    "v2_rows1": {"kernel": "v2", "v2_rows": 1},
+    "v2_rows8": {"kernel": "v2", "v2_rows": 8},
+    "v2_rows16": {"kernel": "v2", "v2_rows": 16},
+}
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
     "fused_n8": {"gate_up_block_n": 8, "down_block_n": 8},
@@ -308,6 +317,61 @@ def bench_moe(run: Runner, cfg, w: int):
                         "triton", (fused_moe.CONFIG, o), (qgemv.CONFIG, QGEMV_VARIANTS[v])), **s_info)
 
 
+def bench_rows(run: Runner, cfg, w: int, rows_list):
+    """A batched decode step's rows on each FP8 linear of one layer (attention's, the shared expert's: rows that
+    share the weight), per row count and ROWS_VARIANTS arm. Shape names carry the rows ("wq_a x16"); rows_exact:
+    every row equals that row launched alone at one row per program (v2_rows 1), bit for bit."""
+    groups = cfg.o_groups // w
+    for name, fmt, n, k, kind in dense_shapes(cfg, w):
+        if fmt == "bf16":
+            continue
+        one = random_weight(fmt, n, k)
+        nbytes = one.nbytes
+        copies = max(1, math.ceil(L2_DEFEAT / nbytes))
+        weights = [one] + [random_weight(fmt, n, k) for _ in range(copies - 1)]
+        calls = max(50, copies)
+        gx = groups if kind == "grouped" else 1
+
+        def product(x, wt):
+            return qgemv.grouped_linear(x, wt, gx) if kind == "grouped" else qgemv.linear(x, wt)
+
+        for rows in rows_list:
+            x = torch.randn(rows, k * gx, device=DEVICE, dtype=torch.bfloat16)
+            wt = one.dequant(torch.bfloat16)
+            if kind == "grouped":
+                expected = torch.einsum("tgi,goi->tgo", x.view(rows, gx, -1), wt.view(gx, n // gx, -1)).flatten(1)
+            else:
+                expected = F.linear(x, wt)
+            with configured(None, (qgemv.CONFIG, ROWS_VARIANTS["v2_rows1"])):
+                alone = torch.cat([product(x[r:r + 1], one) for r in range(rows)])
+            info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies, rows=rows)
+            for variant, overrides in ROWS_VARIANTS.items():
+                def context(o=overrides):
+                    return configured(None, (qgemv.CONFIG, o))
+                if not run.arms.search(variant):
+                    continue
+                with context():
+                    exact = torch.equal(product(x, one), alone)
+                run.arm(f"{name} x{rows}", variant, lambda i, x=x: product(x, weights[i % copies]), expected, nbytes,
+                        calls, context, rows_exact=exact, **info)
+        del weights
+
+
+def summarise_rows(run: Runner, cfg, w: int, rows_list):
+    """QGEMV_ROWS per rows and arm: one layer's FP8 linears (attention's and the shared expert's), each once."""
+    names = [name for name, fmt, *_ in dense_shapes(cfg, w) if fmt != "bf16"]
+    for rows in rows_list:
+        for variant in ROWS_VARIANTS:
+            arms = [run.times.get(f"{name} x{rows}", {}).get(variant) for name in names]
+            if None in arms:
+                continue
+            nbytes = sum(run.bytes[f"{name} x{rows}"] for name in names)
+            us = sum(arms)
+            emit("QGEMV_ROWS", rows=rows, variant=variant, us=round(us, 1), layer_bytes=nbytes,
+                 fraction=round(nbytes / (us * 1e-6) / run.bw, 3), world=w,
+                 scope="one layer on rank 0, a batched decode step: attention's and the shared expert's FP8 linears")
+
+
 ATTENTION = ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "indexer.wq_b")
 SHARED = ("shared.w1", "shared.w3", "shared.w2")
 
@@ -347,12 +411,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--arms", default=".", help="regex over variant names (e.g. 'torch|default')")
+    ap.add_argument("--rows", default="", help="row counts (e.g. 1,4,16,32): only the batched-step arms (ROWS_VARIANTS)")
     args = ap.parse_args()
     cfg, w = preset("flash"), args.world
     bw = bandwidth()
     emit("BANDWIDTH", bytes_per_s=bw, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
           scope="d2d copy of 2 GiB, read+written")
     run = Runner(bw, re.compile(args.arms))
+    if args.rows:
+        rows_list = [int(r) for r in args.rows.split(",")]
+        bench_rows(run, cfg, w, rows_list)
+        summarise_rows(run, cfg, w, rows_list)
+        return
     bench_dense(run, cfg, w)
     bench_moe(run, cfg, w)
     summarise(run, w)

@@ -254,14 +254,40 @@ for fused_sum in (False, True):
 qgemv.CONFIG.update(default)
 
 
-def dense_variants():
+def qgemv_rows_variants(rows, dtype=torch.bfloat16, scale_dtype=torch.float8_e8m0fnu, every=True):
+    """A batched decode step's rows sharing one weight: v2's programs of several rows (v2_rows), with split-K
+    (wq_a's shape); `every`: also without (an N wide enough), the grouped wo_a and an FP4 weight."""
+    x = torch.zeros(rows, 4096, dtype=dtype)
+    for n in (1024, 8192) if every else (1024,):
+        qgemv.linear(x, QWeight(torch.zeros(n, 4096, dtype=torch.float8_e4m3fn),
+                                torch.zeros(n // 128, 32, dtype=scale_dtype), "fp8"))
+    if every:
+        qgemv.grouped_linear(torch.zeros(rows, 8 * 512, dtype=dtype),
+                             QWeight(torch.zeros(8 * 128, 512, dtype=torch.float8_e4m3fn),
+                                     torch.zeros(8, 4, dtype=scale_dtype), "fp8"), 8)
+        qgemv.linear(x, QWeight(torch.zeros(2048, 2048, dtype=torch.int8), torch.zeros(2048, 128, dtype=scale_dtype),
+                                "fp4"))
+
+
+# 8 rows (the default cap); the benchmark's cap of 16, the other split sum and fp32 on the split shape (the
+# compiler's time grows with the rows: CI keeps to these)
+qgemv_rows_variants(8)
+for cfg, rows, dtype, scale_dtype in (({"v2_rows": 16}, 16, torch.bfloat16, torch.float8_e8m0fnu),
+                                      ({"v2_fused_sum": False}, 8, torch.bfloat16, torch.float8_e8m0fnu),
+                                      ({}, 8, torch.float32, torch.float32)):
+    qgemv.CONFIG.update(cfg)
+    qgemv_rows_variants(rows, dtype, scale_dtype, every=False)
+    qgemv.CONFIG.update(default)
+
+
+def dense_variants(rows=2, shapes=6):
     """Flash's dense products at decode: a compressor's wkv (bf16, split-K), a vocab slice wide enough
     for no split (bf16), the mHC mix (fp32, 64 splits), x and weight of either dtype, and a K that is
     not a whole number of tiles (the masked loads)."""
     for n, k, w_dtype, x_dtype in ((1024, 4096, torch.bfloat16, torch.bfloat16), (4224, 4096, torch.bfloat16, torch.bfloat16),
                                    (24, 16384, torch.float32, torch.float32), (64, 4096, torch.float32, torch.bfloat16),
-                                   (64, 4096, torch.bfloat16, torch.float32), (100, 300, torch.bfloat16, torch.bfloat16)):
-        dense.linear(torch.zeros(2, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype))
+                                   (64, 4096, torch.bfloat16, torch.float32), (100, 300, torch.bfloat16, torch.bfloat16))[:shapes]:
+        dense.linear(torch.zeros(rows, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype))
 
 
 # at the default tiles and at those benchmarks/dense_bench.py sweeps
@@ -270,6 +296,12 @@ for cfg in ({}, {"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes
             {"programs": 528}, {"fused_sum": True}):
     dense.CONFIG.update(cfg)
     dense_variants()
+    dense.CONFIG.update(default)
+# rows per program (CONFIG rows): 1 (a solo step), 8 (the default cap); the benchmark's cap of 16 and the other
+# split sum on the first three shapes (the compiler's time grows with the rows: CI keeps to these)
+for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"rows": 16}, 16, 3), ({"fused_sum": False}, 8, 3)):
+    dense.CONFIG.update(cfg)
+    dense_variants(rows, shapes)
     dense.CONFIG.update(default)
 
 

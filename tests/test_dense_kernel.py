@@ -88,17 +88,23 @@ def test_fused_sum_bit_identical(monkeypatch, device, N, K, x_dtype, w_dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [BF16, FP32])
 def test_rows_equal_each_row_alone(monkeypatch, config, device, dtype):
-    """B rows in one launch: each row's bits are the row's alone, for several B (the split never
-    depends on B)."""
+    """B = 1, 3, 8, 11 rows in one launch, up to 8 in one program (CONFIG rows): each row's bits are the row's
+    launched alone, one row per program (rows 1), with the splits summed in the launch or in a second one
+    (the split never depends on B)."""
     g = torch.Generator().manual_seed(3)
-    N, K = 72, 640
+    N, K = 20, 320
     w = torch.randn(N, K, generator=g).to(dtype).to(device)
-    x = torch.randn(9, K, generator=g).to(dtype).to(device)
-    alone = [dense_kernel.linear(x[r:r + 1], w) for r in range(9)]
-    for B in (2, 3, 5, 9):
-        got = dense_kernel.linear(x[:B], w)
-        for r in range(B):
-            assert torch.equal(got[r:r + 1], alone[r]), f"row {r} of {B}"
+    x = torch.randn(11, K, generator=g).to(dtype).to(device)
+    monkeypatch.setitem(dense_kernel.CONFIG, "rows", 1)
+    alone = [dense_kernel.linear(x[r:r + 1], w) for r in range(11)]
+    monkeypatch.setitem(dense_kernel.CONFIG, "rows", 8)
+    for B in (1, 3, 8, 11):
+        for fused in ((False, True) if config == "split_3" else (True,)):
+            monkeypatch.setitem(dense_kernel.CONFIG, "fused_sum", fused)
+            got = dense_kernel.linear(x[:B], w)
+            for r in range(B):
+                assert torch.equal(got[r:r + 1], alone[r]), f"row {r} of {B}"
+            assert not qgemv.tickets_for(1, x.device).any()
     # a row in another position of another batch: still its own bits
     assert torch.equal(dense_kernel.linear(x[[4, 0, 7]], w)[0:1], alone[4])
 
@@ -109,6 +115,14 @@ def test_tiling_depends_on_the_weight_alone():
     assert dense_kernel.tiling(1024, 4096, BF16) == (512, 512, 8)  # 64 N blocks x 8 splits
     assert dense_kernel.tiling(64, 4096, BF16) == (512, 512, 8)  # as many splits as K tiles
     assert dense_kernel.tiling(24, 16384, FP32) == (256, 256, 64)  # the mix
+
+
+def test_program_rows():
+    """Up to 8 rows per program, as a power of two; 2 where each row carries a [16, 512] fp32 tile over several
+    K tiles (Flash's head slice: 64 registers per thread each), 4 for fp32 weights' [16, 256] tiles."""
+    assert [dense_kernel.program_rows(rows, 512, 512) for rows in (1, 3, 8, 16)] == [1, 4, 8, 8]
+    assert [dense_kernel.program_rows(rows, 512, 4096) for rows in (1, 3, 8, 16)] == [1, 2, 2, 2]
+    assert dense_kernel.program_rows(16, 256, 1024) == 4
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")

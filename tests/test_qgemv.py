@@ -133,6 +133,86 @@ def test_v2_fused_sum_bit_identical(monkeypatch, device, fmt, N, K):
                 assert not qgemv.tickets_for(1, x.device).any()
 
 
+@pytest.mark.parametrize("device,fmt,splits", per_device(
+    [("fp8", 1), ("fp8", 3), ("fp4", 1), ("fp4", 3)], slow_on_cpu=[("fp8", 1), ("fp4", 3)]))
+def test_v2_rows_each_row_alone(monkeypatch, device, fmt, splits):
+    """v2_rows 8 (a program reads each weight tile once for up to 8 rows): every row of B = 1, 3, 8, 11 rows (a
+    group, one with a repeated row, a full one, two groups) has the bits of that row launched alone one row per
+    program (v2_rows 1), bit for bit: FP8 (a row slice starting inside a scale block; and the grouped wo_a) and
+    FP4, N not a whole number of row blocks, K not a whole number of tiles, split-K off or 3 with the splits
+    summed in the launch (tickets back at 0) or in a second one; fp32 outputs (and bf16 ones)."""
+    for key, value in {**V2, "v2_split_k": splits}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(splits)
+    if fmt == "fp8":
+        full = quantised("fp8", 84, 384, g)
+        cases = [(QWeight(full.data[64:].contiguous(), full.scale.contiguous(), "fp8", 64, 0), qgemv.linear, 384,
+                  torch.float32),
+                 (quantised("fp8", 2 * 16, 256, g), lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]
+    else:
+        cases = [(quantised("fp4", 20, 160, g), qgemv.linear, 160, torch.float32)]
+    for w, fn, K, dtype in cases:  # fp32 outputs show every bit of the sums
+        w = w.to(device)
+        x = torch.randn(11, K, generator=g).to(dtype).to(device)
+        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 1)
+        alone = [fn(x[r:r + 1], w) for r in range(11)]
+        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 8)
+        for B in (1, 3, 8, 11):
+            for fused in ((False, True) if splits > 1 else (True,)):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                got = fn(x[:B], w)
+                for r in range(B):
+                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
+                assert not qgemv.tickets_for(1, x.device).any()
+
+
+def test_v2_rows_per_program():
+    """All rows of a launch up to the cap, as a power of two."""
+    assert [qgemv.rows_per_program(rows, 8) for rows in (1, 2, 3, 5, 8, 11, 32)] == [1, 2, 4, 8, 8, 8, 8]
+    assert qgemv.rows_per_program(3, 1) == 1 and qgemv.rows_per_program(16, 16) == 16
+
+
+@pytest.mark.slow  # ~3 min in the interpreter; the row tests above run in CI
+def test_quantised_tiny_batched_equals_solo_with_rows_per_program(monkeypatch, tmp_path):
+    """Through the model: the FP8 tiny checkpoint under DSV4_KERNELS=triton, where a batched step's 3 rows share
+    each FP8 linear's programs (v2_rows; a solo step runs one row per program): each row's tokens and committed
+    bytes are its sequence's solo ones, step by step."""
+    import dsv4
+    from dsv4 import SamplingParams
+    from dsv4.checkpoint.synth import synth
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load(synth(preset("tiny"), tmp_path / "tiny", seed=3, quant="fp8"), device=DEVICES[0],
+                      tokenizer="stand-in")
+    launched = []
+    real = qgemv._launch2
+    monkeypatch.setattr(qgemv, "_launch2", lambda x, w, y, rows, experts, *a: launched.append(
+        (rows, experts is None)) or real(x, w, y, rows, experts, *a))
+    prompts, samplings = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [3, 4]], [SamplingParams(temperature=t, seed=i)
+                                                                        for i, t in enumerate([1.0, 0.0, 1.3])]
+
+    def prefilled(i):
+        state = model.new_state(32)
+        model.prefill(state, prompts[i][:-1])
+        return state
+
+    solos = []
+    for i in range(3):
+        state, token, out = prefilled(i), prompts[i][-1], []
+        for _ in range(2):
+            token = model.step(state, token, samplings[i])
+            out.append((token, state.digest()))
+        solos.append(out)
+    rows = [2, 0, 1]
+    states, tokens = [prefilled(i) for i in rows], [prompts[i][-1] for i in rows]
+    launched.clear()
+    for step in range(2):
+        tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
+    assert (3, True) in launched  # the FP8 linears took the batch's rows in one launch
+
+
 def test_v2_fused_sum_tickets(monkeypatch):
     """The tickets are one buffer per device, made outside a capture; a launch needing more (or a capture
     before the buffer exists) sums in a second launch instead."""
@@ -409,6 +489,31 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     assert {r["variant"] for r in records if r["shape"] == "experts.routed"} == {
         "torch_dequant_gemm", "qgemv_v2_default", "fused_default"}
     assert any(line.startswith("QGEMV_LAYER") and "moe_fused_us" in line for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
+    """benchmarks/qgemv_bench.py --rows on `tiny` widths through the interpreter (timings faked): every arm
+    within tolerance and row-exact, and the per-layer sums come out for each row count and arm."""
+    import json
+    import sys
+
+    import benchmarks.qgemv_bench as bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "L2_DEFEAT", 1 << 15)
+    monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
+    monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
+    monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^v2_rows(1|8)$"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
+    assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
+                           for r in records), records
+    sums = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV_ROWS ")]
+    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3) for v in ("v2_rows1", "v2_rows8")}
 
 
 @pytest.mark.slow

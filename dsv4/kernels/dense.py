@@ -4,14 +4,17 @@ In the official checkpoint the compressors' wkv/wgate, the indexer's weights_pro
 the router gate and the head are bf16, and mHC's mix multiplies by the fp32 hc_fn. cuBLAS picks its
 GEMM kernel (and so each row's sum order) by the number of rows, so a batched decode step ran these
 row by row (dsv4.model.rows): one launch per row and per weight. Here one launch computes every row,
-each on its own: program (row, N block, K split) sums BLOCK_N outputs of one row over one K chunk in
+each on its own: program (row group, N block, K split) sums BLOCK_N outputs of each row over one K chunk in
 fp32, and the K split depends on (N, K) alone; with several splits, fp32 partials are added in
 ascending split order by a second launch (qgemv's split sum) or, with CONFIG["fused_sum"], by the last
-program of the (row, N block) to finish (qgemv's ticket reduce; the same bits, deterministic, no float
+program of the (row group, N block) to finish (qgemv's ticket reduce; the same bits, deterministic, no float
 atomics). A row's bits therefore do not depend on how many rows share the launch.
 
-Rows are the fastest grid axis: the programs of all rows that read one weight tile are launched
-together, so the tile comes from HBM once and from L2 for the other rows.
+A program computes up to CONFIG["rows"] rows (program_rows): it loads each weight tile once and applies it
+to each row in turn with that row's own operations (the ones a program of that row alone runs, on the same
+tile layout), so the bits stay the row's own. Row groups are the fastest grid axis: the programs of all
+groups that read one weight tile are launched together, so the tile comes from HBM once and from L2 for the
+other groups.
 
 W [N, K] bf16 or fp32, x [..., K] bf16 or fp32; the output has x's dtype (fp32 in, fp32 out).
 """
@@ -20,7 +23,7 @@ import torch
 
 from . import cdiv, interpreting, launcher, next_pow2
 from . import qgemv
-from .qgemv import _reduce_splits
+from .qgemv import _group_rows, _reduce_splits, rows_per_program
 
 try:
     import triton.language as tl
@@ -35,42 +38,56 @@ DTYPES = (torch.bfloat16, torch.float32)
 # Launch configuration (benchmarks/dense_bench.py sweeps it): outputs per program, the K tile in bytes
 # of weight per output row (bf16: 512 inputs, fp32: 256: 16-byte loads either way), warps, and the
 # K split: doubled from 1 while the launch has fewer than "programs" programs per row (0), or fixed;
-# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM).
+# "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM);
+# "rows": at most this many rows in one program, which reads each weight tile once for all of them (1: a program
+# per row), fewer where their accumulators would pass "acc_regs" registers per thread (program_rows).
 CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
-          "fused_sum": qgemv.CONFIG["v2_fused_sum"]}
+          "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": qgemv.CONFIG["v2_rows"],
+          "acc_regs": 128}
 
 
-def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, K: constexpr, BLOCK_N: constexpr,
-                  BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr, FUSED_SUM: constexpr):
-    """Grid (rows, N blocks, SPLITS). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr
-    by the last program of the (row, N block) (FUSED_SUM) or by qgemv's _sum_splits_kernel after this launch."""
-    r = tl.program_id(0).to(tl.int64)
+def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,
+                  BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr, FUSED_SUM: constexpr,
+                  ROWS: constexpr):
+    """Grid (row groups, N blocks, SPLITS): a program reads its weight tile once for the ROWS rows of its group (the
+    last group's missing rows repeat its last row). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
+    y_ptr by the last program of the (row group, N block) (FUSED_SUM) or by qgemv's _sum_splits_kernel after this
+    launch."""
+    rs = _group_rows(tl.program_id(0), rows, ROWS)
     nb = tl.program_id(1)
     split = tl.program_id(2)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_rows = w_ptr + n.to(tl.int64)[:, None] * K
-    x_row = x_ptr + r * x_stride
+    xs = [x_ptr + r * x_stride for r in rs]
     k = split * K_CHUNK + tl.arange(0, BLOCK_K)
-    # Products add into a [BLOCK_N, BLOCK_K] tile, reduced across lanes once at the end (fewer shuffles per byte).
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # Products add into a [BLOCK_N, BLOCK_K] tile per row, reduced across lanes once at the end (fewer shuffles
+    # per byte); each row's tile gets the operations it gets alone.
+    accs = (tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32),) * ROWS
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k + k0
         if EVEN_K:
-            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
-            xv = tl.load(x_row + kk)
+            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
         else:
-            ok = kk < K
-            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok[None, :], other=0.0)
-            xv = tl.load(x_row + kk, mask=ok, other=0.0)
-        acc += wv.to(tl.float32) * xv.to(tl.float32)[None, :]
-    total = tl.sum(acc, axis=1)
+            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+        summed = ()
+        for i in tl.static_range(ROWS):
+            if EVEN_K:
+                xv = tl.load(xs[i] + kk)
+            else:
+                xv = tl.load(xs[i] + kk, mask=kk < K, other=0.0)
+            summed = summed + (accs[i] + wv * xv.to(tl.float32)[None, :],)
+        accs = summed
+    totals = [tl.sum(acc, axis=1) for acc in accs]
     if SPLITS == 1:
-        tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+        for i in tl.static_range(ROWS):
+            tl.store(y_ptr + rs[i] * N + n, totals[i].to(y_ptr.dtype.element_ty), mask=n_ok)
     elif FUSED_SUM:
-        _reduce_splits(total, p_ptr, y_ptr, tickets_ptr + r * tl.num_programs(1) + nb, r, split, n, N, SPLITS)
+        ticket = tickets_ptr + tl.program_id(0) * tl.num_programs(1) + nb
+        _reduce_splits(totals, tl.program_id(0), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
-        tl.store(p_ptr + (r * SPLITS + split) * N + n, total, mask=n_ok)
+        for i in tl.static_range(ROWS):
+            tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
@@ -96,6 +113,18 @@ def tiling(N: int, K: int, weight_dtype: torch.dtype) -> tuple[int, int, int]:
     return block_k, k_chunk, cdiv(K, k_chunk)  # no split left without inputs
 
 
+def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
+    """Rows per program: up to CONFIG["rows"]; where a program's K chunk spans several tiles (each row's
+    [BLOCK_N, BLOCK_K] fp32 tile then lives across them), only as many as hold their tiles in CONFIG["acc_regs"]
+    registers per thread (sm_90 compiles: Flash's head slice, 8 tiles of [16, 512], at 2 rows 241 registers
+    and no spill, at 4 rows 680 bytes of spills, at 8 rows 9 KB). A row's bits do not depend on it."""
+    cap = CONFIG["rows"]
+    if k_chunk > block_k:
+        per_row = CONFIG["block_n"] * block_k // (32 * CONFIG["num_warps"])
+        cap = min(cap, 1 << (max(1, CONFIG["acc_regs"] // per_row).bit_length() - 1))
+    return rows_per_program(rows, cap)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype."""
     N, K = weight.shape
@@ -105,12 +134,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]
     blocks = cdiv(N, block_n)
+    per_program = program_rows(rows, block_k, k_chunk)
+    groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
-    tickets = qgemv.tickets_for(rows * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
+    tickets = qgemv.tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
-    launcher(_dense_kernel, x2)[(rows, blocks, splits)](
-        x2, weight, y, partials, tickets if tickets is not None else partials, N, x2.stride(0), K=K, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0, FUSED_SUM=tickets is not None, **extra)
+    launcher(_dense_kernel, x2)[(groups, blocks, splits)](
+        x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0,
+        FUSED_SUM=tickets is not None, ROWS=per_program, **extra)
     if splits > 1 and tickets is None:
         launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], N)

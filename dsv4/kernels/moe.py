@@ -76,11 +76,13 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         if FP4:
-            gate = _fp4_rows(x_row, w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-            up = _fp4_rows(x_row, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
+            up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
         else:
-            gate = _fp8_rows(x_row, w1, s1, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
-            up = _fp8_rows(x_row, w3, s3, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            gate = _fp8_rows([x_row], w1, s1, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
+                             BLOCK_K)[0]
+            up = _fp8_rows([x_row], w3, s3, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
+                           BLOCK_K)[0]
         if SPLITS == 1:
             _swiglu_store(gate, up, h_ptr + r * I, n, I, limit)
         else:
@@ -159,9 +161,9 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, y_ptr, D, first, n_local,
         if (e >= 0) & (e < n_local):
             w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
             if FP4:
-                out = _fp4_rows(h_ptr + r * I, w, s, n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+                out = _fp4_rows([h_ptr + r * I], w, s, n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             else:
-                out = _fp8_rows(h_ptr + r * I, w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+                out = _fp8_rows([h_ptr + r * I], w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             weight = tl.load(wt_ptr + r).to(tl.float32)
             acc += (out.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
     tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)

@@ -24,8 +24,11 @@ for the shapes with few output rows: SPLITS programs per row block write fp32 pa
 summed in a fixed order (deterministic, no float atomics), either by a second launch
 (_sum_splits_kernel) or, with CONFIG["v2_fused_sum"], by the last of a row block's programs to
 finish (_reduce_splits: an int32 ticket per (row, row block) counts the finished splits). Both sum
-the same partials in split order 0..SPLITS-1, so their outputs are bit-identical. The helpers
-_fp8_rows and _fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
+the same partials in split order 0..SPLITS-1, so their outputs are bit-identical. Rows that share a
+weight (a batched decode step's) are computed up to CONFIG["v2_rows"] in one program: each weight tile is
+loaded (and decoded) once and applied to each row in turn by that row's own operations, the ones a
+program of that row alone runs, so a row's bits do not depend on the others. The helpers _fp8_rows and
+_fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
 """
 
 import os
@@ -33,7 +36,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher
+from . import cdiv, device_function, interpreting, launcher, next_pow2
 
 try:
     import triton.language as tl
@@ -54,11 +57,15 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # split-K: "v2_split_k" programs along K per row block, or 0 to double it while the launch has
 # fewer than "v2_programs" programs and each split keeps at least one K tile; "v2_fused_sum": the
 # splits are summed by the last program of each row block instead of a second launch (same bits; on since
-# session 6: flash decode 84.0 -> 90.0 tok/s, replay tests passed; DSV4_FUSED_SPLIT_SUM=0 keeps two launches).
+# session 6: flash decode 84.0 -> 90.0 tok/s, replay tests passed; DSV4_FUSED_SPLIT_SUM=0 keeps two launches);
+# "v2_rows": at most this many rows that share a weight (not the routed experts') are computed by one program,
+# which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way
+# (DSV4_GEMV_ROWS sets it and dense's "rows").
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
-          "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1"}
+          "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
+          "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8"))}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -137,38 +144,47 @@ def _scale(sc, E8M0: constexpr):
 
 
 @device_function
-def _fp8_rows(x_row, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
+def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
               BLOCK_N: constexpr, BLOCK_K: constexpr):
-    """fp32 [BLOCK_N]: rows n of an FP8 weight [N, K] (128x128 block scales) times x over inputs [k_lo, min(k_lo + SPAN, K)).
-    A tile is [BLOCK_N, BLOCK_K // 128, 128]: the inner axis shares one scale, applied after its sum."""
+    """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
+    scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
+    inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
+    sum is the one it gets alone: the same operations on the same tile layout, in the same order."""
+    ROWS: constexpr = len(xs)
     KB: constexpr = BLOCK_K // 128
     blocks = tl.arange(0, KB)
     col = blocks[:, None] * 128 + tl.arange(0, 128)[None, :]
     n_ok = n < N
     w_rows = w + n.to(tl.int64)[:, None, None] * K
     s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
-    acc = tl.zeros([BLOCK_N, KB], dtype=tl.float32)
+    accs = (tl.zeros([BLOCK_N, KB], dtype=tl.float32),) * ROWS
     for k0 in range(0, SPAN, BLOCK_K):
         kk = k_lo + k0 + col
         ok = kk < K
         wv = tl.load(w_rows + kk[None, :, :], mask=n_ok[:, None, None] & ok[None, :, :], other=0.0).to(tl.float32)
-        xv = tl.load(x_row + kk, mask=ok, other=0.0).to(tl.float32)
         blk = (k_lo + k0) // 128 + blocks
-        sc = tl.load(s_rows + blk[None, :], mask=n_ok[:, None] & (blk * 128 < K)[None, :], other=0)
-        acc += tl.sum(wv * xv[None, :, :], axis=2) * _scale(sc, E8M0)
-    return tl.sum(acc, axis=1)
+        sc = _scale(tl.load(s_rows + blk[None, :], mask=n_ok[:, None] & (blk * 128 < K)[None, :], other=0), E8M0)
+        summed = ()
+        for i in tl.static_range(ROWS):
+            xv = tl.load(xs[i] + kk, mask=ok, other=0.0).to(tl.float32)
+            summed = summed + (accs[i] + tl.sum(wv * xv[None, :, :], axis=2) * sc,)
+        accs = summed
+    return [tl.sum(acc, axis=1) for acc in accs]
 
 
 @device_function
-def _fp4_rows(x_row, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
+def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
               BLOCK_N: constexpr, BLOCK_K: constexpr):
-    """fp32 [BLOCK_N]: rows n of an FP4 weight [N, K] times x over inputs [k_lo, min(k_lo + SPAN, K)), w read as int32 words
-    (8 e2m1 inputs each, input 8i + q in bits 4q..4q+3), one scale per 32 inputs (4 words).
+    """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP4 weight [N, K] times that x over
+    inputs [k_lo, min(k_lo + SPAN, K)), w read as int32 words (8 e2m1 inputs each, input 8i + q in bits
+    4q..4q+3), one scale per 32 inputs (4 words). Each tile is read and decoded once for all x rows; each
+    row's sum is the one it gets alone (the same operations on the same layout, in the same order).
 
     Nibbles q and q + 4 of a word sit 16 bits apart, so one mask-and-shift places both in the fp16 bit
     layout: magnitude bits (exponent 2, mantissa 1) at fp16 bits 9-11, sign at bit 15. That fp16 is the
     e2m1 value times 2**-14 (e2m1's subnormal 0.5 lands on an fp16 subnormal, exactly), and 2**14 is
     folded into the scale."""
+    ROWS: constexpr = len(xs)
     G: constexpr = BLOCK_K // 32
     # Tiles are [G, BLOCK_N, 4]: a thread then holds one group of several rows, which share its x values.
     groups = tl.arange(0, G)
@@ -176,75 +192,106 @@ def _fp4_rows(x_row, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: 
     n_ok = n < N
     w_rows = w + n.to(tl.int64)[None, :, None] * (K // 8)
     s_rows = s + n.to(tl.int64)[None, :] * S_STRIDE
-    acc = tl.zeros([G, BLOCK_N], dtype=tl.float32)
+    accs = (tl.zeros([G, BLOCK_N], dtype=tl.float32),) * ROWS
     for k0 in range(0, SPAN, BLOCK_K):
         wi = (k_lo + k0) // 8 + words
         ok = wi < K // 8
         wv = tl.load(w_rows + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
-        xs = x_row + wi * 8
-        part = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
+        parts = (tl.zeros([G, BLOCK_N, 4], dtype=tl.float32),) * ROWS
         for q in tl.static_range(4):
             u = wv >> (4 * q)
             t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
             lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
             hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-            x_lo = tl.load(xs + q, mask=ok, other=0.0).to(tl.float32)
-            x_hi = tl.load(xs + (q + 4), mask=ok, other=0.0).to(tl.float32)
-            part += lo * x_lo[:, None, :]  # two statements: two fused multiply-adds
-            part += hi * x_hi[:, None, :]
+            summed = ()
+            for i in tl.static_range(ROWS):
+                xs_i = xs[i] + wi * 8
+                x_lo = tl.load(xs_i + q, mask=ok, other=0.0).to(tl.float32)
+                x_hi = tl.load(xs_i + (q + 4), mask=ok, other=0.0).to(tl.float32)
+                part = parts[i] + lo * x_lo[:, None, :]  # two statements: two fused multiply-adds
+                part = part + hi * x_hi[:, None, :]
+                summed = summed + (part,)
+            parts = summed
         grp = (k_lo + k0) // 32 + groups
         sc = tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
-        acc += tl.sum(part, axis=2) * (_scale(sc, E8M0) * 16384.0)
-    return tl.sum(acc, axis=0)
+        sc = _scale(sc, E8M0) * 16384.0
+        summed = ()
+        for i in tl.static_range(ROWS):
+            summed = summed + (accs[i] + tl.sum(parts[i], axis=2) * sc,)
+        accs = summed
+    return [tl.sum(acc, axis=0) for acc in accs]
 
 
-def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
-                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
-                   EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
-                   SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr):
-    """Grid (row blocks, SPLITS, rows). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
-    y_ptr by the last program of the row block (FUSED_SUM) or by _sum_splits_kernel after this launch."""
+def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, w_expert_stride,
+                   s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
+                   ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
+                   BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr):
+    """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
+    (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
+    [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
+    _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight)."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
-    r = tl.program_id(2).to(tl.int64)
+    rs = _group_rows(tl.program_id(2), rows, ROWS)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    x_row = x_ptr + (r // ROWS_PER_X) * x_stride
+    x_group = x_ptr
     if GROUP_N > 0:
-        x_row += ((nb * BLOCK_N) // GROUP_N) * K
+        x_group += ((nb * BLOCK_N) // GROUP_N) * K
+    xs = [x_group + (r // ROWS_PER_X) * x_stride for r in rs]
     w, s = w_ptr, s_ptr
     if EXPERTS:
-        e = tl.load(e_ptr + r).to(tl.int64)
+        e = tl.load(e_ptr + rs[0]).to(tl.int64)
         w += e * w_expert_stride
         s += e * s_expert_stride
     k_lo = split * K_CHUNK
     if FP4:
-        acc = _fp4_rows(x_row, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
     else:
-        acc = _fp8_rows(x_row, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
     if SPLITS == 1:
-        tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n < N)
+        for i in tl.static_range(ROWS):
+            tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
     elif FUSED_SUM:
-        _reduce_splits(acc, p_ptr, y_ptr, tickets_ptr + r * tl.num_programs(0) + nb, r, split, n, N, SPLITS)
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
+        _reduce_splits(accs, tl.program_id(2), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
-        tl.store(p_ptr + (r * SPLITS + split) * N + n, acc, mask=n < N)
+        for i in tl.static_range(ROWS):
+            tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, accs[i], mask=n < N)
 
 
 @device_function
-def _reduce_splits(acc, p_ptr, y_ptr, ticket_ptr, r, split, n, N, SPLITS: constexpr):
-    """Store this split's fp32 partial of outputs n of row r; the program that finishes the row block last
-    sums the SPLITS partials in ascending split order (as _sum_splits_kernel: the same bits whichever
-    program came last), writes y in its dtype and puts the ticket back to 0 for the next launch.
+def _group_rows(group, rows, ROWS: constexpr):
+    """The int64 rows of a program's group: group * ROWS + i, past the last row that last row again (as
+    _reduce_splits)."""
+    rs = ()
+    for i in tl.static_range(ROWS):
+        rs = rs + (tl.minimum(group * ROWS + i, rows - 1).to(tl.int64),)
+    return rs
 
-    The barrier makes every thread's partial stored before the ticket's release; the reducer's loads go
+
+@device_function
+def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
+    """Store this split's fp32 partials of outputs n of the rows of the group (accs[i] of its row i, as
+    _group_rows); the program that finishes the (group, row block) last sums each row's SPLITS partials in
+    ascending split order (as _sum_splits_kernel: the same bits whichever program came last), writes y in its
+    dtype and puts the ticket back to 0 for the next launch. A row repeated in the group stores the same bits
+    twice. The rows are summed in a loop (not unrolled): SPLITS loads per row of code, not per row of the group.
+
+    The barrier makes every thread's partials stored before the ticket's release; the reducer's loads go
     to L2 (.cg): L1 is not coherent across SMs and could hold stale lines of the workspace."""
+    ROWS: constexpr = len(accs)
     ok = n < N
-    tl.store(p_ptr + (r * SPLITS + split) * N + n, acc, mask=ok)
+    rs = _group_rows(group, rows, ROWS)
+    for i in tl.static_range(ROWS):
+        tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, accs[i], mask=ok)
     tl.debug_barrier()
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        total = tl.zeros_like(acc)
-        for sp in tl.static_range(SPLITS):
-            total += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
+        for j in range(ROWS):  # a loop variable of its own: static_range's i is a constexpr
+            r = tl.minimum(group * ROWS + j, rows - 1).to(tl.int64)
+            total = tl.zeros_like(accs[0])
+            for sp in tl.static_range(SPLITS):
+                total += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
         tl.store(ticket_ptr, 0)
 
 
@@ -312,6 +359,12 @@ def splits_for(programs: int, tiles: int) -> int:
     return max(1, min(splits, tiles))
 
 
+def rows_per_program(rows: int, cap: int) -> int:
+    """Rows that share one program's weight tiles: all of them up to the cap, as a power of two (fewer compiled
+    variants; a group's missing rows repeat its last row). A row's bits do not depend on it."""
+    return min(next_pow2(rows), max(1, cap))
+
+
 def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int):
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     fp4 = w.fmt == "fp4"
@@ -325,17 +378,19 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles)) * block_k
     splits = cdiv(K, k_chunk)  # no split left without inputs
     blocks = cdiv(N, block_n)
+    per_program = 1 if experts is not None else rows_per_program(rows, c["v2_rows"])
+    groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
-    tickets = tickets_for(rows * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
+    tickets = tickets_for(groups * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}
-    launcher(_qgemv2_kernel, x)[(blocks, splits, rows)](
+    launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
-        tickets if tickets is not None else partials, N, x.stride(0),
+        tickets if tickets is not None else partials, N, rows, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, **extra)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
