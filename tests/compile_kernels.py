@@ -117,7 +117,9 @@ for dtype in (torch.float32, torch.bfloat16):
         dequant.dequant_into(QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8),
                                      torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4"),
                              torch.empty(4, 4096, 4096, dtype=dtype)[:, :2048])
-    door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()), torch.zeros((), dtype=torch.int64))
+    for seen in (None, torch.zeros((), dtype=dtype)):  # a step's first door, then the ones adding their previous flag
+        door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()),
+                  torch.zeros((), dtype=torch.int64), seen, None if seen is None else torch.zeros(()))
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
         route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                     tid2eid, 6, True, 1.5)
