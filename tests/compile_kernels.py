@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -143,6 +143,24 @@ def compressor_variants(dtype):
 
 for dtype in (torch.float32, torch.bfloat16):
     compressor_variants(dtype)
+
+
+def geometry_variants():
+    """A decode step's geometry at Flash's shapes (window 128; CSA rate 4 with its ring of 8, HCA 128), alone
+    (1 and 2 tokens, with and without an active flag) and pooled (3 rows)."""
+    W, rows = preset("flash").sliding_window, 16384
+    ids, pos = torch.tensor([2, 0, 3]), torch.zeros(3, dtype=torch.int64)
+    for T in (1, 2):
+        geometry.sliding(pos[0], T, W)
+        for m, R in ((4, 8), (128, 128)):
+            for active in (None, torch.ones((), dtype=torch.bool)):
+                geometry.windows(pos[0], T, m, R, rows, (T + m - 2) // m + 1, active=active)
+    geometry.sliding(pos, 1, W, ids=ids)
+    for m, R in ((4, 8), (128, 128)):
+        geometry.windows(pos, 1, m, R, rows, 1, ids=ids, active=torch.ones(3, dtype=torch.bool))
+
+
+geometry_variants()
 
 
 
