@@ -108,7 +108,8 @@ def windows(pos: torch.Tensor, T: int, m: int, R: int, rows: int, n_win: int, id
     pooled = ids is not None
     B = pos.shape[0] if pooled else 1
     ns = min(T, R)
-    i64, boolean, dev = dict(dtype=torch.int64, device=pos.device), dict(dtype=torch.bool, device=pos.device), pos.device
+    dev = pos.device
+    i64, boolean = dict(dtype=torch.int64, device=dev), dict(dtype=torch.bool, device=dev)
     out = dict(wids=torch.empty(B, n_win, **i64), starts=torch.empty(B, n_win, dtype=torch.float32, device=dev),
                closed=torch.empty(B, n_win, **boolean), cur=torch.empty(B, n_win, m, **i64),
                prev=torch.empty(B, n_win, m, **i64), prev_live=torch.empty(B, n_win, m, 1, **boolean),
