@@ -6,9 +6,10 @@ per (layer, site) on the device, carries a health flag inside the payload (one
 extra element: the number of ranks that refused) so one reduction tells every
 rank about a refusal, and consults the device-side fault arming: a one-shot
 refusal code per (layer, site) of this rank, consumed at the end of the step it
-fires in, so it also fires inside a replayed CUDA graph. The door itself is
-three kernels and the collective (census, payload, verdict); what a refusal
-records (word, where) is settled once per step in `end_step`.
+fires in, so it also fires inside a replayed CUDA graph. The reference door is
+three kernels and the collective (census, payload, verdict), dsv4.kernels.door
+one kernel and the collective; what a refusal records (word, where) is settled
+once per step in `end_step`.
 
 Everything here is device tensor work: no host sync inside a step.
 
@@ -53,6 +54,7 @@ class Comm:
         self.verdict = torch.zeros((), dtype=torch.float32, device=self.device)  # refusals seen this step
         self._order = torch.arange(1, n_layers * len(SITES) + 1, **i64)  # door order, 1-based
         self.refusing = torch.zeros(n_layers, len(SITES), device=self.device)
+        self._unseen: torch.Tensor | None = None
 
     def site_index(self, site: str) -> int:
         if site not in SITES:
@@ -61,6 +63,7 @@ class Comm:
 
     def begin_step(self):
         self.verdict.zero_()
+        self._unseen = None  # the last door's reduced flag, not yet in the verdict (the next pack adds it)
         # Which doors refuse this step, as the payload's flag (one op per step, not per door).
         self.refusing.copy_(self.armed != 0)
 
@@ -72,21 +75,30 @@ class Comm:
             symm = self.reduce == "symm" and self.world > 1
             out = self._symm_buffer(x.numel() + 1, wire) if symm else torch.empty(x.numel() + 1, dtype=wire,
                                                                                    device=x.device)
-            payload = door.pack(x, out, self.refusing[layer, s], self.census[layer, s])
+            payload = door.pack(x, out, self.refusing[layer, s], self.census[layer, s], self._unseen, self.verdict)
             if self.world > 1:
                 payload = self._one_shot(payload, out) if symm else self._reduce(payload)
+            self._unseen = payload[-1]
         else:
+            self._see()
             self.census[layer, s].add_(1)
             flag = self.refusing[layer, s].view(1)
             payload = torch.cat([x.flatten().to(wire), flag if wire == torch.float32 else flag.to(wire)])
             if self.world > 1:
                 payload = self._reduce(payload)
-        self.verdict.add_(payload[-1])
+            self.verdict.add_(payload[-1])
         return payload[:-1].view_as(x).to(x.dtype)
+
+    def _see(self):
+        """Add the flag a pack has not yet added into the verdict."""
+        if self._unseen is not None:
+            self.verdict.add_(self._unseen)
+            self._unseen = None
 
     def end_step(self):
         """Consume this step's armed codes (every door ran: the census says so) and record the last
         one that fired, in door order (layer, then attention before moe), as this rank's word."""
+        self._see()
         flat = self.armed.flatten()
         fired = flat != 0
         last = (fired.long() * self._order).argmax()  # the last firing door (0 when none fired)

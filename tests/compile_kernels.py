@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -117,7 +117,9 @@ for dtype in (torch.float32, torch.bfloat16):
         dequant.dequant_into(QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8),
                                      torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4"),
                              torch.empty(4, 4096, 4096, dtype=dtype)[:, :2048])
-    door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()), torch.zeros((), dtype=torch.int64))
+    for seen in (None, torch.zeros((), dtype=dtype)):  # a step's first door, then the ones adding their previous flag
+        door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()),
+                  torch.zeros((), dtype=torch.int64), seen, None if seen is None else torch.zeros(()))
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
         route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                     tid2eid, 6, True, 1.5)
@@ -141,6 +143,24 @@ def compressor_variants(dtype):
 
 for dtype in (torch.float32, torch.bfloat16):
     compressor_variants(dtype)
+
+
+def geometry_variants():
+    """A decode step's geometry at Flash's shapes (window 128; CSA rate 4 with its ring of 8, HCA 128), alone
+    (1 and 2 tokens, with and without an active flag) and pooled (3 rows)."""
+    W, rows = preset("flash").sliding_window, 16384
+    ids, pos = torch.tensor([2, 0, 3]), torch.zeros(3, dtype=torch.int64)
+    for T in (1, 2):
+        geometry.sliding(pos[0], T, W)
+        for m, R in ((4, 8), (128, 128)):
+            for active in (None, torch.ones((), dtype=torch.bool)):
+                geometry.windows(pos[0], T, m, R, rows, (T + m - 2) // m + 1, active=active)
+    geometry.sliding(pos, 1, W, ids=ids)
+    for m, R in ((4, 8), (128, 128)):
+        geometry.windows(pos, 1, m, R, rows, 1, ids=ids, active=torch.ones(3, dtype=torch.bool))
+
+
+geometry_variants()
 
 
 

@@ -4,7 +4,11 @@ Before a reduction the door counts it in the census and builds the payload: the
 partial sum x followed by one element, this door's refusal flag. The reference
 takes two launches (census add, cat); here one kernel writes the payload straight
 into its destination (for the one-shot all-reduce, the symmetric-memory buffer,
-which saves the reference's third launch, the copy into it).
+which saves the reference's third launch, the copy into it). It also adds the
+previous door's reduced flag into the step's verdict (the reference's add after
+each reduction: 86 launches a Flash step), so a step's verdict is complete once
+Comm.end_step adds the last door's. The flags are small integers: the sum is
+exact in any order.
 """
 
 import torch
@@ -20,7 +24,8 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 
 
-def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, N, BLOCK: constexpr):
+def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, seen_ptr, verdict_ptr, N, SEEN: constexpr,
+                 BLOCK: constexpr):
     pid = tl.program_id(0)
     i = pid * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + i, mask=i < N, other=0.0)
@@ -28,15 +33,21 @@ def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, N, BLOCK: constexpr):
     if pid == 0:
         tl.store(out_ptr + N, tl.load(flag_ptr).to(out_ptr.dtype.element_ty))
         tl.store(census_ptr, tl.load(census_ptr) + 1)
+        if SEEN:
+            tl.store(verdict_ptr, tl.load(verdict_ptr) + tl.load(seen_ptr).to(tl.float32))
 
 
 def supported(x: torch.Tensor) -> bool:
     return x.is_contiguous() and x.numel() > 0
 
 
-def pack(x: torch.Tensor, out: torch.Tensor, flag: torch.Tensor, census: torch.Tensor) -> torch.Tensor:
-    """out[:n] = x (in out's dtype), out[n] = flag, census += 1; returns out[:n + 1]."""
+def pack(x: torch.Tensor, out: torch.Tensor, flag: torch.Tensor, census: torch.Tensor,
+         seen: torch.Tensor | None = None, verdict: torch.Tensor | None = None) -> torch.Tensor:
+    """out[:n] = x (in out's dtype), out[n] = flag, census += 1, and verdict (fp32) += seen (the previous
+    door's reduced flag, when given); returns out[:n + 1]."""
     n = x.numel()
     block = 1024
-    launcher(_pack_kernel, x)[(cdiv(n, block),)](x, out, flag, census, n, BLOCK=block)
+    launcher(_pack_kernel, x)[(cdiv(n, block),)](x, out, flag, census, flag if seen is None else seen,
+                                                 flag if verdict is None else verdict, n, SEEN=seen is not None,
+                                                 BLOCK=block)
     return out[:n + 1]

@@ -85,9 +85,6 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     grouped path's sums would depend on which other rows share the step."""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
-    local = ids - first
-    mine = (local >= 0) & (local < n)
-    weights = torch.where(mine, weights, 0.0).to(x.dtype)
     limit = cfg.swiglu_limit
     alone = rows_per_weight(x) == 1
     stacks = [experts[name] for name in ("w1", "w3", "w2")]
@@ -100,8 +97,10 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
         if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
-            # Two launches on the stored bytes; experts of other ranks are skipped unread.
-            return fused_moe.routed(x, ids, weights, stacks, first, limit)
+            # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
+            # too, so they need no zeroing (_local's five launches a layer).
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit)
+        local, weights = _local(ids, weights, first, n, x.dtype)
         # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
         e = local.clamp(0, n - 1).flatten()
         if experts_fused(x, stacks):
@@ -113,7 +112,15 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
             y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
         return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
+    local, weights = _local(ids, weights, first, n, x.dtype)
     return grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit)
+
+
+def _local(ids, weights, first: int, n: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids - first, weights zeroed where the expert is another rank's, in dtype) for experts first..first+n-1."""
+    local = ids - first
+    mine = (local >= 0) & (local < n)
+    return local, torch.where(mine, weights, 0.0).to(dtype)
 
 
 def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
+from ..kernels import geometry
 from ..kernels.attention import MAX_T
 from .rope import Rope
 
@@ -96,6 +98,8 @@ class Step:
 
     def sliding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(visible [T, W+T] over keys [ring | chunk], ring slots of the chunk's kept rows)."""
+        if self._sliding is None and _fused(self.pos, self.T):
+            self._sliding = geometry.sliding(self.pos, self.T, self.window)
         if self._sliding is None:
             W, pos = self.window, self.pos
             last = pos - 1
@@ -130,6 +134,9 @@ class Step:
 
     def _make_windows(self, m: int, R: int, rows: int) -> Windows:
         pos, T, dev = self.pos, self.T, self.device
+        if _fused(pos, T):
+            f = geometry.windows(pos, T, m, R, rows, windows_touched(T, m), active=self.active)
+            return _from_kernel(f, self.rope, self.keep(min(T, R)))
 
         def stream_row(q):  # where position q lives in [ring | chunk]
             return torch.where(q < pos, torch.remainder(q, R), R + (q - pos)).clamp(0, R + T - 1)
@@ -146,6 +153,19 @@ class Step:
             ring_keep=self.keep(min(T, R)),
             committed=torch.arange(rows, device=dev) < pos // m,
             visible=closed.unsqueeze(0) & (wids.unsqueeze(0) < ((self.positions + 1) // m).unsqueeze(-1)))
+
+
+def _fused(pos: torch.Tensor, T: int) -> bool:
+    """Whether a decode step's geometry comes from dsv4.kernels.geometry (one launch per rate and one for the
+    sliding window) rather than the torch here (its reference)."""
+    return kernels.use_triton(pos, gpu_checked=geometry.GPU_CHECKED) and geometry.supported(pos, T)
+
+
+def _from_kernel(f: dict, rope: Rope, ring_keep, cos_sin=None) -> Windows:
+    """Windows from geometry.windows' fields; the rope tables at the windows' first positions (fp32, as
+    rope.cos_sin makes them from the int64 ones)."""
+    cos, sin = (cos_sin or rope.cos_sin)(f.pop("starts"), "compress")
+    return Windows(**f, cos=cos, sin=sin, ring_keep=ring_keep)
 
 
 def rows_cos_sin(rope: Rope, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +210,8 @@ class PoolStep:
 
     def sliding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(visible [B, W + 1] over keys [ring | the row's token], flat ring row of each row's token)."""
+        if self._sliding is None and _fused(self.pos, 1):
+            self._sliding = geometry.sliding(self.pos, 1, self.window, ids=self.ids)
         if self._sliding is None:
             W, pos = self.window, self.pos.unsqueeze(-1)
             last = pos - 1
@@ -208,6 +230,9 @@ class PoolStep:
     def _make_windows(self, m: int, R: int, rows: int) -> Windows:
         """Step._make_windows for T = 1, per row (the one window holding the token): cur/prev [B, m] index
         each row's stream [its slot's ring | its token]; slots and store_index are flat pool rows."""
+        if _fused(self.pos, 1):
+            f = geometry.windows(self.pos, 1, m, R, rows, 1, ids=self.ids, active=self.active)
+            return _from_kernel(f, self.rope, self.keep(), lambda p, kind: rows_cos_sin(self.rope, p, kind))
         pos, dev = self.pos.unsqueeze(-1), self.device
         wids = self.pos // m
         cur = wids.unsqueeze(-1) * m + torch.arange(m, device=dev)

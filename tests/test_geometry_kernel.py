@@ -1,0 +1,72 @@
+"""The step geometry kernels (dsv4.kernels.geometry) against the torch of model.step (Step, PoolStep): every
+field of the sliding window's and each rate's geometry, exactly (integers, masks, and the rope tables made
+from the kernel's fp32 window starts), at positions around window closes and ring wraps."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dsv4 import kernels
+from dsv4.config import preset
+from dsv4.model import step as model_step
+from dsv4.model.rope import Rope
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: Triton's interpreter
+pytestmark = pytest.mark.skipif(not kernels._triton_available(), reason="needs triton")
+ROPE = Rope(preset("tiny"), DEVICE)
+W = 8
+
+
+def _both(monkeypatch, make):
+    """make() under the torch reference, then under the kernels."""
+    out = []
+    for fused in (False, True):
+        monkeypatch.setattr(model_step, "_fused", lambda pos, T, fused=fused: fused)
+        out.append(make())
+    return out
+
+
+RATES = ((4, 8, 10), (16, 16, 3), (128, 128, 9), (4, 8, 2000))  # (m, ring rows, store rows)
+
+
+def _geometry(step):
+    """The step's sliding window and each rate's windows, made now (the step caches them)."""
+    return step.sliding(), [step.windows(*rate) for rate in RATES]
+
+
+def _all_same(ref, got, where: str):
+    (vis_a, slots_a), (vis_b, slots_b) = ref[0], got[0]
+    assert torch.equal(vis_a, vis_b) and torch.equal(slots_a, slots_b), f"{where}: sliding"
+    for rate, a, b in zip(RATES, ref[1], got[1]):
+        _same(a, b, f"{where}, rate {rate}")
+
+
+def _same(ref, got, where: str):
+    for f in dataclasses.fields(model_step.Windows):
+        a, b = getattr(ref, f.name), getattr(got, f.name)
+        if a is None or b is None:
+            assert a is None and b is None, f"{where}: {f.name}"
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{where}: {f.name}\n{a}\n{b}"
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("active", [None, True, False])
+def test_step_geometry_kernel_is_the_reference(monkeypatch, T, active):
+    for p in (0, 1, 3, 4, 7, 15, 16, 30, 127, 128, 1000):
+        pos = torch.tensor(p, device=DEVICE)
+        act = None if active is None else torch.tensor(active, device=DEVICE)
+        ref, got = _both(monkeypatch, lambda: _geometry(model_step.Step(pos, T, ROPE, W, act)))
+        _all_same(ref, got, f"pos {p}, T {T}")
+
+
+@pytest.mark.parametrize("active", [None, [True, False, True, True]])
+def test_pooled_geometry_kernel_is_the_reference(monkeypatch, active):
+    pos = torch.tensor([0, 15, 3, 129], device=DEVICE)
+    ids = torch.tensor([2, 0, 5, 3], device=DEVICE)
+    act = None if active is None else torch.tensor(active, device=DEVICE)
+    ref, got = _both(monkeypatch, lambda: _geometry(model_step.PoolStep(pos, ids, ROPE, W, act)))
+    _all_same(ref, got, "pooled")
