@@ -24,7 +24,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps the torch reference
+GPU_CHECKED = True  # session 6, call 7: its CUDA tests, test_replay_gpu and test_pool under triton, flash decode
 COMMITTED_BLOCK = 1024  # store rows of the committed mask per program
 
 
