@@ -221,14 +221,19 @@ def dense_shapes(cfg, w: int):
     ]
 
 
+def l2_defeating_weights(fmt: str, n: int, k: int):
+    """Enough distinct copies of one random weight that calls cycling through them read HBM, not L2:
+    (weights, bytes of one, copies, calls)."""
+    one = random_weight(fmt, n, k)
+    copies = max(1, math.ceil(L2_DEFEAT / one.nbytes))
+    weights = [one] + [random_weight(fmt, n, k) for _ in range(copies - 1)]
+    return weights, one.nbytes, copies, max(50, copies)
+
+
 def bench_dense(run: Runner, cfg, w: int):
     groups = cfg.o_groups // w
     for name, fmt, n, k, kind in dense_shapes(cfg, w):
-        one = random_weight(fmt, n, k)
-        nbytes = one.nbytes
-        copies = max(1, math.ceil(L2_DEFEAT / nbytes))
-        weights = [one] + [random_weight(fmt, n, k) for _ in range(copies - 1)]
-        calls = max(50, copies)
+        weights, nbytes, copies, calls = l2_defeating_weights(fmt, n, k)
         gx = groups if kind == "grouped" else 1
         x = torch.randn(1, k * gx, device=DEVICE, dtype=torch.bfloat16)
         info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies)
@@ -325,11 +330,7 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
     for name, fmt, n, k, kind in dense_shapes(cfg, w):
         if fmt == "bf16":
             continue
-        one = random_weight(fmt, n, k)
-        nbytes = one.nbytes
-        copies = max(1, math.ceil(L2_DEFEAT / nbytes))
-        weights = [one] + [random_weight(fmt, n, k) for _ in range(copies - 1)]
-        calls = max(50, copies)
+        weights, nbytes, copies, calls = l2_defeating_weights(fmt, n, k)
         gx = groups if kind == "grouped" else 1
 
         def product(x, wt):
