@@ -332,11 +332,11 @@ def moe_variants(dtype, scale_dtype):
     x = torch.zeros(1, 4096, dtype=dtype)
     fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
-    moe.routed(x, ids, weights, fp4, 0, 10.0)
+    moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)  # with CONFIG shared_add: kernel 2 adds the shared output
     fp8 = [QWeight(torch.zeros(4, n, k, dtype=torch.float8_e4m3fn), torch.zeros(4, n // 128, k // 128,
                                                                                 dtype=scale_dtype), "fp8")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
-    moe.routed(x, ids, weights, fp8, 0, 10.0)
+    moe.routed(x, ids, weights, fp8, 0, 10.0, add=x)
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype),
                      "fp8", 1024, 0)
     moe.shared_gate_up(x, shared, shared, 10.0)
@@ -348,7 +348,7 @@ moe_variants(torch.float32, torch.float32)
 default = dict(moe.CONFIG)
 for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
             {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
-            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}):
+            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True}):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
