@@ -244,17 +244,16 @@ def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
     """
     vocab = logits.shape[-1]
     greedy = rows.temperature == 0
-    temperature = torch.where(greedy, 1.0, rows.temperature).unsqueeze(-1)
+    temperature = rows.temperature.masked_fill(greedy, 1.0).unsqueeze(-1)  # a scalar where() would launch a fill
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
 
     # How many leading ranks survive top-p and top-k. Counting (rather than
     # masking rank by rank) keeps the kept set a prefix even if a parallel
     # cumsum is not exactly monotone. top_p == 1 keeps everything: a rounded
-    # cumsum reaching 1.0 early must not drop the tail.
+    # cumsum reaching 1.0 early must not drop the tail. Rank 0's mass before it is 0 < top_p: always counted.
     top_p = rows.top_p.unsqueeze(-1)
-    before = torch.nn.functional.pad(_cumsum(sorted_p)[..., :-1], (1, 0))  # mass before each rank
-    n_keep = torch.where(top_p < 1, (before < top_p).sum(dim=-1, keepdim=True).clamp(min=1), vocab)
+    n_keep = ((_cumsum(sorted_p)[..., :-1] < top_p).sum(dim=-1, keepdim=True) + 1).masked_fill(top_p >= 1, vocab)
     top_k = rows.top_k.unsqueeze(-1)
     n_keep = torch.where(top_k > 0, torch.minimum(n_keep, top_k), n_keep)
     keep = torch.arange(vocab, device=logits.device) < n_keep
