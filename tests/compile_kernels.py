@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -392,6 +392,10 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
     for dtype in (torch.bfloat16, torch.float32):
         hc_boundary_variants(dtype)
     hc_boundary.CONFIG.update(default)
+
+# the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
+for n in (1, 16):
+    draw.uniform(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
