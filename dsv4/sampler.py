@@ -34,6 +34,9 @@ from typing import NamedTuple
 
 import torch
 
+from . import kernels
+from .kernels import draw
+
 __all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows", "LogitsParams",
            "Processing", "ProcessRows", "TokenCounts", "TOP_LOGPROBS", "process_logits", "sample_processed", "Drawn"]
 
@@ -121,6 +124,11 @@ def _key(seed: int) -> int:
     return _mix((int(seed) + _G) & _MASK64)
 
 
+def _integer_tensor(pos: torch.Tensor) -> None:
+    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise TypeError(f"pos must be an integer tensor, got dtype {pos.dtype}")
+
+
 def uniform(seed: int, pos: int | torch.Tensor) -> float | torch.Tensor:
     """The draw u(seed, pos) in [0, 1) (formula in the module docstring).
 
@@ -130,8 +138,7 @@ def uniform(seed: int, pos: int | torch.Tensor) -> float | torch.Tensor:
     """
     key = _key(seed)
     if isinstance(pos, torch.Tensor):
-        if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
-            raise TypeError(f"pos must be an integer tensor, got dtype {pos.dtype}")
+        _integer_tensor(pos)
         x = _mix_t((pos.to(torch.int64) + 1) * _signed(_G) + _signed(key))
         return _lsr(x, 40).to(torch.float32) * 2.0**-24
     if not _is_int(pos) or not 0 <= pos < 2**63:
@@ -213,8 +220,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     [vocab] logits and an int / 0-dim pos). Every row is `sample_rows` with these params.
     """
     vocab = logits.shape[-1]
-    uniform(params.seed, pos if not isinstance(pos, torch.Tensor) else pos.reshape(-1)[:0])  # the draw's own checks of pos
-    if not isinstance(pos, torch.Tensor):
+    if isinstance(pos, torch.Tensor):
+        _integer_tensor(pos)
+    else:
+        uniform(params.seed, pos)  # the draw's own checks of an int pos
         pos = torch.full((), pos, dtype=torch.int64, device=logits.device)  # a fill: capturable, unlike a copy
     out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
     n = math.prod(out_shape)
@@ -244,24 +253,23 @@ def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
     """
     vocab = logits.shape[-1]
     greedy = rows.temperature == 0
-    temperature = torch.where(greedy, 1.0, rows.temperature).unsqueeze(-1)
+    temperature = rows.temperature.masked_fill(greedy, 1.0).unsqueeze(-1)  # a scalar where() would launch a fill
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
 
     # How many leading ranks survive top-p and top-k. Counting (rather than
     # masking rank by rank) keeps the kept set a prefix even if a parallel
     # cumsum is not exactly monotone. top_p == 1 keeps everything: a rounded
-    # cumsum reaching 1.0 early must not drop the tail.
+    # cumsum reaching 1.0 early must not drop the tail. Rank 0's mass before it is 0 < top_p: always counted.
     top_p = rows.top_p.unsqueeze(-1)
-    before = torch.nn.functional.pad(_cumsum(sorted_p)[..., :-1], (1, 0))  # mass before each rank
-    n_keep = torch.where(top_p < 1, (before < top_p).sum(dim=-1, keepdim=True).clamp(min=1), vocab)
+    n_keep = ((_cumsum(sorted_p)[..., :-1] < top_p).sum(dim=-1, keepdim=True) + 1).masked_fill(top_p >= 1, vocab)
     top_k = rows.top_k.unsqueeze(-1)
     n_keep = torch.where(top_k > 0, torch.minimum(n_keep, top_k), n_keep)
     keep = torch.arange(vocab, device=logits.device) < n_keep
 
     kcum = _cumsum(torch.where(keep, sorted_p, 0.0))
     kept_total = kcum.gather(-1, n_keep - 1)  # [B, 1]
-    u = _uniform_keyed(rows.key, pos).unsqueeze(-1)
+    u = _uniform_rows(rows.key, pos).unsqueeze(-1)
     target = u * kept_total  # u < 1 in 24 bits, so target < kept_total exactly in fp32
 
     chosen = ((kcum <= target) & keep).sum(dim=-1, keepdim=True)
@@ -270,6 +278,13 @@ def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
     # torch.argmax returns the first maximal index on CPU and CUDA.
     token = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
     return token, _Kept(probs, sorted_p, order, n_keep, kept_total)
+
+
+def _uniform_rows(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """_uniform_keyed of the rows' keys [B] and positions [B]: one launch of dsv4.kernels.draw where it runs."""
+    if kernels.use_triton(key, gpu_checked=draw.GPU_CHECKED) and draw.supported(key, pos):
+        return draw.uniform(key, pos)
+    return _uniform_keyed(key, pos)
 
 
 def _uniform_keyed(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

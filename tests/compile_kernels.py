@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -332,11 +332,11 @@ def moe_variants(dtype, scale_dtype):
     x = torch.zeros(1, 4096, dtype=dtype)
     fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
-    moe.routed(x, ids, weights, fp4, 0, 10.0)
+    moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)  # with CONFIG shared_add: kernel 2 adds the shared output
     fp8 = [QWeight(torch.zeros(4, n, k, dtype=torch.float8_e4m3fn), torch.zeros(4, n // 128, k // 128,
                                                                                 dtype=scale_dtype), "fp8")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
-    moe.routed(x, ids, weights, fp8, 0, 10.0)
+    moe.routed(x, ids, weights, fp8, 0, 10.0, add=x)
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype),
                      "fp8", 1024, 0)
     moe.shared_gate_up(x, shared, shared, 10.0)
@@ -348,7 +348,7 @@ moe_variants(torch.float32, torch.float32)
 default = dict(moe.CONFIG)
 for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
             {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
-            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}):
+            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True}):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
@@ -392,6 +392,10 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
     for dtype in (torch.bfloat16, torch.float32):
         hc_boundary_variants(dtype)
     hc_boundary.CONFIG.update(default)
+
+# the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
+for n in (1, 16):
+    draw.uniform(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

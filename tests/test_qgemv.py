@@ -301,6 +301,28 @@ def test_moe_decode_against_reference(monkeypatch, device, fmt, T, dtype):
     close_chain(got, ref, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,dtype", [("fp4", torch.bfloat16), ("fp8", torch.float32)])
+def test_moe_shared_add_in_kernel(monkeypatch, device, fmt, dtype):
+    """CONFIG shared_add: the shared expert's output added in kernel 2's store has the bits of the torch add after
+    it (the routed sum rounded, plus shared, rounded once), for a token with local experts and one whose picks
+    are nearly all remote."""
+    g = torch.Generator().manual_seed(11)
+    D, I = 128, 64 if fmt == "fp4" else 128
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    shared = torch.randn(2, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    weights = weights.to(dtype)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, shared_add=False)
+    apart = moe_mod.routed(x, ids, weights, stacks, first, cfg, shared)
+    assert torch.equal(apart, moe_mod.routed(x, ids, weights, stacks, first, cfg) + shared)
+    moe_configured(monkeypatch, shared_add=True)
+    assert torch.equal(moe_mod.routed(x, ids, weights, stacks, first, cfg, shared), apart)
+
+
 MOE_SMALL = {"block_k_fp4": 32, "block_k_fp8": 128, "gate_up_block_n": 16, "down_block_n": 32, "shared_block_n": 8}
 
 

@@ -36,7 +36,6 @@ _VISIBLE_BELOW = 0x7F800000 << 32
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
-_INDEX_BITS = 0xFFFFFFFF
 
 
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
@@ -254,6 +253,7 @@ def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) 
 
 
 def topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(selected [T, k] entry indices, valid [T, k]): the k smallest keys, ascending."""
-    top = torch.topk(keys, k, dim=-1, largest=False, sorted=True).values
-    return top & _INDEX_BITS, top < _VISIBLE_BELOW
+    """(selected [T, k] entry indices, valid [T, k]): the k smallest keys, ascending. A key's low bits are its
+    own column in `keys`, so top-k's indices are the entries' indices (no launch to mask them out)."""
+    top = torch.topk(keys, k, dim=-1, largest=False, sorted=True)
+    return top.indices, top.values < _VISIBLE_BELOW

@@ -25,6 +25,8 @@ Kernel 1's options (CONFIG; a GPU sweep, benchmarks/moe_bench.py, decides):
   rows owned elsewhere are all at its end; the same sums as without (equal bits).
 """
 
+import os
+
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
@@ -47,8 +49,11 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # prefill_pair_tokens: prefill chunks of at most this many tokens take these kernels too (dsv4.model.moe.routed),
 # one row per (token, expert) pair: on Flash a 64-token chunk's grouped paths cost 6-7 ms per layer, for their
 # unpacking of the layer's experts whole (benchmarks/prefill_moe_bench.py, session 6).
+# shared_add: `routed`'s `add` operand (the shared expert's output) is added in kernel 2's store, one launch
+# fewer per layer; off: a torch add after it (the same bits: the routed sum rounded, plus add, rounded once).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
-          "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False}
+          "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
+          "shared_add": os.environ.get("DSV4_SHARED_ADD", "0") == "1"}
 
 
 def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
@@ -146,10 +151,11 @@ def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED:
         _sum_swiglu_store(p_ptr + r * SPLITS * 2 * I, h_ptr + r * I, n, I, limit, SPLITS)
 
 
-def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, y_ptr, D, first, n_local, w_expert_stride, s_expert_stride,
-                 I: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
-                 BLOCK_N: constexpr, BLOCK_K: constexpr):
-    """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j]."""
+def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first, n_local, w_expert_stride,
+                 s_expert_stride, I: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
+                 ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+    """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j];
+    with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`)."""
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -166,6 +172,8 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, y_ptr, D, first, n_local,
                 out = _fp8_rows([h_ptr + r * I], w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             weight = tl.load(wt_ptr + r).to(tl.float32)
             acc += (out.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    if ADD:
+        acc = acc.to(dt).to(tl.float32) + tl.load(add_ptr + t * D + n, mask=n < D, other=0.0).to(tl.float32)
     tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)
 
 
@@ -237,9 +245,10 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
 
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
-           limit: float) -> torch.Tensor:
+           limit: float, add: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
-    w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x)."""
+    w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
+    plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
@@ -248,11 +257,12 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    fold = add is not None and CONFIG["shared_add"]
     launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
-        h, d2, s2, ids, weights.contiguous(), y, D, first, n_local, d2.stride(0), s2.stride(0),
-        I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
-        BLOCK_N=block_n, BLOCK_K=_block_k(w2), **_options())
-    return y
+        h, d2, s2, ids, weights.contiguous(), add.contiguous() if fold else y, y, D, first, n_local, d2.stride(0),
+        s2.stride(0), I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8,
+        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2), **_options())
+    return y if add is None or fold else y + add
 
 
 def shared_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight, limit: float) -> torch.Tensor:

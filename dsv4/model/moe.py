@@ -78,8 +78,10 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
                    stack.row0, stack.col0)
 
 
-def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
-    """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x).
+def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None) -> torch.Tensor:
+    """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
+    expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
+    it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]).
 
     Decode rows (rows_alone) always take the per-(token, expert) path, whatever their number: the
     grouped path's sums would depend on which other rows share the step."""
@@ -92,14 +94,14 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
             and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
         # A short prefill chunk: the decode kernels, one GEMV row per (token, expert) pair, read each pair's
         # expert once; the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
-        return fused_moe.routed(x, ids, weights, stacks, first, limit)
+        return fused_moe.routed(x, ids, weights, stacks, first, limit, shared)
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
         if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared)
         local, weights = _local(ids, weights, first, n, x.dtype)
         # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
         e = local.clamp(0, n - 1).flatten()
@@ -110,10 +112,15 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig) -> torc
         else:
             w1, w3, w2 = (take(stack, e).dequant(x.dtype) for stack in stacks)
             y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
-        return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+        return _plus((y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1), shared)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
     local, weights = _local(ids, weights, first, n, x.dtype)
-    return grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit)
+    return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
+                 shared)
+
+
+def _plus(out: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:
+    return out if shared is None else out + shared
 
 
 def _local(ids, weights, first: int, n: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +133,8 @@ def _local(ids, weights, first: int, n: int, dtype) -> tuple[torch.Tensor, torch
 def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
     """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D]."""
     ids, weights = route(x, tokens, w, cfg)
-    out = routed(x, ids, weights, w["experts"], first, cfg)
-    if "shared" in w:
-        out = out + shared_expert(x, w["shared"], cfg.swiglu_limit)
-    return out
+    shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
+    return routed(x, ids, weights, w["experts"], first, cfg, shared)
 
 
 def shared_expert(x, s: dict, limit: float) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""The sampler's counter-based draw in one launch (reference: dsv4.sampler._uniform_keyed, ~18 int64 ops):
+u = (mix(key + (pos + 1) * G) >> 40) * 2**-24 per row, in uint64 arithmetic (wrapping products, logical
+shifts), so every bit is the reference's."""
+
+import torch
+
+from . import cdiv, launcher
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps the torch reference
+
+# dsv4.sampler's SplitMix64 constants (uint64 in the kernel: Triton types ints of [2**63, 2**64) so).
+_G = constexpr(0x9E3779B97F4A7C15)
+_M1 = constexpr(0xBF58476D1CE4E5B9)
+_M2 = constexpr(0x94D049BB133111EB)
+_BLOCK = 128
+
+
+def _draw_kernel(key_ptr, pos_ptr, u_ptr, n, BLOCK: constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint64, bitcast=True)
+    pos = tl.load(pos_ptr + i, mask=ok, other=0).to(tl.uint64, bitcast=True)
+    z = (pos + 1) * _G + key
+    z = (z ^ (z >> 30)) * _M1
+    z = (z ^ (z >> 27)) * _M2
+    z = z ^ (z >> 31)
+    tl.store(u_ptr + i, (z >> 40).to(tl.float32) * 5.9604644775390625e-08, mask=ok)  # 2**-24: exact
+
+
+def supported(key: torch.Tensor, pos: torch.Tensor) -> bool:
+    return key.dtype == pos.dtype == torch.int64 and key.dim() == pos.dim() == 1 and key.shape == pos.shape
+
+
+def uniform(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """key [B] (a seed's key, int64 bits), pos [B] int64 -> u [B] float32 in [0, 1)."""
+    u = torch.empty(key.shape, dtype=torch.float32, device=key.device)
+    n = key.numel()
+    launcher(_draw_kernel, key)[(cdiv(n, _BLOCK),)](key.contiguous(), pos.contiguous(), u, n, BLOCK=_BLOCK)
+    return u
