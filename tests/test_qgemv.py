@@ -592,14 +592,15 @@ def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
-    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^v2_rows(1|8)$"])
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^(v2_rows(1|8)|v3_default)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
     assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
                            for r in records), records
     sums = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV_ROWS ")]
-    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3) for v in ("v2_rows1", "v2_rows8")}
+    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3)
+                                                         for v in ("v2_rows1", "v2_rows8", "v3_default")}
 
 
 @pytest.mark.slow
