@@ -267,13 +267,14 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
-    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default)$"])
+    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default|kernel_v3)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE ")]
-    kernel = [r for r in records if r["arm"] == "kernel_default"]
+    kernel = [r for r in records if r["arm"] in ("kernel_default", "kernel_v3")]
     assert kernel and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
                           for r in kernel), kernel
-    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default"}
+    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default", "kernel_v3"}
+    assert any(r["tensor_cores"] for r in records if r["arm"] == "kernel_v3")
     tokens = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE_TOKEN ")]
     assert [t["rows"] for t in tokens] == [1, 3] and all(t["complete"] for t in tokens), tokens
