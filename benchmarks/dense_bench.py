@@ -19,7 +19,7 @@ One GPU; a few minutes (Triton compiles each variant once). Prints:
   DENSE {"shape", "rows", "arm", "us", "bytes", "gb_s", "fraction", "max_rel_err", "rows_exact", ...}
   DENSE_BEST {...} per shape and rows: the fastest kernel variant within tolerance and row-exact
   DENSE_TOKEN {...} per rows: one token's dense products on rank 0 (counts from the checkpoint layout),
-    summed for the default kernel, the best kernel variant per shape, cublas and cublas_per_row
+    summed for the default kernel, v3, the best kernel variant per shape, cublas and cublas_per_row
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ VARIANTS = {  # dense_kernel.CONFIG overrides (tests/compile_kernels.py compiles
     "rows1": {"rows": 1},  # a program per row (the default: up to 8 rows per program, fewer on the head)
     "rows16": {"rows": 16},
     "rows16_acc256": {"rows": 16, "acc_regs": 256},  # more rows on the head's carried tiles (it spills)
+    "v3": {"kernel": "v3"},  # tensor-core tiles of 16 rows (bf16 shapes; fp32 ones keep the kernel above)
+    "v3_n16_k512": {"kernel": "v3", "v3_block_n": 16, "v3_block_k": 512},
+    "v3_n64_k128": {"kernel": "v3", "v3_block_n": 64, "v3_block_k": 128},
+    "v3_programs528": {"kernel": "v3", "programs": 528},
 }
 L2_DEFEAT = 256 << 20
 MAX_COPIES = 256
@@ -143,11 +147,12 @@ def bench_shape(run: Runner, name: str, n: int, k: int, dtype, rows_list):
                     lambda r: F.linear(r, one), nbytes, calls, contextlib.nullcontext, **info)
         for variant, overrides in VARIANTS.items():
             with configured(None, (dense_kernel.CONFIG, overrides)):
-                _, k_chunk, splits = dense_kernel.tiling(n, k, dtype)
+                v3 = dense_kernel.uses_v3(x, one)
+                _, k_chunk, splits = dense_kernel.tiling3(n, k) if v3 else dense_kernel.tiling(n, k, dtype)
             run.arm(key, "kernel_" + variant, lambda i: dense_kernel.linear(x, weights[i % copies]), x, ref,
                     lambda r: dense_kernel.linear(r, one), nbytes, calls,
                     lambda o=overrides: configured(None, (dense_kernel.CONFIG, o)), splits=splits, k_chunk=k_chunk,
-                    **info)
+                    tensor_cores=v3, **info)
     del weights
 
 
@@ -165,7 +170,8 @@ def summarise(run: Runner, counts: collections.Counter, labels: dict, rows_list)
             arms = run.times.get((labels[shape_key], rows), {})
             per_row_us = arms.get("cublas_per_row", arms.get("cublas"))
             best = min((us for a, us in arms.items() if a.startswith("kernel")), default=None)
-            for field, us in (("kernel_default_us", arms.get("kernel_default")), ("kernel_best_us", best),
+            for field, us in (("kernel_default_us", arms.get("kernel_default")),
+                              ("kernel_v3_us", arms.get("kernel_v3")), ("kernel_best_us", best),
                               ("cublas_us", arms.get("cublas")), ("cublas_per_row_us", per_row_us)):
                 if us is None:
                     complete = False

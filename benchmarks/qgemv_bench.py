@@ -23,7 +23,8 @@ Prints:
     experts with the variant's MoE path, summed
   QGEMV_BEST {...} per shape: the fastest variant within tolerance
 With --rows 1,4,16,32 (only these arms): a batched decode step's rows on each FP8 linear, one program per row
-against v2_rows rows per program (ROWS_VARIANTS), each checked row by row against that row alone (rows_exact):
+against v2_rows rows per program and v3's tensor-core tiles of 16 rows (ROWS_VARIANTS), each checked row by row
+against that row launched alone under the same arm (rows_exact):
   QGEMV {..., "rows", "rows_exact"} per shape ("wq_a x16"), rows and variant
   QGEMV_ROWS {"rows", "variant", "us", "fraction", ...}: one layer's FP8 linears summed
 """
@@ -66,6 +67,11 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     "v2_rows1": {"kernel": "v2", "v2_rows": 1},
     "v2_rows8": {"kernel": "v2", "v2_rows": 8},
     "v2_rows16": {"kernel": "v2", "v2_rows": 16},
+    "v3_default": {"kernel": "v3"},  # tensor-core tiles of 16 rows (qgemv v3)
+    "v3_n16": {"kernel": "v3", "v3_block_n": 16},
+    "v3_n64_k128": {"kernel": "v3", "v3_block_n": 64, "v3_block_k_fp8": 128},
+    "v3_programs528": {"kernel": "v3", "v2_programs": 528},
+    "v3_nosplit": {"kernel": "v3", "v2_split_k": 1},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
@@ -325,7 +331,7 @@ def bench_moe(run: Runner, cfg, w: int):
 def bench_rows(run: Runner, cfg, w: int, rows_list):
     """A batched decode step's rows on each FP8 linear of one layer (attention's, the shared expert's: rows that
     share the weight), per row count and ROWS_VARIANTS arm. Shape names carry the rows ("wq_a x16"); rows_exact:
-    every row equals that row launched alone at one row per program (v2_rows 1), bit for bit."""
+    every row equals that row launched alone under the same arm (for v2: one row per program), bit for bit."""
     groups = cfg.o_groups // w
     for name, fmt, n, k, kind in dense_shapes(cfg, w):
         if fmt == "bf16":
@@ -343,8 +349,6 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
                 expected = torch.einsum("tgi,goi->tgo", x.view(rows, gx, -1), wt.view(gx, n // gx, -1)).flatten(1)
             else:
                 expected = F.linear(x, wt)
-            with configured(None, (qgemv.CONFIG, ROWS_VARIANTS["v2_rows1"])):
-                alone = torch.cat([product(x[r:r + 1], one) for r in range(rows)])
             info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies, rows=rows)
             for variant, overrides in ROWS_VARIANTS.items():
                 def context(o=overrides):
@@ -352,6 +356,7 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
                 if not run.arms.search(variant):
                     continue
                 with context():
+                    alone = torch.cat([product(x[r:r + 1], one) for r in range(rows)])
                     exact = torch.equal(product(x, one), alone)
                 run.arm(f"{name} x{rows}", variant, lambda i, x=x: product(x, weights[i % copies]), expected, nbytes,
                         calls, context, rows_exact=exact, **info)

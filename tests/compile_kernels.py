@@ -299,6 +299,19 @@ for cfg, rows, dtype, scale_dtype in (({"v2_rows": 16}, 16, torch.bfloat16, torc
     qgemv_rows_variants(rows, dtype, scale_dtype, every=False)
     qgemv.CONFIG.update(default)
 
+# v3 (tensor-core tiles of 16 rows; the routed experts stay on v2): a solo step (1 row) and a batched one (16), bf16
+# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the wider
+# tiles the benchmark sweeps
+for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
+                                             ({}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
+                                             ({"v2_fused_sum": False}, 16, torch.bfloat16, torch.float8_e8m0fnu, False),
+                                             ({}, 16, torch.float32, torch.float32, False),
+                                             ({"v3_block_n": 64, "v3_block_k_fp8": 128}, 16, torch.bfloat16,
+                                              torch.float8_e8m0fnu, False)):
+    qgemv.CONFIG.update(kernel="v3", **cfg)
+    qgemv_rows_variants(rows, dtype, scale_dtype, every)
+    qgemv.CONFIG.update(default)
+
 
 def dense_variants(rows=2, shapes=6):
     """Flash's dense products at decode: a compressor's wkv (bf16, split-K), a vocab slice wide enough
@@ -322,6 +335,15 @@ for cfg in ({}, {"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes
 for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"rows": 16}, 16, 3), ({"fused_sum": False}, 8, 3)):
     dense.CONFIG.update(cfg)
     dense_variants(rows, shapes)
+    dense.CONFIG.update(default)
+
+# v3 (tensor-core tiles, bf16 x and weight): Flash's compressor wkv (split-K), a vocab slice (no split), a K that is
+# not a whole number of tiles; 1 and 16 rows, the second-launch split sum, the tiles the benchmark sweeps
+for cfg, rows in (({}, 1), ({}, 16), ({"fused_sum": False}, 16), ({"v3_block_n": 64, "v3_block_k": 128}, 16),
+                  ({"v3_block_n": 16, "v3_block_k": 512}, 16)):
+    dense.CONFIG.update(kernel="v3", **cfg)
+    for n, k in ((1024, 4096), (4224, 4096), (100, 300)):
+        dense.linear(torch.zeros(rows, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16))
     dense.CONFIG.update(default)
 
 

@@ -125,6 +125,56 @@ def test_program_rows():
     assert dense_kernel.program_rows(16, 256, 1024) == 4
 
 
+V3 = {"kernel": "v3", "v3_block_n": 16, "v3_block_k": 64}
+
+
+@pytest.mark.parametrize("device,split", [
+    pytest.param(d, s, marks=[pytest.mark.slow] if d == "cpu" and s == 1 else []) for d in DEVICES for s in (1, 3)])
+def test_v3_rows_equal_each_row_alone(monkeypatch, device, split):
+    """v3 (bf16 tensor-core tiles of 16 rows): every row of B = 1, 3, 16, 19 in one launch has the bits of that row
+    launched alone, split-K off or 3 with the splits summed in the launch or in a second one; a row in another
+    position of another batch too; within the float64 bound."""
+    for key, value in {**V3, "split_k": split}.items():
+        monkeypatch.setitem(dense_kernel.CONFIG, key, value)
+    g = torch.Generator().manual_seed(4 + split)
+    N, K = 40, 300
+    w = (torch.randn(N, K, generator=g) * 0.05).to(BF16).to(device)
+    x = torch.randn(19, K, generator=g).to(BF16).to(device)
+    alone = [dense_kernel.linear(x[r:r + 1], w) for r in range(19)]
+    for B in (1, 3, 16, 19):
+        for fused in ((False, True) if split > 1 else (True,)):
+            monkeypatch.setitem(dense_kernel.CONFIG, "fused_sum", fused)
+            got = dense_kernel.linear(x[:B], w)
+            for r in range(B):
+                assert torch.equal(got[r:r + 1], alone[r]), f"row {r} of {B}"
+            assert not qgemv.tickets_for(1, x.device).any()
+    assert torch.equal(dense_kernel.linear(x[[17, 0, 7]], w)[0:1], alone[17])
+    within_bound(got, x, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,N,K", [(1, 24, 1024), (3, 100, 96), (17, 64, 512)])
+def test_v3_matches_float64(monkeypatch, device, rows, N, K):
+    """v3 within the float64 bound (split-K automatic; K below one tile, K of 16 tiles); deterministic. fp32 x or
+    weight keep the v2 kernel."""
+    for key, value in V3.items():
+        monkeypatch.setitem(dense_kernel.CONFIG, key, value)
+    g = torch.Generator().manual_seed(N * K + rows + 1)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(BF16).to(device)
+    x = torch.randn(rows, K, generator=g).to(BF16).to(device)
+    got = dense_kernel.linear(x, w)
+    assert dense_kernel.uses_v3(x, w) and got.dtype == BF16 and got.shape == (rows, N)
+    within_bound(got, x, w)
+    assert torch.equal(got, dense_kernel.linear(x, w))
+    assert not dense_kernel.uses_v3(x.float(), w) and not dense_kernel.uses_v3(x, w.float())
+
+
+def test_v3_tiling():
+    """v3's split from (N, K) alone: Flash's compressor wkv (1024 outputs) splits K, a vocab slice does not."""
+    assert dense_kernel.tiling3(1024, 4096) == (256, 256, 16)  # 32 N blocks x 16 splits
+    assert dense_kernel.tiling3(64640, 4096) == (256, 4096, 1)
+    assert dense_kernel.tiling3(24, 8) == (16, 16, 1)
+
 @pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
 def test_dispatch(monkeypatch):
     """rows.dense: "auto" keeps cuBLAS while GPU_CHECKED is False (and on CPU); "triton" runs the kernel
@@ -217,13 +267,14 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
-    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default)$"])
+    monkeypatch.setattr(sys, "argv", ["dense_bench", "--rows", "1,3", "--arms", "^(cublas|cublas_per_row|kernel_default|kernel_v3)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE ")]
-    kernel = [r for r in records if r["arm"] == "kernel_default"]
+    kernel = [r for r in records if r["arm"] in ("kernel_default", "kernel_v3")]
     assert kernel and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
                           for r in kernel), kernel
-    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default"}
+    assert {r["arm"] for r in records if r["rows"] == 3} == {"cublas", "cublas_per_row", "kernel_default", "kernel_v3"}
+    assert any(r["tensor_cores"] for r in records if r["arm"] == "kernel_v3")
     tokens = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("DENSE_TOKEN ")]
     assert [t["rows"] for t in tokens] == [1, 3] and all(t["complete"] for t in tokens), tokens

@@ -251,6 +251,92 @@ def test_v2_slices_grouped_and_experts(monkeypatch, device):
         close(got, ref, torch.float32)
 
 
+# ---- qgemv v3 (tensor-core tiles of 16 rows) -------------------------------------------------------
+
+V3 = {"kernel": "v3", "v3_block_n": 16, "v3_block_k_fp8": 256, "v3_block_k_fp4": 64}
+
+
+def v3_cases(fmt, g):
+    """(weight, fn, K, dtype): FP8 rows starting inside a scale block (fp32 x: every bit of the sums shows) and the
+    grouped wo_a (bf16 x); FP4 (bf16 x). N not a whole number of row blocks, K not a whole number of tiles."""
+    if fmt == "fp8":
+        full = quantised("fp8", 84, 384, g)
+        return [(QWeight(full.data[64:].contiguous(), full.scale.contiguous(), "fp8", 64, 0), qgemv.linear, 384,
+                 torch.float32),
+                (quantised("fp8", 2 * 16, 256, g), lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]
+    return [(quantised("fp4", 20, 160, g), qgemv.linear, 160, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("device,fmt,splits", per_device(
+    [("fp8", 1), ("fp8", 3), ("fp4", 1), ("fp4", 3)], slow_on_cpu=[("fp8", 1), ("fp4", 1)]))
+def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
+    """v3: every row of B = 1, 3, 16, 19 rows (one row tile with padding, a full one, two tiles) has the bits of
+    that row launched alone (padded to a tile of 16), bit for bit, split-K off or 3 with the splits summed in the
+    launch (tickets back at 0) or in a second one; a row in another position of another batch too."""
+    for key, value in {**V3, "v2_split_k": splits}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(10 + splits)
+    for w, fn, K, dtype in v3_cases(fmt, g):
+        w = w.to(device)
+        x = torch.randn(19, K, generator=g).to(dtype).to(device)
+        alone = [fn(x[r:r + 1], w) for r in range(19)]
+        for B in (1, 3, 16, 19):
+            for fused in ((False, True) if splits > 1 else (True,)):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                got = fn(x[:B], w)
+                for r in range(B):
+                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
+                assert not qgemv.tickets_for(1, x.device).any()
+        assert torch.equal(fn(x[[17, 2, 5]], w)[0:1], alone[17])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,T,N,K,dtype", [("fp8", 3, 300, 640, torch.float32), ("fp8", 17, 256, 200, torch.bfloat16),
+                                             ("fp4", 2, 96, 256, torch.float32), ("fp4", 5, 40, 160, torch.bfloat16)])
+def test_v3_linear(monkeypatch, device, fmt, T, N, K, dtype):
+    """v3 against the reference (dequantise + matmul) within v2's tolerance (close), split-K automatic; deterministic.
+    Under rows_alone (a decode step) a launch takes any number of rows (17: two row tiles)."""
+    from dsv4.model.rows import rows_alone
+
+    for key, value in {**V3, "v2_split_k": 0}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(N + K + 1)
+    w = quantised(fmt, N, K, g).to(device)
+    x = torch.randn(T, K, generator=g).to(dtype).to(device)
+    assert qgemv.supported(x, w, 1)
+    launched = []
+    real = qgemv._launch3
+    monkeypatch.setattr(qgemv, "_launch3", lambda x, *a: launched.append(x.shape[0]) or real(x, *a))
+    with rows_alone():
+        ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+    assert launched == [T] and got.dtype == dtype and got.shape == (T, N)
+    close(got, ref, dtype)
+    assert torch.equal(got, qgemv.linear(x, w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v3_slices_grouped_and_experts(monkeypatch, device):
+    """v3 on a slice (rows and columns inside the weight, fp32 scales) and the grouped wo_a against the reference;
+    the routed experts under v3 take v2 (each row its own weight) and give its bits."""
+    for key, value in {**V3, "v2_split_k": 2}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(6)
+    full = quantised("fp8", 512, 512, g)
+    sliced = QWeight(full.data[64:320, 128:].contiguous(), full.scale[0:3, 1:].float().contiguous(), "fp8", 64, 128)
+    x = torch.randn(2, 384, generator=g).to(device)
+    ref, got = both(monkeypatch, lambda: linear_mod.linear(x, sliced.to(device)))
+    close(got, ref, torch.float32)
+    w = quantised("fp8", 4 * 32, 256, g).to(device)
+    x = torch.randn(3, 4 * 256, generator=g).to(torch.bfloat16).to(device)
+    ref, got = both(monkeypatch, lambda: linear_mod.grouped_linear(x, w, 4))
+    close(got, ref, torch.bfloat16)
+    stack = quantised("fp4", 64, 256, g, experts=3).to(device)
+    x = torch.randn(2, 256, generator=g).to(device)
+    ids = torch.tensor([0, 2, 1, 2], device=device)
+    v3 = qgemv.expert_linear(x, stack, ids, 2)
+    monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
+    assert torch.equal(v3, qgemv.expert_linear(x, stack, ids, 2))
+
 # ---- the MoE decode in two launches ---------------------------------------------------------------
 
 def expert_stacks(fmt: str, n: int, D: int, I: int, g) -> dict:
@@ -528,14 +614,15 @@ def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "bandwidth", lambda: 1e12)
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
-    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^v2_rows(1|8)$"])
+    monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--rows", "1,3", "--arms", "^(v2_rows(1|8)|v3_default)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]
     assert records and all("error" not in r and r["max_rel_err"] <= bench.TOLERANCE and r["rows_exact"]
                            for r in records), records
     sums = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV_ROWS ")]
-    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3) for v in ("v2_rows1", "v2_rows8")}
+    assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3)
+                                                         for v in ("v2_rows1", "v2_rows8", "v3_default")}
 
 
 @pytest.mark.slow

@@ -17,13 +17,21 @@ groups that read one weight tile are launched together, so the tile comes from H
 other groups.
 
 W [N, K] bf16 or fp32, x [..., K] bf16 or fp32; the output has x's dtype (fp32 in, fp32 out).
+
+CONFIG["kernel"] "v3" (DSV4_DENSE_GEMV=v3; off by default until timed on a GPU) runs bf16 x on bf16 weights on the
+tensor cores, as qgemv's v3: a program computes a [16 rows, BLOCK_N] tile with tl.dot over K tiles of a fixed size,
+the x rows padded to 16 with zeros, the split from (N, K) alone and summed as above; each output element comes from
+its own row and column in an order fixed by the instruction and the K loop, so a row's bits do not depend on the
+other rows of its tile. Other dtypes keep the kernel above (an fp32 dot runs on the CUDA cores anyway).
 """
+
+import os
 
 import torch
 
 from . import cdiv, interpreting, launcher, next_pow2
 from . import qgemv
-from .qgemv import _group_rows, _reduce_splits, rows_per_program
+from .qgemv import BLOCK_M, _dot, _group_rows, _reduce_splits, _reduce_tile, rows_per_program
 
 try:
     import triton.language as tl
@@ -41,9 +49,12 @@ DTYPES = (torch.bfloat16, torch.float32)
 # "fused_sum": the splits summed in the same launch (qgemv's v2_fused_sum, set by the same DSV4_FUSED_SPLIT_SUM);
 # "rows": at most this many rows in one program, which reads each weight tile once for all of them (1: a program
 # per row), fewer where their accumulators would pass "acc_regs" registers per thread (program_rows).
+# "kernel": "v3" for the tensor-core tiles (bf16 x and weight), with outputs per program "v3_block_n", inputs per
+# dot "v3_block_k" and "v3_num_warps"; split-K by "split_k" and "programs" as above, summed as above.
 CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
           "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": qgemv.CONFIG["v2_rows"],
-          "acc_regs": 128}
+          "acc_regs": 128, "kernel": os.environ.get("DSV4_DENSE_GEMV", "v2"), "v3_block_n": 32, "v3_block_k": 256,
+          "v3_num_warps": 4}
 
 
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,
@@ -90,6 +101,38 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
             tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)
 
 
+def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_M: constexpr,
+                   BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
+                   FUSED_SUM: constexpr, IEEE: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+    SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does."""
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < rows
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * K
+    k = split * K_CHUNK + tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K_CHUNK, BLOCK_K):
+        kk = k + k0
+        ok = (kk < K)[None, :]
+        xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & ok, other=0.0)
+        wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok, other=0.0)
+        acc = _dot(xv, tl.trans(wv), acc, IEEE)
+    if SPLITS == 1:
+        tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+    elif FUSED_SUM:
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
+        _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
+    else:
+        tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
 def supported(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
     """Whether the kernel computes F.linear(x, weight) for `rows` rows per weight (rows_per_weight)."""
     return (x.dtype in DTYPES and weight.dtype in DTYPES and weight.dim() == 2 and weight.is_contiguous()
@@ -100,14 +143,25 @@ def supported(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
 def tiling(N: int, K: int, weight_dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_K, K_CHUNK, SPLITS) for a weight [N, K]: from the weight alone, never from the rows, so
     each row is summed in one order whatever the batch."""
-    c = CONFIG
     itemsize = torch.empty((), dtype=weight_dtype).element_size()
-    block_k = min(c["block_k_bytes"] // itemsize, next_pow2(K))
+    return _split(N, K, CONFIG["block_n"], min(CONFIG["block_k_bytes"] // itemsize, next_pow2(K)))
+
+
+def tiling3(N: int, K: int) -> tuple[int, int, int]:
+    """tiling for v3 (tl.dot takes at least 16 inputs)."""
+    return _split(N, K, CONFIG["v3_block_n"], min(CONFIG["v3_block_k"], max(16, next_pow2(K))))
+
+
+def uses_v3(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return CONFIG["kernel"] == "v3" and x.dtype == weight.dtype == torch.bfloat16
+
+
+def _split(N: int, K: int, block_n: int, block_k: int) -> tuple[int, int, int]:
     tiles = cdiv(K, block_k)
-    splits = c["split_k"]
+    splits = CONFIG["split_k"]
     if not splits:
-        splits, programs = 1, cdiv(N, c["block_n"])
-        while programs * splits < c["programs"] and splits * 2 <= tiles:
+        splits, programs = 1, cdiv(N, block_n)
+        while programs * splits < CONFIG["programs"] and splits * 2 <= tiles:
             splits *= 2
     k_chunk = cdiv(tiles, min(splits, tiles)) * block_k
     return block_k, k_chunk, cdiv(K, k_chunk)  # no split left without inputs
@@ -131,6 +185,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
     y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    if uses_v3(x2, weight):
+        return _linear3(x2, weight, y).view(*x.shape[:-1], N)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]
     blocks = cdiv(N, block_n)
@@ -146,3 +202,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if splits > 1 and tickets is None:
         launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], N)
+
+
+def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    (N, K), rows = weight.shape, x2.shape[0]
+    block_k, k_chunk, splits = tiling3(N, K)
+    block_n = CONFIG["v3_block_n"]
+    blocks, row_tiles = cdiv(N, block_n), cdiv(rows, BLOCK_M)
+    partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x2.device)
+    tickets = qgemv.tickets_for(row_tiles * blocks, x2.device) if splits > 1 and CONFIG["fused_sum"] else None
+    extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"]}
+    launcher(_dense3_kernel, x2)[(blocks, splits, row_tiles)](
+        x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        FUSED_SUM=tickets is not None, IEEE=interpreting(), **extra)
+    if splits > 1 and tickets is None:
+        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+    return y

@@ -29,6 +29,17 @@ weight (a batched decode step's) are computed up to CONFIG["v2_rows"] in one pro
 loaded (and decoded) once and applied to each row in turn by that row's own operations, the ones a
 program of that row alone runs, so a row's bits do not depend on the others. The helpers _fp8_rows and
 _fp4_rows are shared with the fused MoE kernels (dsv4.kernels.moe).
+
+"v3" (_qgemv3_kernel) runs the weights every row shares (not the routed experts': those stay on v2) on the tensor
+cores, whose arithmetic per row v2 spends on the CUDA cores: a program computes a [BLOCK_M = 16 rows, BLOCK_N]
+output tile with tl.dot, the x rows padded to 16 with zeros (masked loads), the weight tile converted to x's dtype
+(e4m3 and e2m1 values are exact in bf16). FP8: each 128-wide K block's dot (fp32) is multiplied by that block's
+scale and added to the accumulator, blocks in ascending order; FP4: the scales (powers of two) are folded into the
+tile before the dot (exact), as prefill's experts do. An MMA computes each output element from its own row and
+column, in an order fixed by the instruction and the K loop, and the tile shapes, the K loop and the split
+(splits_for, from the weight alone) never depend on the rows: a row's bits are the same alone (padded) or among 15
+others, in any row tile. Splits are summed as v2's, in split order (_reduce_tile's ticket or _sum_splits_kernel).
+fp32 x (and Triton's interpreter, whose tl.dot misreads bf16) take fp32 operands with input_precision="ieee".
 """
 
 import os
@@ -37,6 +48,7 @@ import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2
+from .prefill_moe import _fp4_tile
 
 try:
     import triton.language as tl
@@ -61,11 +73,15 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # "v2_rows": at most this many rows that share a weight (not the routed experts') are computed by one program,
 # which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way
 # (DSV4_GEMV_ROWS sets it and dense's "rows").
+# v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
+# 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
+# sum ("v2_fused_sum"). DSV4_QGEMV=v3 picks it (not GPU-timed yet: off by default).
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
-          "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8"))}
+          "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
+          "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4}
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -304,6 +320,82 @@ def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):
         acc += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=n < N, other=0.0)
     tl.store(y_ptr + r * N + n, acc.to(y_ptr.dtype.element_ty), mask=n < N)
 
+BLOCK_M = 16  # v3's rows per program: tl.dot's least, whatever the batch (padding rows are zeros)
+
+
+@device_function
+def _dot(a, b, acc, IEEE: constexpr):
+    """acc + a @ b, fp32: tensor cores on x's dtype, or fp32 operands and products (IEEE)."""
+    if IEEE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
+                   S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
+                   BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
+                   FUSED_SUM: constexpr, IEEE: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+    SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
+    N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < rows
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
+    if GROUP_N > 0:
+        x_rows += ((nb * BLOCK_N) // GROUP_N) * K
+    k_lo = split * K_CHUNK
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if FP4:
+        for k0 in range(0, K_CHUNK, BLOCK_K):
+            kk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+            wv = _fp4_tile(w_ptr, s_ptr, n, n_ok, k_lo + k0, K, S_STRIDE, E8M0, BLOCK_K).to(xv.dtype)
+            acc = _dot(xv, tl.trans(wv), acc, IEEE)
+    else:
+        k = tl.arange(0, 128)
+        w_rows = w_ptr + n.to(tl.int64)[:, None] * K
+        s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
+        for k0 in range(0, K_CHUNK, BLOCK_K):
+            for j in tl.static_range(BLOCK_K // 128):
+                kb = k_lo + k0 + j * 128
+                kk = kb + k
+                ok = (kk < K)[None, :]
+                xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & ok, other=0.0)
+                wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok, other=0.0).to(tl.float32).to(xv.dtype)
+                sc = _scale(tl.load(s_rows + kb // 128, mask=n_ok & (kb < K), other=0), E8M0)
+                acc += _dot(xv, tl.trans(wv), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE) * sc[None, :]
+    if SPLITS == 1:
+        tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
+    elif FUSED_SUM:
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
+        _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
+    else:
+        tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
+                 mask=m_ok[:, None] & n_ok[None, :])
+
+
+@device_function
+def _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
+    """_reduce_splits for a [rows m, outputs n] tile: store this split's fp32 partials; the program that finishes
+    the (row tile, N block) last sums each element's SPLITS partials in ascending split order (as
+    _sum_splits_kernel), writes y and puts the ticket back to 0. Padding rows store and load nothing."""
+    ok = m_ok[:, None] & (n < N)[None, :]
+    at = m.to(tl.int64)[:, None] * SPLITS * N + n[None, :]
+    tl.store(p_ptr + at + split * N, acc, mask=ok)
+    tl.debug_barrier()
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+        total = tl.zeros_like(acc)
+        for sp in tl.static_range(SPLITS):
+            total += tl.load(p_ptr + at + sp * N, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], total.to(y_ptr.dtype.element_ty), mask=ok)
+        tl.store(ticket_ptr, 0)
+
+
 def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
     if w.fmt not in ("fp8", "fp4") or rows > MAX_ROWS or w.scale is None or x.numel() == 0:
         return False
@@ -312,13 +404,13 @@ def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
         return False
     if w.fmt == "fp8":
         return w.col0 % FP8_BLOCK == 0  # a K tile of 128 then has one scale per row
-    words = CONFIG["kernel"] == "v2"  # v2 reads 8 inputs (4 bytes) at a time
+    words = CONFIG["kernel"] in ("v2", "v3")  # v2 (v3's routed experts) reads 8 inputs (4 bytes) at a time
     return w.col0 == 0 and w.row0 == 0 and w.shape[1] % (8 if words else 2) == 0
 
 
 def block_n() -> int:
     """Rows per program of the configured kernel (a grouped linear's group must hold whole blocks)."""
-    return CONFIG["v2_block_n" if CONFIG["kernel"] == "v2" else "block_n"]
+    return CONFIG[{"v2": "v2_block_n", "v3": "v3_block_n"}.get(CONFIG["kernel"], "block_n")]
 
 
 def _operands(w: QWeight, words: bool):
@@ -330,7 +422,9 @@ def _operands(w: QWeight, words: bool):
 
 
 def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0):
-    if CONFIG["kernel"] == "v2":
+    if CONFIG["kernel"] == "v3" and experts is None:
+        return _launch3(x, w, y, rows, group_n)
+    if CONFIG["kernel"] in ("v2", "v3"):
         return _launch2(x, w, y, rows, experts, rows_per_x, group_n)
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     data, scale = _operands(w, words=False)
@@ -391,6 +485,31 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, **extra)
+    if splits > 1 and tickets is None:
+        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+    return y
+
+
+def _launch3(x, w: QWeight, y, rows: int, group_n: int):
+    N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
+    fp4 = w.fmt == "fp4"
+    data, scale = _operands(w, words=False)
+    c = CONFIG
+    block_n = c["v3_block_n"]
+    block_k = c["v3_block_k_fp4"] if fp4 else c["v3_block_k_fp8"]
+    blocks, tiles = cdiv(N, block_n), cdiv(K, block_k)
+    k_chunk = cdiv(tiles, splits_for(blocks, tiles)) * block_k  # from the weight alone, as v2's
+    splits = cdiv(K, k_chunk)
+    row_tiles = cdiv(rows, BLOCK_M)
+    partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
+    tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
+    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
+    launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
+        x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
+        w.row0 % FP8_BLOCK if not fp4 else 0,
+        K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
