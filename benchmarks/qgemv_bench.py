@@ -337,6 +337,7 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
         if fmt == "bf16":
             continue
         weights, nbytes, copies, calls = l2_defeating_weights(fmt, n, k)
+        one = weights[0]  # rows_exact is checked on the first copy
         gx = groups if kind == "grouped" else 1
 
         def product(x, wt):
