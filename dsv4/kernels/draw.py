@@ -12,7 +12,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps the torch reference
+GPU_CHECKED = True  # session 7 call 1: replay + pool tests with it in the graphs (DSV4_KERNELS=triton)
 
 # dsv4.sampler's SplitMix64 constants (uint64 in the kernel: Triton types ints of [2**63, 2**64) so).
 _G = constexpr(0x9E3779B97F4A7C15)

@@ -50,10 +50,11 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # one row per (token, expert) pair: on Flash a 64-token chunk's grouped paths cost 6-7 ms per layer, for their
 # unpacking of the layer's experts whole (benchmarks/prefill_moe_bench.py, session 6).
 # shared_add: `routed`'s `add` operand (the shared expert's output) is added in kernel 2's store, one launch
-# fewer per layer; off: a torch add after it (the same bits: the routed sum rounded, plus add, rounded once).
+# fewer per layer; off (DSV4_SHARED_ADD=0): a torch add after it (the same bits: the routed sum rounded, plus add,
+# rounded once). On since session 7 call 1 (replay and pool tests on CUDA with it in the graphs).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
-          "shared_add": os.environ.get("DSV4_SHARED_ADD", "0") == "1"}
+          "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1"}
 
 
 def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
