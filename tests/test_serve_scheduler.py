@@ -226,3 +226,18 @@ def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch)
     finally:
         sched.stop()
     assert again == expected
+
+
+def test_prefill_groups_split_by_length_and_size(model, monkeypatch):
+    """Chunks group by length, at most PREFILL_GROUP_TOKENS tokens a forward; a chunk past the short limit goes
+    alone; each chunk is its own prompt's next prefill_chunk tokens (the last prompt token is decode's)."""
+    from dsv4.kernels import moe as fused_moe
+    from dsv4.serve import scheduler
+
+    sched = Scheduler(model, max_num_seqs=1, max_model_len=64, prefill_chunk=8)
+    seqs = [Sequence(list(range(2, 2 + n)), 1, None, None) for n in (30, 5, 20, 12, 9, 30)]
+    monkeypatch.setattr(scheduler, "PREFILL_GROUP_TOKENS", 16)
+    groups = [[(seqs.index(s), len(c)) for s, c in g] for g in sched._prefill_groups(seqs)]
+    assert groups == [[(0, 8), (2, 8)], [(3, 8), (4, 8)], [(5, 8)], [(1, 4)]]
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 6)
+    assert [[seqs.index(s) for s, _ in g] for g in sched._prefill_groups(seqs[:3])] == [[0], [1], [2]]

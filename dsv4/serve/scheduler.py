@@ -51,6 +51,11 @@ from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
 
+# Most tokens in one grouped prefill forward (states x chunk length): past it a length's group is split. It keeps
+# the pair kernels' grids within CUDA's 65,535 (dsv4.kernels.moe: a program row per (token, expert) pair) and
+# the forward's activations small; a sequence's chunks do not change, so neither do its bits.
+PREFILL_GROUP_TOKENS = 2048
+
 
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue holds max_waiting sequences."""
@@ -215,13 +220,7 @@ class Scheduler:
     def _prefill(self, seqs: list[Sequence]):
         """The next prefill chunk of each sequence: the short chunks of one length in one forward, each longer
         one in its own (dsv4.model.rows.short_chunk). A group that fails fails its sequences alone."""
-        groups: dict[object, list[tuple[Sequence, list[int]]]] = {}
-        for seq in seqs:
-            start = seq.prefilled
-            chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
-            key = len(chunk) if short_chunk(len(chunk)) else seq
-            groups.setdefault(key, []).append((seq, chunk))
-        for group in groups.values():
+        for group in self._prefill_groups(seqs):
             try:
                 self.model.prefill_batch([self.slots[s.slot] for s, _ in group], [c for _, c in group])
             except Exception as e:  # noqa: BLE001 - a refused forward: its sequences fail, others go on
@@ -229,6 +228,20 @@ class Scheduler:
                 continue
             for seq, chunk in group:
                 seq.prefilled += len(chunk)
+
+    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[tuple[Sequence, list[int]]]]:
+        """(sequence, next chunk) pairs by forward: short chunks of one length together, at most
+        PREFILL_GROUP_TOKENS tokens a forward; a longer chunk alone. A chunk's bounds are its own prompt's."""
+        by_length: dict[object, list[tuple[Sequence, list[int]]]] = {}
+        for seq in seqs:
+            start = seq.prefilled
+            chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
+            by_length.setdefault(len(chunk) if short_chunk(len(chunk)) else seq, []).append((seq, chunk))
+        groups = []
+        for same in by_length.values():
+            most = max(1, PREFILL_GROUP_TOKENS // len(same[0][1]))
+            groups += [same[i:i + most] for i in range(0, len(same), most)]
+        return groups
 
     def _decode(self, seqs: list[Sequence]):
         """One batched step for every decoding sequence: eager over their own slots, or the graph of
