@@ -22,6 +22,7 @@ from .. import kernels
 from ..config import ModelConfig
 from ..kernels import moe as fused_moe
 from ..kernels import route as fused_route
+from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
 from .rows import per_row, rows_per_weight
 from ..formats import QWeight
@@ -78,6 +79,9 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
                    stack.row0, stack.col0)
 
 
+PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a decode step's rows, at most
+
+
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
@@ -100,18 +104,21 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
             # too, so they need no zeroing (_local's five launches a layer).
             return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared)
         local, weights = _local(ids, weights, first, n, x.dtype)
-        return _plus(_pairs(x, local.clamp(0, n - 1), weights, stacks, limit), shared)
+        e = local.clamp(0, n - 1)
+        # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
+        # a pair in bf16), and a decode step's tokens are one block, as they always were.
+        blocks = [_pairs(x[r:r + PAIR_ROWS], e[r:r + PAIR_ROWS], weights[r:r + PAIR_ROWS], stacks, limit)
+                  for r in range(0, T, PAIR_ROWS)]
+        return _plus(blocks[0] if len(blocks) == 1 else torch.cat(blocks), shared)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
     local, weights = _local(ids, weights, first, n, x.dtype)
     return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
                  shared)
 
 
-@per_row(1, 2)
 def _pairs(x, local, weights, stacks: list[QWeight], limit: float) -> torch.Tensor:
     """sum_j weights[t, j] * expert_{local[t, j]}(x[t]) (local ids valid, weights 0 for other ranks' experts),
-    one computation per (token, expert) pair; under rows_alone token by token, so a short chunk's dequantised
-    copies are those of one token's experts at a time."""
+    one computation per (token, expert) pair: the selected experts gathered, one batched matmul each."""
     T, k = local.shape
     e = local.flatten()
     if experts_fused(x, stacks):
