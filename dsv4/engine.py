@@ -26,7 +26,9 @@ from .checkpoint.init import random_weights
 from .checkpoint.load import load_weights
 from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
+from .kernels import moe as fused_moe
 from .model.forward import Transformer
+from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
@@ -295,6 +297,41 @@ class Model(ModelCommon):
             for start in range(0, tokens.shape[0], chunk_size):
                 self._run(state, tokens[start:start + chunk_size])
         return state.logits.clone()
+
+    def prefill_batch(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One prefill chunk for each of several states in one forward: states[b] takes chunks[b], all of one
+        length T, each at its own position; -> each chunk's last-token logits (fp32 [B, vocab]). Several states
+        need a short T (dsv4.model.rows.short_chunk): every row is then computed as it would be alone, so each
+        state's bytes are those of `prefill(states[b], chunks[b], chunk_size=T)`. One state takes any T (that
+        prefill itself). One verdict: a refusal quarantines every state and raises RefusalError, nothing
+        committed for any."""
+        B = len(states)
+        if not B or len(chunks) != B:
+            raise ValueError(f"prefill_batch: {B} states and {len(chunks)} chunks: one each, at least one")
+        if len({id(s) for s in states}) != B:
+            raise ValueError("prefill_batch: a state appears twice in one forward")
+        tokens = [self._tokens(c, "prefill_batch") for c in chunks]
+        T = tokens[0].shape[0]
+        if any(t.shape[0] != T for t in tokens):
+            raise ValueError(f"prefill_batch: chunks of {sorted({t.shape[0] for t in tokens})} tokens; one length "
+                             "per forward")
+        if B > 1 and not short_chunk(T):
+            raise ValueError(f"prefill_batch: chunks of {T} tokens; several states take at most "
+                             f"{fused_moe.CONFIG['prefill_pair_tokens']} each (a longer chunk's rows depend on "
+                             "the batch)")
+        for s in states:
+            s.check_open()
+            s.check_room(T)
+        with torch.inference_mode():
+            verdict = float(self.transformer.transaction(list(states), torch.cat(tokens).to(self.device)))
+        if verdict != 0:
+            message = self.refusal_message()
+            for s in states:
+                s.quarantine = message
+            raise RefusalError(message)
+        for s in states:
+            s.host_pos += T
+        return torch.stack([s.logits for s in states])
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor:
         """One committed step on `token`; returns its logits (fp32 [vocab])."""

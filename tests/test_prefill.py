@@ -155,13 +155,21 @@ def test_prefill_continues_at_unaligned_positions(model, single_steps):
 
 @torch.inference_mode()
 def test_prefill_grouped_equals_the_loop_in_the_model(model, single_steps, monkeypatch):
-    """The whole forward with the all-experts loop in place of the grouped experts: same logits."""
+    """The whole forward with the all-experts loop in place of the grouped experts: same logits (chunks of 45
+    tokens: long chunks here, the short limit set below them)."""
+    from dsv4.kernels import moe as fused_moe
+
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 8)
+    calls = []
+    real = moe.grouped_experts
+    monkeypatch.setattr(moe, "grouped_experts", lambda *a, **k: calls.append(1) or real(*a, **k))
     stream, _ = single_steps
     a = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
 
     def loop(x, local, weights, experts, act, limit=None):
         return routed_all_experts(x, local, weights, experts, 0, model.cfg)
 
+    assert len(calls) == 2 * model.cfg.num_hidden_layers
     monkeypatch.setattr(moe, "grouped_experts", loop)
     b = model.prefill(model.new_state(128), stream[:90], chunk_size=45)
     assert rel(a, b) <= 1e-5
@@ -233,14 +241,18 @@ def test_grouped_experts_bf16_on_cuda(monkeypatch):
     assert float((a.float().cpu() - ref).abs().max()) <= 2 ** -6 * float(ref.abs().max())
 
 
-def test_prefill_table_smoke_on_cpu(tmp_path):
-    """benchmarks/prefill_table.py on tiny: every range in a group, the sub-phase wrappers put back."""
+def test_prefill_table_smoke_on_cpu(tmp_path, monkeypatch):
+    """benchmarks/prefill_table.py on tiny: every range in a group, the sub-phase wrappers put back. Its chunks of
+    8 tokens take the long chunks' path (grouped experts): the short limit is set below them."""
     import importlib.util
     import json
     from pathlib import Path
 
     from dsv4 import measure
+    from dsv4.kernels import moe as fused_moe
     from dsv4.model import attention
+
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 4)
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "prefill_table.py"
     spec = importlib.util.spec_from_file_location("prefill_table", path)
@@ -332,12 +344,13 @@ def test_prefill_moe_schedule_covers_every_pair_once():
 def test_prefill_with_the_fp4_expert_kernel_equals_single_steps(monkeypatch):
     """tiny with FP4 experts (a quantised checkpoint's layout), fp32: prefill chunks whose routed experts run
     dsv4.kernels.prefill_moe (every other op the torch reference) against single decode steps, which never
-    take it: within TOL, and the kernel ran for every MoE layer of every chunk. On a GPU: fp32, the kernel's
-    ieee dots."""
+    take it: within TOL, and the kernel ran for every MoE layer of every chunk (of 23 and 15 tokens: long chunks
+    here, the short limit set below them). On a GPU: fp32, the kernel's ieee dots."""
     pytest.importorskip("triton")
     from dsv4.checkpoint.init import random_weights
     from dsv4.checkpoint.synth import written_config
     from dsv4.engine import Model
+    from dsv4.kernels import moe as fused_moe
     from dsv4.kernels import prefill_moe
     from dsv4.model import moe_prefill
     from dsv4.model.forward import Transformer
@@ -363,6 +376,7 @@ def test_prefill_with_the_fp4_expert_kernel_equals_single_steps(monkeypatch):
         return x.shape[0] > 8 and prefill_moe.supported(x, [experts[w] for w in ("w1", "w3", "w2")])
 
     monkeypatch.setenv("DSV4_KERNELS", "torch")
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 8)
     monkeypatch.setattr(moe_prefill, "fused_runs", runs)
     monkeypatch.setattr(moe, "fused_runs", runs)
     monkeypatch.setattr(prefill_moe, "experts", counted)
@@ -494,21 +508,26 @@ def test_a_short_chunk_takes_the_pair_kernels_and_equals_single_steps(monkeypatc
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="needs triton's interpreter")
 def test_short_chunks_choose_the_pair_kernels(monkeypatch):
-    """moe.routed on a prefill chunk: at most prefill_pair_tokens rows take the decode kernels (kernels on), more
-    rows the grouped path; with the kernels off ("auto" on CPU) the torch reference's choice is unchanged."""
+    """A chunk of at most prefill_pair_tokens tokens runs its rows alone (rows.short_chunk, by T alone), and
+    moe.routed then takes the decode kernels (kernels on) or the reference's per-pair path (kernels off, "auto"
+    on CPU; PAIR_ROWS tokens a gather); more rows, outside rows_alone, the grouped path."""
     pytest.importorskip("triton")
     from dsv4.kernels import moe as fused_moe
     from dsv4.model import moe_prefill
+    from dsv4.model.rows import rows_alone, short_chunk
 
     cfg = dsv4.config.preset("tiny")
     experts = fp4_stacks(4, 64, 64, torch.float8_e8m0fnu, seed=2)
     taken = []
     monkeypatch.setattr(fused_moe, "routed", lambda x, *a: taken.append(("pairs", x.shape[0])) or x)
+    monkeypatch.setattr(moe, "_pairs", lambda x, *a: taken.append(("reference pairs", x.shape[0])) or x)
     monkeypatch.setattr(moe_prefill, "grouped_experts", lambda x, *a: taken.append(("grouped", x.shape[0])) or x)
     monkeypatch.setattr(moe, "grouped_experts", moe_prefill.grouped_experts)
     monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 16)
-    for T, kernels_on in ((16, True), (17, True), (16, False)):
+    for T, kernels_on in ((16, True), (17, True), (16, False), (17, False)):
         monkeypatch.setenv("DSV4_KERNELS", "triton" if kernels_on else "auto")
         local, weights = routing(T, 2, 4, seed=1)
-        moe.routed(torch.randn(T, 64), local, weights, experts, 0, cfg)
-    assert taken == [("pairs", 16), ("grouped", 17), ("grouped", 16)]
+        with rows_alone(short_chunk(T)):
+            moe.routed(torch.randn(T, 64), local, weights, experts, 0, cfg)
+    pairs = [("reference pairs", moe.PAIR_ROWS)] * (16 // moe.PAIR_ROWS)  # a few tokens' experts dequantised at a time
+    assert taken == [("pairs", 16), ("grouped", 17), *pairs, ("grouped", 17)]

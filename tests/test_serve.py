@@ -4,7 +4,8 @@ The server (FastAPI + uvicorn, one scheduler thread) runs in a thread on an ephe
 Checked: /v1/models, /health, /metrics; a seeded completion equals the engine's own sampled stream
 and the greedy one argmax decoding; streams join to the non-streamed text (usage only with
 stream_options.include_usage); chat goes through DeepSeek's chat encoding; stop strings cut the
-text; 8 concurrent streams each equal their solo stream; a client leaving mid-stream (or before a
+text; 8 concurrent streams each equal their solo stream (and, with short prefill chunks, prefill in grouped
+forwards); a client leaving mid-stream (or before a
 non-streamed answer) frees its slot and the next request is served; a full queue answers 429 with
 Retry-After; every OpenAI request field is either honoured or refused with a 400 naming it
 (tests/test_serve_surface.py: n, batch prompts, echo, the other endpoints, the request path's errors).
@@ -179,6 +180,32 @@ def test_concurrent_streams_equal_their_solo_streams(client, server):
         t.join(120)
     assert got == solo
     assert max(s[0] for s in spans) < min(s[1] for s in spans)  # they did run together
+
+
+def test_concurrent_short_prompts_prefill_together_and_equal_their_solo_streams(model, monkeypatch):
+    """8 concurrent requests on a server prefilling 8 tokens a chunk: chunks of one length run in one forward
+    (Model.prefill_batch of several states, counted), and each stream equals its stream alone."""
+    sizes = []
+    real = model.prefill_batch
+    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: sizes.append(len(states)) or real(states, chunks))
+    with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=128, max_num_seqs=8, prefill_chunk=8) as srv:
+        c = serving.client(srv, timeout=60)
+        jobs = [dict(model=NAME, prompt=f"short prompt {i} " * (2 + i % 3), max_tokens=4, temperature=1.0,
+                     seed=200 + i) for i in range(8)]
+        solo = [stream_text(c.completions.create(**j, stream=True))[:2] for j in jobs]
+        sizes.clear()
+        got = [None] * len(jobs)
+
+        def one(i):
+            got[i] = stream_text(c.completions.create(**jobs[i], stream=True))[:2]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert got == solo
+    assert max(sizes) > 1, f"no grouped prefill: forwards of {sizes} states"
 
 
 def test_disconnects_free_the_slot(client, server):

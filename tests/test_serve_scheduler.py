@@ -3,7 +3,8 @@
 Checked: sequences run together give, token for token, what each gives alone (`Model.sample_tokens`,
 sampled with its seed), slots reused after others included; a long prompt is prefilled in chunks
 while a running sequence keeps decoding; a cancelled sequence frees its slot; a full waiting
-queue refuses.
+queue refuses; a round's short prefill chunks of one length run in one forward (Model.prefill_batch),
+each sequence's tokens equal to alone, and a refused grouped prefill fails its sequences alone.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def run(sched, seqs, timeout=120):
                         done.set()
         return emit
 
-    for i, (ids, n, sampling) in enumerate(seqs):
-        sched.submit(Sequence(list(ids), n, sampling, emitter(i)))
+    with sched.cond:  # every one queued before the scheduler admits any
+        for i, (ids, n, sampling) in enumerate(seqs):
+            sched.submit(Sequence(list(ids), n, sampling, emitter(i)))
     assert done.wait(timeout), "the scheduler did not finish"
     return out, log
 
@@ -158,3 +160,84 @@ def test_slots_are_one_pool_and_two_ranks_equal_alone(model):
         assert got == expected
     finally:
         two.close()
+
+
+def grouped_jobs(model):
+    """Prompts of 21, 30 and 13 tokens (prefills of 20, 29, 12: chunks 8+8+4, 8+8+8+5, 8+4 at prefill_chunk 8) and
+    a one-token prompt (no prefill)."""
+    ids = lambda n, s: [(s * 31 + 7 * j) % 500 + 2 for j in range(n)]  # noqa: E731
+    return [(ids(21, 1), 6, dsv4.SamplingParams(seed=11)), (ids(30, 2), 5, dsv4.SamplingParams(temperature=0.8, seed=12)),
+            (ids(13, 3), 7, dsv4.SamplingParams.greedy()), ([5], 6, dsv4.SamplingParams(seed=14))]
+
+
+def counted_prefills(model, monkeypatch, refuse_first_group=False):
+    """Record the states of each prefill_batch call; optionally refuse the first one of several states."""
+    sizes = []
+    real = model.prefill_batch
+
+    def prefill_batch(states, chunks):
+        sizes.append(len(states))
+        if refuse_first_group and len(states) > 1 and all(n == 1 for n in sizes[:-1]):
+            model.arm_refusal(0, 0, 5, "moe")
+            try:
+                return real(states, chunks)
+            finally:
+                model.reset_refusals()
+        return real(states, chunks)
+
+    monkeypatch.setattr(model, "prefill_batch", prefill_batch)
+    return sizes
+
+
+def test_short_chunks_of_one_length_prefill_together_and_equal_alone(model, monkeypatch):
+    """Each round's prefill chunks of one length run in one forward (Model.prefill_batch); every sequence's
+    tokens equal its tokens alone through the same scheduler (the same chunk boundaries)."""
+    jobs = grouped_jobs(model)
+    sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
+    sched.start()
+    try:
+        expected = [run(sched, [j])[0][0] for j in jobs]
+        sizes = counted_prefills(model, monkeypatch)
+        got, _ = run(sched, jobs)
+    finally:
+        sched.stop()
+    assert got == expected
+    # 9 chunks in 6 forwards: round 1 the three 8-token chunks, round 2 two of 8 and one of 4, then 4 | 8, then 5.
+    assert sizes == [3, 2, 1, 1, 1, 1]
+
+
+def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):
+    """The first round's grouped prefill (three sequences) is refused: those three end with an error, nothing
+    committed, their slots zeroed; the one-token prompt decoding beside them finishes as it does alone, and
+    the next requests on the reused slots too."""
+    jobs = grouped_jobs(model)
+    sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
+    sched.start()
+    try:
+        expected = [run(sched, [j])[0][0] for j in jobs]
+        sizes = counted_prefills(model, monkeypatch, refuse_first_group=True)
+        got, log = run(sched, jobs)
+        assert sizes == [3]
+        errors = {i for i, kind, *rest in log if kind == "error"}
+        assert errors == {0, 1, 2} and got[:3] == [[], [], []]
+        assert "site moe" in str(next(e[2] for e in log if e[1] == "error"))
+        assert got[3] == expected[3]
+        again, _ = run(sched, jobs)
+    finally:
+        sched.stop()
+    assert again == expected
+
+
+def test_prefill_groups_split_by_length_and_size(model, monkeypatch):
+    """Chunks group by length, at most PREFILL_GROUP_TOKENS tokens a forward; a chunk past the short limit goes
+    alone; each chunk is its own prompt's next prefill_chunk tokens (the last prompt token is decode's)."""
+    from dsv4.kernels import moe as fused_moe
+    from dsv4.serve import scheduler
+
+    sched = Scheduler(model, max_num_seqs=1, max_model_len=64, prefill_chunk=8)
+    seqs = [Sequence(list(range(2, 2 + n)), 1, None, None) for n in (30, 5, 20, 12, 9, 30)]
+    monkeypatch.setattr(scheduler, "PREFILL_GROUP_TOKENS", 16)
+    groups = [[(seqs.index(s), len(c)) for s, c in g] for g in sched._prefill_groups(seqs)]
+    assert groups == [[(0, 8), (2, 8)], [(3, 8), (4, 8)], [(5, 8)], [(1, 4)]]
+    monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 6)
+    assert [[seqs.index(s) for s, _ in g] for g in sched._prefill_groups(seqs[:3])] == [[0], [1], [2]]

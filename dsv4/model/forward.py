@@ -23,7 +23,7 @@ from ..state import DecodeState, StatePool, pool_of
 from .attention import attention, attention_pooled
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
-from .rows import dense, rows_alone
+from .rows import dense, rows_alone, short_chunk
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
@@ -100,8 +100,8 @@ class Transformer:
                 active: torch.Tensor | None = None) -> tuple[list[Write], torch.Tensor]:
         """tokens [B*T]: T tokens for each of the B states (sequence-major), each at its own position
         state.pos.. -> (staged writes, final streams [B*T, hc, D]). Everything but attention runs
-        over all rows at once; with one token per sequence (decode) each row comes out as it would
-        alone (rows_alone), so a sequence's step does not depend on the others in it."""
+        over all rows at once; in a decode step or a short prefill chunk (rows.short_chunk) each row
+        comes out as it would alone (rows_alone), so a sequence's step does not depend on the others in it."""
         cfg = self.cfg
         B = len(states)
         T = tokens.shape[0] // B
@@ -119,17 +119,17 @@ class Transformer:
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
         writes: list[Write] = []
-        decode = T == 1
-        with rows_alone(decode):
-            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", decode)
+        alone = short_chunk(T)
+        with rows_alone(alone):
+            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone)
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes)
-                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", decode)
+                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone)
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg)
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
-                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", decode)
+                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone)
         return writes, h
 
     @staticmethod
@@ -149,16 +149,16 @@ class Transformer:
         if self.trace is not None:
             self.trace[what] += n
 
-    def _boundary(self, out, post, comb, h, L: dict | None, site: str, decode: bool):
+    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool):
         """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
         out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
         normed input -> (streams, post, comb, x); L None (after the last layer): the streams alone.
-        A decode step runs it in one launch (dsv4.kernels.hc_boundary)."""
+        Rows alone (a decode step, a short chunk) run it in one launch (dsv4.kernels.hc_boundary: per row)."""
         cfg = self.cfg
         if h is not None:
             self._count("collective")
             self._count("hc_post")
-        if L is not None and decode and kernels.use_triton(out, gpu_checked=fused_boundary.GPU_CHECKED) and \
+        if L is not None and alone and kernels.use_triton(out, gpu_checked=fused_boundary.GPU_CHECKED) and \
                 fused_boundary.supported(out if h is None else h, cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]):
             with phase("mhc"):
                 return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,

@@ -22,6 +22,7 @@ from .. import kernels
 from ..config import ModelConfig
 from ..kernels import moe as fused_moe
 from ..kernels import route as fused_route
+from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
 from .rows import per_row, rows_per_weight
 from ..formats import QWeight
@@ -78,23 +79,23 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
                    stack.row0, stack.col0)
 
 
+PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a decode step's rows, at most
+
+
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
     it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]).
 
-    Decode rows (rows_alone) always take the per-(token, expert) path, whatever their number: the
-    grouped path's sums would depend on which other rows share the step."""
+    Rows alone (decode steps and short prefill chunks: model.rows.short_chunk) always take the per-(token,
+    expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
+    step. For a short chunk that is also the fast path: the decode kernels, one GEMV row per pair, read each
+    pair's expert once, where the grouped paths pay for unpacking (or dequantising) the layer's experts whole."""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
     limit = cfg.swiglu_limit
     alone = rows_per_weight(x) == 1
     stacks = [experts[name] for name in ("w1", "w3", "w2")]
-    if not alone and T <= fused_moe.CONFIG["prefill_pair_tokens"] and fused_moe.supported(x, stacks, 1) \
-            and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
-        # A short prefill chunk: the decode kernels, one GEMV row per (token, expert) pair, read each pair's
-        # expert once; the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
-        return fused_moe.routed(x, ids, weights, stacks, first, limit, shared)
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
@@ -103,20 +104,31 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
             # too, so they need no zeroing (_local's five launches a layer).
             return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared)
         local, weights = _local(ids, weights, first, n, x.dtype)
-        # Few tokens (decode): gather the selected experts' weights, one batched matmul each.
-        e = local.clamp(0, n - 1).flatten()
-        if experts_fused(x, stacks):
-            # The same SwiGLU on the stored FP8/FP4 bytes of the selected experts (no gather, no dequant).
-            h = swiglu_act(expert_linear(x, stacks[0], e, k), expert_linear(x, stacks[1], e, k), limit)
-            y = expert_linear(h, stacks[2], e, 1)
-        else:
-            w1, w3, w2 = (take(stack, e).dequant(x.dtype) for stack in stacks)
-            y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
-        return _plus((y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1), shared)
+        e = local.clamp(0, n - 1)
+        # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
+        # a pair in bf16), and a decode step's tokens are one block, as they always were.
+        blocks = [_pairs(x[r:r + PAIR_ROWS], e[r:r + PAIR_ROWS], weights[r:r + PAIR_ROWS], stacks, limit)
+                  for r in range(0, T, PAIR_ROWS)]
+        return _plus(blocks[0] if len(blocks) == 1 else torch.cat(blocks), shared)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
     local, weights = _local(ids, weights, first, n, x.dtype)
     return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
                  shared)
+
+
+def _pairs(x, local, weights, stacks: list[QWeight], limit: float) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_{local[t, j]}(x[t]) (local ids valid, weights 0 for other ranks' experts),
+    one computation per (token, expert) pair: the selected experts gathered, one batched matmul each."""
+    T, k = local.shape
+    e = local.flatten()
+    if experts_fused(x, stacks):
+        # The same SwiGLU on the stored FP8/FP4 bytes of the selected experts (no gather, no dequant).
+        h = swiglu_act(expert_linear(x, stacks[0], e, k), expert_linear(x, stacks[1], e, k), limit)
+        y = expert_linear(h, stacks[2], e, 1)
+    else:
+        w1, w3, w2 = (take(stack, e).dequant(x.dtype) for stack in stacks)
+        y = swiglu(x.repeat_interleave(k, dim=0).unsqueeze(1), w1, w3, w2, limit)  # rows [T*k, 1, D]
+    return (y.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
 
 
 def _plus(out: torch.Tensor, shared: torch.Tensor | None) -> torch.Tensor:

@@ -10,7 +10,11 @@ on where the row sits); a CUDA reduction's split depends on how many outputs it 
 `rows_alone` the reference runs row by row (`dense`, `per_row`); where it runs, `dense` takes a GEMV
 kernel that computes every row on its own in one launch instead (dsv4.kernels.dense). The forward
 turns rows_alone on for every step of one token per sequence, a solo step included, so solo and
-batched take the same path.
+batched take the same path, and for every short prefill chunk (`short_chunk`: at most
+prefill_pair_tokens tokens per sequence) alike: several prompts' chunks of one length then prefill in
+one forward (Model.prefill_batch), each row as it would be in its chunk alone. What stays per
+sequence (attention, the compressors, the indexer, the step's geometry) runs on that sequence's rows
+alone, with shapes from its own T and position. Longer chunks keep the GEMMs: faster, batch-dependent.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels import dense as dense_kernel
+from ..kernels import moe as fused_moe
 
 _ROWS_ALONE = contextvars.ContextVar("dsv4_rows_alone", default=False)
 
@@ -36,6 +41,13 @@ def rows_alone(on: bool = True):
         yield
     finally:
         _ROWS_ALONE.reset(token)
+
+
+def short_chunk(T: int) -> bool:
+    """Whether a step of T tokens per sequence computes each row alone (rows_alone): decode steps and prefill
+    chunks up to the MoE pair kernels' limit (dsv4.kernels.moe CONFIG prefill_pair_tokens). By T alone, never
+    by the number of sequences, so a chunk takes the same path alone and among others."""
+    return T <= fused_moe.CONFIG["prefill_pair_tokens"]
 
 
 def rows_per_weight(x: torch.Tensor) -> int:

@@ -7,13 +7,15 @@ and reused (zeroed on release, so a reused slot is byte for byte a fresh one). E
   1. take what handlers sent (new sequences wait in arrival order; cancellations are flags);
   2. admit waiting sequences into free slots;
   3. advance every active sequence by one unit of work: a sequence still in its prompt runs its
-     next prefill chunk (`prefill_chunk` tokens); all the others take one batched step together
-     (`Model.step_batch`: one forward for all of them, each row with its own position, caches and
-     sampling parameters on the device);
+     next prefill chunk (`prefill_chunk` tokens; the short chunks of one length together, in one
+     forward: `Model.prefill_batch`, a longer chunk in a forward of its own); all the others take one
+     batched step together (`Model.step_batch`: one forward for all of them, each row with its own
+     position, caches and sampling parameters on the device);
   4. drop finished or cancelled sequences, zero their slots.
 
 So a long prompt costs the running sequences one chunk per round, not its whole prefill. A batched
-step computes every row as that row alone (dsv4.model.rows) and the sampler is keyed by (seed,
+step and a grouped short chunk compute every row as that row alone (dsv4.model.rows), a sequence's
+chunk boundaries come from its own prompt and `prefill_chunk` alone, and the sampler is keyed by (seed,
 position), so a sequence's tokens are the same alone or among any others, and the same as
 `Model.sample_tokens` (whose prefill chunks have the same boundaries).
 
@@ -43,10 +45,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..model.rows import short_chunk
 from ..sampler import LogitsParams, Processing
 from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
+
+# Most tokens in one grouped prefill forward (states x chunk length): past it a length's group is split. It keeps
+# the pair kernels' grids within CUDA's 65,535 (dsv4.kernels.moe: a program row per (token, expert) pair) and
+# the forward's activations small; a sequence's chunks do not change, so neither do its bits.
+PREFILL_GROUP_TOKENS = 2048
 
 
 class QueueFull(Exception):
@@ -198,9 +206,7 @@ class Scheduler:
         return True
 
     def _round(self):
-        for seq in self.running:
-            if not seq.cancelled and seq.prefilling:
-                self._guarded(seq, self._prefill)
+        self._prefill([s for s in self.running if not s.cancelled and s.prefilling])
         self._decode([s for s in self.running if not s.cancelled and not s.prefilling])
         done = [s for s in self.running if s.cancelled]
         for seq in done:
@@ -211,11 +217,31 @@ class Scheduler:
                 self.free += [s.slot for s in done]
             self._gauge()
 
-    def _prefill(self, seq: Sequence):
-        start = seq.prefilled
-        chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
-        self.model.prefill(self.slots[seq.slot], chunk, chunk_size=self.prefill_chunk)
-        seq.prefilled += len(chunk)
+    def _prefill(self, seqs: list[Sequence]):
+        """The next prefill chunk of each sequence: the short chunks of one length in one forward, each longer
+        one in its own (dsv4.model.rows.short_chunk). A group that fails fails its sequences alone."""
+        for group in self._prefill_groups(seqs):
+            try:
+                self.model.prefill_batch([self.slots[s.slot] for s, _ in group], [c for _, c in group])
+            except Exception as e:  # noqa: BLE001 - a refused forward: its sequences fail, others go on
+                self._failed([s for s, _ in group], e)
+                continue
+            for seq, chunk in group:
+                seq.prefilled += len(chunk)
+
+    def _prefill_groups(self, seqs: list[Sequence]) -> list[list[tuple[Sequence, list[int]]]]:
+        """(sequence, next chunk) pairs by forward: short chunks of one length together, at most
+        PREFILL_GROUP_TOKENS tokens a forward; a longer chunk alone. A chunk's bounds are its own prompt's."""
+        by_length: dict[object, list[tuple[Sequence, list[int]]]] = {}
+        for seq in seqs:
+            start = seq.prefilled
+            chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
+            by_length.setdefault(len(chunk) if short_chunk(len(chunk)) else seq, []).append((seq, chunk))
+        groups = []
+        for same in by_length.values():
+            most = max(1, PREFILL_GROUP_TOKENS // len(same[0][1]))
+            groups += [same[i:i + most] for i in range(0, len(same), most)]
+        return groups
 
     def _decode(self, seqs: list[Sequence]):
         """One batched step for every decoding sequence: eager over their own slots, or the graph of
@@ -239,11 +265,7 @@ class Scheduler:
             else:
                 out = self.model.step_batch(states, tokens, samplings, active, graph=self.graphs)
         except Exception as e:  # noqa: BLE001 - a refused step: every sequence in it fails, others go on
-            log.warning("dsv4 serve: a batched step failed: %r", e)
-            for seq in seqs:
-                seq.emit(("error", RequestError(f"the engine failed this request: {e}", status=500,
-                                                kind="server_error")))
-                seq.cancel()
+            self._failed(seqs, e)
             return
         for seq, token in zip(rows, out):
             if seq is not None:
@@ -269,7 +291,12 @@ class Scheduler:
         try:
             work(seq)
         except Exception as e:  # noqa: BLE001 - a refused step or a bad state: this request fails, others go on
-            log.warning("dsv4 serve: a sequence failed: %r", e)
+            self._failed([seq], e)
+
+    def _failed(self, seqs: list[Sequence], e: Exception):
+        """End the sequences of a failed forward (an engine error), each with a 500."""
+        log.warning("dsv4 serve: a forward failed for %d sequence(s): %r", len(seqs), e)
+        for seq in seqs:
             seq.emit(("error", RequestError(f"the engine failed this request: {e}", status=500,
                                             kind="server_error")))
             seq.cancel()

@@ -1,0 +1,93 @@
+"""Several prompts' short prefill chunks in one forward (Model.prefill_batch) against one forward each.
+
+    python benchmarks/prefill_batch_bench.py flash --ranks 2 [--states 16] [--tokens 63] [--runs 3]
+    python benchmarks/prefill_batch_bench.py tiny --device cpu --states 4 --tokens 16 --runs 1   (CPU smoke)
+
+For B = 1 and B = --states: B fresh states (pool slots, as the server's) each take their own --tokens-token
+chunk of a different prompt, first one prefill per state (`Model.prefill`, the server before issue 12), then all
+in one `Model.prefill_batch`; the median of --runs of each. Each grouped state's digest (every rank's) and
+logits must equal its own prefill's: exit 1 when not. One record per line:
+
+  PREFILL_BATCH_BUILD  preset, ranks, device, provenance, build wall
+  PREFILL_BATCH        states, tokens, one_by_one_s, grouped_s, speedup, grouped tok/s, equal (bytes alone ==
+                       grouped), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV) and DSV4_KERNELS
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import dsv4
+from dsv4.receipts import emit, provenance
+
+
+def prompts(states: int, tokens: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(tokens)
+    return [torch.randint(2, vocab, (tokens,), generator=g).tolist() for _ in range(states)]
+
+
+def fresh(states: list) -> None:
+    for s in states:
+        s.discard()  # zeroed: byte for byte a fresh state
+
+
+def timed(model, run) -> float:
+    model.synchronize()
+    t = time.perf_counter()
+    run()
+    model.synchronize()
+    return time.perf_counter() - t
+
+
+def bench(model, slots, B: int, tokens: int, runs: int) -> dict:
+    chunks = prompts(B, tokens, model.cfg.vocab_size)
+    states = slots[:B]
+    one, grouped, alone = [], [], None
+    for _ in range(runs + 1):  # the first of each untimed: builds, allocator
+        fresh(states)
+        one.append(timed(model, lambda: [model.prefill(s, c, chunk_size=tokens) for s, c in zip(states, chunks)]))
+        alone = [(model.digests_all(s), model.logits_sha_all(s)) for s in states]
+        fresh(states)
+        grouped.append(timed(model, lambda: model.prefill_batch(states, chunks)))
+    equal = [(model.digests_all(s), model.logits_sha_all(s)) for s in states] == alone
+    one_s, grouped_s = statistics.median(one[1:]), statistics.median(grouped[1:])
+    return dict(states=B, tokens=tokens, one_by_one_s=round(one_s, 4), grouped_s=round(grouped_s, 4),
+                speedup=round(one_s / grouped_s, 2), grouped_tok_s=round(B * tokens / grouped_s, 1), equal=equal,
+                runs=runs, qgemv=os.environ.get("DSV4_QGEMV", "v2"), dense_gemv=os.environ.get("DSV4_DENSE_GEMV", "v2"),
+                kernels=os.environ.get("DSV4_KERNELS", "auto"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("preset")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--states", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=63, help="chunk length (a 64-token prompt prefills 63)")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    t = time.perf_counter()
+    model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
+    model.each("pool_states", args.states)
+    slots = [model.new_state(args.tokens + 8) for _ in range(args.states)]
+    model.each("pool_states", 0)
+    emit("PREFILL_BATCH_BUILD", ranks=args.ranks, build_s=round(time.perf_counter() - t, 1),
+         **provenance(args.device, args.preset))
+    ok = True
+    for B in sorted({1, args.states}):
+        record = bench(model, slots, B, args.tokens, args.runs)
+        ok &= record["equal"]
+        emit("PREFILL_BATCH", preset=args.preset, ranks=args.ranks, **record)
+    if args.ranks > 1:
+        model.close()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
