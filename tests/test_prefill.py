@@ -98,6 +98,8 @@ def test_grouped_experts_float64_loop_and_bf16():
     assert float((got16.float() - ref32).abs().max()) <= 2 ** -6 * float(ref32.abs().max())
 
 
+@pytest.mark.skipif(kernels.mode() == "triton" and not kernels.interpreting(),
+                    reason="CPU tensors: DSV4_KERNELS=triton needs the interpreter for them")
 def test_grouped_experts_make_no_host_sync():
     cfg = dsv4.config.preset("tiny")
     experts = expert_stacks(8, 64, 64, "fp4", seed=7)
