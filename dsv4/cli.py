@@ -35,6 +35,11 @@ def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True):
                    help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--gemv", choices=["v2", "v3"], default=None,
+                   help="decode GEMV kernels on CUDA: v2 (default; fastest for one sequence) or v3 (tensor-core "
+                        "tiles of 16 rows: batched steps much faster, a lone sequence slower; for a server of many "
+                        "users). Tokens are the same alone or batched under either, but v2 and v3 differ from "
+                        "each other (DSV4_QGEMV / DSV4_DENSE_GEMV)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch's intra-op work (default: OMP_NUM_THREADS when set, else the "
                         "cores this process may use that the load average leaves idle, at most 8 and at most "
@@ -71,11 +76,19 @@ def _load(args):
 
     source = _source(args)
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    _select_gemv(args)
     with warnings.catch_warnings():
         # --preset tiny beside a ./tiny directory: the flag already said which one is meant
         warnings.filterwarnings("ignore", message=".* is the preset; the directory")
         return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed,
                     tokenizer="stand-in" if getattr(args, "stand_in_tokenizer", False) else None)
+
+
+def _select_gemv(args):
+    if getattr(args, "gemv", None) is not None:
+        from .kernels import select_gemv
+
+        select_gemv(args.gemv)  # before the load: spawned ranks read it at import
 
 
 def _source(args):
@@ -267,6 +280,7 @@ def cmd_gate(args) -> int:
     _device(args.device)
     if isinstance(_source(args), Path) and args.model in PRESETS:
         args.model = f"./{args.model}"  # the directory, as dsv4.load reads a bare preset name as the preset
+    _select_gemv(args)
     return run_gate(args)
 
 

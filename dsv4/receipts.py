@@ -30,11 +30,12 @@ def commit_id() -> str:
 
 
 def provenance(device=None, preset: str | None = None) -> dict:
-    """commit, torch, device, device_name, kernels (DSV4_KERNELS) and preset of a measurement."""
+    """commit, torch, device, device_name, kernels (DSV4_KERNELS), gemv (the decode GEMVs' kernels) and preset of a
+    measurement."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"commit": commit_id(), "torch": torch.__version__, "device": str(device), "device_name": name,
-            "kernels": kernels.mode(), "preset": preset}
+            "kernels": kernels.mode(), "gemv": kernels.gemv(), "preset": preset}
 
 
 class Receipts:

@@ -111,6 +111,30 @@ def test_bench_prints_its_records():
     rows = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("BENCH_ROW ")]
     assert [row["arm"] for row in rows] == ["eager"] * 4  # the arm that ran: no graph on CPU
     assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
+    assert summary["gemv"] == "v2"
+
+
+def test_gemv_flag_selects_the_decode_gemvs(monkeypatch):
+    """--gemv names the decode GEMVs' kernels for the load (and the ranks it spawns, through the environment); the
+    records say which ran."""
+    from dsv4 import kernels
+    from dsv4.kernels import dense, qgemv
+
+    r = dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prime", "4", "--steps", "2", "--rows", "1",
+                 "--gemv", "v3")
+    assert r.returncode == 0, r.stderr
+    summary = next(line for line in r.stdout.splitlines() if line.startswith("BENCH_SUMMARY "))
+    assert json.loads(summary.split(" ", 1)[1])["gemv"] == "v3"
+    assert "invalid choice: 'v9'" in dsv4_cli("bench", "--preset", "tiny", "--gemv", "v9").stderr
+    monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
+    monkeypatch.setitem(dense.CONFIG, "kernel", "v2")
+    monkeypatch.setenv("DSV4_QGEMV", "v2")
+    monkeypatch.setenv("DSV4_DENSE_GEMV", "v2")
+    kernels.select_gemv("v3")
+    assert qgemv.CONFIG["kernel"] == dense.CONFIG["kernel"] == os.environ["DSV4_QGEMV"] == "v3"
+    assert os.environ["DSV4_DENSE_GEMV"] == "v3" and kernels.gemv() == "v3"
+    with pytest.raises(ValueError, match="gemv 'v1': allowed"):
+        kernels.select_gemv("v1")
 
 
 def test_version_module_entry_and_help_defaults():

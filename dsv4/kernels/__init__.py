@@ -47,6 +47,31 @@ def enabled(kernel, t: torch.Tensor) -> bool:
     return use_triton(t, gpu_checked=kernel.GPU_CHECKED)
 
 
+GEMVS = ("v2", "v3")
+
+
+def gemv() -> str:
+    """The decode GEMVs' kernel family (qgemv's and dense's CONFIG["kernel"]; see select_gemv)."""
+    from . import dense, qgemv
+
+    return qgemv.CONFIG["kernel"] if qgemv.CONFIG["kernel"] == dense.CONFIG["kernel"] else \
+        f"qgemv {qgemv.CONFIG['kernel']}, dense {dense.CONFIG['kernel']}"
+
+
+def select_gemv(name: str) -> None:
+    """The decode GEMVs' kernels for this process and the ranks it spawns after this call (they read
+    DSV4_QGEMV / DSV4_DENSE_GEMV at import): "v2", one row per program's own multiply-adds (fastest for one
+    sequence), or "v3", tensor-core tiles of 16 rows (a batched step's GEMVs ~4x faster at 16 rows, a lone row
+    ~25 % slower: benchmarks/RESULTS.md, session 7). Either way a row's bits do not depend on the batch, but v2
+    and v3 give a row different bits: a model's outputs are comparable within one choice."""
+    from . import dense, qgemv
+
+    if name not in GEMVS:
+        raise ValueError(f"gemv {name!r}: allowed {list(GEMVS)}")
+    qgemv.CONFIG["kernel"] = dense.CONFIG["kernel"] = name
+    os.environ["DSV4_QGEMV"] = os.environ["DSV4_DENSE_GEMV"] = name
+
+
 def use_triton(t: torch.Tensor, gpu_checked: bool = True) -> bool:
     """gpu_checked=False marks a kernel not yet through the GPU checks (its CUDA tests, the replay
     identity, the gate: benchmarks/gpu_checks.sh): "auto" keeps the torch reference for it, and
