@@ -50,6 +50,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd += ["--model", args.model] if args.model else ["--preset", args.preset]
     cmd += ["--ranks", str(args.ranks)] + (["--device", args.device] if args.device else [])
     cmd += ["--no-precapture"] if args.no_precapture else []
+    cmd += ["--gemv", args.gemv] if args.gemv else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in proc.stderr:
@@ -186,6 +187,7 @@ def main():
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds a level may issue requests")
     ap.add_argument("--no-precapture", action="store_true",
                     help="start the server with --no-precapture (each bucket's graph captured at its first use)")
+    ap.add_argument("--gemv", choices=["v2", "v3"], help="start the server with --gemv (its decode GEMVs' kernels)")
     args = ap.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
     proc = None
