@@ -19,6 +19,10 @@ from dsv4.model.commit import Write, commit
 pytest.importorskip("triton")
 
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+
+# A tiny model through every kernel: minutes under the interpreter, so its CPU case joins the slow set
+# (DSV4_SLOW=1); CI keeps the kernels' own tests, and on a GPU machine the CUDA case runs.
+MODEL_DEVICES = [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES]
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -96,7 +100,7 @@ def test_writes_the_table_cannot_hold():
     assert not commit_step.supported([Write(buf, torch.tensor([1]), torch.ones(1, 4), torch.tensor(True))])
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 def test_model_steps_through_one_launch_as_through_one_per_write(monkeypatch, device):
     """tiny (every layer kind), a prefill and steps across compressed-window closes: the caches after one
     launch per step are the caches after one launch per write, byte for byte."""

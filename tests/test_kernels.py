@@ -30,6 +30,10 @@ pytest.importorskip("triton")
 # no GPU); on a GPU machine the kernels are compiled and tested on the GPU.
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
 
+# A tiny model through every kernel: minutes under the interpreter, so its CPU case joins the slow set
+# (DSV4_SLOW=1); CI keeps the kernels' own tests, and on a GPU machine the CUDA case runs.
+MODEL_DEVICES = [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES]
+
 
 def close(a, b, dtype, tol=1e-6):
     if dtype == torch.float32:
@@ -175,7 +179,7 @@ def tiny_fp8(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 @pytest.mark.parametrize("source", ["tiny", pytest.param("tiny_fp8", marks=pytest.mark.slow)])  # fp8: ~2 min
 def test_tiny_model_through_the_kernels(monkeypatch, request, device, source):
     """The whole tiny model (all five layer kinds, both routers) with and without the kernels:
@@ -301,7 +305,7 @@ def test_every_kernel_compiles_for_sm90():
     assert "COMPILED" in r.stdout
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 def test_refused_step_through_the_kernels_changes_nothing(monkeypatch, device):
     """The transaction with the commit kernel: a refused step leaves cache, hidden and position as they
     were; the same step then commits once the refusal is cleared."""

@@ -23,6 +23,10 @@ from dsv4.model.rope import apply_rope
 pytest.importorskip("triton")
 
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+
+# A tiny model through every kernel: minutes under the interpreter, so its CPU case joins the slow set
+# (DSV4_SLOW=1); CI keeps the kernels' own tests, and on a GPU machine the CUDA case runs.
+MODEL_DEVICES = [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES]
 TOL = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
 
 
@@ -73,7 +77,7 @@ def test_shapes_the_kernel_does_not_take():
     assert not normrope.supported(x.to(torch.bfloat16), weight.to(torch.float16), cos, sin)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 def test_model_through_the_fused_kernel(monkeypatch, device):
     """tiny (sliding, CSA, HCA layers), a prefill and decode steps: the same greedy tokens and logits within
     1e-5 of the largest as through the separate norm and rope kernels."""

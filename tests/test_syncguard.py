@@ -130,6 +130,7 @@ def test_guard_lets_device_work_through():
     assert y.tolist() == [1.0, 1.0, 4.0] and float(z) == 3.0 + 4.0
 
 
+@pytest.mark.slow  # about a minute under the interpreter; the CUDA replay tests check the captured step's syncs
 @pytest.mark.skipif(not dsv4.kernels.interpreting(), reason="a CPU model through the kernels: Triton's interpreter")
 def test_kernels_make_no_host_sync(monkeypatch, tmp_path):
     """Every Triton kernel's wrapper (DSV4_KERNELS=triton; the interpreter on CPU) in the captured step,
