@@ -56,10 +56,10 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     # the tensor-core variant (CONFIG tensor_cores, DSV4_MOE_TC=1): outputs per program of gate/up and down, K tile,
     # dot operand type, warps, gate/up split-K
     "tc": {"tensor_cores": True},
-    "tc_n16": {"tensor_cores": True, "tc_gate_up_block_n": 16, "tc_down_block_n": 16},
+    "tc_n16_w2": {"tensor_cores": True, "tc_gate_up_block_n": 16, "tc_down_block_n": 16, "num_warps": 2},
+    "tc_n32": {"tensor_cores": True, "tc_gate_up_block_n": 32, "tc_down_block_n": 32},
     "tc_n64": {"tensor_cores": True, "tc_gate_up_block_n": 64, "tc_down_block_n": 64},
     "tc_n128": {"tensor_cores": True, "tc_gate_up_block_n": 128, "tc_down_block_n": 128},
-    "tc_gu32_d64": {"tensor_cores": True, "tc_gate_up_block_n": 32, "tc_down_block_n": 64},
     "tc_k256": {"tensor_cores": True, "tc_block_k": 256},
     "tc_w8_n64": {"tensor_cores": True, "tc_gate_up_block_n": 64, "tc_down_block_n": 64, "num_warps": 8},
     "tc_split2": {"tensor_cores": True, "gate_up_split_k": 2},

@@ -7,7 +7,7 @@ the backward branch to it) with the most instructions, the K loop. Its instructi
 by the weight elements one thread handles per iteration (BLOCK_N x BLOCK_K per weight over 32 x num_warps threads;
 the tensor-core gate/up loop reads both weights, today's kernel runs one loop per weight). A static count: what each iteration issues, not a measurement of time.
 
-Run without TRITON_INTERPRET: python benchmarks/moe_tc_ptx.py [--block-n 32] [--block-k 512]
+Run without TRITON_INTERPRET: python benchmarks/moe_tc_ptx.py [--block-n 32] [--block-k 512] [--num-warps 4]
 Prints MOE_PTX {"kernel", "variant", "block_n", "block_k", "loop_instructions", "per_element", "kinds"} per arm.
 """
 
@@ -93,14 +93,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--block-n", type=int, default=32, help="tensor-core outputs per program (both kernels)")
     ap.add_argument("--block-k", type=int, default=512, help="tensor-core inputs per K tile")
+    ap.add_argument("--num-warps", type=int, default=4, help="warps of the tensor-core arms")
     args = ap.parse_args()
     D, I, n = 4096, 2048, 4
     x = torch.zeros(1, D, dtype=torch.bfloat16)
     ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.bfloat16)
     stacks = [QWeight(torch.zeros(n, r, c // 2, dtype=torch.int8), torch.zeros(n, r, c // 32, dtype=torch.float8_e8m0fnu),
                       "fp4") for r, c in ((I, D), (I, D), (D, I))]
-    arms = {"cuda_cores": {"tensor_cores": False},
-            "tc_fp16": {"tensor_cores": True, "tc_dot": "fp16"}, "tc_bf16": {"tensor_cores": True, "tc_dot": "bf16"}}
+    tc = {"tensor_cores": True, "num_warps": args.num_warps}
+    arms = {"cuda_cores": {"tensor_cores": False}, "tc_fp16": {**tc, "tc_dot": "fp16"}, "tc_bf16": {**tc, "tc_dot": "bf16"}}
     default = dict(moe.CONFIG)
     for variant, overrides in arms.items():
         moe.CONFIG.update(overrides, tc_gate_up_block_n=args.block_n, tc_down_block_n=args.block_n,

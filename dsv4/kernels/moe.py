@@ -25,19 +25,21 @@ Kernel 1's options (CONFIG; a GPU sweep, benchmarks/moe_bench.py, decides):
   rows owned elsewhere are all at its end; the same sums as without (equal bits).
 
 Tensor cores ("tensor_cores", DSV4_MOE_TC=1; off by default, FP4 experts and bf16 x only): both kernels read their
-FP4 weights through _fp4_tc instead of _fp4_rows, where the CUDA cores' ~6 integer/fp32 operations per weight
-element (unpack to fp32, one FMA per element) bound the kernels, not the memory. A K tile of BLOCK_K inputs
-(BLOCK_K / 32 <= 16 scale groups) is unpacked straight to fp16 (the bit trick of _fp4_rows: e2m1 x 2**-14) and
-multiplied by tl.dot with fp32 accumulation against a block-diagonal [BLOCK_K, 16] activation tile: column g
-holds the row's x on the inputs of the tile's scale group g and zeros elsewhere, so the dot's column g is that
-group's fp32 sum for each output, which is then multiplied by the group's scale (a [BLOCK_N, 16] tile of scales,
-one FMA per 16 x 32 weight elements) and summed over the groups and tiles. A program computes one row (or, for
+FP4 weights through _fp4_tc instead of _fp4_rows, whose CUDA-core work per weight element (unpacking to fp32, one
+FMA per element: ~7 PTX instructions, benchmarks/moe_tc_ptx.py) bounds the kernels, not the memory. A K tile of
+BLOCK_K inputs (at most 16 scale groups of 32) is unpacked straight to fp16 (the bit trick of _fp4_rows: e2m1 x
+2**-14, two inputs per 32-bit word, which is the pair the MMA operand holds) and multiplied by tl.dot with fp32
+accumulation by a block-diagonal activation tile of 16 rows: row g holds the row's x on the inputs of the tile's
+scale group g and zeros elsewhere, so the dot's row g is that group's fp32 sum for each output; it is multiplied by
+the group's ue8m0 scale (a [16, BLOCK_N] tile of scales: one FMA per 32 weight elements of an output) and summed
+over the groups and tiles, as the plain kernel applies a scale to each group's sum. The weights are the dot's
+second operand: the warps split the outputs, and none unpacks another's words. A program computes one row (for
 down, one token's experts one after another), as without tensor cores: a row's bits never depend on the batch.
 The dot's operands (CONFIG "tc_dot", counted in the compiled PTX: benchmarks/moe_tc_ptx.py):
 - "fp16" (default): the weight tile as unpacked; x scaled by the power of two 2**s that puts the row's max |x|
   in [2**14, 2**15) (exact: no bf16 value overflows fp16 then), rounded to fp16, the sums multiplied by 2**-s
-  (exact). bf16 -> fp16 keeps every bit of an x element down to max|x| * 2**-32 (fp16 subnormals reach 2**-24,
-  bf16 has 8 significant bits); smaller elements are rounded, by at most max|x| * 2**-40 each. No operation per
+  (exact). bf16 -> fp16 keeps every bit of an x element down to max|x| * 2**-31 (fp16 subnormals reach 2**-24,
+  bf16 has 8 significant bits); smaller elements are rounded, by at most max|x| * 2**-39 each. No operation per
   weight element besides the unpacking.
 - "bf16": x as it is, the unpacked fp16 weight converted to bf16 (exact for e2m1 x 2**-14): exact for every x,
   one conversion (through fp32) per weight element more.
@@ -71,9 +73,14 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # fewer per layer; off (DSV4_SHARED_ADD=0): a torch add after it (the same bits: the routed sum rounded, plus add,
 # rounded once). On since session 7 call 1 (replay and pool tests on CUDA with it in the graphs).
 # tensor_cores: the tensor-core variant of both kernels (the docstring; DSV4_MOE_TC=1): outputs per program of
-# gate/up and of down, inputs per K tile (a multiple of 128, at most 512: 16 scale groups), the dot's operand type.
+# gate/up and of down (at least 16, tl.dot's least), inputs per K tile (64, 128, 256 or 512: at most 16 scale
+# groups), the dot's operand type. Not GPU-timed yet (benchmarks/gpu_moetc_checks.sh); their K loops' PTX for sm_90
+# (benchmarks/moe_tc_ptx.py, Flash's shapes, 4 warps), instructions per weight element: today's kernels 7.0 (gate/up)
+# and 7.4 (down); fp16 dot, BLOCK_N 32 / 64 / 128: gate/up 4.4 / 3.9 / 3.7, down 6.9 / 5.2 / 4.4 (the unpacking
+# ~2.7 of it; the rest the x tiles, built once per program and K tile); bf16 dot 1.5 more (cvt). BLOCK_N must be at
+# least 8 x num_warps: below, warps share the outputs and unpack the same words (BLOCK_N 16, 4 warps: 14.7).
 CONFIG = {"tensor_cores": os.environ.get("DSV4_MOE_TC", "0") == "1", "tc_gate_up_block_n": 32,
-          "tc_down_block_n": 32, "tc_block_k": 512, "tc_dot": "fp16",
+          "tc_down_block_n": 64, "tc_block_k": 512, "tc_dot": "fp16",
           "prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1"}
@@ -334,6 +341,13 @@ def tensor_cores(x: torch.Tensor, w: QWeight) -> bool:
     return CONFIG["tensor_cores"] and w.fmt == "fp4" and x.dtype == torch.bfloat16
 
 
+def _tc_block_k() -> int:
+    block_k = CONFIG["tc_block_k"]
+    if block_k not in (64, 128, 256, 512):
+        raise ValueError(f"tc_block_k {block_k}: 64, 128, 256 or 512 (a tile's scale groups are the dot's 16 rows)")
+    return block_k
+
+
 def _tc_args(tc: bool) -> dict:
     """The tensor-core constexprs of a launch (constants when off: one build of the plain kernels)."""
     fp16 = tc and CONFIG["tc_dot"] == "fp16"
@@ -347,7 +361,7 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     routed = ids is not None
     I, K, rows = w1.shape[0], x.shape[1], x.shape[0] * topk
     tc = tensor_cores(x, w1)
-    block_k = CONFIG["tc_block_k"] if tc else _block_k(w1)
+    block_k = _tc_block_k() if tc else _block_k(w1)
     tiles = cdiv(K, block_k)
     k_chunk = cdiv(tiles, max(1, min(split_k, tiles))) * block_k
     splits, blocks = cdiv(K, k_chunk), cdiv(I, block_n)
@@ -396,7 +410,7 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
         h, d2, s2, ids, weights.contiguous(), add.contiguous() if fold else y, y, D, first, n_local, d2.stride(0),
         s2.stride(0), I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8,
-        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=CONFIG["tc_block_k"] if tc else _block_k(w2), **_tc_args(tc),
+        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=_tc_block_k() if tc else _block_k(w2), **_tc_args(tc),
         **_options())
     return y if add is None or fold else y + add
 
