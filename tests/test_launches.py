@@ -21,8 +21,8 @@ tensor (16 in this census; none on a GPU, where an empty op launches nothing).
 Branch topk (dsv4.kernels.topk, counted under DSV4_KERNELS=triton while GPU_CHECKED is False):
     tiny      373 / 619  ->  371 / 617
     tiny_fp8  228 / 269  ->  226 / 267
-The cut: the indexer's torch.topk and its valid compare in one launch (2 a CSA layer here; 3 on a GPU, where
-torch.topk is two kernels: gatherTopK and a bitonic sort).
+The cut: the indexer's torch.topk and its valid compare in one launch (2 -> 1 a CSA layer here, tiny has 2;
+3 -> 1 on a GPU, where torch.topk is two kernels: gatherTopK and a bitonic sort).
 """
 
 from __future__ import annotations
