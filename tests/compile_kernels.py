@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -430,6 +430,17 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
 for n in (1, 16):
     draw.uniform(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
+
+# the indexer's top-k (one variant per row length's power of two): Flash's k over a small store (k == N), the
+# decode benchmark's store (1027 keys), the limit's two largest; a k and N of no power of two (tiny's GPU tests);
+# the other keys_per_thread the benchmark sweeps at the benchmark's store
+for n, k in ((512, 512), (1027, 512), (8192, 512), (topk.MAX_N, 512), (100, 13)):
+    topk.smallest(torch.zeros(1, n, dtype=torch.int64), k, compressor._VISIBLE_BELOW)
+default = dict(topk.CONFIG)
+for per_thread in (8, 32):
+    topk.CONFIG.update(keys_per_thread=per_thread)
+    topk.smallest(torch.zeros(1, 1027, dtype=torch.int64), 512, compressor._VISIBLE_BELOW)
+    topk.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
