@@ -17,6 +17,13 @@ The cuts: the indexer's picks are top-k's indices (1 a CSA layer), the shared ex
 kernel's store (1 a layer), the sampler's draw in one launch (kernels/draw.py; 18 -> 1), its scalar where()s
 as masked_fill and the kept count without pad/clamp (3), sample()'s check of pos without ops on an empty
 tensor (16 in this census; none on a GPU, where an empty op launches nothing).
+
+Branch doorfuse, with kernels.door CONFIG in_place on (DSV4_DOOR_IN_PLACE=1; off by default):
+    tiny      373 / 619  ->  368 / 614
+    tiny_fp8  228 / 269  ->  218 / 259
+The cut: the door's pack kernel, one a door (2 x layers): the mHC boundary kernel does its bookkeeping and
+wo_b's GEMV and the routed down kernel write the partial sums into the payloads. tiny's experts (bf16: the
+torch path) still hand their sum over by a copy into the payload (1 a layer back).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 
 import dsv4
 from dsv4 import kernels
+from dsv4.kernels import door
 from dsv4.kernels import moe as fused_moe
 
 from launches import pooled_census, solo_census
@@ -33,6 +41,7 @@ from launches import pooled_census, solo_census
 pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on CPU (Triton's interpreter)")
 
 BOUNDS = {"tiny": {"solo": 373, "pooled": 619}, "tiny_fp8": {"solo": 228, "pooled": 269}}
+BOUNDS_IN_PLACE = {"tiny": {"solo": 368, "pooled": 614}, "tiny_fp8": {"solo": 218, "pooled": 259}}
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +53,16 @@ def checkpoints(tmp_path_factory):
                                               quant="fp8")}
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["pack", "door_in_place"])
 @pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
-def test_decode_step_launches(monkeypatch, checkpoints, source):
+def test_decode_step_launches(monkeypatch, checkpoints, source, in_place):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(fused_moe.CONFIG, "shared_add", True)
+    monkeypatch.setitem(door.CONFIG, "in_place", in_place)
     model = dsv4.load(checkpoints[source], device="cpu", dtype=torch.float32)
     counts = {"solo": solo_census(model), "pooled": pooled_census(model, 4)}
+    bounds = (BOUNDS_IN_PLACE if in_place else BOUNDS)[source]
     for kind, census in counts.items():
         top = "\n".join(f"  {n:4d} {site} {op}" for (site, op), n in census.sites.most_common(25))
-        assert census.total <= BOUNDS[source][kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.total <= bounds[kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.ops["triton::_pack_kernel"] == (0 if in_place else 2 * model.cfg.num_hidden_layers), kind
