@@ -157,8 +157,9 @@ def model_run(source, in_place: bool, monkeypatch):
     return record, opened
 
 
-@pytest.mark.skipif(not kernels.interpreting(), reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
-@pytest.mark.parametrize("quant", ["none", pytest.param("fp8", marks=pytest.mark.slow)])  # fp8: ~2 min here
+@pytest.mark.skipif(DEVICE == "cpu" and not kernels.interpreting(),
+                    reason="CPU tensors under DSV4_KERNELS=triton need the interpreter")
+@pytest.mark.parametrize("quant", ["none", pytest.param("fp8", marks=pytest.mark.slow)])  # fp8: ~2 min on CPU
 def test_model_bytes_equal_with_doors_in_place(monkeypatch, tmp_path, quant):
     from dsv4.checkpoint.synth import synth
     from dsv4.config import preset
@@ -173,3 +174,36 @@ def test_model_bytes_equal_with_doors_in_place(monkeypatch, tmp_path, quant):
     assert t0 == t1 and d0 == d1 and all(torch.equal(a, b) for a, b in zip(l0, l1))
     assert torch.equal(c0, c1) and int(c1.sum()) == 2 * L * 5 and v0 == v1 == 1.0
     assert w0 == w1 == [77] and torch.equal(f0, f1)
+
+
+def ranks_run(ckpt, in_place: bool, monkeypatch):
+    """Two gloo ranks (rank 1 spawned: the switch reaches it by DSV4_DOOR_IN_PLACE) with DSV4_KERNELS=triton: a
+    prefill, two steps and a step refused by rank 1 -> tokens, both ranks' bytes, census and words."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setenv("DSV4_DOOR_IN_PLACE", "1" if in_place else "0")
+    monkeypatch.setitem(door.CONFIG, "in_place", in_place)
+    with dsv4.load(ckpt, device="cpu", dtype=torch.float32, ranks=2) as two:
+        state = two.new_state(16)
+        two.prefill(state, [3, 1, 4, 1])
+        tokens = [two.step(state, 5, SP)]
+        tokens.append(two.step(state, tokens[-1], SP))
+        two.arm_refusal(1, 1, 55, "attention")
+        with pytest.raises(dsv4.RefusalError, match="rank 1 layer 1 site attention word 55"):
+            two.step(state, tokens[-1], SP)
+        return tokens, two.digests_all(state), two.logits_sha_all(state), two.census_all(), two.refusal_words()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kernels.interpreting(), reason="gloo ranks on CPU through the kernels: the interpreter")
+def test_two_ranks_bytes_equal_with_doors_in_place(monkeypatch, tmp_path):
+    from dsv4.checkpoint.synth import synth
+    from dsv4.config import preset
+
+    ckpt = synth(preset("tiny"), tmp_path / "tiny", seed=3, quant="fp8")
+    off = ranks_run(ckpt, False, monkeypatch)
+    opened = []
+    monkeypatch.setattr(Comm, "open_door", lambda self, *a: opened.append(OPEN_DOOR(self, *a)) or opened[-1])
+    on = ranks_run(ckpt, True, monkeypatch)
+    assert on == off
+    assert len(opened) == 2 * preset("tiny").num_hidden_layers * 4 and all(d is not None for d in opened)  # rank 0
+    assert on[4] == [0, 55] and len(set(on[1])) == 1
