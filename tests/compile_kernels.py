@@ -410,13 +410,25 @@ for n in (1, 100):
 
 
 def hc_boundary_variants(dtype):
-    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype."""
+    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype;
+    each without a door and opening one (door.CONFIG in_place: the step's first door, then doors that add the
+    previous door's flag; the payload in the model's dtype or gloo's fp32)."""
     h, fn = torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096)
     for first in (False, True):
         for norm_dtype in (dtype, torch.float32):
-            hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
-                                 None if first else h, fn, torch.zeros(24), torch.ones(3),
-                                 torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6)
+            for opened in (None, *doors(dtype, first)):
+                hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                     None if first else h, fn, torch.zeros(24), torch.ones(3),
+                                     torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened)
+
+
+def doors(dtype, first: bool) -> list:
+    from dsv4.parallel import Door
+
+    seen = None if first else torch.zeros((), dtype=dtype)
+    return [Door(0, 0, torch.zeros(4097, dtype=wire), 4096, torch.Size((1, 4096)), torch.zeros(()),
+                 torch.zeros((), dtype=torch.int64), seen, torch.zeros(()))
+            for wire in {dtype, torch.float32}]
 
 
 # at the default tiles and at those benchmarks/hc_boundary_bench.py sweeps

@@ -23,6 +23,12 @@ Branch topk (dsv4.kernels.topk, counted under DSV4_KERNELS=triton while GPU_CHEC
     tiny_fp8  228 / 269  ->  226 / 267
 The cut: the indexer's torch.topk and its valid compare in one launch (2 -> 1 a CSA layer here, tiny has 2;
 3 -> 1 on a GPU, where torch.topk is two kernels: gatherTopK and a bitonic sort).
+Branch doorfuse, with kernels.door CONFIG in_place on (DSV4_DOOR_IN_PLACE=1; off by default):
+    tiny      373 / 619  ->  368 / 614
+    tiny_fp8  228 / 269  ->  218 / 259
+The cut: the door's pack kernel, one a door (2 x layers): the mHC boundary kernel does its bookkeeping and
+wo_b's GEMV and the routed down kernel write the partial sums into the payloads. tiny's experts (bf16: the
+torch path) still hand their sum over by a copy into the payload (1 a layer back).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 
 import dsv4
 from dsv4 import kernels
+from dsv4.kernels import door
 from dsv4.kernels import moe as fused_moe
 
 from launches import pooled_census, solo_census
@@ -39,6 +46,7 @@ from launches import pooled_census, solo_census
 pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on CPU (Triton's interpreter)")
 
 BOUNDS = {"tiny": {"solo": 371, "pooled": 617}, "tiny_fp8": {"solo": 226, "pooled": 267}}
+BOUNDS_IN_PLACE = {"tiny": {"solo": 366, "pooled": 612}, "tiny_fp8": {"solo": 216, "pooled": 257}}  # with topk's cut
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +58,16 @@ def checkpoints(tmp_path_factory):
                                               quant="fp8")}
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["pack", "door_in_place"])
 @pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
-def test_decode_step_launches(monkeypatch, checkpoints, source):
+def test_decode_step_launches(monkeypatch, checkpoints, source, in_place):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(fused_moe.CONFIG, "shared_add", True)
+    monkeypatch.setitem(door.CONFIG, "in_place", in_place)
     model = dsv4.load(checkpoints[source], device="cpu", dtype=torch.float32)
     counts = {"solo": solo_census(model), "pooled": pooled_census(model, 4)}
+    bounds = (BOUNDS_IN_PLACE if in_place else BOUNDS)[source]
     for kind, census in counts.items():
         top = "\n".join(f"  {n:4d} {site} {op}" for (site, op), n in census.sites.most_common(25))
-        assert census.total <= BOUNDS[source][kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.total <= bounds[kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.ops["triton::_pack_kernel"] == (0 if in_place else 2 * model.cfg.num_hidden_layers), kind

@@ -39,10 +39,11 @@ from .step import PoolStep, Step
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
-              writes: list[Write]) -> torch.Tensor:
+              writes: list[Write], out: torch.Tensor | None = None) -> torch.Tensor:
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
-    over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry)."""
+    over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry).
+    out: where the output projection's fused kernel writes it, when it runs (see _output)."""
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
@@ -66,11 +67,11 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
             outs.append(_attend(*args, **extra))
-    return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads)
+    return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads, out)
 
 
 def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
-                     writes: list[Write]) -> torch.Tensor:
+                     writes: list[Write], out: torch.Tensor | None = None) -> torch.Tensor:
     """`attention` for one token of each of B pooled sequences: x [B, D]; `cache` the pool's stacked
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
@@ -85,7 +86,7 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
-    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads)
+    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
 def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
@@ -97,10 +98,11 @@ def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
     return q_res, q, kv, _project(x, q_res, w, cfg) if m else None
 
 
-def _output(out, w: dict, cfg: ModelConfig, heads: int):
-    """The grouped output projection of the heads' outputs [rows, heads, hd]."""
+def _output(heads_out, w: dict, cfg: ModelConfig, heads: int, out: torch.Tensor | None = None):
+    """The grouped output projection of the heads' outputs [rows, heads, hd]; wo_b's GEMV writes into out
+    [rows, D] where its kernel runs (the door's payload: dsv4.parallel.Comm.payload), else a new tensor."""
     groups = cfg.o_groups * heads // cfg.num_attention_heads
-    return linear(grouped_linear(out.reshape(out.shape[0], -1), w["wo_a"], groups), w["wo_b"])
+    return linear(grouped_linear(heads_out.reshape(heads_out.shape[0], -1), w["wo_a"], groups), w["wo_b"], out)
 
 
 def _norm_rope(x, weight, eps, cos, sin):
