@@ -17,6 +17,11 @@ The cuts: the indexer's picks are top-k's indices (1 a CSA layer), the shared ex
 kernel's store (1 a layer), the sampler's draw in one launch (kernels/draw.py; 18 -> 1), its scalar where()s
 as masked_fill and the kept count without pad/clamp (3), sample()'s check of pos without ops on an empty
 tensor (16 in this census; none on a GPU, where an empty op launches nothing).
+
+Branch qkvfuse, DSV4_FUSE_QKV=1 (dsv4.model.attention CONFIG fuse_qkv: wq_a and wkv in one linear, 1 a layer):
+    tiny                                   373 / 619  ->  368 / 614
+    tiny_fp8_q128 (tiny_fp8 with q_lora_rank 128: wq_a's rows whole FP8 scale blocks, as Flash's; tiny_fp8's 32
+    are not, so there the switch stacks nothing)  228 / 269  ->  223 / 264
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import torch
 import dsv4
 from dsv4 import kernels
 from dsv4.kernels import moe as fused_moe
+from dsv4.model import attention
 
 from launches import pooled_census, solo_census
 
 pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on CPU (Triton's interpreter)")
 
-BOUNDS = {"tiny": {"solo": 373, "pooled": 619}, "tiny_fp8": {"solo": 228, "pooled": 269}}
+BOUNDS = {"tiny": {"solo": 373, "pooled": 619}, "tiny_fp8": {"solo": 228, "pooled": 269},
+          "tiny+fuse_qkv": {"solo": 368, "pooled": 614}, "tiny_fp8_q128+fuse_qkv": {"solo": 223, "pooled": 264}}
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +48,18 @@ def checkpoints(tmp_path_factory):
     from dsv4.config import preset
 
     return {"tiny": "tiny", "tiny_fp8": synth(preset("tiny"), tmp_path_factory.mktemp("fp8") / "tiny", seed=3,
-                                              quant="fp8")}
+                                              quant="fp8"),
+            "tiny_fp8_q128": synth(preset("tiny").replace(q_lora_rank=128), tmp_path_factory.mktemp("q128") / "tiny",
+                                   seed=3, quant="fp8")}
 
 
-@pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
+@pytest.mark.parametrize("source", ["tiny", "tiny_fp8", "tiny+fuse_qkv", "tiny_fp8_q128+fuse_qkv"])
 def test_decode_step_launches(monkeypatch, checkpoints, source):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(fused_moe.CONFIG, "shared_add", True)
-    model = dsv4.load(checkpoints[source], device="cpu", dtype=torch.float32)
+    name, _, fuse = source.partition("+")
+    monkeypatch.setitem(attention.CONFIG, "fuse_qkv", fuse == "fuse_qkv")
+    model = dsv4.load(checkpoints[name], device="cpu", dtype=torch.float32)
     counts = {"solo": solo_census(model), "pooled": pooled_census(model, 4)}
     for kind, census in counts.items():
         top = "\n".join(f"  {n:4d} {site} {op}" for (site, op), n in census.sites.most_common(25))
