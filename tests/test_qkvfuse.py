@@ -118,8 +118,8 @@ def test_fused_model_against_unfused(monkeypatch, sources, which):
 
     def run(model):
         state = model.new_state(32)
-        logits = [model.prefill(state, list(range(3, 12)))]
-        for token in (12, 13, 14):
+        logits = [model.prefill(state, list(range(3, 8)))]
+        for token in (12, 13):
             logits.append(model.decode(state, token))
         return torch.stack(logits)
 
@@ -129,11 +129,11 @@ def test_fused_model_against_unfused(monkeypatch, sources, which):
 
 
 def test_fused_batched_equals_solo(monkeypatch, sources):
-    """FP8, switch on: a batched step's 3 rows (the split's views strided) each equal their sequence stepped alone."""
+    """FP8, switch on: a batched step's 2 rows (the split's views strided) each equal their sequence stepped alone."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     model = _load(sources["fp8"], True, monkeypatch)
-    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [3, 4]]
-    samplings = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0, 1.3])]
+    prompts = [[5, 6, 7], [9, 10]]
+    samplings = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0])]
 
     def prefilled(i):
         state = model.new_state(32)
@@ -141,13 +141,13 @@ def test_fused_batched_equals_solo(monkeypatch, sources):
         return state
 
     solos = []
-    for i in range(3):
+    for i in range(2):
         state, token, out = prefilled(i), prompts[i][-1], []
         for _ in range(2):
             token = model.step(state, token, samplings[i])
             out.append((token, state.digest()))
         solos.append(out)
-    rows = [2, 0, 1]
+    rows = [1, 0]
     states, tokens = [prefilled(i) for i in rows], [prompts[i][-1] for i in rows]
     for step in range(2):
         tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
