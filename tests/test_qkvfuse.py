@@ -28,7 +28,8 @@ from dsv4.kernels import norm, normrope
 from dsv4.model import attention
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="CPU through Triton's interpreter")
+
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 TOL = 1e-5  # of the largest logit, fp32 (tests/test_normrope.py's model tolerance)
 
@@ -69,17 +70,18 @@ def test_stack_rows_refuses_what_cannot_share_one_weight():
     assert stack_rows(sliced) is None
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_kernels_read_column_slices_in_place(dtype):
+def test_norm_kernels_read_column_slices_in_place(device, dtype):
     """q's and kv's column views of the stacked output [rows, q_lora_rank + head_dim]: the same bits as the kernels
     on contiguous copies (the same operations on the same values; only the addresses differ)."""
     g = torch.Generator().manual_seed(5)
-    both = (torch.randn(3, 96 + 64, generator=g) * 3).to(dtype)
+    both = (torch.randn(3, 96 + 64, generator=g) * 3).to(dtype).to(device)
     q_a, kv_a = both.split([96, 64], dim=-1)
     assert not q_a.is_contiguous() and not kv_a.is_contiguous()
-    q_norm, kv_norm = torch.rand(96, generator=g) + 0.5, torch.rand(64, generator=g) + 0.5
+    q_norm, kv_norm = (torch.rand(96, generator=g) + 0.5).to(device), (torch.rand(64, generator=g) + 0.5).to(device)
     angles = torch.rand(3, 16, generator=g) * 6.0
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
     assert norm.supported(q_a, q_norm) and normrope.supported(kv_a, kv_norm, cos, sin)
     got = norm.rms_norm(q_a, q_norm, 1e-6)
     assert got.is_contiguous() and torch.equal(got, norm.rms_norm(q_a.contiguous(), q_norm, 1e-6))
@@ -95,15 +97,16 @@ def sources(tmp_path_factory):
                                          tmp_path_factory.mktemp("q128") / "tiny", seed=3, quant="fp8")}
 
 
-def _load(source, fuse: bool, monkeypatch):
+def _load(source, fuse: bool, device, monkeypatch):
     monkeypatch.setitem(attention.CONFIG, "fuse_qkv", fuse)
-    return dsv4.load(source, device="cpu", dtype=torch.float32, seed=3)
+    return dsv4.load(source, device=device, dtype=torch.float32, seed=3)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("which", ["tiny", "fp8"])
-def test_fused_model_against_unfused(monkeypatch, sources, which):
+def test_fused_model_against_unfused(monkeypatch, sources, which, device):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    plain, fused = _load(sources[which], False, monkeypatch), _load(sources[which], True, monkeypatch)
+    plain, fused = (_load(sources[which], on, device, monkeypatch) for on in (False, True))
     cfg = fused.cfg
     for i, layer in enumerate(fused.transformer.layers):
         w = layer["attn"]
@@ -128,10 +131,11 @@ def test_fused_model_against_unfused(monkeypatch, sources, which):
     torch.testing.assert_close(got, want, rtol=0, atol=TOL * float(want.abs().max()))
 
 
-def test_fused_batched_equals_solo(monkeypatch, sources):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_batched_equals_solo(monkeypatch, sources, device):
     """FP8, switch on: a batched step's 2 rows (the split's views strided) each equal their sequence stepped alone."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    model = _load(sources["fp8"], True, monkeypatch)
+    model = _load(sources["fp8"], True, device, monkeypatch)
     prompts = [[5, 6, 7], [9, 10]]
     samplings = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0])]
 
