@@ -108,6 +108,11 @@ for dtype in (torch.float32, torch.bfloat16):
     normrope.norm_rope(torch.zeros(1, 32, 512, dtype=dtype), None, 1e-6, cos, sin)
     for weight_dtype in (dtype, torch.float32):
         normrope.norm_rope(torch.zeros(1, 512, dtype=dtype), torch.ones(512, dtype=weight_dtype), 1e-6, cos, sin)
+    # DSV4_FUSE_QKV: q_res's and kv's column views of the stacked wq_a/wkv output of a batched step (strided rows)
+    q_a, kv_a = torch.zeros(4, 1024 + 512, dtype=dtype).split([1024, 512], dim=-1)
+    norm.rms_norm(q_a, torch.ones(1024, dtype=dtype), 1e-6)
+    for weight_dtype in (dtype, torch.float32):
+        normrope.norm_rope(kv_a, torch.ones(512, dtype=weight_dtype), 1e-6, torch.zeros(4, 32), torch.zeros(4, 32))
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)

@@ -22,6 +22,8 @@ its compressors, indexer and attention core run once for all rows, through the k
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import kernels
@@ -36,6 +38,11 @@ from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import PoolStep, Step
+
+# fuse_qkv (DSV4_FUSE_QKV=1, read at import): the load stacks wq_a and wkv, which read the same x, into one weight
+# (formats.stack_rows) so a token's two projections are one GEMV launch (one a layer fewer). Off by default: the
+# stacked GEMV's split-K follows its row count, so q_res's and kv's bits change (within the kernel's tolerance).
+CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "0") == "1"}
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
@@ -92,10 +99,19 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
 def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
     """(q_res, roped queries [rows, heads, hd], roped K=V rows, the compressors' projections or None): row-wise."""
     eps = cfg.rms_norm_eps
-    q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
+    q_a, kv_a = _q_a_kv(x, w)
+    q_res = rms_norm(q_a, w["q_norm"], eps)
     q = _norm_rope(linear(q_res, w["wq_b"]).view(x.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
-    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
+    kv = _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
     return q_res, q, kv, _project(x, q_res, w, cfg) if m else None
+
+
+def _q_a_kv(x, w: dict):
+    """x's wq_a and wkv projections; one linear over their stacked rows where the load made it (CONFIG fuse_qkv),
+    split into column views (the norm kernels read their strided rows in place)."""
+    if "wq_a_wkv" not in w:
+        return linear(x, w["wq_a"]), linear(x, w["wkv"])
+    return linear(x, w["wq_a_wkv"]).split([w["wq_a"].shape[0], w["wkv"].shape[0]], dim=-1)
 
 
 def _output(heads_out, w: dict, cfg: ModelConfig, heads: int, out: torch.Tensor | None = None):

@@ -13,13 +13,14 @@ import torch
 
 from .. import kernels
 from ..config import HASH_MOE, ModelConfig
-from ..formats import QWeight
+from ..formats import QWeight, stack_rows
 from ..kernels import hc_boundary as fused_boundary
 from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
 from ..state import DecodeState, StatePool, pool_of
+from . import attention as attention_module
 from .attention import attention, attention_pooled
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
@@ -70,6 +71,8 @@ class Transformer:
         get = lambda name: wt[p + name]  # noqa: E731
         attn = {k: get("attn." + k + ".weight") for k in ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "wo_a", "wo_b")}
         attn["attn_sink"] = get("attn.attn_sink")
+        if attention_module.CONFIG["fuse_qkv"]:
+            self._fuse_qkv(wt, p, attn)
         if cfg.compress_rate(i):
             attn["compressor"] = self._compressor(wt, p + "attn.compressor.")
             if p + "attn.indexer.wq_b.weight" in wt:
@@ -89,6 +92,16 @@ class Transformer:
               for site in ("attn", "ffn")}
         return {"attn": attn, "ffn": ffn, "hc": hc, "attn_norm": get("attn_norm.weight"),
                 "ffn_norm": get("ffn_norm.weight")}
+
+    @staticmethod
+    def _fuse_qkv(wt: dict, p: str, attn: dict):
+        """wq_a and wkv stacked into attn["wq_a_wkv"] (one launch for both) where their formats allow; their official
+        names then hold views of it, so the oracle and the checkpoint code still find them and nothing is held twice."""
+        stacked = stack_rows([attn["wq_a"], attn["wkv"]])
+        if stacked is None:
+            return
+        attn["wq_a_wkv"], (attn["wq_a"], attn["wkv"]) = stacked
+        wt[p + "attn.wq_a.weight"], wt[p + "attn.wkv.weight"] = attn["wq_a"], attn["wkv"]
 
     @staticmethod
     def _compressor(wt: dict, p: str) -> dict:
