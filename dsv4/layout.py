@@ -13,11 +13,17 @@ Beside dsv4.formats on the bottom floor: it imports only the config and the form
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from .config import CSA, HASH_MOE, ModelConfig
+
+# fuse_qkv (DSV4_FUSE_QKV=1, read at import): the load stacks wq_a and wkv, which read the same x, into one weight
+# (formats.stack_rows) so a token's two projections are one GEMV launch (one a layer fewer). Off by default: the
+# stacked GEMV's split-K follows its row count, so q_res's and kv's bits change (within the kernel's tolerance).
+CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "0") == "1"}
 from .formats import QWeight
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from . import kernels
-from .model.attention import CONFIG as attention_config
+from .layout import CONFIG as layout_config
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def provenance(device=None, preset: str | None = None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"commit": commit_id(), "torch": torch.__version__, "device": str(device), "device_name": name,
             "kernels": kernels.mode(), "gemv": kernels.gemv(),
-            "fuse_qkv": attention_config["fuse_qkv"], "preset": preset}
+            "fuse_qkv": layout_config["fuse_qkv"], "preset": preset}
 
 
 class Receipts:

@@ -22,8 +22,6 @@ its compressors, indexer and attention core run once for all rows, through the k
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import kernels
@@ -38,11 +36,10 @@ from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import PoolStep, Step
+from ..layout import CONFIG as LAYOUT
 
-# fuse_qkv (DSV4_FUSE_QKV=1, read at import): the load stacks wq_a and wkv, which read the same x, into one weight
-# (formats.stack_rows) so a token's two projections are one GEMV launch (one a layer fewer). Off by default: the
-# stacked GEMV's split-K follows its row count, so q_res's and kv's bits change (within the kernel's tolerance).
-CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "0") == "1"}
+# The arrangement switch fuse_qkv lives in dsv4.layout (the records name it); this is the same dict.
+CONFIG = LAYOUT
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
