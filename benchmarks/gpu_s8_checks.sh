@@ -36,6 +36,8 @@ case "${1:?part 1 or 2}" in
     timeout 90 python benchmarks/topk_bench.py > "$OUT/topk_bench.txt" 2>&1; echo "rc=$?" >> "$OUT/topk_bench.txt"
     timeout 110 python benchmarks/moe_bench.py --tokens 1,16 --arms '^(base|split4|tc.*)$' > "$OUT/moe_bench_tc.txt" 2>&1
     echo "rc=$?" >> "$OUT/moe_bench_tc.txt"
+    timeout 80 python benchmarks/eager_host_profile.py --preset mini --steps 32 > "$OUT/eager_host_mini.txt" 2>&1
+    echo "rc=$?" >> "$OUT/eager_host_mini.txt"
   ) &
   wait
   ;;
