@@ -379,18 +379,6 @@ for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
-# the tensor-core variant (FP4 experts, bf16 x): both dot operand types, both scale dtypes, split-K with compact rows,
-# and the tiles benchmarks/moe_bench.py sweeps
-for cfg in ({}, {"tc_dot": "bf16"}, {"gate_up_split_k": 4, "compact": True, "fused_sum": False},
-            {"gate_up_split_k": 2}, {"tc_gate_up_block_n": 64, "tc_down_block_n": 64},
-            {"tc_gate_up_block_n": 128, "tc_down_block_n": 128}, {"tc_block_k": 256},
-            {"tc_gate_up_block_n": 16, "tc_down_block_n": 16, "num_warps": 2},
-            {"tc_gate_up_block_n": 64, "tc_down_block_n": 64, "num_warps": 8}):
-    moe.CONFIG.update(tensor_cores=True, **cfg)
-    moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
-    if not cfg:
-        moe_variants(torch.bfloat16, torch.float32)
-    moe.CONFIG.update(default)
 
 
 def prefill_moe_variants(dtype, scale_dtype):

@@ -629,8 +629,7 @@ def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
 def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/moe_bench.py end to end on `tiny` widths through the interpreter (timings faked): every arm
-    within tolerance of the reference with each row's bits those of the row alone (the tensor-core arm's too), the
-    compact and fused-sum arms bit-equal to their base, bytes counted."""
+    within tolerance of the reference, the compact and fused-sum arms bit-equal to their base, bytes counted."""
     import json
     import sys
 
@@ -644,16 +643,14 @@ def test_moe_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
     monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp4", 32)
     monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp8", 128)
-    monkeypatch.setitem(fused_moe.CONFIG, "tc_block_k", 128)
     monkeypatch.setattr(sys, "argv", ["moe_bench", "--tokens", "2", "--calls", "2",
-                                      "--arms", "^(base|compact|split2|split2_compact|shared_split2|tc)$"])
+                                      "--arms", "^(base|compact|split2|split2_compact|shared_split2)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("MOE ")]
     assert {(r["op"], r["variant"]) for r in records} == {
-        *((op, v) for op in ("gate_up", "routed") for v in ("base", "compact", "split2", "split2_compact", "tc")),
+        *((op, v) for op in ("gate_up", "routed") for v in ("base", "compact", "split2", "split2_compact")),
         ("shared_gate_up", "base"), ("shared_gate_up", "shared_split2")}
-    assert all("error" not in r and r["max_rel_err"] <= qb.TOLERANCE and r["rows_exact"] and r["bytes"] > 0
-               for r in records), records
+    assert all("error" not in r and r["max_rel_err"] <= qb.TOLERANCE and r["bytes"] > 0 for r in records), records
     assert all(r["bit_equal_base"] for r in records if r["variant"] in ("base", "compact"))
     assert any(line.startswith("MOE_BEST") for line in lines)

@@ -23,26 +23,6 @@ Kernel 1's options (CONFIG; a GPU sweep, benchmarks/moe_bench.py, decides):
 - "compact": the program of row slot j takes the j-th row this rank owns (a prefix count over ids in
   each program, no host sync), so the working programs come first in the grid and the programs of
   rows owned elsewhere are all at its end; the same sums as without (equal bits).
-
-Tensor cores ("tensor_cores", DSV4_MOE_TC=1; off by default, FP4 experts and bf16 x only): both kernels read their
-FP4 weights through _fp4_tc instead of _fp4_rows, whose CUDA-core work per weight element (unpacking to fp32, one
-FMA per element: ~7 PTX instructions, benchmarks/moe_tc_ptx.py) bounds the kernels, not the memory. A K tile of
-BLOCK_K inputs (at most 16 scale groups of 32) is unpacked straight to fp16 (the bit trick of _fp4_rows: e2m1 x
-2**-14, two inputs per 32-bit word, which is the pair the MMA operand holds) and multiplied by tl.dot with fp32
-accumulation by a block-diagonal activation tile of 16 rows: row g holds the row's x on the inputs of the tile's
-scale group g and zeros elsewhere, so the dot's row g is that group's fp32 sum for each output; it is multiplied by
-the group's ue8m0 scale (a [16, BLOCK_N] tile of scales: one FMA per 32 weight elements of an output) and summed
-over the groups and tiles, as the plain kernel applies a scale to each group's sum. The weights are the dot's
-second operand: the warps split the outputs, and none unpacks another's words. A program computes one row (for
-down, one token's experts one after another), as without tensor cores: a row's bits never depend on the batch.
-The dot's operands (CONFIG "tc_dot", counted in the compiled PTX: benchmarks/moe_tc_ptx.py):
-- "fp16" (default): the weight tile as unpacked; x scaled by the power of two 2**s that puts the row's max |x|
-  in [2**14, 2**15) (exact: no bf16 value overflows fp16 then), rounded to fp16, the sums multiplied by 2**-s
-  (exact). bf16 -> fp16 keeps every bit of an x element down to max|x| * 2**-31 (fp16 subnormals reach 2**-24,
-  bf16 has 8 significant bits); smaller elements are rounded, by at most max|x| * 2**-39 each. No operation per
-  weight element besides the unpacking.
-- "bf16": x as it is, the unpacked fp16 weight converted to bf16 (exact for e2m1 x 2**-14): exact for every x,
-  one conversion (through fp32) per weight element more.
 """
 
 import os
@@ -51,7 +31,7 @@ import torch
 
 from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2
-from .qgemv import MAX_ROWS, _destination, _fp4_rows, _fp8_rows, _operands, _scale, tickets_for
+from .qgemv import MAX_ROWS, _destination, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
     import triton.language as tl
@@ -72,16 +52,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # shared_add: `routed`'s `add` operand (the shared expert's output) is added in kernel 2's store, one launch
 # fewer per layer; off (DSV4_SHARED_ADD=0): a torch add after it (the same bits: the routed sum rounded, plus add,
 # rounded once). On since session 7 call 1 (replay and pool tests on CUDA with it in the graphs).
-# tensor_cores: the tensor-core variant of both kernels (the docstring; DSV4_MOE_TC=1): outputs per program of
-# gate/up and of down (at least 16, tl.dot's least), inputs per K tile (64, 128, 256 or 512: at most 16 scale
-# groups), the dot's operand type. Not GPU-timed yet (benchmarks/gpu_moetc_checks.sh); their K loops' PTX for sm_90
-# (benchmarks/moe_tc_ptx.py, Flash's shapes, 4 warps), instructions per weight element: today's kernels 7.0 (gate/up)
-# and 7.4 (down); fp16 dot, BLOCK_N 32 / 64 / 128: gate/up 4.4 / 3.9 / 3.7, down 6.9 / 5.2 / 4.4 (the unpacking
-# ~2.7 of it; the rest the x tiles, built once per program and K tile); bf16 dot 1.5 more (cvt). BLOCK_N must be at
-# least 8 x num_warps: below, warps share the outputs and unpack the same words (BLOCK_N 16, 4 warps: 14.7).
-CONFIG = {"tensor_cores": os.environ.get("DSV4_MOE_TC", "0") == "1", "tc_gate_up_block_n": 32,
-          "tc_down_block_n": 64, "tc_block_k": 512, "tc_dot": "fp16",
-          "prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
+CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1"}
 
@@ -90,10 +61,9 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                     w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
                     FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    COMPACT: constexpr, ROWS_P2: constexpr, TC: constexpr, TC_FP16: constexpr, IEEE: constexpr):
+                    COMPACT: constexpr, ROWS_P2: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one
-    weight pair; with COMPACT, slot j of the grid runs the j-th local row. SPLITS > 1: fp32 partials at p_ptr.
-    TC: FP4 weights on the tensor cores (_fp4_tc; TC_FP16 and IEEE: its dot's operands)."""
+    weight pair; with COMPACT, slot j of the grid runs the j-th local row. SPLITS > 1: fp32 partials at p_ptr."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     slot = tl.program_id(2)
@@ -111,12 +81,7 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
     if (e >= 0) & (e < n_local):
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
-        if TC:
-            f, inv = _row_factor(x_row, K, BLOCK_K, TC_FP16)
-            both = _fp4_tc(x_row, f, inv, [w1, w3], [s1, s3], n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K,
-                           TC_FP16, IEEE)
-            gate, up = both[0], both[1]
-        elif FP4:
+        if FP4:
             gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
         else:
@@ -136,85 +101,6 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                 if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     _sum_swiglu_store(p_ptr + r * SPLITS * 2 * I, h_ptr + r * I, n, I, limit, SPLITS)
                     tl.store(ticket, 0)
-
-
-@device_function
-def _row_factor(x_row, K: constexpr, BLOCK: constexpr, FP16: constexpr):
-    """(2**s, 2**-s) for the fp16 dot: 2**s puts the row's max |x| in [2**14, 2**15), from its exponent field (at
-    least 15, so that 2**-s stays a normal fp32: a row below 2**-112 is scaled less); (1, 1) for the bf16 dot."""
-    if FP16:
-        k = tl.arange(0, BLOCK)
-        top = tl.zeros([BLOCK], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK):
-            top = tl.maximum(top, tl.abs(tl.load(x_row + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)))
-        e = tl.maximum((tl.max(top, 0).to(tl.int32, bitcast=True) >> 23) & 0xFF, 15)
-        f, inv = ((268 - e) << 23).to(tl.float32, bitcast=True), ((e - 14) << 23).to(tl.float32, bitcast=True)
-    else:
-        f, inv = 1.0, 1.0
-    return f, inv
-
-
-@device_function
-def _tc_dot(x, w, acc, FP16: constexpr, IEEE: constexpr):
-    """acc + x @ w: w an fp16 weight tile (e2m1 x 2**-14), x fp16 (FP16) or bf16; IEEE: fp32 operands (Triton's
-    interpreter, whose tl.dot misreads bf16; the operands' values are the same)."""
-    if IEEE:
-        acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-    elif FP16:
-        acc = tl.dot(x, w, acc)
-    else:
-        acc = tl.dot(x, w.to(tl.bfloat16), acc)
-    return acc
-
-
-@device_function
-def _fp4_tc(x_row, f, inv, ws, ss, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr,
-            E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, FP16: constexpr, IEEE: constexpr):
-    """A list of fp32 [BLOCK_N], one per FP4 weight of the lists ws (int32 words) and ss (scales): rows n of that
-    weight [N, K] times x over inputs [k_lo, min(k_lo + SPAN, K)), by tl.dot (the module's docstring). x is
-    scaled by f (its fp16 range) and the sums by inv. The activation tiles are built once for all the weights.
-
-    Per K tile, nibble position q of every word gives one dot: a word's mask-and-shift puts its inputs q and
-    q + 4 side by side as two fp16 (low, high half), and those two are the dot's inputs 2c and 2c + 1 (c the
-    word), so the unpacked word is the pair of fp16 the tensor-core operand holds as is. The [2 x words, 16] x
-    tile holds the matching x[8c + q], x[8c + q + 4] in column c // 4 (word c's scale group) and zeros elsewhere:
-    4 dots sum the tile's inputs of each group in its column (fp32, in the tensor cores' order), then each
-    column is multiplied by its group's scale (times 2**14, the fp16 unpacking's) and added to the accumulator."""
-    WEIGHTS: constexpr = len(ws)
-    WORDS: constexpr = BLOCK_K // 8
-    c = tl.arange(0, 2 * WORDS)
-    g = tl.arange(0, 16)
-    diagonal = g[:, None] == (c[None, :] // 8)
-    i = tl.arange(0, WORDS)
-    n_ok = n < N
-    rows = n.to(tl.int64)[:, None]
-    cols = n.to(tl.int64)[None, :]
-    accs = (tl.zeros([16, BLOCK_N], dtype=tl.float32),) * WEIGHTS
-    for k0 in range(0, SPAN, BLOCK_K):
-        x_at = ((k_lo + k0) // 8 + c // 2) * 8 + (c % 2) * 4
-        xts = ()
-        for q in tl.static_range(4):
-            xv = tl.load(x_row + x_at + q, mask=x_at < K, other=0.0)
-            if FP16:
-                xv = (xv.to(tl.float32) * f).to(tl.float16)
-            xts = xts + (tl.where(diagonal, xv[None, :], tl.zeros_like(xv)[None, :]),)
-        wi = (k_lo + k0) // 8 + i
-        w_ok = n_ok[:, None] & (wi < K // 8)[None, :]
-        grp = (k_lo + k0) // 32 + g
-        s_ok = ((g < BLOCK_K // 32) & (grp * 32 < K))[:, None] & n_ok[None, :]
-        summed = ()
-        for j in tl.static_range(WEIGHTS):
-            wv = tl.load(ws[j] + rows * (K // 8) + wi[None, :], mask=w_ok, other=0)
-            part = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-            for q in tl.static_range(4):
-                u = wv >> (4 * q)
-                t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
-                pair = tl.join(t.to(tl.int16), (t >> 16).to(tl.int16)).reshape([BLOCK_N, 2 * WORDS])
-                part = _tc_dot(xts[q], tl.trans(pair.to(tl.float16, bitcast=True)), part, FP16, IEEE)
-            sc = _scale(tl.load(ss[j] + cols * S_STRIDE + grp[:, None], mask=s_ok, other=0), E8M0) * 16384.0
-            summed = summed + (accs[j] + part * sc,)
-        accs = summed
-    return [tl.sum(acc, axis=0) * inv for acc in accs]
 
 
 @device_function
@@ -268,11 +154,9 @@ def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED:
 
 def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first, n_local, w_expert_stride,
                  s_expert_stride, I: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
-                 ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, TC: constexpr, TC_FP16: constexpr,
-                 IEEE: constexpr):
+                 ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
     """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j];
-    with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`).
-    TC: as kernel 1's."""
+    with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`)."""
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -283,11 +167,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first,
         e = tl.load(ids_ptr + r).to(tl.int64) - first
         if (e >= 0) & (e < n_local):
             w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
-            if TC:
-                f, inv = _row_factor(h_ptr + r * I, I, BLOCK_K, TC_FP16)
-                out = _fp4_tc(h_ptr + r * I, f, inv, [w], [s], n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, TC_FP16,
-                              IEEE)[0]
-            elif FP4:
+            if FP4:
                 out = _fp4_rows([h_ptr + r * I], w, s, n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             else:
                 out = _fp8_rows([h_ptr + r * I], w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
@@ -335,33 +215,13 @@ def _block_k(w: QWeight) -> int:
     return CONFIG["block_k_fp4" if w.fmt == "fp4" else "block_k_fp8"]
 
 
-def tensor_cores(x: torch.Tensor, w: QWeight) -> bool:
-    """Whether the kernels read w on the tensor cores: CONFIG's switch, FP4 experts, bf16 x (fp32 x keeps its fp32
-    products on the CUDA cores)."""
-    return CONFIG["tensor_cores"] and w.fmt == "fp4" and x.dtype == torch.bfloat16
-
-
-def _tc_block_k() -> int:
-    block_k = CONFIG["tc_block_k"]
-    if block_k not in (64, 128, 256, 512):
-        raise ValueError(f"tc_block_k {block_k}: 64, 128, 256 or 512 (a tile's scale groups are the dot's 16 rows)")
-    return block_k
-
-
-def _tc_args(tc: bool) -> dict:
-    """The tensor-core constexprs of a launch (constants when off: one build of the plain kernels)."""
-    fp16 = tc and CONFIG["tc_dot"] == "fp16"
-    return {"TC": tc, "TC_FP16": fp16, "IEEE": tc and not fp16 and interpreting()}
-
-
 def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int,
              split_k: int):
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
     routed = ids is not None
     I, K, rows = w1.shape[0], x.shape[1], x.shape[0] * topk
-    tc = tensor_cores(x, w1)
-    block_k = _tc_block_k() if tc else _block_k(w1)
+    block_k = _block_k(w1)
     tiles = cdiv(K, block_k)
     k_chunk = cdiv(tiles, max(1, min(split_k, tiles))) * block_k
     splits, blocks = cdiv(K, k_chunk), cdiv(I, block_n)
@@ -377,19 +237,12 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
         K=K, S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
-        **_tc_args(tc), **_options())
+        **_options())
     if splits > 1 and tickets is None:
         launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
             partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
             BLOCK=1024)
     return h
-
-
-def routed_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight, ids: torch.Tensor, first: int, topk: int,
-                   limit: float) -> torch.Tensor:
-    """Kernel 1 on the routed experts (x [T, D], ids [T * topk] or [T, topk], contiguous) -> h [T * topk, I]."""
-    block_n = CONFIG["tc_gate_up_block_n" if tensor_cores(x, w1) else "gate_up_block_n"]
-    return _gate_up(x, w1, w3, ids, first, w1.data.shape[0], topk, limit, block_n, CONFIG["gate_up_split_k"])
 
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
@@ -402,17 +255,15 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
-    h = routed_gate_up(x, w1, w3, ids, first, k, limit)
+    h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)
-    tc = tensor_cores(h, w2)
-    D, block_n = w2.shape[0], CONFIG["tc_down_block_n" if tc else "down_block_n"]
+    D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
     launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
         h, d2, s2, ids, weights.contiguous(), add.contiguous() if fold else y, y, D, first, n_local, d2.stride(0),
         s2.stride(0), I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8,
-        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=_tc_block_k() if tc else _block_k(w2), **_tc_args(tc),
-        **_options())
+        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2), **_options())
     return y if add is None or fold else y + add
 
 
