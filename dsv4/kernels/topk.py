@@ -16,6 +16,8 @@ Padding keys (columns N..N_PAD) are INT64_MAX: no key of index_keys reaches it (
 column 2**32 - 1), so with k <= N none is selected.
 """
 
+import os
+
 import torch
 
 from . import launcher, next_pow2
@@ -26,13 +28,17 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = False  # not yet through a GPU run: "auto" keeps torch.topk
+GPU_CHECKED = True  # session 8, call 1 (benchmarks/RESULTS.md): the CUDA tests, and equal bits in topk_bench
 
-# Keys per row one program holds. ptxas for sm_90 at K 512, 16 keys a thread: no spills up to 8192 (102
-# registers, 16 warps); at 16384 (32 warps, 64 registers each) ~0.5 KB of spills.
-MAX_N = 16384
-# keys_per_thread: the warps follow N_PAD (4 at least, 32 at most); benchmarks/topk_bench.py sweeps it.
-CONFIG = {"keys_per_thread": 16}
+# Keys per row one program holds (DSV4_TOPK_MAX_N lowers it; 0: torch.topk always). ptxas for sm_90 at K 512,
+# 16 keys a thread: no spills up to 8192 (102 registers, 16 warps); at 16384 ~0.5 KB of spills. Measured on an
+# H200 (topk_bench, 16 rows, K 512; session 8 call 1): the kernel 3.6 us against torch.topk's 46 at 512 keys,
+# 23 against 43 at 2,048, but 101 against 69 at 8,192 and 239 against 106 at 16,384 (one program a row runs out
+# of parallelism): so one launch up to 4,096 keys (a decode step's first ~16K tokens of context), torch beyond.
+MAX_N = min(16384, int(os.environ.get("DSV4_TOPK_MAX_N", "4096")))
+# keys_per_thread: the warps follow N_PAD (4 at least, 32 at most); benchmarks/topk_bench.py sweeps it (8 was
+# the fastest at 512 and 2,048 keys).
+CONFIG = {"keys_per_thread": 8}
 
 
 def _topk_kernel(keys_ptr, sel_ptr, valid_ptr, N, K, VISIBLE_BELOW: constexpr, K_PAD: constexpr,
