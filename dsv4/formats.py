@@ -86,6 +86,35 @@ class QWeight:
         return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
 
 
+def stack_rows(parts: list[QWeight]) -> tuple[QWeight, list[QWeight]] | None:
+    """One weight holding the rows of `parts` in order (linears of one input, then one launch), and each part
+    again as a view of its storage, or None where they cannot share one: other formats, dtypes, widths or
+    devices, a slice of a larger tensor (row0, col0), or an FP8 part before the last whose rows end inside a
+    128-row scale block (its last block's scale would cover the next part's rows)."""
+    first = parts[0]
+    if any(p.fmt != first.fmt or p.data.dtype != first.data.dtype or p.data.dim() != 2 or p.row0 or p.col0
+           or p.data.shape[1] != first.data.shape[1] or p.data.device != first.data.device for p in parts):
+        return None
+    if first.fmt == "fp8" and any(p.data.shape[0] % FP8_BLOCK for p in parts[:-1]):
+        return None
+    if first.fmt != "dense" and any(p.scale.dtype != first.scale.dtype or p.scale.shape[1:] != first.scale.shape[1:]
+                                    for p in parts):
+        return None
+    data = torch.cat([p.data for p in parts])
+    scale = None if first.fmt == "dense" else torch.cat([p.scale for p in parts])
+    views, row = [], 0
+    for p in parts:
+        rows = p.data.shape[0]
+        if scale is None:
+            part_scale = None
+        else:
+            per = FP8_BLOCK if p.fmt == "fp8" else 1  # rows per scale row
+            part_scale = scale[row // per: row // per + p.scale.shape[0]]
+        views.append(QWeight(data[row: row + rows], part_scale, p.fmt))
+        row += rows
+    return QWeight(data, scale, first.fmt), views
+
+
 _LUTS: dict[tuple, torch.Tensor] = {}
 
 

@@ -13,11 +13,19 @@ Beside dsv4.formats on the bottom floor: it imports only the config and the form
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from .config import CSA, HASH_MOE, ModelConfig
+
+# fuse_qkv (on by default since its GPU run in session 8; DSV4_FUSE_QKV=0, read at import, turns it off): the load
+# stacks wq_a and wkv, which read the same x, into one weight (formats.stack_rows) so a token's two projections are
+# one GEMV launch (one a layer fewer). The stacked GEMV's split-K follows its row count, so q_res's and kv's bits
+# differ from the unstacked pair's (within the kernel's tolerance against the reference; eager and graph, solo and
+# batched, one rank and many all run the same stacked launch).
+CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1"}
 from .formats import QWeight
 
 

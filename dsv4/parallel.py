@@ -9,7 +9,9 @@ refusal code per (layer, site) of this rank, consumed at the end of the step it
 fires in, so it also fires inside a replayed CUDA graph. The reference door is
 three kernels and the collective (census, payload, verdict), dsv4.kernels.door
 one kernel and the collective; what a refusal records (word, where) is settled
-once per step in `end_step`.
+once per step in `end_step`. With dsv4.kernels.door CONFIG["in_place"] a door is opened before its
+sublayer runs (`open_door`, by the mHC boundary kernel that does its bookkeeping) and the sublayer's last
+kernel writes the payload (`payload`): the door itself is then the collective alone.
 
 Everything here is device tensor work: no host sync inside a step.
 
@@ -21,12 +23,28 @@ health flag and costs nothing on CPU), and gathers through a tensor list
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import kernels
 from .kernels import door
 
 SITES = ("attention", "moe")
+
+
+class Door(NamedTuple):
+    """A door opened before its sublayer runs (Comm.open_door): the payload buffer and the cells of the
+    bookkeeping the opener's kernel does: payload[n] = flag, census += 1, verdict += seen (when not None)."""
+    layer: int
+    site: int
+    payload: torch.Tensor  # the partial sum's n elements, then the flag (the wire dtype; >= n + 1 elements)
+    n: int
+    shape: torch.Size  # the partial sum's
+    flag: torch.Tensor  # this door's refusal flag, refusing[layer, site]
+    census: torch.Tensor  # census[layer, site]
+    seen: torch.Tensor | None  # the previous door's reduced flag, not yet in the verdict
+    verdict: torch.Tensor
 
 
 class Comm:
@@ -55,6 +73,7 @@ class Comm:
         self._order = torch.arange(1, n_layers * len(SITES) + 1, **i64)  # door order, 1-based
         self.refusing = torch.zeros(n_layers, len(SITES), device=self.device)
         self._unseen: torch.Tensor | None = None
+        self._open: Door | None = None
 
     def site_index(self, site: str) -> int:
         if site not in SITES:
@@ -64,20 +83,24 @@ class Comm:
     def begin_step(self):
         self.verdict.zero_()
         self._unseen = None  # the last door's reduced flag, not yet in the verdict (the next pack adds it)
+        self._open = None
         # Which doors refuse this step, as the payload's flag (one op per step, not per door).
         self.refusing.copy_(self.armed != 0)
 
     def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
         s = SITES.index(site)
-        wire = torch.float32 if self.backend == "gloo" and x.dtype != torch.float64 else x.dtype
-        if kernels.use_triton(x, gpu_checked=door.GPU_CHECKED) and door.supported(x):
+        wire = self._wire(x.dtype)
+        symm = self.reduce == "symm" and self.world > 1
+        opened, self._open = self._open, None
+        if opened is not None:  # its bookkeeping done by the kernel that opened it: the collective alone
+            payload = self._send(self._filled(opened, x, layer, s), opened.payload, symm)
+            self._unseen = payload[-1]
+        elif kernels.use_triton(x, gpu_checked=door.GPU_CHECKED) and door.supported(x):
             # census + payload in one launch, written where the reduction reads it
-            symm = self.reduce == "symm" and self.world > 1
             out = self._symm_buffer(x.numel() + 1, wire) if symm else torch.empty(x.numel() + 1, dtype=wire,
                                                                                    device=x.device)
             payload = door.pack(x, out, self.refusing[layer, s], self.census[layer, s], self._unseen, self.verdict)
-            if self.world > 1:
-                payload = self._one_shot(payload, out) if symm else self._reduce(payload)
+            payload = self._send(payload, out, symm)
             self._unseen = payload[-1]
         else:
             self._see()
@@ -88,6 +111,49 @@ class Comm:
                 payload = self._reduce(payload)
             self.verdict.add_(payload[-1])
         return payload[:-1].view_as(x).to(x.dtype)
+
+    def open_door(self, layer: int, site: str, like: torch.Tensor) -> Door | None:
+        """Open door (layer, site), the next one of the step, for a partial sum shaped like `like` (the caller's
+        kernel does its bookkeeping: see Door; its producer may write into `payload`), or None where the
+        pack runs instead: door.CONFIG["in_place"] off, or the door kernels not on for `like`."""
+        if not (door.CONFIG["in_place"] and kernels.use_triton(like, gpu_checked=door.GPU_CHECKED)
+                and door.supported(like)):
+            return None
+        s, n, wire = SITES.index(site), like.numel(), self._wire(like.dtype)
+        buf = self._symm_buffer(n + 1, wire) if self.reduce == "symm" and self.world > 1 else \
+            torch.empty(n + 1, dtype=wire, device=like.device)
+        seen, self._unseen = self._unseen, None  # the opener's kernel adds it
+        self._open = Door(layer, s, buf, n, like.shape, self.refusing[layer, s], self.census[layer, s], seen,
+                          self.verdict)
+        return self._open
+
+    def payload(self, layer: int, site: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """Where the producer of door (layer, site)'s partial sum (in dtype) may write it: the open door's payload
+        as the partial sum's shape, or None (no open door there, or the wire carries another dtype)."""
+        opened = self._open
+        if opened is None or (opened.layer, opened.site) != (layer, SITES.index(site)) or \
+                opened.payload.dtype != dtype:
+            return None
+        return opened.payload[:opened.n].view(opened.shape)
+
+    def _filled(self, opened: Door, x: torch.Tensor, layer: int, s: int) -> torch.Tensor:
+        """The open door's payload holding x (copied there unless its producer wrote it in place)."""
+        if (opened.layer, opened.site, opened.n) != (layer, s, x.numel()):
+            raise RuntimeError(f"door ({layer}, {SITES[s]}) of {x.numel()} elements reached while door "
+                               f"({opened.layer}, {SITES[opened.site]}) of {opened.n} is open")
+        payload = opened.payload[:opened.n + 1]
+        if payload.data_ptr() != x.data_ptr():  # the producer's path wrote elsewhere: one copy, as the pack's
+            payload[:-1].view_as(x).copy_(x)
+        return payload
+
+    def _wire(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.float32 if self.backend == "gloo" and dtype != torch.float64 else dtype
+
+    def _send(self, payload: torch.Tensor, buf: torch.Tensor, symm: bool) -> torch.Tensor:
+        """The payload reduced over the ranks (symm: it sits at the symmetric buffer buf's start)."""
+        if self.world > 1:
+            payload = self._one_shot(payload, buf) if symm else self._reduce(payload)
+        return payload
 
     def _see(self):
         """Add the flag a pack has not yet added into the verdict."""

@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -108,6 +108,11 @@ for dtype in (torch.float32, torch.bfloat16):
     normrope.norm_rope(torch.zeros(1, 32, 512, dtype=dtype), None, 1e-6, cos, sin)
     for weight_dtype in (dtype, torch.float32):
         normrope.norm_rope(torch.zeros(1, 512, dtype=dtype), torch.ones(512, dtype=weight_dtype), 1e-6, cos, sin)
+    # DSV4_FUSE_QKV: q_res's and kv's column views of the stacked wq_a/wkv output of a batched step (strided rows)
+    q_a, kv_a = torch.zeros(4, 1024 + 512, dtype=dtype).split([1024, 512], dim=-1)
+    norm.rms_norm(q_a, torch.ones(1024, dtype=dtype), 1e-6)
+    for weight_dtype in (dtype, torch.float32):
+        normrope.norm_rope(kv_a, torch.ones(512, dtype=weight_dtype), 1e-6, torch.zeros(4, 32), torch.zeros(4, 32))
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
@@ -398,13 +403,25 @@ for n in (1, 100):
 
 
 def hc_boundary_variants(dtype):
-    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype."""
+    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype;
+    each without a door and opening one (door.CONFIG in_place: the step's first door, then doors that add the
+    previous door's flag; the payload in the model's dtype or gloo's fp32)."""
     h, fn = torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096)
     for first in (False, True):
         for norm_dtype in (dtype, torch.float32):
-            hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
-                                 None if first else h, fn, torch.zeros(24), torch.ones(3),
-                                 torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6)
+            for opened in (None, *doors(dtype, first)):
+                hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                     None if first else h, fn, torch.zeros(24), torch.ones(3),
+                                     torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened)
+
+
+def doors(dtype, first: bool) -> list:
+    from dsv4.parallel import Door
+
+    seen = None if first else torch.zeros((), dtype=dtype)
+    return [Door(0, 0, torch.zeros(4097, dtype=wire), 4096, torch.Size((1, 4096)), torch.zeros(()),
+                 torch.zeros((), dtype=torch.int64), seen, torch.zeros(()))
+            for wire in {dtype, torch.float32}]
 
 
 # at the default tiles and at those benchmarks/hc_boundary_bench.py sweeps
@@ -418,6 +435,17 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
 for n in (1, 16):
     draw.uniform(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
+
+# the indexer's top-k (one variant per row length's power of two): Flash's k over a small store (k == N), the
+# decode benchmark's store (1027 keys), the limit's two largest; a k and N of no power of two (tiny's GPU tests);
+# the other keys_per_thread the benchmark sweeps at the benchmark's store
+for n, k in ((512, 512), (1027, 512), (8192, 512), (topk.MAX_N, 512), (100, 13)):
+    topk.smallest(torch.zeros(1, n, dtype=torch.int64), k, compressor._VISIBLE_BELOW)
+default = dict(topk.CONFIG)
+for per_thread in (8, 32):
+    topk.CONFIG.update(keys_per_thread=per_thread)
+    topk.smallest(torch.zeros(1, 1027, dtype=torch.int64), 512, compressor._VISIBLE_BELOW)
+    topk.CONFIG.update(default)
 
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)

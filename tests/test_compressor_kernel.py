@@ -231,8 +231,9 @@ def test_unsupported_shapes_take_the_reference(monkeypatch):
     assert entries.shape == (win.cur.shape[0], 24)
 
 
-def test_sort_key_encoding_orders_as_the_stable_sort():
+def test_sort_key_encoding_orders_as_the_stable_sort(monkeypatch):
     """The key encoding on its own, in torch: descending score, ties (and -0.0 == 0.0) by lower index."""
+    monkeypatch.setenv("DSV4_KERNELS", "torch")  # CPU tensors: torch.topk even in a DSV4_KERNELS=triton run
     scores = torch.tensor([[0.0, -0.0, 1.5, float("-inf"), -2.0, 1.5, 0.0, float("inf"), -1e-30, 3e-38]])
     bits = torch.where(scores == 0, 0.0, scores).view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)

@@ -17,6 +17,7 @@ import torch
 import dsv4
 from dsv4 import kernels
 from dsv4.config import preset
+from dsv4.kernels import door
 from dsv4.kernels import hc_boundary as fused
 from dsv4.kernels import qgemv
 from dsv4.model import hc, norm
@@ -114,6 +115,29 @@ def test_row_alone_equals_row_in_a_batch_and_runs_repeat():
     assert not bool(qgemv.tickets_for(3, torch.device(DEVICE)).any())
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["boundary", "first"])
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float32])
+def test_door_bookkeeping_leaves_the_boundary_alone(first, wire):
+    """With a door (dsv4.parallel.Door) the launch also stores the door's flag after its payload, adds 1 to its
+    census cell and the previous door's flag to the verdict (door.pack's bookkeeping, once per launch whatever
+    the rows); the boundary's outputs are the bits it gives without one."""
+    from dsv4.parallel import Door
+
+    a = inputs(3, 4, 300, torch.bfloat16, seed=7)
+    plain = fused_boundary(a, 4, first)
+    payload = torch.full((3 * 300 + 1,), 5.0, dtype=wire, device=DEVICE)
+    census = torch.tensor(4, device=DEVICE)
+    verdict = torch.tensor(2.0, device=DEVICE)
+    seen = None if first else torch.tensor(1.0, dtype=wire, device=DEVICE)
+    door = Door(0, 1, payload, 3 * 300, torch.Size((3, 300)), torch.tensor(1.0, device=DEVICE), census, seen, verdict)
+    post, comb, h = (None, None, None) if first else (a["post"], a["comb"], a["h"])
+    got = fused.boundary(a["out"], post, comb, h, a["fn"], a["base"], a["scale"], a["norm_w"], 4, CFG.hc_sinkhorn_iters,
+                         CFG.rms_norm_eps, CFG.hc_eps, door)
+    assert all(torch.equal(x, y) for x, y in zip(got, plain))
+    assert float(payload[-1]) == 1.0 and bool((payload[:-1] == 5.0).all())  # the flag; the partial sum's not touched
+    assert int(census) == 5 and float(verdict) == (2.0 if first else 3.0)
+
+
 def test_unsupported_shapes():
     a = inputs(1, 4, 64, torch.float32, seed=1)
     assert fused.supported(a["h"], 4, a["fn"], a["norm_w"])
@@ -195,5 +219,7 @@ def test_decode_step_launches_fewer_kernels_without_host_sync(monkeypatch, tiny)
     layers = cfg.num_hidden_layers
     assert dense.tiling((2 + cfg.hc_mult) * cfg.hc_mult, cfg.hc_mult * cfg.hidden_size, torch.float32)[2] == 1
     assert steps["fused"][2] == 2 * layers and steps["unfused"][2] == 0
-    assert steps["unfused"][1] - steps["fused"][1] == (2 * layers - 1) * 3 + 2
+    # doors opened in place (kernels.door CONFIG in_place): the unfused boundaries leave each door's pack (2 a layer)
+    packs = 2 * layers if door.CONFIG["in_place"] else 0
+    assert steps["unfused"][1] - steps["fused"][1] == (2 * layers - 1) * 3 + 2 + packs
     assert steps["fused"][0] == steps["unfused"][0]  # the same token

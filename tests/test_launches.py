@@ -17,6 +17,22 @@ The cuts: the indexer's picks are top-k's indices (1 a CSA layer), the shared ex
 kernel's store (1 a layer), the sampler's draw in one launch (kernels/draw.py; 18 -> 1), its scalar where()s
 as masked_fill and the kept count without pad/clamp (3), sample()'s check of pos without ops on an empty
 tensor (16 in this census; none on a GPU, where an empty op launches nothing).
+
+Branch topk (dsv4.kernels.topk, counted under DSV4_KERNELS=triton while GPU_CHECKED is False):
+    tiny      373 / 619  ->  371 / 617
+    tiny_fp8  228 / 269  ->  226 / 267
+The cut: the indexer's torch.topk and its valid compare in one launch (2 -> 1 a CSA layer here, tiny has 2;
+3 -> 1 on a GPU, where torch.topk is two kernels: gatherTopK and a bitonic sort).
+Branch doorfuse, with kernels.door CONFIG in_place on (DSV4_DOOR_IN_PLACE=1; off by default):
+    tiny      373 / 619  ->  368 / 614
+    tiny_fp8  228 / 269  ->  218 / 259
+The cut: the door's pack kernel, one a door (2 x layers): the mHC boundary kernel does its bookkeeping and
+wo_b's GEMV and the routed down kernel write the partial sums into the payloads. tiny's experts (bf16: the
+torch path) still hand their sum over by a copy into the payload (1 a layer back).
+Branch qkvfuse, DSV4_FUSE_QKV=1 (dsv4.model.attention CONFIG fuse_qkv: wq_a and wkv in one linear, 1 a layer):
+    tiny                                   373 / 619  ->  368 / 614
+    tiny_fp8_q128 (tiny_fp8 with q_lora_rank 128: wq_a's rows whole FP8 scale blocks, as Flash's; tiny_fp8's 32
+    are not, so there the switch stacks nothing)  228 / 269  ->  223 / 264
 """
 
 from __future__ import annotations
@@ -26,13 +42,18 @@ import torch
 
 import dsv4
 from dsv4 import kernels
+from dsv4.kernels import door
 from dsv4.kernels import moe as fused_moe
+from dsv4.model import attention
 
 from launches import pooled_census, solo_census
 
 pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on CPU (Triton's interpreter)")
 
-BOUNDS = {"tiny": {"solo": 373, "pooled": 619}, "tiny_fp8": {"solo": 228, "pooled": 269}}
+# With topk's cut (2 a step on tiny's 2 CSA layers) in every row.
+BOUNDS = {"tiny": {"solo": 371, "pooled": 617}, "tiny_fp8": {"solo": 226, "pooled": 267},
+          "tiny+fuse_qkv": {"solo": 366, "pooled": 612}, "tiny_fp8_q128+fuse_qkv": {"solo": 221, "pooled": 262}}
+BOUNDS_IN_PLACE = {"tiny": {"solo": 366, "pooled": 612}, "tiny_fp8": {"solo": 216, "pooled": 257}}
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +62,24 @@ def checkpoints(tmp_path_factory):
     from dsv4.config import preset
 
     return {"tiny": "tiny", "tiny_fp8": synth(preset("tiny"), tmp_path_factory.mktemp("fp8") / "tiny", seed=3,
-                                              quant="fp8")}
+                                              quant="fp8"),
+            "tiny_fp8_q128": synth(preset("tiny").replace(q_lora_rank=128), tmp_path_factory.mktemp("q128") / "tiny",
+                                   seed=3, quant="fp8")}
 
 
-@pytest.mark.parametrize("source", ["tiny", "tiny_fp8"])
-def test_decode_step_launches(monkeypatch, checkpoints, source):
+@pytest.mark.parametrize("source, in_place", [("tiny", False), ("tiny_fp8", False), ("tiny", True),
+                                              ("tiny_fp8", True), ("tiny+fuse_qkv", False),
+                                              ("tiny_fp8_q128+fuse_qkv", False)])
+def test_decode_step_launches(monkeypatch, checkpoints, source, in_place):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(fused_moe.CONFIG, "shared_add", True)
-    model = dsv4.load(checkpoints[source], device="cpu", dtype=torch.float32)
+    monkeypatch.setitem(door.CONFIG, "in_place", in_place)
+    name, _, fuse = source.partition("+")
+    monkeypatch.setitem(attention.CONFIG, "fuse_qkv", fuse == "fuse_qkv")
+    model = dsv4.load(checkpoints[name], device="cpu", dtype=torch.float32)
     counts = {"solo": solo_census(model), "pooled": pooled_census(model, 4)}
+    bounds = (BOUNDS_IN_PLACE if in_place else BOUNDS)[source]
     for kind, census in counts.items():
         top = "\n".join(f"  {n:4d} {site} {op}" for (site, op), n in census.sites.most_common(25))
-        assert census.total <= BOUNDS[source][kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.total <= bounds[kind], f"{source} {kind}: {census.total} launches\n{top}"
+        assert census.ops["triton::_pack_kernel"] == (0 if in_place else 2 * model.cfg.num_hidden_layers), kind

@@ -71,7 +71,8 @@ def test_norm_rope_matches_the_reference_composition(monkeypatch, device, dtype,
 def test_shapes_the_kernel_does_not_take():
     x, weight, cos, sin = inputs("cpu", torch.float32, (2, 64), 8, torch.float32, seed=9)
     assert normrope.supported(x, weight, cos, sin)
-    assert not normrope.supported(x[:, :48], weight[:48], cos, sin)  # strided rows
+    assert normrope.supported(x[:, :48], weight[:48], cos, sin)  # strided rows, each contiguous: read in place
+    assert not normrope.supported(x[:, ::2], weight[:32], cos, sin)  # strided channels
     assert not normrope.supported(x, weight, cos[:, :6].contiguous(), sin[:, :6].contiguous())  # half not 2^k
     assert not normrope.supported(x, weight[:32], cos, sin)  # weight of another width
     assert not normrope.supported(x.to(torch.bfloat16), weight.to(torch.float16), cos, sin)

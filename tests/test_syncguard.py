@@ -144,3 +144,20 @@ def test_kernels_make_no_host_sync(monkeypatch, tmp_path):
     for _ in range(4):
         token = model.check_capturable(state, [token], SAMPLINGS[0])
     assert state.host_pos == 11
+
+
+@pytest.mark.skipif(not dsv4.kernels.interpreting(), reason="a CPU model through the kernels: Triton's interpreter")
+def test_doors_in_place_make_no_host_sync(monkeypatch, tiny):
+    """The doors opened in place (dsv4.kernels.door CONFIG in_place): a short prefill chunk and steps, a refusal
+    included, under the guard."""
+    from dsv4.kernels import door
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(door.CONFIG, "in_place", True)
+    state = tiny.new_state(16)
+    tiny.check_capturable(state, [3, 1, 4])
+    token = tiny.check_capturable(state, [5], SAMPLINGS[0])
+    tiny.arm_refusal(1, 0, 31, "moe")
+    with pytest.raises(RefusalError, match="layer 1 site moe word 31"):
+        tiny.check_capturable(state, [token], SAMPLINGS[0])
+    tiny.reset_refusals()

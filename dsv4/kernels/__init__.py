@@ -143,6 +143,15 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def row_stride(x: torch.Tensor) -> int | None:
+    """Elements from one row of x [rows, ...] to the next where each row is contiguous (x itself, or a column slice
+    such as one part of a stacked linear's output), else None. A contiguous x's is its row's size whatever the
+    strides of its size-1 axes, so a kernel taking it as a constexpr compiles once for contiguous inputs."""
+    if x.dim() < 2 or x.numel() == 0 or not x[0].is_contiguous():
+        return None
+    return x[0].numel() if x.is_contiguous() else x.stride(0)
+
+
 def device_function(fn):
     """A helper called from kernels: on the GPU it must be a Triton function itself (the compiler refuses
     plain Python callees, which the interpreter accepts), so it is jitted when triton imports."""

@@ -21,7 +21,8 @@ A row's program does exactly the arithmetic of the same row launched alone.
 
 import torch
 
-from . import cdiv, device_function, launcher, next_pow2
+from . import cdiv, device_function, launcher, next_pow2, use_triton
+from . import topk as topk_kernel
 
 try:
     import triton.language as tl
@@ -254,6 +255,9 @@ def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) 
 
 def topk(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(selected [T, k] entry indices, valid [T, k]): the k smallest keys, ascending. A key's low bits are its
-    own column in `keys`, so top-k's indices are the entries' indices (no launch to mask them out)."""
+    own column in `keys`, so top-k's indices are the entries' indices (no launch to mask them out). Rows of at
+    most topk_kernel.MAX_N keys: one launch (dsv4.kernels.topk); longer ones torch.topk and a compare."""
+    if use_triton(keys, gpu_checked=topk_kernel.GPU_CHECKED) and topk_kernel.supported(keys, k):
+        return topk_kernel.smallest(keys, k, _VISIBLE_BELOW)
     top = torch.topk(keys, k, dim=-1, largest=False, sorted=True)
     return top.indices, top.values < _VISIBLE_BELOW

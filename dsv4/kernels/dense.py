@@ -32,7 +32,7 @@ import torch
 
 from . import cdiv, interpreting, launcher, next_pow2
 from . import qgemv
-from .qgemv import BLOCK_M, _dot, _group_rows, _reduce_splits, _reduce_tile, rows_per_program
+from .qgemv import BLOCK_M, _destination, _dot, _group_rows, _reduce_splits, _reduce_tile, rows_per_program
 
 try:
     import triton.language as tl
@@ -180,12 +180,12 @@ def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
     return rows_per_program(rows, cap)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype, written into out (contiguous, rows x N) when given."""
     N, K = weight.shape
     x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
-    y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    y = _destination(out, rows, N, x.dtype, x.device)
     if uses_v3(x2, weight):
         return _linear3(x2, weight, y).view(*x.shape[:-1], N)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)

@@ -9,7 +9,14 @@ previous door's reduced flag into the step's verdict (the reference's add after
 each reduction: 86 launches a Flash step), so a step's verdict is complete once
 Comm.end_step adds the last door's. The flags are small integers: the sum is
 exact in any order.
+
+CONFIG["in_place"] (on by default since its GPU run in session 8; DSV4_DOOR_IN_PLACE=0 turns it off) drops this kernel from a
+step whose mHC boundaries run fused: the boundary before a door opens it (dsv4.parallel.Comm.open_door), its
+kernel doing this kernel's bookkeeping (dsv4.kernels.hc_boundary: flag, census, verdict), and the sublayer's
+last kernel writes its partial sum straight into the opened payload (Comm.payload).
 """
+
+import os
 
 import torch
 
@@ -22,6 +29,7 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
+CONFIG = {"in_place": os.environ.get("DSV4_DOOR_IN_PLACE", "1") == "1"}
 
 
 def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, seen_ptr, verdict_ptr, N, SEEN: constexpr,

@@ -13,6 +13,12 @@ gets the same bits alone or in a batch.
 
 The first boundary of a step (embedding -> layer 0) has no sublayer output: FIRST makes every stream a
 copy of the embedded row. The head's collapse (hc_head, after the commit) keeps its own launches.
+
+With a door (dsv4.parallel.Door: the all-reduce door after the next sublayer, opened by the forward when
+dsv4.kernels.door CONFIG["in_place"] is on) program (0, 0) also does that door's bookkeeping, the door pack
+kernel's (dsv4.kernels.door), so the door needs no launch of its own: the door's refusal flag stored after
+its payload, its census cell + 1, and the previous door's reduced flag (the sublayer output this boundary
+consumes carried it) added into the step's verdict. It touches nothing the boundary computes.
 """
 
 import torch
@@ -51,12 +57,20 @@ def slicing(hc: int, D: int) -> tuple[int, int]:
 
 
 def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale_ptr, norm_w_ptr,
-                     new_ptr, post_out_ptr, comb_out_ptr, x_ptr, p_ptr, tickets_ptr, norm_eps, eps,
-                     D: constexpr, HC: constexpr, ITERS: constexpr, FIRST: constexpr, BLOCK_D: constexpr,
-                     SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr):
-    """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares."""
+                     new_ptr, post_out_ptr, comb_out_ptr, x_ptr, p_ptr, tickets_ptr, slot_ptr, flag_ptr, census_ptr,
+                     seen_ptr, verdict_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
+                     FIRST: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
+                     BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr):
+    """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
+    DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
+    if DOOR:
+        if (t == 0) & (s == 0):
+            tl.store(slot_ptr, tl.load(flag_ptr).to(slot_ptr.dtype.element_ty))
+            tl.store(census_ptr, tl.load(census_ptr) + 1)
+            if SEEN:
+                tl.store(verdict_ptr, tl.load(verdict_ptr) + tl.load(seen_ptr).to(tl.float32))
     k = tl.arange(0, HC)
     d = s * BLOCK_D + tl.arange(0, BLOCK_D)
     ok = d < D
@@ -147,11 +161,13 @@ def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, co
         tl.store(x_row + d0 + r, y, mask=m)
 
 
-def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float):
+def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float,
+             door=None):
     """The sublayer's reduced output out [T, D] placed into the streams h [T, hc, D] by post [T, hc] and
     comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
     from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
-    comb [T, hc, hc] fp32, normed [T, D] in the streams' dtype)."""
+    comb [T, hc, hc] fp32, normed [T, D] in the streams' dtype). door (a dsv4.parallel.Door, or None): its
+    bookkeeping done in the same launch."""
     T, D = out.shape
     first = h is None
     out = out.contiguous()
@@ -167,9 +183,15 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     if tickets is None:  # a capture before any eager launch made the device's tickets: a zeroed buffer of its own
         tickets = torch.zeros(T, dtype=torch.int32, device=out.device)
     extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    if door is None:
+        bookkeeping = (out,) * 5
+    else:
+        bookkeeping = (door.payload[door.n:], door.flag, door.census, door.flag if door.seen is None else door.seen,
+                       door.verdict)
     launcher(_boundary_kernel, out)[(T, slices)](
         out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
         fn, base.contiguous(), scale.contiguous(), norm_w.contiguous(), new, post_out, comb_out, x, partials, tickets,
-        float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d, SLICES=slices,
-        SP=next_pow2(slices), NP=np_, BLOCK_R=min(CONFIG["block_r"], next_pow2(D)), **extra)
+        *bookkeeping, float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d,
+        SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=min(CONFIG["block_r"], next_pow2(D)),
+        DOOR=door is not None, SEEN=door is not None and door.seen is not None, **extra)
     return new, post_out, comb_out, x

@@ -31,7 +31,7 @@ import torch
 
 from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2
-from .qgemv import MAX_ROWS, _fp4_rows, _fp8_rows, _operands, tickets_for
+from .qgemv import MAX_ROWS, _destination, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
     import triton.language as tl
@@ -246,10 +246,11 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
 
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
-           limit: float, add: torch.Tensor | None = None) -> torch.Tensor:
+           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
     w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
-    plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch."""
+    plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch. Kernel 2
+    writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
@@ -257,7 +258,7 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
-    y = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
     launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
         h, d2, s2, ids, weights.contiguous(), add.contiguous() if fold else y, y, D, first, n_local, d2.stride(0),

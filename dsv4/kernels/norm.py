@@ -3,11 +3,14 @@
 Rounding follows the reference: the weighted norm rounds x * rstd to x's dtype,
 then multiplies by the weight; the unweighted one (q_b's per-head norm) rounds
 rstd to x's dtype first and multiplies in x's dtype.
+
+x is read with its row stride (X_STRIDE): a column slice [rows, N] of a wider output is normed in place (attention's
+q part of its stacked wq_a/wkv projection); the output is contiguous.
 """
 
 import torch
 
-from . import launcher, next_pow2
+from . import launcher, next_pow2, row_stride
 
 try:
     import triton.language as tl
@@ -18,10 +21,11 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (dsv4.kernels.enabled)
 
 
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, X_STRIDE: constexpr, HAS_WEIGHT: constexpr,
+                     BLOCK: constexpr):
     r = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
-    row = x_ptr + r * N
+    row = x_ptr + r * X_STRIDE
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for n0 in range(0, N, BLOCK):
         x = tl.load(row + n0 + i, mask=(n0 + i) < N, other=0.0).to(tl.float32)
@@ -41,14 +45,21 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, HAS_WEIGHT: const
 
 def supported(x: torch.Tensor, weight) -> bool:
     # The reference's weighted output dtype is x's; a weight of a wider dtype than x would widen it.
-    return x.is_contiguous() and x.numel() > 0 and (weight is None or weight.dtype in (x.dtype, torch.float32)
+    return _x_stride(x) is not None and x.numel() > 0 and (weight is None or weight.dtype in (x.dtype, torch.float32)
                                                     or x.dtype == torch.float32)
+
+
+def _x_stride(x: torch.Tensor) -> int | None:
+    """The kernel's row stride: N for a contiguous x of any rank, or a 2-D x's rows (contiguous each)."""
+    if x.is_contiguous():
+        return x.shape[-1]
+    return row_stride(x) if x.dim() == 2 else None
 
 
 def rms_norm(x: torch.Tensor, weight, eps: float) -> torch.Tensor:
     N = x.shape[-1]
-    out = torch.empty_like(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     w = weight.contiguous() if weight is not None else x  # an unused pointer when there is no weight
-    launcher(_rms_norm_kernel, x)[(x.numel() // N,)](x, w, out, float(eps), N=N, HAS_WEIGHT=weight is not None,
-                                                     BLOCK=min(2048, next_pow2(N)))
+    launcher(_rms_norm_kernel, x)[(x.numel() // N,)](x, w, out, float(eps), N=N, X_STRIDE=_x_stride(x),
+                                                     HAS_WEIGHT=weight is not None, BLOCK=min(2048, next_pow2(N)))
     return out

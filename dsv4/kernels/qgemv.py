@@ -540,11 +540,20 @@ def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
     return buf
 
 
-def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """x [..., K] -> [..., N]."""
+def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N], written into out (contiguous, rows x N, x's dtype) when given."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    y = torch.empty(x2.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    y = _destination(out, x2.shape[0], w.shape[0], x.dtype, x.device)
     return _launch(x2, w, y, x2.shape[0]).view(*x.shape[:-1], w.shape[0])
+
+
+def _destination(out: torch.Tensor | None, rows: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A kernel's output [rows, N]: out (a caller's buffer, e.g. an all-reduce door's payload) or a new tensor."""
+    if out is None:
+        return torch.empty(rows, N, dtype=dtype, device=device)
+    if out.numel() != rows * N or out.dtype != dtype or not out.is_contiguous() or out.device != torch.device(device):
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype}: want {rows} x {N} contiguous {dtype} on {device}")
+    return out.view(rows, N)
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:

@@ -36,13 +36,18 @@ from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import PoolStep, Step
+from ..layout import CONFIG as LAYOUT
+
+# The arrangement switch fuse_qkv lives in dsv4.layout (the records name it); this is the same dict.
+CONFIG = LAYOUT
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
-              writes: list[Write]) -> torch.Tensor:
+              writes: list[Write], out: torch.Tensor | None = None) -> torch.Tensor:
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
-    over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry)."""
+    over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry).
+    out: where the output projection's fused kernel writes it, when it runs (see _output)."""
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
@@ -66,11 +71,11 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
             outs.append(_attend(*args, **extra))
-    return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads)
+    return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads, out)
 
 
 def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,
-                     writes: list[Write]) -> torch.Tensor:
+                     writes: list[Write], out: torch.Tensor | None = None) -> torch.Tensor:
     """`attention` for one token of each of B pooled sequences: x [B, D]; `cache` the pool's stacked
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
@@ -85,22 +90,32 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
-    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads)
+    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
 def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
     """(q_res, roped queries [rows, heads, hd], roped K=V rows, the compressors' projections or None): row-wise."""
     eps = cfg.rms_norm_eps
-    q_res = rms_norm(linear(x, w["wq_a"]), w["q_norm"], eps)
+    q_a, kv_a = _q_a_kv(x, w)
+    q_res = rms_norm(q_a, w["q_norm"], eps)
     q = _norm_rope(linear(q_res, w["wq_b"]).view(x.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
-    kv = _norm_rope(linear(x, w["wkv"]), w["kv_norm"], eps, cos, sin)
+    kv = _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
     return q_res, q, kv, _project(x, q_res, w, cfg) if m else None
 
 
-def _output(out, w: dict, cfg: ModelConfig, heads: int):
-    """The grouped output projection of the heads' outputs [rows, heads, hd]."""
+def _q_a_kv(x, w: dict):
+    """x's wq_a and wkv projections; one linear over their stacked rows where the load made it (CONFIG fuse_qkv),
+    split into column views (the norm kernels read their strided rows in place)."""
+    if "wq_a_wkv" not in w:
+        return linear(x, w["wq_a"]), linear(x, w["wkv"])
+    return linear(x, w["wq_a_wkv"]).split([w["wq_a"].shape[0], w["wkv"].shape[0]], dim=-1)
+
+
+def _output(heads_out, w: dict, cfg: ModelConfig, heads: int, out: torch.Tensor | None = None):
+    """The grouped output projection of the heads' outputs [rows, heads, hd]; wo_b's GEMV writes into out
+    [rows, D] where its kernel runs (the door's payload: dsv4.parallel.Comm.payload), else a new tensor."""
     groups = cfg.o_groups * heads // cfg.num_attention_heads
-    return linear(grouped_linear(out.reshape(out.shape[0], -1), w["wo_a"], groups), w["wo_b"])
+    return linear(grouped_linear(heads_out.reshape(heads_out.shape[0], -1), w["wo_a"], groups), w["wo_b"], out)
 
 
 def _norm_rope(x, weight, eps, cos, sin):

@@ -13,13 +13,14 @@ import torch
 
 from .. import kernels
 from ..config import HASH_MOE, ModelConfig
-from ..formats import QWeight
+from ..formats import QWeight, stack_rows
 from ..kernels import hc_boundary as fused_boundary
 from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
 from ..state import DecodeState, StatePool, pool_of
+from . import attention as attention_module
 from .attention import attention, attention_pooled
 from .commit import Write, commit
 from .hc import hc_head, hc_post, hc_pre
@@ -70,6 +71,8 @@ class Transformer:
         get = lambda name: wt[p + name]  # noqa: E731
         attn = {k: get("attn." + k + ".weight") for k in ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "wo_a", "wo_b")}
         attn["attn_sink"] = get("attn.attn_sink")
+        if attention_module.CONFIG["fuse_qkv"]:
+            self._fuse_qkv(wt, p, attn)
         if cfg.compress_rate(i):
             attn["compressor"] = self._compressor(wt, p + "attn.compressor.")
             if p + "attn.indexer.wq_b.weight" in wt:
@@ -91,6 +94,16 @@ class Transformer:
                 "ffn_norm": get("ffn_norm.weight")}
 
     @staticmethod
+    def _fuse_qkv(wt: dict, p: str, attn: dict):
+        """wq_a and wkv stacked into attn["wq_a_wkv"] (one launch for both) where their formats allow; their official
+        names then hold views of it, so the oracle and the checkpoint code still find them and nothing is held twice."""
+        stacked = stack_rows([attn["wq_a"], attn["wkv"]])
+        if stacked is None:
+            return
+        attn["wq_a_wkv"], (attn["wq_a"], attn["wkv"]) = stacked
+        wt[p + "attn.wq_a.weight"], wt[p + "attn.wkv.weight"] = attn["wq_a"], attn["wkv"]
+
+    @staticmethod
     def _compressor(wt: dict, p: str) -> dict:
         return {"wkv": wt[p + "wkv.weight"], "wgate": wt[p + "wgate.weight"], "ape": wt[p + "ape"],
                 "norm": wt[p + "norm.weight"]}
@@ -109,27 +122,30 @@ class Transformer:
         if pool is not None:  # one launch per kernel for every row (attention_pooled)
             ids = pool.index(states)
             step = PoolStep(pool.store.pos.index_select(0, ids), ids, self.rope, cfg.sliding_window, active)
-            attend = lambda x, w, i, writes: attention_pooled(  # noqa: E731
-                x, step, w, pool.store.layers[i], i, cfg, self.heads, writes)
+            attend = lambda x, w, i, writes, out: attention_pooled(  # noqa: E731
+                x, step, w, pool.store.layers[i], i, cfg, self.heads, writes, out)
         else:
             steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b], s.host_pos)
                      for b, s in enumerate(states)]
-            attend = lambda x, w, i, writes: attention(  # noqa: E731
-                x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes)
+            attend = lambda x, w, i, writes, out: attention(  # noqa: E731
+                x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes, out)
         x = self.embed[tokens].to(self.dtype)
         self._count("embedding")
         writes: list[Write] = []
         alone = short_chunk(T)
+        comm = self.comm
         with rows_alone(alone):
-            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone)
+            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone, (0, "attention"))
             for i, L in enumerate(self.layers):
                 with phase("attention"):
-                    a = attend(x, L["attn"], i, writes)
-                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone)
+                    a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
+                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
+                                                  (i, "moe"))
                 with phase("moe"):
-                    f = moe(x, tokens, L["ffn"], self.experts.start, cfg)
+                    f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
-                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone)
+                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone,
+                                                  (i + 1, "attention"))
         return writes, h
 
     @staticmethod
@@ -149,11 +165,12 @@ class Transformer:
         if self.trace is not None:
             self.trace[what] += n
 
-    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool):
+    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str]):
         """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
         out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
         normed input -> (streams, post, comb, x); L None (after the last layer): the streams alone.
-        Rows alone (a decode step, a short chunk) run it in one launch (dsv4.kernels.hc_boundary: per row)."""
+        Rows alone (a decode step, a short chunk) run it in one launch (dsv4.kernels.hc_boundary: per row),
+        which opens `door` (layer, site), the all-reduce after that sublayer, where Comm.open_door does."""
         cfg = self.cfg
         if h is not None:
             self._count("collective")
@@ -162,7 +179,8 @@ class Transformer:
                 fused_boundary.supported(out if h is None else h, cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]):
             with phase("mhc"):
                 return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
-                                               cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps)
+                                               cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(*door, out))
         with phase("mhc"):
             if h is None:
                 h = out.unsqueeze(1).expand(out.shape[0], cfg.hc_mult, cfg.hidden_size).contiguous()

@@ -22,10 +22,12 @@ def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
     return w.fmt != "dense" and kernels.enabled(qgemv, x) and qgemv.supported(x, w, rows)
 
 
-def linear(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out: a contiguous [rows, N] buffer in x's dtype that the GEMV kernels write into where they run; the
+    result is what is returned (the torch path's own tensor elsewhere)."""
     if _fused(x, w, rows_per_weight(x)):
-        return qgemv.linear(x, w)
-    return dense(x, w.dequant(x.dtype))
+        return qgemv.linear(x, w, out)
+    return dense(x, w.dequant(x.dtype), out)
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:

@@ -82,10 +82,11 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
 PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a decode step's rows, at most
 
 
-def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None) -> torch.Tensor:
+def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
-    it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]).
+    it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]). out [T, D]: where the fused kernels write the
+    result when they run (the door's payload: dsv4.parallel.Comm.payload); the result is what is returned.
 
     Rows alone (decode steps and short prefill chunks: model.rows.short_chunk) always take the per-(token,
     expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
@@ -102,7 +103,7 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
         if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -142,11 +143,12 @@ def _local(ids, weights, first: int, n: int, dtype) -> tuple[torch.Tensor, torch
     return local, torch.where(mine, weights, 0.0).to(dtype)
 
 
-def moe(x, tokens, w: dict, first: int, cfg: ModelConfig) -> torch.Tensor:
-    """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D]."""
+def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D] (in out where the fused
+    experts run: see routed)."""
     ids, weights = route(x, tokens, w, cfg)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
-    return routed(x, ids, weights, w["experts"], first, cfg, shared)
+    return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
 
 
 def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
