@@ -51,6 +51,15 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "split4_n8_compact": {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True},
     "split4_k512": {"gate_up_split_k": 4, "block_k_fp4": 512},
     "split4_sum_launch": {"gate_up_split_k": 4, "fused_sum": False},
+    "paired": {"gate_up_paired": True},
+    "paired_split4": {"gate_up_paired": True, "gate_up_split_k": 4},
+    "paired_n8": {"gate_up_paired": True, "gate_up_block_n": 8},
+    "down_split": {"down_split_experts": True},
+    "down_split_n8": {"down_split_experts": True, "down_block_n": 8},
+    "paired_down_split": {"gate_up_paired": True, "down_split_experts": True},
+    "paired_split4_down_split": {"gate_up_paired": True, "gate_up_split_k": 4, "down_split_experts": True},
+    "paired_n8_down_split_n8": {"gate_up_paired": True, "gate_up_block_n": 8, "down_split_experts": True,
+                                "down_block_n": 8},
 }
 SHARED_VARIANTS = {
     "base": {},

@@ -450,6 +450,43 @@ def test_moe_gate_up_variants(monkeypatch, device, fmt, dtype):
             assert torch.equal(run(gate_up_split_k=splits, compact=compact, fused_sum=fused), split), (splits, compact)
 
 
+@pytest.mark.parametrize("device,fmt,dtype", per_device(
+    [("fp4", torch.bfloat16), ("fp8", torch.float32)], slow_on_cpu=[("fp8", torch.float32)]))
+def test_moe_paired_and_split_down_keep_the_bits(monkeypatch, device, fmt, dtype):
+    """CONFIG gate_up_paired (FP4 gate and up in one loop) and down_split_experts (kernel 2 a program per
+    (row block, token, expert), the terms summed in routing order by the last ticket or a second launch) give
+    the plain kernels' bits: with and without the shared add, with split-K, for a token whose experts are
+    mostly local and one whose are mostly remote; tickets back at 0. Rows alone equal the batch."""
+    g = torch.Generator().manual_seed(12)
+    D, I = 128 if fmt == "fp4" else 512, 64 if fmt == "fp4" else 128
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    shared = torch.randn(2, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    weights = weights.to(dtype)
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 0.3
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+
+    def run(add=None, rows=slice(None), **overrides):
+        moe_configured(monkeypatch, **{"gate_up_paired": False, "down_split_experts": False, **overrides})
+        return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, first, cfg,
+                              None if add is None else add[rows])
+
+    for add, split_k, cases in ((shared, 1, ((True, False, True), (False, True, True), (True, True, False))),
+                                (None, 2, ((True, True, True),))):
+        plain = run(add, gate_up_split_k=split_k)
+        for paired, down_split, fused in cases:
+            got = run(add, gate_up_split_k=split_k, gate_up_paired=paired, down_split_experts=down_split,
+                      fused_sum=fused)
+            assert torch.equal(got, plain), (add is None, split_k, paired, down_split, fused)
+            assert not tickets_any(device)
+    both_on = dict(gate_up_paired=True, down_split_experts=True)
+    batch = run(shared, **both_on)
+    for t in range(2):
+        assert torch.equal(run(shared, slice(t, t + 1), **both_on), batch[t:t + 1])
+
+
 def tickets_any(device) -> bool:
     return bool(qgemv.tickets_for(1, torch.device(device)).any())
 

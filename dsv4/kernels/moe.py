@@ -31,7 +31,7 @@ import torch
 
 from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2
-from .qgemv import MAX_ROWS, _destination, _fp4_rows, _fp8_rows, _operands, tickets_for
+from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
     import triton.language as tl
@@ -52,16 +52,22 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # shared_add: `routed`'s `add` operand (the shared expert's output) is added in kernel 2's store, one launch
 # fewer per layer; off (DSV4_SHARED_ADD=0): a torch add after it (the same bits: the routed sum rounded, plus add,
 # rounded once). On since session 7 call 1 (replay and pool tests on CUDA with it in the graphs).
+# gate_up_paired (DSV4_MOE_PAIRED=1): FP4 gate and up summed in one loop (qgemv._fp4_pair: both tiles in flight,
+# x loaded once for both; equal bits). down_split_experts (DSV4_MOE_DOWN_SPLIT=1): kernel 2 with a program per
+# (row block, token, expert) and a ticketed sum in routing order (_down_split_kernel; equal bits). Both off until
+# a GPU run: session 8's counters showed one-row expert kernels at 13 % occupancy, latency-bound (RESULTS.md).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
-          "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1"}
+          "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
+          "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "0") == "1",
+          "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "0") == "1"}
 
 
 def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                     w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
                     FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    COMPACT: constexpr, ROWS_P2: constexpr):
+                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one
     weight pair; with COMPACT, slot j of the grid runs the j-th local row. SPLITS > 1: fp32 partials at p_ptr."""
     nb = tl.program_id(0)
@@ -81,7 +87,9 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
     if (e >= 0) & (e < n_local):
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
-        if FP4:
+        if FP4 and PAIRED:
+            gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        elif FP4:
             gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
         else:
@@ -178,6 +186,59 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first,
     tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)
 
 
+@device_function
+def _down_sum_store(p_ptr, add_ptr, y_ptr, t, n, D, TOPK: constexpr, ADD: constexpr):
+    """Token t's expert terms [TOPK, D] (fp32 holding y's dtype; 0 for another rank's expert) summed in routing
+    order, then _down_kernel's store: its sum to the bit (adding 0.0 to an fp32 sum that starts at +0.0 changes
+    no bit). The loads go to L2 (.cg): other SMs wrote them."""
+    dt = y_ptr.dtype.element_ty
+    acc = tl.zeros(n.shape, dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(p_ptr + (t * TOPK + j) * D + n, mask=n < D, other=0.0, cache_modifier=".cg")
+    if ADD:
+        acc = acc.to(dt).to(tl.float32) + tl.load(add_ptr + t * D + n, mask=n < D, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)
+
+
+def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                       w_expert_stride, s_expert_stride, I: constexpr, S_STRIDE: constexpr, FP4: constexpr,
+                       E8M0: constexpr, TOPK: constexpr, ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                       FUSED_SUM: constexpr):
+    """_down_kernel with the experts of a token in parallel: grid (row blocks of D, T, TOPK); program (nb, t, j)
+    stores expert j's rounded, weighted term into p [T, TOPK, D] (0 where another rank owns it), and the last
+    of a (t, nb)'s TOPK programs (an int32 ticket) sums them in routing order (FUSED_SUM; else _down_sum_kernel
+    in a second launch). At one token the down projection's experts no longer run one after another."""
+    nb = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(2)
+    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    dt = y_ptr.dtype.element_ty
+    r = t * TOPK + j
+    e = tl.load(ids_ptr + r).to(tl.int64) - first
+    term = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if (e >= 0) & (e < n_local):
+        w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
+        if FP4:
+            out = _fp4_rows([h_ptr + r * I], w, s, n, D, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
+        else:
+            out = _fp8_rows([h_ptr + r * I], w, s, n, D, 0, 0, I, I, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
+        weight = tl.load(wt_ptr + r).to(tl.float32)
+        term = (out.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    tl.store(p_ptr + r * D + n, term, mask=n < D)
+    if FUSED_SUM:
+        tl.debug_barrier()  # every thread's term stored before the ticket's release
+        ticket = tickets_ptr + t * tl.num_programs(0) + nb
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == TOPK - 1:
+            _down_sum_store(p_ptr, add_ptr, y_ptr, t, n, D, TOPK, ADD)
+            tl.store(ticket, 0)
+
+
+def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, BLOCK: constexpr):
+    """Grid (blocks of D, T): _down_split_kernel's terms summed without tickets."""
+    t = tl.program_id(1).to(tl.int64)
+    _down_sum_store(p_ptr, add_ptr, y_ptr, t, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), D, TOPK, ADD)
+
+
 def _readable(w: QWeight) -> bool:
     if w.fmt not in ("fp8", "fp4") or w.scale is None or w.scale.dtype not in (torch.float8_e8m0fnu, torch.float32):
         return False
@@ -237,7 +298,7 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
         K=K, S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
-        **_options())
+        PAIRED=CONFIG["gate_up_paired"], **_options())
     if splits > 1 and tickets is None:
         launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
             partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
@@ -260,10 +321,21 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
-    launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
-        h, d2, s2, ids, weights.contiguous(), add.contiguous() if fold else y, y, D, first, n_local, d2.stride(0),
-        s2.stride(0), I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8,
-        TOPK=k, ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2), **_options())
+    add_or_y = add.contiguous() if fold else y
+    consts = dict(I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
+                  ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2))
+    if not CONFIG["down_split_experts"]:
+        launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
+            h, d2, s2, ids, weights.contiguous(), add_or_y, y, D, first, n_local, d2.stride(0), s2.stride(0),
+            **consts, **_options())
+        return y if add is None or fold else y + add
+    terms = torch.empty(T, k, D, dtype=torch.float32, device=x.device)
+    tickets = tickets_for(T * cdiv(D, block_n), x.device) if CONFIG["fused_sum"] else None
+    launcher(_down_split_kernel, x)[(cdiv(D, block_n), T, k)](
+        h, d2, s2, ids, weights.contiguous(), add_or_y, y, terms, terms if tickets is None else tickets, D, first,
+        n_local, d2.stride(0), s2.stride(0), **consts, FUSED_SUM=tickets is not None, **_options())
+    if tickets is None:
+        launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add_or_y, y, D, TOPK=k, ADD=fold, BLOCK=1024)
     return y if add is None or fold else y + add
 
 
