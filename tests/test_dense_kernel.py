@@ -181,7 +181,7 @@ def test_dispatch(monkeypatch):
     for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
     w, x = torch.randn(16, 32), torch.randn(12, 32)
     ref = F.linear(x, w)
     monkeypatch.setenv("DSV4_KERNELS", "auto")
@@ -220,7 +220,7 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
     solos = []
     for i in range(len(PROMPTS)):
         state, token, out = prefilled(tiny, i), PROMPTS[i][-1], []
