@@ -38,6 +38,7 @@ from dsv4.receipts import emit
 
 VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "base": {},
+    "plain": {"gate_up_paired": False, "down_split_experts": False},  # before session 8's two options
     "compact": {"compact": True},
     "n8": {"gate_up_block_n": 8},
     "n8_compact": {"gate_up_block_n": 8, "compact": True},

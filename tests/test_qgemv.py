@@ -456,7 +456,8 @@ def test_moe_paired_and_split_down_keep_the_bits(monkeypatch, device, fmt, dtype
     """CONFIG gate_up_paired (FP4 gate and up in one loop) and down_split_experts (kernel 2 a program per
     (row block, token, expert), the terms summed in routing order by the last ticket or a second launch) give
     the plain kernels' bits: with and without the shared add, with split-K, for a token whose experts are
-    mostly local and one whose are mostly remote; tickets back at 0. Rows alone equal the batch."""
+    mostly local and one whose are mostly remote; tickets back at 0. Rows alone equal the batch. (In fp32 the
+    plain kernel 2 keeps running: its multiply-add is fused, which a sum of stored terms cannot repeat.)"""
     g = torch.Generator().manual_seed(12)
     D, I = 128 if fmt == "fp4" else 512, 64 if fmt == "fp4" else 128
     stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
@@ -550,6 +551,36 @@ def test_shared_gate_up_split(monkeypatch, device):
         out[fused] = fused_moe.shared_gate_up(x, a, b, 0.5)
     assert torch.equal(out[True], out[False]) and not tickets_any(device)
     close_chain(out[True], ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_routed_and_shared_gate_up_in_one_launch(monkeypatch, device):
+    """CONFIG shared_launch: the routed rows' and the shared expert's kernel 1 in one launch give each its own
+    launch's bits (FP4 experts with split-K 2, an FP8 shared slice starting inside a scale block with split-K 4),
+    tickets back at 0; without tickets (fused_sum off) it falls back to the two launches, same bits."""
+    g = torch.Generator().manual_seed(13)
+    D, I, I_full = 256, 64, 192
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    sw1, sw3 = (quantised("fp8", I_full, D, g) for _ in range(2))
+    rows = slice(64, 192)
+
+    def rows_of(w):
+        return QWeight(w.data[rows].contiguous(), w.scale[0:2].contiguous(), "fp8", rows.start, 0).to(device)
+
+    a, b = rows_of(sw1), rows_of(sw3)
+    x = torch.randn(2, D, generator=g).to(torch.bfloat16).to(device)
+    ids, _, first = route_case(device)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch, gate_up_split_k=2, shared_split_k=4, block_k_fp4=64)
+    alone = (fused_moe._gate_up(x, stacks["w1"], stacks["w3"], ids, first, 16, 6, 0.5, fused_moe.CONFIG["gate_up_block_n"],
+                                2), fused_moe.shared_gate_up(x, a, b, 0.5))
+    for fused in (True, False):
+        moe_configured(monkeypatch, gate_up_split_k=2, shared_split_k=4, block_k_fp4=64, shared_launch=True,
+                       fused_sum=fused)
+        both = fused_moe.routed_and_shared_gate_up(x, ids, stacks["w1"], stacks["w3"], first, a, b, 0.5)
+        local = (ids - first >= 0) & (ids - first < 16)  # rows of other ranks' experts are never written
+        assert torch.equal(both[0][local.flatten()], alone[0][local.flatten()]), fused
+        assert torch.equal(both[1], alone[1]) and not tickets_any(device), fused
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the witness computes with the poison

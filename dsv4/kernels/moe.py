@@ -52,27 +52,32 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # shared_add: `routed`'s `add` operand (the shared expert's output) is added in kernel 2's store, one launch
 # fewer per layer; off (DSV4_SHARED_ADD=0): a torch add after it (the same bits: the routed sum rounded, plus add,
 # rounded once). On since session 7 call 1 (replay and pool tests on CUDA with it in the graphs).
-# gate_up_paired (DSV4_MOE_PAIRED=1): FP4 gate and up summed in one loop (qgemv._fp4_pair: both tiles in flight,
-# x loaded once for both; equal bits). down_split_experts (DSV4_MOE_DOWN_SPLIT=1): kernel 2 with a program per
-# (row block, token, expert) and a ticketed sum in routing order (_down_split_kernel; equal bits). Both off until
-# a GPU run: session 8's counters showed one-row expert kernels at 13 % occupancy, latency-bound (RESULTS.md).
+# gate_up_paired (DSV4_MOE_PAIRED=0 turns it off): FP4 gate and up summed in one loop (qgemv._fp4_pair: both tiles
+# in flight, x loaded once for both; equal bits). down_split_experts (DSV4_MOE_DOWN_SPLIT=0 turns it off): kernel 2
+# with a program per (row block, token, expert) and a ticketed sum in routing order (_down_split_kernel; equal bits
+# in bf16/fp16; fp32 keeps the plain kernel 2). Session 8's counters showed one-row expert kernels at 13 %
+# occupancy, latency-bound; on by default since session 8 call 3 (RESULTS.md: one Flash layer's routed experts
+# 43 -> 39 us at one row, flash decode 111.5 -> 115.4 tok/s in one call, bits equal).
+# shared_launch (DSV4_MOE_SHARED_LAUNCH=1; off until a GPU run): the shared expert's gate/up in the routed kernel 1's
+# launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
-          "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "0") == "1",
-          "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "0") == "1"}
+          "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
+          "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1",
+          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "0") == "1"}
 
 
-def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
-                    w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
-                    FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
-                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
-    """Grid (row blocks of I, SPLITS, T * TOPK). Row r: token r // TOPK, its expert ids[r] (ROUTED), or the one
-    weight pair; with COMPACT, slot j of the grid runs the j-th local row. SPLITS > 1: fp32 partials at p_ptr."""
-    nb = tl.program_id(0)
-    split = tl.program_id(1)
-    slot = tl.program_id(2)
+@device_function
+def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr,
+                     tickets_ptr, rows, I, first, n_local, w_expert_stride, s_expert_stride, row_skew, limit,
+                     K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
+                     ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr,
+                     K_CHUNK: constexpr, FUSED_SUM: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
+                     PAIRED: constexpr):
+    """Program (row block nb of nblocks, split, slot) of kernel 1. Row r: token r // TOPK, its expert ids[r]
+    (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row. SPLITS > 1: fp32 partials
+    at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb])."""
     if COMPACT:
         r, e = _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2)
     elif ROUTED:
@@ -105,10 +110,51 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
             tl.store(part + I, up, mask=n < I)
             if FUSED_SUM:
                 tl.debug_barrier()  # every thread's partials stored before the ticket's release
-                ticket = tickets_ptr + r * tl.num_programs(0) + nb
+                ticket = tickets_ptr + r * nblocks + nb
                 if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     _sum_swiglu_store(p_ptr + r * SPLITS * 2 * I, h_ptr + r * I, n, I, limit, SPLITS)
                     tl.store(ticket, 0)
+
+
+def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
+                    w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
+                    FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
+                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
+                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
+    """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
+    _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
+                     s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
+                     w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
+                     BLOCK_N, BLOCK_K, SPLITS, K_CHUNK, FUSED_SUM, COMPACT, ROWS_P2, PAIRED)
+
+
+def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
+                           ss3_ptr, sh_ptr, sp_ptr, tickets_ptr, rows, T, I, SI, first, n_local, w_expert_stride,
+                           s_expert_stride, row_skew, s_row_skew, limit, K: constexpr, S_STRIDE: constexpr, FP4: constexpr,
+                           E8M0: constexpr, TOPK: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                           SPLITS: constexpr, K_CHUNK: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
+                           PAIRED: constexpr, BLOCKS: constexpr, SS_STRIDE: constexpr, S_FP4: constexpr,
+                           S_E8M0: constexpr, S_BLOCK_N: constexpr, S_BLOCK_K: constexpr, S_SPLITS: constexpr,
+                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr):
+    """Kernel 1 for the routed rows and the shared expert's in one launch (both read only x): a flat grid, the
+    routed programs (BLOCKS x SPLITS x rows, in _gate_up_kernel's grid order) first, then the shared expert's
+    (S_BLOCKS x S_SPLITS x T); each program is exactly the one of its own launch (same bits), the shared
+    expert's tickets after the routed ones'."""
+    pid = tl.program_id(0)
+    routed_programs = BLOCKS * SPLITS * rows
+    if pid < routed_programs:
+        rest = pid // BLOCKS
+        _gate_up_program(pid % BLOCKS, rest % SPLITS, rest // SPLITS, BLOCKS, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
+                         ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local, w_expert_stride,
+                         s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, True, BLOCK_N, BLOCK_K, SPLITS,
+                         K_CHUNK, True, COMPACT, ROWS_P2, PAIRED)
+    else:
+        q = pid - routed_programs
+        rest = q // S_BLOCKS
+        _gate_up_program(q % S_BLOCKS, rest % S_SPLITS, rest // S_SPLITS, S_BLOCKS, x_ptr, sw1_ptr, ss1_ptr,
+                         sw3_ptr, ss3_ptr, ss1_ptr, sh_ptr, sp_ptr, tickets_ptr + rows * BLOCKS, T, SI, 0, 1, 0, 0,
+                         s_row_skew, limit, K, SS_STRIDE, S_FP4, S_E8M0, 1, False, S_BLOCK_N, S_BLOCK_K, S_SPLITS,
+                         S_K_CHUNK, True, False, 1, PAIRED)
 
 
 @device_function
@@ -276,16 +322,25 @@ def _block_k(w: QWeight) -> int:
     return CONFIG["block_k_fp4" if w.fmt == "fp4" else "block_k_fp8"]
 
 
+def _geometry(x, w1: QWeight, topk: int, block_n: int, split_k: int) -> tuple[int, int, int, int, int, int]:
+    """Kernel 1's (I, rows, block_k, k_chunk, splits, row blocks) for x and w1: the split is CONFIG's alone."""
+    I, K, rows = w1.shape[0], x.shape[1], x.shape[0] * topk
+    block_k = _block_k(w1)
+    tiles = cdiv(K, block_k)
+    k_chunk = cdiv(tiles, max(1, min(split_k, tiles))) * block_k
+    return I, rows, block_k, k_chunk, cdiv(K, k_chunk), cdiv(I, block_n)
+
+
+def _row_skew(w: QWeight) -> int:
+    return w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0
+
+
 def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int,
              split_k: int):
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
     routed = ids is not None
-    I, K, rows = w1.shape[0], x.shape[1], x.shape[0] * topk
-    block_k = _block_k(w1)
-    tiles = cdiv(K, block_k)
-    k_chunk = cdiv(tiles, max(1, min(split_k, tiles))) * block_k
-    splits, blocks = cdiv(K, k_chunk), cdiv(I, block_n)
+    I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, topk, block_n, split_k)
     h = torch.empty(rows, I, dtype=x.dtype, device=x.device)
     partials = h if splits == 1 else torch.empty(rows, splits, 2, I, dtype=torch.float32, device=x.device)
     # Without tickets (more than the pool, or a capture before any eager launch) the second launch sums: same bits.
@@ -293,9 +348,8 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     compact = routed and CONFIG["compact"]
     launcher(_gate_up_kernel, x)[(blocks, splits, rows)](
         x, d1, s1, d3, s3, ids if routed else s1, h, partials, tickets if tickets is not None else partials, rows, I,
-        first, n_local, d1.stride(0) if routed else 0, s1.stride(0) if routed else 0,
-        w1.row0 % FP8_BLOCK if w1.fmt == "fp8" else 0, float(limit),
-        K=K, S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
+        first, n_local, d1.stride(0) if routed else 0, s1.stride(0) if routed else 0, _row_skew(w1), float(limit),
+        K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
         PAIRED=CONFIG["gate_up_paired"], **_options())
@@ -306,17 +360,58 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     return h
 
 
+def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int,
+                              sw1: QWeight, sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert): kernel 1 for both in one launch
+    (_gate_up_shared_kernel; CONFIG shared_launch), each row's bits those of its own launch. Without tickets for
+    both (a capture before any eager launch, or too many rows) it is the two launches."""
+    T, k = ids.shape
+    n_local = w1.data.shape[0]
+    ids = ids.contiguous()
+    routed_args = (first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
+    shared_args = (0, 1, 1, limit, CONFIG["shared_block_n"], CONFIG["shared_split_k"])
+    I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, k, CONFIG["gate_up_block_n"],
+                                                          CONFIG["gate_up_split_k"])
+    SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
+                                                                CONFIG["shared_split_k"])
+    tickets = tickets_for(rows * blocks + T * s_blocks, x.device) if CONFIG["fused_sum"] else None
+    if tickets is None or not CONFIG["shared_launch"]:
+        return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
+    d1, s1 = _operands(w1, words=True)
+    d3, s3 = _operands(w3, words=True)
+    e1, t1 = _operands(sw1, words=True)
+    e3, t3 = _operands(sw3, words=True)
+    h = torch.empty(rows, I, dtype=x.dtype, device=x.device)
+    sh = torch.empty(T, SI, dtype=x.dtype, device=x.device)
+    partials = h if splits == 1 else torch.empty(rows, splits, 2, I, dtype=torch.float32, device=x.device)
+    s_partials = sh if s_splits == 1 else torch.empty(T, s_splits, 2, SI, dtype=torch.float32, device=x.device)
+    compact = CONFIG["compact"]
+    launcher(_gate_up_shared_kernel, x)[(blocks * splits * rows + s_blocks * s_splits * T,)](
+        x, d1, s1, d3, s3, ids, h, partials, e1, t1, e3, t3, sh, s_partials, tickets, rows, T, I, SI, first, n_local,
+        d1.stride(0), s1.stride(0), _row_skew(w1), _row_skew(sw1), float(limit),
+        K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=k,
+        BLOCK_N=CONFIG["gate_up_block_n"], BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, COMPACT=compact,
+        ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
+        SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
+        S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
+        S_BLOCKS=s_blocks, **_options())
+    return h, sh
+
+
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
-           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           h: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
     w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
     plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch. Kernel 2
-    writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned."""
+    writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned. h: kernel 1's
+    output when it already ran (routed_and_shared_gate_up)."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
-    h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
+    if h is None:
+        h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
@@ -324,7 +419,9 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     add_or_y = add.contiguous() if fold else y
     consts = dict(I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
                   ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2))
-    if not CONFIG["down_split_experts"]:
+    # fp32 keeps kernel 2: there `acc += out * weight` compiles to a fused multiply-add, which a sum of stored
+    # terms cannot repeat (bf16/fp16 round each term first, so the split sum has the same bits).
+    if not CONFIG["down_split_experts"] or x.dtype == torch.float32:
         launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
             h, d2, s2, ids, weights.contiguous(), add_or_y, y, D, first, n_local, d2.stride(0), s2.stride(0),
             **consts, **_options())

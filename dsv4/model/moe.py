@@ -82,11 +82,13 @@ def take(stack: QWeight, index: torch.Tensor) -> QWeight:
 PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a decode step's rows, at most
 
 
-def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None) -> torch.Tensor:
+def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None,
+           h=None) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
     it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]). out [T, D]: where the fused kernels write the
     result when they run (the door's payload: dsv4.parallel.Comm.payload); the result is what is returned.
+    h: the fused kernel 1's output when moe() already ran it (with the shared expert's: _fused_routed holds).
 
     Rows alone (decode steps and short prefill chunks: model.rows.short_chunk) always take the per-(token,
     expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
@@ -100,10 +102,10 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
-        if fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+        if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -115,6 +117,17 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     local, weights = _local(ids, weights, first, n, x.dtype)
     return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
                  shared)
+
+
+def _fused_routed(x, ids, experts: dict) -> bool:
+    """Whether routed() runs the fused decode kernels (dsv4.kernels.moe) for these rows."""
+    T, k = ids.shape
+    alone = rows_per_weight(x) == 1
+    if not (alone or (T * k <= experts["w1"].data.shape[0] and not fused_runs(x, experts))):
+        return False
+    stacks = [experts[name] for name in ("w1", "w3", "w2")]
+    return fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(
+        x, gpu_checked=fused_moe.GPU_CHECKED)
 
 
 def _pairs(x, local, weights, stacks: list[QWeight], limit: float) -> torch.Tensor:
@@ -147,14 +160,27 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
     """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D] (in out where the fused
     experts run: see routed)."""
     ids, weights = route(x, tokens, w, cfg)
+    if "shared" in w and fused_moe.CONFIG["shared_launch"] and _fused_routed(x, ids, w["experts"]) and \
+            _shared_fused(x, w["shared"]):
+        # Both kernel 1s read only x: one launch for the routed rows and the shared expert.
+        e, s = w["experts"], w["shared"]
+        h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
+                                                          cfg.swiglu_limit)
+        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
 
 
 def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
     """This rank's slice of the shared expert (intermediate rows of w1/w3, columns of w2)."""
-    if fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(x, gpu_checked=fused_moe.GPU_CHECKED):
+    if _shared_fused(x, s):
         h = fused_moe.shared_gate_up(x, s["w1"], s["w3"], limit)  # gate, up and activation in one launch
     else:
         h = swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), limit)
     return linear(h, s["w2"])
+
+
+def _shared_fused(x, s: dict) -> bool:
+    """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe)."""
+    return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(
+        x, gpu_checked=fused_moe.GPU_CHECKED)
