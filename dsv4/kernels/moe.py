@@ -58,14 +58,14 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # in bf16/fp16; fp32 keeps the plain kernel 2). Session 8's counters showed one-row expert kernels at 13 %
 # occupancy, latency-bound; on by default since session 8 call 3 (RESULTS.md: one Flash layer's routed experts
 # 43 -> 39 us at one row, flash decode 111.5 -> 115.4 tok/s in one call, bits equal).
-# shared_launch (DSV4_MOE_SHARED_LAUNCH=1; off until a GPU run): the shared expert's gate/up in the routed kernel 1's
-# launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
+# shared_launch (DSV4_MOE_SHARED_LAUNCH=0 turns it off; on since session 8 call 4): the shared expert's gate/up in the
+# routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1",
-          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "0") == "1"}
+          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1"}
 
 
 @device_function
