@@ -10,11 +10,13 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 
 import torch
 
 from dsv4.engine import build
+from dsv4.receipts import emit, provenance
 from dsv4.sampler import SamplingParams
 
 
@@ -56,12 +58,12 @@ def main() -> None:
         tok = model.step(state, tok, sp)
     sync(device)
     pr.disable()
-    print(f"EAGER_HOST preset={args.preset} wall_ms_per_step={wall * 1e3:.2f} tok_s={1 / wall:.1f} "
-          f"cuda_events_per_step={launches}")
+    emit("EAGER_HOST", provenance(device, args.preset), wall_ms_per_step=round(wall * 1e3, 2),
+         tok_s=round(1 / wall, 1), cuda_events_per_step=launches, steps=args.steps)
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats(key).print_stats(args.top)
-        print(f"== by {key} ({args.steps} steps)\n" + s.getvalue())
+        sys.stdout.write(f"== by {key} ({args.steps} steps)\n{s.getvalue()}\n")  # cProfile's own table
 
 
 if __name__ == "__main__":

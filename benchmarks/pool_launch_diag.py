@@ -7,6 +7,7 @@ import torch
 
 import dsv4
 from dsv4.model import step as model_step
+from dsv4.receipts import emit, provenance
 from dsv4.state import StatePool
 
 sys.path.insert(0, "tests")
@@ -31,5 +32,6 @@ def count(B: int) -> collections.Counter:
 
 for order in ((1, 4), (4, 1), (1, 4)):
     got = {B: count(B) for B in order}
-    print(order, {B: sum(c.values()) for B, c in got.items()}, "B1-B4", dict(got[1] - got[4]), "B4-B1",
-          dict(got[4] - got[1]))
+    emit("POOL_LAUNCHES", provenance(model.device, "tiny"), order=list(order),
+         counts={B: sum(c.values()) for B, c in got.items()}, b1_minus_b4=dict(got[1] - got[4]),
+         b4_minus_b1=dict(got[4] - got[1]))

@@ -227,6 +227,10 @@ def _launches_counted(ops: collections.Counter):
 
 
 def _step_launches(model, states) -> int:
+    return sum(_step_ops(model, states).values())
+
+
+def _step_ops(model, states) -> collections.Counter:
     B = len(states)
     tokens = torch.tensor([PROMPTS[i % 3][-1] for i in range(B)], device=model.device)
     active = torch.ones(B, dtype=torch.bool, device=model.device)
@@ -235,16 +239,18 @@ def _step_launches(model, states) -> int:
         model.transformer.transaction(states, tokens, active)  # warm: the pool's slot ids are made once
         with _launches_counted(counter.ops), counter:
             model.transformer.transaction(states, tokens, active)
-    return sum(counter.ops.values())
+    return counter.ops
 
 
 def test_pooled_step_launches_do_not_grow_with_rows(model, monkeypatch):
     # On CUDA the rows' rope tables are one op; on CPU rows_cos_sin goes row by row for ATen's SIMD tails.
     monkeypatch.setattr(model_step, "rows_cos_sin", lambda rope, positions, kind: rope.cos_sin(positions, kind))
     pool = StatePool(model.cfg, 5, CAPACITY, model.device, model.dtype)
-    counts = {B: _step_launches(model, [pool.state(s) for s in range(B)]) for B in (1, 4)}
+    ops = {B: _step_ops(model, [pool.state(s) for s in range(B)]) for B in (1, 4)}
+    counts = {B: sum(c.values()) for B, c in ops.items()}
     plain = {B: _step_launches(model, [model.new_state(CAPACITY) for _ in range(B)]) for B in (1, 4)}
-    assert counts[1] == counts[4], (counts, plain)
+    # the ops that differ, when any: on CUDA this failed in some runs since session 8 (149 against 145 either way)
+    assert counts[1] == counts[4], (counts, plain, dict(ops[1] - ops[4]), dict(ops[4] - ops[1]))
     assert plain[4] > plain[1] + 3 * model.cfg.num_hidden_layers, plain  # the counter sees per-row work
 
 

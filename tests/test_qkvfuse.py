@@ -30,6 +30,9 @@ from dsv4.model import attention
 pytest.importorskip("triton")
 
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+# The whole-model cases cost 30-80 s each under the interpreter: on CPU they are in the slow set (fuse_qkv is on by
+# default, so every other model test on CPU runs the stacked projection already).
+MODEL_DEVICES = [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES]
 
 TOL = 1e-5  # of the largest logit, fp32 (tests/test_normrope.py's model tolerance)
 
@@ -102,7 +105,7 @@ def _load(source, fuse: bool, device, monkeypatch):
     return dsv4.load(source, device=device, dtype=torch.float32, seed=3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 @pytest.mark.parametrize("which", ["tiny", "fp8"])
 def test_fused_model_against_unfused(monkeypatch, sources, which, device):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
@@ -131,7 +134,7 @@ def test_fused_model_against_unfused(monkeypatch, sources, which, device):
     torch.testing.assert_close(got, want, rtol=0, atol=TOL * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", MODEL_DEVICES)
 def test_fused_batched_equals_solo(monkeypatch, sources, device):
     """FP8, switch on: a batched step's 2 rows (the split's views strided) each equal their sequence stepped alone."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
