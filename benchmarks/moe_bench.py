@@ -38,7 +38,7 @@ from dsv4.receipts import emit
 
 VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "base": {},
-    "plain": {"gate_up_paired": False, "down_split_experts": False},  # before session 8's two options
+    "plain": {"gate_up_paired": False, "down_split_experts": False},  # before session 8's options
     "compact": {"compact": True},
     "n8": {"gate_up_block_n": 8},
     "n8_compact": {"gate_up_block_n": 8, "compact": True},
@@ -55,12 +55,13 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "paired": {"gate_up_paired": True},
     "paired_split4": {"gate_up_paired": True, "gate_up_split_k": 4},
     "paired_n8": {"gate_up_paired": True, "gate_up_block_n": 8},
-    "down_split": {"down_split_experts": True},
-    "down_split_n8": {"down_split_experts": True, "down_block_n": 8},
-    "paired_down_split": {"gate_up_paired": True, "down_split_experts": True},
-    "paired_split4_down_split": {"gate_up_paired": True, "gate_up_split_k": 4, "down_split_experts": True},
+    "down_split": {"down_split_experts": True, "down_split_tokens": 64},
+    "down_split_n8": {"down_split_experts": True, "down_split_tokens": 64, "down_block_n": 8},
+    "paired_down_split": {"gate_up_paired": True, "down_split_experts": True, "down_split_tokens": 64},
+    "paired_split4_down_split": {"gate_up_paired": True, "gate_up_split_k": 4, "down_split_experts": True,
+                                 "down_split_tokens": 64},
     "paired_n8_down_split_n8": {"gate_up_paired": True, "gate_up_block_n": 8, "down_split_experts": True,
-                                "down_block_n": 8},
+                                "down_split_tokens": 64, "down_block_n": 8},
 }
 SHARED_VARIANTS = {
     "base": {},

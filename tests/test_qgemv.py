@@ -470,7 +470,8 @@ def test_moe_paired_and_split_down_keep_the_bits(monkeypatch, device, fmt, dtype
     monkeypatch.setenv("DSV4_KERNELS", "triton")
 
     def run(add=None, rows=slice(None), **overrides):
-        moe_configured(monkeypatch, **{"gate_up_paired": False, "down_split_experts": False, **overrides})
+        moe_configured(monkeypatch, **{"gate_up_paired": False, "down_split_experts": False, "down_split_tokens": 4,
+                                       **overrides})
         return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, first, cfg,
                               None if add is None else add[rows])
 

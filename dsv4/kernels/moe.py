@@ -55,16 +55,17 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # gate_up_paired (DSV4_MOE_PAIRED=0 turns it off): FP4 gate and up summed in one loop (qgemv._fp4_pair: both tiles
 # in flight, x loaded once for both; equal bits). down_split_experts (DSV4_MOE_DOWN_SPLIT=0 turns it off): kernel 2
 # with a program per (row block, token, expert) and a ticketed sum in routing order (_down_split_kernel; equal bits
-# in bf16/fp16; fp32 keeps the plain kernel 2). Session 8's counters showed one-row expert kernels at 13 %
-# occupancy, latency-bound; on by default since session 8 call 3 (RESULTS.md: one Flash layer's routed experts
-# 43 -> 39 us at one row, flash decode 111.5 -> 115.4 tok/s in one call, bits equal).
+# in bf16/fp16; fp32 keeps the plain kernel 2), for launches of at most down_split_tokens tokens. Session 8's
+# counters showed one-row expert kernels at 13 % occupancy, latency-bound; on by default since session 8 call 3
+# (RESULTS.md: flash decode 111.5 -> 115.4 tok/s in one call; one Flash layer's routed experts at one token
+# 42.8 -> 41.7 us, at 16 tokens 327.6 -> 318.3 us paired alone but 332.9 with the split: hence the token bound).
 # shared_launch (DSV4_MOE_SHARED_LAUNCH=0 turns it off; on since session 8 call 4): the shared expert's gate/up in the
 # routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
-          "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1",
+          "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1"}
 
 
@@ -421,7 +422,9 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
                   ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2))
     # fp32 keeps kernel 2: there `acc += out * weight` compiles to a fused multiply-add, which a sum of stored
     # terms cannot repeat (bf16/fp16 round each term first, so the split sum has the same bits).
-    if not CONFIG["down_split_experts"] or x.dtype == torch.float32:
+    # The split pays where a token's experts are the only parallelism (a few tokens), not at 16 (moe_bench, session 8
+    # call 3: one Flash layer at 16 tokens 318 us paired alone, 333 with the split). Equal bits either way.
+    if not CONFIG["down_split_experts"] or x.dtype == torch.float32 or T > CONFIG["down_split_tokens"]:
         launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
             h, d2, s2, ids, weights.contiguous(), add_or_y, y, D, first, n_local, d2.stride(0), s2.stride(0),
             **consts, **_options())
