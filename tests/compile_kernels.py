@@ -367,6 +367,8 @@ def moe_variants(dtype, scale_dtype):
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=scale_dtype),
                      "fp8", 1024, 0)
     moe.shared_gate_up(x, shared, shared, 10.0)
+    for stacks in (fp4, fp8):  # CONFIG shared_launch: the routed rows' and the shared expert's kernel 1 in one launch
+        moe.routed_and_shared_gate_up(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0)
 
 
 moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
@@ -375,7 +377,8 @@ moe_variants(torch.float32, torch.float32)
 default = dict(moe.CONFIG)
 for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
             {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
-            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True}):
+            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True},
+            {"gate_up_paired": False, "down_split_experts": False}):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
