@@ -312,9 +312,11 @@ def test_port_in_use_is_one_line_before_loading():
 def test_ctrl_c_ends_quietly(command):
     import signal
 
+    # SIGINT back to its default in the child: a shell's background job starts with it ignored, and Python then
+    # keeps ignoring it (the test must not depend on how pytest was started)
     proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", command, "--preset", "tiny", "--device", "cpu",
                              "--max-tokens", "3000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc.stdin.write(b"hello\n")  # chat's first turn
     proc.stdin.flush()
     assert proc.stdout.read(1)  # it is generating
