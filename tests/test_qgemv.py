@@ -367,6 +367,16 @@ def route_case(device):
     return ids, weights, 16
 
 
+def routed_case(fmt: str, D: int, I: int, dtype, device, seed: int):
+    """(stacks, x [2, D], shared [2, D], ids, weights, first): route_case's two tokens over 16 random experts."""
+    g = torch.Generator().manual_seed(seed)
+    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
+    x = torch.randn(2, D, generator=g).to(dtype).to(device)
+    shared = torch.randn(2, D, generator=g).to(dtype).to(device)
+    ids, weights, first = route_case(device)
+    return stacks, x, shared, ids, weights.to(dtype), first
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,T,dtype", [("fp4", 2, torch.float32), ("fp4", 1, torch.bfloat16),
                                          ("fp8", 2, torch.bfloat16)])
@@ -393,13 +403,7 @@ def test_moe_shared_add_in_kernel(monkeypatch, device, fmt, dtype):
     """CONFIG shared_add: the shared expert's output added in kernel 2's store has the bits of the torch add after
     it (the routed sum rounded, plus shared, rounded once), for a token with local experts and one whose picks
     are nearly all remote."""
-    g = torch.Generator().manual_seed(11)
-    D, I = 128, 64 if fmt == "fp4" else 128
-    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
-    x = torch.randn(2, D, generator=g).to(dtype).to(device)
-    shared = torch.randn(2, D, generator=g).to(dtype).to(device)
-    ids, weights, first = route_case(device)
-    weights = weights.to(dtype)
+    stacks, x, shared, ids, weights, first = routed_case(fmt, 128, 64 if fmt == "fp4" else 128, dtype, device, 11)
     cfg = preset("tiny")
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     moe_configured(monkeypatch, shared_add=False)
@@ -458,13 +462,8 @@ def test_moe_paired_and_split_down_keep_the_bits(monkeypatch, device, fmt, dtype
     the plain kernels' bits: with and without the shared add, with split-K, for a token whose experts are
     mostly local and one whose are mostly remote; tickets back at 0. Rows alone equal the batch. (In fp32 the
     plain kernel 2 keeps running: its multiply-add is fused, which a sum of stored terms cannot repeat.)"""
-    g = torch.Generator().manual_seed(12)
-    D, I = 128 if fmt == "fp4" else 512, 64 if fmt == "fp4" else 128
-    stacks = {k: v.to(device) for k, v in expert_stacks(fmt, 16, D, I, g).items()}
-    x = torch.randn(2, D, generator=g).to(dtype).to(device)
-    shared = torch.randn(2, D, generator=g).to(dtype).to(device)
-    ids, weights, first = route_case(device)
-    weights = weights.to(dtype)
+    stacks, x, shared, ids, weights, first = routed_case(fmt, 128 if fmt == "fp4" else 512, 64 if fmt == "fp4" else 128,
+                                                         dtype, device, 12)
     cfg = preset("tiny")
     cfg.swiglu_limit = 0.3
     monkeypatch.setenv("DSV4_KERNELS", "triton")
