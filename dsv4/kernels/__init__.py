@@ -13,6 +13,10 @@ Policy, `DSV4_KERNELS`:
 - "torch": always the torch reference (the benchmark's reference arm);
 - "triton": always Triton; CPU tensors run through Triton's interpreter
   (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
+
+`DSV4_FAST_LAUNCH=1` (read at import; FAST_LAUNCH below): a CUDA launch whose arguments Triton would
+specialise as an earlier launch's were goes straight to that launch's compiled kernel (FastLaunch), skipping
+the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments.
 """
 
 from __future__ import annotations
@@ -24,9 +28,22 @@ import torch
 
 MODES = ("auto", "torch", "triton")
 
+# os.environ.get costs ~0.5 us (it encodes the name and decodes the value) and the eager step asks ~150 times a
+# token (every kernel's use_triton). On POSIX os.environ keeps its bytes in _data, which every os.environ
+# write (monkeypatch.setenv included) updates: reading it sees what os.environ.get sees, ~10x faster.
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def getenv(name: str, default: str) -> str:
+    """os.environ.get(name, default), cheaper on POSIX (see _ENV_DATA)."""
+    if _ENV_DATA is None:
+        return os.environ.get(name, default)
+    raw = _ENV_DATA.get(name.encode())
+    return default if raw is None else os.fsdecode(raw)
+
 
 def mode() -> str:
-    m = os.environ.get("DSV4_KERNELS", "auto")
+    m = getenv("DSV4_KERNELS", "auto")
     if m not in MODES:
         raise ValueError(f"DSV4_KERNELS={m!r}: allowed {list(MODES)}")
     return m
@@ -92,11 +109,12 @@ _compiled: dict = {}
 def interpreting() -> bool:
     """Triton's interpreter runs kernels on CPU tensors; it must be chosen (TRITON_INTERPRET=1)
     before triton is first imported, because triton.language's own helpers are built then."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return getenv("TRITON_INTERPRET", "0") == "1"
 
 
 def launcher(fn, t: torch.Tensor):
-    """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU)."""
+    """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU); with FAST_LAUNCH
+    and a CUDA t, its FastLaunch."""
     if not t.is_cuda and not interpreting():
         raise RuntimeError(f"{fn.__name__}: a CPU tensor needs Triton's interpreter; set TRITON_INTERPRET=1 "
                            "before starting Python, or DSV4_KERNELS=auto|torch")
@@ -108,7 +126,184 @@ def launcher(fn, t: torch.Tensor):
             _round_like_the_gpu()
 
         k = _compiled[fn] = triton.jit(fn)
+    if FAST_LAUNCH and t.is_cuda:
+        f = _fast.get(fn)
+        if f is None:
+            f = _fast[fn] = fast_launch(k)
+        return f
     return k
+
+
+FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "0") == "1"
+_fast: dict = {}
+
+
+def fast_launch(k):
+    """k's FastLaunch; k itself when it has no compiled kernels (the interpreter's InterpretedFunction)."""
+    from triton.runtime.jit import JITFunction
+
+    return FastLaunch(k) if isinstance(k, JITFunction) else k
+
+
+class FastLaunch:
+    """A jitted kernel whose launches after the first of each specialisation go straight to its compiled kernel.
+
+    Triton's JITFunction.run (triton 3.6.0, triton/runtime/jit.py lines 695-746) does on every launch: its
+    options (696-697), the device and stream (700-701), pre-run hooks (704-705), the binder (710;
+    create_function_from_signature, 391-448: native_specialize_impl on every argument), its cache key
+    (712; compute_cache_key, 563-584, formats the options with str), the used globals' check (725-729) and
+    launch_metadata for the launch hooks (743), then CompiledKernel.run (744-745). Here the first launch of
+    a key takes that run (which compiles if it must, and launches); the compiled kernel it returns is kept
+    under the key, and a later launch of the key calls CompiledKernel.run as 744-745 do, on the same
+    arguments in the same order (the binder's, signature order with defaults), with no launch metadata and
+    no hooks (run passes empty HookChains, which call nothing).
+
+    The key refines Triton's key: equal keys give equal Triton keys on one device, so the kept kernel is the
+    one run would pick (run's kernel cache, one per device, only gains entries). It holds:
+      - each non-constexpr argument as native_specialize_impl sees it (triton 3.6.0 python/src/specialize.cc:
+        handle_tensor, handle_long_type, handle_bool_type, handle_float_type, None): a tensor's dtype and
+        whether data_ptr % 16 == 0 ("D"); an int's == 1 (specialised to a constexpr 1), % 16 == 0 ("D") and
+        range (i32, i64, u64; beyond 2**64 Triton raises, so such ints always take run); bools (u1),
+        floats (fp32) and None by their type alone; is_const / do_not_specialize / alignment flags are fixed
+        per parameter, so a key that always specialises is finer than run's;
+      - every argument's exact type, and each constexpr's value (with its type: True == 1 == 1.0 in Python);
+      - the options, the keyword arguments that are not parameters (num_warps, num_stages, ...; the binder's
+        **options), by name, value and type, and the two run adds: knobs.runtime.debug and
+        knobs.compilation.instrumentation_mode;
+      - the binding: the count of positional arguments and the keyword names in order (the defaults follow);
+      - the current device (run's kernel caches are per device; a CUfunction is loaded on one device).
+    The stream is not part of a compiled kernel: it is read on every launch as run reads it (701), so launches
+    under CUDA graph capture go to the capture stream. Anything else takes run: other argument types (tuples,
+    tensor descriptors, dtypes), a callable grid, pre-run hooks, launch hooks, a kernel still compiling.
+    """
+
+    def __init__(self, jit):
+        from triton import knobs
+
+        self.jit = jit
+        self.runtime_knobs, self.compilation_knobs = knobs.runtime, knobs.compilation
+        self.plans: dict = {}
+        self.kernels: dict = {}
+
+    def __getitem__(self, grid):
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid, *args, **kwargs):
+        binding = (len(args), tuple(kwargs))
+        plan = self.plans.get(binding)
+        if plan is None:
+            plan = self.plans[binding] = _Plan(self.jit, *binding)
+        key = self._key(plan, args, kwargs) if plan.ok and type(grid) is tuple else None
+        try:
+            entry = None if key is None else self.kernels.get(key)
+        except TypeError:  # an unhashable constexpr or option
+            entry = key = None
+        if entry is None:
+            kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
+            if key is not None and kernel is not None and not hasattr(kernel, "result"):
+                self.kernels[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+            return kernel
+        self._check_globals()
+        kernel, run, function, metadata = entry
+        n = len(grid)
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(key[-1]), function, metadata,
+            None, None, None, *plan.values(args, kwargs))
+        return kernel
+
+    def _key(self, plan, args, kwargs):
+        """The launch's key (see the class), or None where run must take it."""
+        rt = self.runtime_knobs
+        if self.jit.pre_run_hooks or _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
+            return None
+        return plan.key(args, kwargs, (rt.debug, self.compilation_knobs.instrumentation_mode))
+
+    def _check_globals(self):
+        """run's check that the globals a kernel read when it compiled are unchanged (jit.py 725-729)."""
+        for (name, _), (val, globals_dict) in self.jit.used_global_vals.items():
+            if (now := globals_dict.get(name, _MISSING)) != val:
+                raise RuntimeError(f"Global variable {name} has changed since we compiled this kernel, "
+                                   f"from {val} to {now}")
+
+
+_MISSING = object()
+
+
+class _Plan:
+    """How one binding (positional count, keyword names) of a kernel's call fills its parameters."""
+
+    def __init__(self, jit, n_args: int, kw_names: tuple):
+        params = jit.params
+        names = [p.name for p in params]
+        self.tail = []  # parameters after the positional ones: (True, name) from kwargs, (False, default)
+        for p in params[n_args:]:
+            if p.name in kw_names:
+                self.tail.append((True, p.name))
+            elif p.has_default:
+                self.tail.append((False, p.default))
+            else:
+                self.tail = None  # run raises the missing argument's error
+                break
+        self.options = tuple(k for k in kw_names if k not in names)
+        self.constexprs = tuple(i for i, p in enumerate(params) if p.is_constexpr)
+        self.runtime = tuple(i for i, p in enumerate(params) if not p.is_constexpr)
+        self.ok = self.tail is not None and n_args <= len(params)
+        self.binding = (n_args, kw_names)
+
+    def values(self, args, kwargs) -> tuple:
+        """The binder's bound arguments, in signature order."""
+        return args + tuple([kwargs[x] if by_name else x for by_name, x in self.tail])
+
+    def key(self, args, kwargs, run_options: tuple):
+        """The launch's key (see FastLaunch) given run's own options, or None where run must take it."""
+        vals = self.values(args, kwargs)
+        spec = []
+        for i in self.runtime:
+            s = arg_spec(vals[i])
+            if s is None:
+                return None
+            spec.append(s)
+        opts = tuple([kwargs[k] for k in self.options])
+        return (self.binding, tuple(map(type, vals)), tuple(spec), tuple([vals[i] for i in self.constexprs]),
+                opts, tuple(map(type, opts)), run_options, current_device())
+
+
+_I32, _I64, _U64 = (-(1 << 31), (1 << 31) - 1), (-(1 << 63), (1 << 63) - 1), (0, (1 << 64) - 1)
+
+
+def arg_spec(v):
+    """What Triton's binder specialises of a non-constexpr argument v beyond its type (native_specialize_impl,
+    see FastLaunch), or None for a type this module leaves to Triton."""
+    t = type(v)
+    if t is int:
+        if v == 1:
+            return "one"
+        d = v & 15 == 0
+        if _I32[0] <= v <= _I32[1]:
+            return ("i32", d)
+        if _I64[0] <= v <= _I64[1]:
+            return ("i64", d)
+        return ("u64", d) if _U64[0] <= v <= _U64[1] else None
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() & 15 == 0)
+    if t is float or t is bool or v is None:
+        return t
+    return None
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook (a profiler's) would be called: run then passes it launch metadata."""
+    return hook is not None and (type(hook).__name__ != "HookChain" or bool(hook.calls))
+
+
+def current_device() -> int:
+    """The current CUDA device, as Triton's driver reads it (torch.cuda.current_device, less its lazy init:
+    a launch's first run went through Triton, which initialised CUDA)."""
+    return torch._C._cuda_getDevice()
+
+
+def _raw_stream(device: int) -> int:
+    """The current stream of device, as Triton's driver reads it (get_current_stream)."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def _round_like_the_gpu():
