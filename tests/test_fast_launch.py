@@ -52,8 +52,8 @@ def test_arg_spec_cases():
     x = torch.zeros(64, dtype=torch.bfloat16)
     assert kernels.arg_spec(x) == (torch.bfloat16, True) and kernels.arg_spec(x[1:]) == (torch.bfloat16, False)
     assert kernels.arg_spec(x[8:]) == (torch.bfloat16, True)
-    assert kernels.arg_spec(1) == "one" and kernels.arg_spec(16) == ("i32", True) and kernels.arg_spec(17) == ("i32", False)
-    assert kernels.arg_spec(2**31) == ("i64", True) and kernels.arg_spec(2**63) == ("u64", True)
+    assert kernels.arg_spec(1) == "one" and kernels.arg_spec(16) == "i32D" and kernels.arg_spec(17) == "i32"
+    assert kernels.arg_spec(2**31) == "i64D" and kernels.arg_spec(2**63) == "u64D"
     assert kernels.arg_spec(2**64) is None and kernels.arg_spec(-2**63 - 1) is None  # Triton raises: run's error
     assert kernels.arg_spec((1, 2)) is None and kernels.arg_spec(torch.float32) is None  # left to run
     assert kernels.arg_spec(True) is bool and kernels.arg_spec(1.0) is float

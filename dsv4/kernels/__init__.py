@@ -193,29 +193,28 @@ class FastLaunch:
         plan = self.plans.get(binding)
         if plan is None:
             plan = self.plans[binding] = _Plan(self.jit, *binding)
-        key = self._key(plan, args, kwargs) if plan.ok and type(grid) is tuple else None
-        try:
-            entry = None if key is None else self.kernels.get(key)
-        except TypeError:  # an unhashable constexpr or option
-            entry = key = None
+        rt = self.runtime_knobs
+        entry = key = None
+        if plan.ok and type(grid) is tuple and not self.jit.pre_run_hooks and not _hooked(rt.launch_enter_hook) \
+                and not _hooked(rt.launch_exit_hook):
+            device = current_device()
+            vals, key = plan.key(args, kwargs, (rt.debug, self.compilation_knobs.instrumentation_mode, device))
+            try:
+                entry = None if key is None else self.kernels.get(key)
+            except TypeError:  # an unhashable constexpr or option
+                key = None
         if entry is None:
             kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
             if key is not None and kernel is not None and not hasattr(kernel, "result"):
                 self.kernels[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
             return kernel
-        self._check_globals()
+        if self.jit.used_global_vals:
+            self._check_globals()
         kernel, run, function, metadata = entry
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(key[-1]), function, metadata,
-            None, None, None, *plan.values(args, kwargs))
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device), function, metadata,
+            None, None, None, *vals)
         return kernel
-
-    def _key(self, plan, args, kwargs):
-        """The launch's key (see the class), or None where run must take it."""
-        rt = self.runtime_knobs
-        if self.jit.pre_run_hooks or _hooked(rt.launch_enter_hook) or _hooked(rt.launch_exit_hook):
-            return None
-        return plan.key(args, kwargs, (rt.debug, self.compilation_knobs.instrumentation_mode))
 
     def _check_globals(self):
         """run's check that the globals a kernel read when it compiled are unchanged (jit.py 725-729)."""
@@ -229,11 +228,15 @@ _MISSING = object()
 
 
 class _Plan:
-    """How one binding (positional count, keyword names) of a kernel's call fills its parameters."""
+    """How one binding (positional count, keyword names) of a kernel's call fills its parameters, and its key.
+
+    The usual binding (every runtime argument by position, then constexprs by name in signature order, then
+    options) keys the keyword values as they come; any other goes parameter by parameter."""
 
     def __init__(self, jit, n_args: int, kw_names: tuple):
         params = jit.params
         names = [p.name for p in params]
+        self.binding = (n_args, kw_names)
         self.tail = []  # parameters after the positional ones: (True, name) from kwargs, (False, default)
         for p in params[n_args:]:
             if p.name in kw_names:
@@ -243,51 +246,61 @@ class _Plan:
             else:
                 self.tail = None  # run raises the missing argument's error
                 break
+        self.ok = self.tail is not None and n_args <= len(params)
         self.options = tuple(k for k in kw_names if k not in names)
         self.constexprs = tuple(i for i, p in enumerate(params) if p.is_constexpr)
         self.runtime = tuple(i for i, p in enumerate(params) if not p.is_constexpr)
-        self.ok = self.tail is not None and n_args <= len(params)
-        self.binding = (n_args, kw_names)
+        m = len(kw_names) - len(self.options)
+        self.by_name = m  # the usual binding's constexprs given by name, first among kw_names
+        self.defaults = tuple(x for by_name, x in self.tail[m:]) if self.ok else ()
+        self.usual = self.ok and self.runtime == tuple(range(n_args)) and \
+            kw_names[:m] == tuple(names[n_args:n_args + m]) and all(not by for by, _ in self.tail[m:])
+        self.key = self._usual_key if self.usual else self._key
 
     def values(self, args, kwargs) -> tuple:
         """The binder's bound arguments, in signature order."""
         return args + tuple([kwargs[x] if by_name else x for by_name, x in self.tail])
 
-    def key(self, args, kwargs, run_options: tuple):
-        """The launch's key (see FastLaunch) given run's own options, or None where run must take it."""
+    def _usual_key(self, args, kwargs, context: tuple):
+        spec = tuple(map(arg_spec, args))
+        if None in spec:
+            return None, None
+        kv = tuple(kwargs.values())
+        vals = args + kv[:self.by_name] + self.defaults if self.options or self.defaults else args + kv
+        return vals, (self.binding, spec, kv, tuple(map(type, kv)), context)
+
+    def _key(self, args, kwargs, context: tuple):
         vals = self.values(args, kwargs)
-        spec = []
-        for i in self.runtime:
-            s = arg_spec(vals[i])
-            if s is None:
-                return None
-            spec.append(s)
+        spec = tuple([arg_spec(vals[i]) for i in self.runtime])
+        if None in spec:
+            return None, None
+        consts = tuple([vals[i] for i in self.constexprs])
         opts = tuple([kwargs[k] for k in self.options])
-        return (self.binding, tuple(map(type, vals)), tuple(spec), tuple([vals[i] for i in self.constexprs]),
-                opts, tuple(map(type, opts)), run_options, current_device())
-
-
-_I32, _I64, _U64 = (-(1 << 31), (1 << 31) - 1), (-(1 << 63), (1 << 63) - 1), (0, (1 << 64) - 1)
+        return vals, (self.binding, spec, consts, tuple(map(type, consts)), opts, tuple(map(type, opts)), context)
 
 
 def arg_spec(v):
-    """What Triton's binder specialises of a non-constexpr argument v beyond its type (native_specialize_impl,
-    see FastLaunch), or None for a type this module leaves to Triton."""
+    """What Triton's binder specialises of a non-constexpr argument v (native_specialize_impl, see FastLaunch),
+    or None for a type this module leaves to Triton's run."""
     t = type(v)
     if t is int:
         if v == 1:
             return "one"
-        d = v & 15 == 0
-        if _I32[0] <= v <= _I32[1]:
-            return ("i32", d)
-        if _I64[0] <= v <= _I64[1]:
-            return ("i64", d)
-        return ("u64", d) if _U64[0] <= v <= _U64[1] else None
-    if isinstance(v, torch.Tensor):
+        if -0x80000000 <= v <= 0x7FFFFFFF:
+            return "i32D" if v & 15 == 0 else "i32"
+        if -0x8000000000000000 <= v <= 0x7FFFFFFFFFFFFFFF:
+            return "i64D" if v & 15 == 0 else "i64"
+        if 0 <= v <= 0xFFFFFFFFFFFFFFFF:
+            return "u64D" if v & 15 == 0 else "u64"
+        return None
+    if t is _Tensor or isinstance(v, _Tensor):
         return (v.dtype, v.data_ptr() & 15 == 0)
     if t is float or t is bool or v is None:
         return t
     return None
+
+
+_Tensor = torch.Tensor
 
 
 def _hooked(hook) -> bool:
