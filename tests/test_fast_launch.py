@@ -164,6 +164,33 @@ def test_fast_launch_device_in_key(fast, monkeypatch):
     assert [e[0] for e in log] == ["run", "run", "fast"] and log[2][1][3] == 79  # device 5's stream
 
 
+def test_equal_keys_are_equal_triton_keys():
+    """Over every combination of _kernel's launches below (tensors of two dtypes and alignments, ints, a float
+    argument given an int, constexprs of several types, options, the default given or not): launches with equal
+    FastLaunch keys get equal cache keys from Triton's own binder and compute_cache_key (what JITFunction.run
+    looks its kernel up by: with a fresh key cache, which tells True from 1)."""
+    from triton.runtime.jit import compute_cache_key, create_function_from_signature
+
+    jit = JITFunction(_kernel)
+    binder = create_function_from_signature(jit.signature, jit.params, _Backend)
+    f32, bf16 = torch.zeros(64), torch.zeros(64, dtype=torch.bfloat16)
+    tensors = [f32, f32[1:], f32[4:], bf16]
+    blocks = [{}, {"BLOCK": 16}, {"BLOCK": True}]
+    options = [{}, {"num_warps": 4}, {"num_warps": 8}, {"num_stages": 2}]
+    ours, theirs = {}, {}
+    for x, y, n, eps, flag, block, opt in itertools.product(tensors, tensors, [1, 16, 17, 2**31], [0.5, 2],
+                                                            [True, False, 1, 0, 1.0, None], blocks, options):
+        args, kw = (x, y, n, eps), {"FLAG": flag, **block, **opt}
+        _, key = kernels._Plan(jit, len(args), tuple(kw)).key(args, kw, (False, "", 0))
+        _, spec, opts = binder(*args, **kw, debug=False, instrumentation_mode="")
+        triton_key = compute_cache_key({}, spec, opts)
+        assert ours.setdefault(key, triton_key) == triton_key, (args, kw)
+        theirs.setdefault(triton_key, set()).add(key)
+    assert len(ours) < 4 * 4 * 4 * 2 * 6 * 3 * 4  # keys repeat: launches were compared
+    # Triton keys "BLOCK": 16 given and left to its default alike (FastLaunch apart: finer, never coarser)
+    assert len(theirs) < len(ours)
+
+
 @pytest.mark.skipif(not kernels.interpreting(), reason="the interpreter's case")
 def test_switch_is_a_no_op_under_the_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "FAST_LAUNCH", True)
