@@ -161,12 +161,15 @@ class FastLaunch:
     The key refines Triton's key: equal keys give equal Triton keys on one device, so the kept kernel is the
     one run would pick (run's kernel cache, one per device, only gains entries). It holds:
       - each non-constexpr argument as native_specialize_impl sees it (triton 3.6.0 python/src/specialize.cc:
-        handle_tensor, handle_long_type, handle_bool_type, handle_float_type, None): a tensor's dtype and
-        whether data_ptr % 16 == 0 ("D"); an int's == 1 (specialised to a constexpr 1), % 16 == 0 ("D") and
-        range (i32, i64, u64; beyond 2**64 Triton raises, so such ints always take run); bools (u1),
-        floats (fp32) and None by their type alone; is_const / do_not_specialize / alignment flags are fixed
-        per parameter, so a key that always specialises is finer than run's;
-      - every argument's exact type, and each constexpr's value (with its type: True == 1 == 1.0 in Python);
+        handle_tensor, handle_long_type, handle_bool_type, handle_float_type, None; arg_spec): a tensor's
+        dtype and whether data_ptr % 16 == 0 ("D"; the CUDA backend's supports_native_tensor_specialization,
+        or get_tensor_specialization, backends/compiler.py 89-92, tests the same); an int's == 1 (specialised
+        to a constexpr 1), % 16 == 0 ("D") and range (i32, i64, u64; outside [-2**63, 2**64) Triton raises,
+        so such ints always take run); bools (u1), floats (fp32) and None by their type alone. A parameter's
+        is_const / do_not_specialize / do_not_specialize_on_alignment flags are fixed, so a key that always
+        specialises is finer than run's;
+      - each constexpr's value and type (True == 1 == 1.0 in Python; run's own first-level key cache, 564-567,
+        takes True for 1 once it has seen one of them: the key here is finer);
       - the options, the keyword arguments that are not parameters (num_warps, num_stages, ...; the binder's
         **options), by name, value and type, and the two run adds: knobs.runtime.debug and
         knobs.compilation.instrumentation_mode;
