@@ -191,6 +191,49 @@ def test_equal_keys_are_equal_triton_keys():
     assert len(theirs) < len(ours)
 
 
+class _Driver:
+    """Triton's active driver as JITFunction.run reads it (device 0, stream 77, an sm_90 target)."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 77
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+def test_fast_launch_passes_what_tritons_run_passes(monkeypatch):
+    """Triton's own JITFunction.run (a stand-in driver, its kernel cache holding a stand-in compiled kernel for
+    the launch's key) and FastLaunch's later launches give CompiledKernel.run the same grid, stream, function,
+    metadata and arguments; FastLaunch passes no launch metadata and no hooks where run's hooks are empty."""
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import compute_cache_key
+
+    monkeypatch.setattr(driver, "_active", _Driver())
+    monkeypatch.setattr(kernels, "current_device", lambda: 0)
+    monkeypatch.setattr(kernels, "_raw_stream", lambda device: 77)
+    jit = JITFunction(_kernel)
+    log = []
+    compiled = _Compiled(log)
+    compiled.launch_metadata = lambda grid, stream, *args: "metadata"
+    x, y = torch.zeros(32), torch.zeros(32)
+    args, kw = (x, y, 48, 0.5), {"FLAG": True, "num_warps": 4}
+    cache, key_cache, _, _, binder = jit.device_caches[0]
+    _, spec, options = binder(*args, **kw, debug=False, instrumentation_mode="")
+    cache[compute_cache_key(key_cache, spec, options)] = compiled
+    f = kernels.FastLaunch(jit)
+    assert f[(3, 2)](*args, **kw) is compiled and f[(3, 2)](*args, **kw) is compiled
+    (_, by_run), (_, by_fast) = log
+    assert by_run[6] == "metadata" and all(hook.calls == [] for hook in by_run[7:9])  # empty HookChains
+    assert by_fast[6:9] == (None, None, None)
+    assert by_run[:6] + by_run[9:] == by_fast[:6] + by_fast[9:] == (3, 2, 1, 77, "cufunction", ("meta",), x, y, 48,
+                                                                    0.5, True, 16)
+
+
 @pytest.mark.skipif(not kernels.interpreting(), reason="the interpreter's case")
 def test_switch_is_a_no_op_under_the_interpreter(monkeypatch):
     monkeypatch.setattr(kernels, "FAST_LAUNCH", True)
