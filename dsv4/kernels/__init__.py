@@ -13,6 +13,10 @@ Policy, `DSV4_KERNELS`:
 - "torch": always the torch reference (the benchmark's reference arm);
 - "triton": always Triton; CPU tensors run through Triton's interpreter
   (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
+
+`DSV4_FAST_LAUNCH=1` (read at import; FAST_LAUNCH below): a CUDA launch whose arguments Triton would
+specialise as an earlier launch's were goes straight to that launch's compiled kernel (FastLaunch), skipping
+the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments.
 """
 
 from __future__ import annotations
@@ -24,9 +28,22 @@ import torch
 
 MODES = ("auto", "torch", "triton")
 
+# os.environ.get costs ~0.5 us (it encodes the name and decodes the value) and the eager step asks ~150 times a
+# token (every kernel's use_triton). On POSIX os.environ keeps its bytes in _data, which every os.environ
+# write (monkeypatch.setenv included) updates: reading it sees what os.environ.get sees, ~10x faster.
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def getenv(name: str, default: str) -> str:
+    """os.environ.get(name, default), cheaper on POSIX (see _ENV_DATA)."""
+    if _ENV_DATA is None:
+        return os.environ.get(name, default)
+    raw = _ENV_DATA.get(name.encode())
+    return default if raw is None else os.fsdecode(raw)
+
 
 def mode() -> str:
-    m = os.environ.get("DSV4_KERNELS", "auto")
+    m = getenv("DSV4_KERNELS", "auto")
     if m not in MODES:
         raise ValueError(f"DSV4_KERNELS={m!r}: allowed {list(MODES)}")
     return m
@@ -92,11 +109,12 @@ _compiled: dict = {}
 def interpreting() -> bool:
     """Triton's interpreter runs kernels on CPU tensors; it must be chosen (TRITON_INTERPRET=1)
     before triton is first imported, because triton.language's own helpers are built then."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return getenv("TRITON_INTERPRET", "0") == "1"
 
 
 def launcher(fn, t: torch.Tensor):
-    """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU)."""
+    """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU); with FAST_LAUNCH
+    and a CUDA t, its FastLaunch."""
     if not t.is_cuda and not interpreting():
         raise RuntimeError(f"{fn.__name__}: a CPU tensor needs Triton's interpreter; set TRITON_INTERPRET=1 "
                            "before starting Python, or DSV4_KERNELS=auto|torch")
@@ -108,7 +126,200 @@ def launcher(fn, t: torch.Tensor):
             _round_like_the_gpu()
 
         k = _compiled[fn] = triton.jit(fn)
+    if FAST_LAUNCH and t.is_cuda:
+        f = _fast.get(fn)
+        if f is None:
+            f = _fast[fn] = fast_launch(k)
+        return f
     return k
+
+
+FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "0") == "1"
+_fast: dict = {}
+
+
+def fast_launch(k):
+    """k's FastLaunch; k itself when it has no compiled kernels (the interpreter's InterpretedFunction)."""
+    from triton.runtime.jit import JITFunction
+
+    return FastLaunch(k) if isinstance(k, JITFunction) else k
+
+
+class FastLaunch:
+    """A jitted kernel whose launches after the first of each specialisation go straight to its compiled kernel.
+
+    Triton's JITFunction.run (triton 3.6.0, triton/runtime/jit.py lines 695-746) does on every launch: its
+    options (696-697), the device and stream (700-701), pre-run hooks (704-705), the binder (710;
+    create_function_from_signature, 391-448: native_specialize_impl on every argument), its cache key
+    (712; compute_cache_key, 563-584, formats the options with str), the used globals' check (725-729) and
+    launch_metadata for the launch hooks (743), then CompiledKernel.run (744-745). Here the first launch of
+    a key takes that run (which compiles if it must, and launches); the compiled kernel it returns is kept
+    under the key, and a later launch of the key calls CompiledKernel.run as 744-745 do, on the same
+    arguments in the same order (the binder's, signature order with defaults), with no launch metadata and
+    no hooks (run passes empty HookChains, which call nothing).
+
+    The key refines Triton's key: equal keys give equal Triton keys on one device, so the kept kernel is the
+    one run would pick (run's kernel cache, one per device, only gains entries). It holds:
+      - each non-constexpr argument as native_specialize_impl sees it (triton 3.6.0 python/src/specialize.cc:
+        handle_tensor, handle_long_type, handle_bool_type, handle_float_type, None; arg_spec): a tensor's
+        dtype and whether data_ptr % 16 == 0 ("D"; the CUDA backend's supports_native_tensor_specialization,
+        or get_tensor_specialization, backends/compiler.py 89-92, tests the same); an int's == 1 (specialised
+        to a constexpr 1), % 16 == 0 ("D") and range (i32, i64, u64; outside [-2**63, 2**64) Triton raises,
+        so such ints always take run); bools (u1), floats (fp32) and None by their type alone. A parameter's
+        is_const / do_not_specialize / do_not_specialize_on_alignment flags are fixed, so a key that always
+        specialises is finer than run's;
+      - each constexpr's value and type (True == 1 == 1.0 in Python; run's own first-level key cache, 564-567,
+        takes True for 1 once it has seen one of them: the key here is finer);
+      - the options, the keyword arguments that are not parameters (num_warps, num_stages, ...; the binder's
+        **options), by name, value and type, and the two run adds: knobs.runtime.debug and
+        knobs.compilation.instrumentation_mode;
+      - the binding: the count of positional arguments and the keyword names in order (the defaults follow);
+      - the current device (run's kernel caches are per device; a CUfunction is loaded on one device).
+    The stream is not part of a compiled kernel: it is read on every launch as run reads it (701), so launches
+    under CUDA graph capture go to the capture stream. Anything else takes run: other argument types (tuples,
+    tensor descriptors, dtypes), a callable grid, pre-run hooks, launch hooks, a kernel still compiling.
+    """
+
+    def __init__(self, jit):
+        from triton import knobs
+
+        self.jit = jit
+        self.runtime_knobs, self.compilation_knobs = knobs.runtime, knobs.compilation
+        self.plans: dict = {}
+        self.kernels: dict = {}
+
+    def __getitem__(self, grid):
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid, *args, **kwargs):
+        binding = (len(args), tuple(kwargs))
+        plan = self.plans.get(binding)
+        if plan is None:
+            plan = self.plans[binding] = _Plan(self.jit, *binding)
+        rt = self.runtime_knobs
+        entry = key = None
+        if plan.ok and type(grid) is tuple and not self.jit.pre_run_hooks and not _hooked(rt.launch_enter_hook) \
+                and not _hooked(rt.launch_exit_hook):
+            device = current_device()
+            vals, key = plan.key(args, kwargs, (rt.debug, self.compilation_knobs.instrumentation_mode, device))
+            try:
+                entry = None if key is None else self.kernels.get(key)
+            except TypeError:  # an unhashable constexpr or option
+                key = None
+        if entry is None:
+            kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
+            if key is not None and kernel is not None and not hasattr(kernel, "result"):
+                self.kernels[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+            return kernel
+        if self.jit.used_global_vals:
+            self._check_globals()
+        kernel, run, function, metadata = entry
+        n = len(grid)
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _raw_stream(device), function, metadata,
+            None, None, None, *vals)
+        return kernel
+
+    def _check_globals(self):
+        """run's check that the globals a kernel read when it compiled are unchanged (jit.py 725-729)."""
+        for (name, _), (val, globals_dict) in self.jit.used_global_vals.items():
+            if (now := globals_dict.get(name, _MISSING)) != val:
+                raise RuntimeError(f"Global variable {name} has changed since we compiled this kernel, "
+                                   f"from {val} to {now}")
+
+
+_MISSING = object()
+
+
+class _Plan:
+    """How one binding (positional count, keyword names) of a kernel's call fills its parameters, and its key.
+
+    The usual binding (every runtime argument by position, then constexprs by name in signature order, then
+    options) keys the keyword values as they come; any other goes parameter by parameter."""
+
+    def __init__(self, jit, n_args: int, kw_names: tuple):
+        params = jit.params
+        names = [p.name for p in params]
+        self.binding = (n_args, kw_names)
+        self.tail = []  # parameters after the positional ones: (True, name) from kwargs, (False, default)
+        for p in params[n_args:]:
+            if p.name in kw_names:
+                self.tail.append((True, p.name))
+            elif p.has_default:
+                self.tail.append((False, p.default))
+            else:
+                self.tail = None  # run raises the missing argument's error
+                break
+        self.ok = self.tail is not None and n_args <= len(params)
+        self.options = tuple(k for k in kw_names if k not in names)
+        self.constexprs = tuple(i for i, p in enumerate(params) if p.is_constexpr)
+        self.runtime = tuple(i for i, p in enumerate(params) if not p.is_constexpr)
+        m = len(kw_names) - len(self.options)
+        self.by_name = m  # the usual binding's constexprs given by name, first among kw_names
+        self.defaults = tuple(x for by_name, x in self.tail[m:]) if self.ok else ()
+        self.usual = self.ok and self.runtime == tuple(range(n_args)) and \
+            kw_names[:m] == tuple(names[n_args:n_args + m]) and all(not by for by, _ in self.tail[m:])
+        self.key = self._usual_key if self.usual else self._key
+
+    def values(self, args, kwargs) -> tuple:
+        """The binder's bound arguments, in signature order."""
+        return args + tuple([kwargs[x] if by_name else x for by_name, x in self.tail])
+
+    def _usual_key(self, args, kwargs, context: tuple):
+        spec = tuple(map(arg_spec, args))
+        if None in spec:
+            return None, None
+        kv = tuple(kwargs.values())
+        vals = args + kv[:self.by_name] + self.defaults if self.options or self.defaults else args + kv
+        return vals, (self.binding, spec, kv, tuple(map(type, kv)), context)
+
+    def _key(self, args, kwargs, context: tuple):
+        vals = self.values(args, kwargs)
+        spec = tuple([arg_spec(vals[i]) for i in self.runtime])
+        if None in spec:
+            return None, None
+        consts = tuple([vals[i] for i in self.constexprs])
+        opts = tuple([kwargs[k] for k in self.options])
+        return vals, (self.binding, spec, consts, tuple(map(type, consts)), opts, tuple(map(type, opts)), context)
+
+
+def arg_spec(v):
+    """What Triton's binder specialises of a non-constexpr argument v (native_specialize_impl, see FastLaunch),
+    or None for a type this module leaves to Triton's run."""
+    t = type(v)
+    if t is int:
+        if v == 1:
+            return "one"
+        if -0x80000000 <= v <= 0x7FFFFFFF:
+            return "i32D" if v & 15 == 0 else "i32"
+        if -0x8000000000000000 <= v <= 0x7FFFFFFFFFFFFFFF:
+            return "i64D" if v & 15 == 0 else "i64"
+        if 0 <= v <= 0xFFFFFFFFFFFFFFFF:
+            return "u64D" if v & 15 == 0 else "u64"
+        return None
+    if t is _Tensor or isinstance(v, _Tensor):
+        return (v.dtype, v.data_ptr() & 15 == 0)
+    if t is float or t is bool or v is None:
+        return t
+    return None
+
+
+_Tensor = torch.Tensor
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook (a profiler's) would be called: run then passes it launch metadata."""
+    return hook is not None and (type(hook).__name__ != "HookChain" or bool(hook.calls))
+
+
+def current_device() -> int:
+    """The current CUDA device, as Triton's driver reads it (torch.cuda.current_device, less its lazy init:
+    a launch's first run went through Triton, which initialised CUDA)."""
+    return torch._C._cuda_getDevice()
+
+
+def _raw_stream(device: int) -> int:
+    """The current stream of device, as Triton's driver reads it (get_current_stream)."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def _round_like_the_gpu():
