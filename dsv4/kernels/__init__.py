@@ -14,9 +14,10 @@ Policy, `DSV4_KERNELS`:
 - "triton": always Triton; CPU tensors run through Triton's interpreter
   (TRITON_INTERPRET=1 from the start of the process: the tests' conftest sets it).
 
-`DSV4_FAST_LAUNCH=1` (read at import; FAST_LAUNCH below): a CUDA launch whose arguments Triton would
+`DSV4_FAST_LAUNCH` (read at import; FAST_LAUNCH below; on by default since session 9, `0` turns it off): a CUDA launch whose arguments Triton would
 specialise as an earlier launch's were goes straight to that launch's compiled kernel (FastLaunch), skipping
-the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments.
+the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments
+(session 9, call 1 on an H200: mini's eager step 12.74 -> 10.09 ms with equal tokens, logits and cache bytes).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def launcher(fn, t: torch.Tensor):
     return k
 
 
-FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "0") == "1"
+FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "1") == "1"
 _fast: dict = {}
 
 
