@@ -1,0 +1,169 @@
+"""Static SASS census of the decode kernels for an H100/H200 (sm_90), compiled on this machine (no GPU):
+instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
+per weight element is known before a device call.
+
+    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv] [--top 25] [--dump FILE]
+
+Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token); the launcher is replaced
+by one that compiles the launch's specialisation (as tests/compile_kernels.py) and disassembles the cubin with
+the nvdisasm Triton ships. The loop is the longest backward branch's body (the K loop); its instructions are
+divided by the weight elements a thread decodes per iteration, passed by --elements (or 0: not divided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "the census needs the compiler, not the interpreter"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
+         torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1",
+         torch.float8_e4m3fn: "fp8e4nv", torch.float8_e8m0fnu: "u8"}
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+compiled: list = []
+
+
+def compile_only(fn, t):
+    jit = triton.jit(fn)
+
+    class Launch:
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+                sig, attrs = {}, {}
+                for i, (name, a) in enumerate(zip(jit.arg_names, args)):
+                    if type(a) is int and a == 1:
+                        constexprs[name] = 1
+                        continue
+                    if isinstance(a, torch.Tensor):
+                        sig[name] = "*" + TYPES[a.dtype]
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                    else:
+                        sig[name] = "fp32" if isinstance(a, float) else "i32"
+                        if isinstance(a, int) and a % 16 == 0:
+                            attrs[(i,)] = [["tt.divisibility", 16]]
+                for name in constexprs:
+                    sig[name] = "constexpr"
+                src = ASTSource(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v
+                                                                   for n, v in constexprs.items()}, attrs=attrs)
+                out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+                compiled.append((fn.__name__, grid, out))
+            return run
+    return Launch()
+
+
+def sass(cubin: bytes) -> list[str]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], check=True, capture_output=True,
+                              text=True).stdout
+    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s", ln) or re.match(r"\.L_x_\d+:", ln)]
+
+
+def resources(cubin: bytes) -> str:
+    """Registers, spills and stack of the cubin's kernels (cuobjdump --dump-resource-usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", f.name], check=True,
+                              capture_output=True, text=True).stdout
+    return " ".join(m.group(0) for m in re.finditer(r"(REG|STACK|SHARED|LOCAL):\d+", text))
+
+
+def parse(lines: list[str]) -> list[tuple[int, str, str]]:
+    """(address, opcode, text) of each instruction; a label's line as (next address, "LABEL", name)."""
+    out = []
+    for ln in lines:
+        if ln.startswith(".L_x_"):
+            out.append((None, "LABEL", ln.rstrip(":")))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)", ln)
+        if m:
+            out.append((int(m.group(1), 16), m.group(3), ln.strip()))
+    return out
+
+
+def hottest_loop(ins):
+    """The body of the longest backward branch (a loop): its instructions."""
+    labels, pending = {}, []
+    for addr, op, text in ins:
+        if op == "LABEL":
+            pending.append(text)
+        elif pending:
+            labels.update({name: addr for name in pending})
+            pending = []
+    ins = [i for i in ins if i[1] != "LABEL"]
+    best = (0, -1)
+    for addr, op, text in ins:
+        m = re.search(r"`\((\.L_x_\d+)\)", text) if op.startswith("BRA") else None
+        if m and labels.get(m.group(1), addr) < addr and addr - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], addr)
+    return [i for i in ins if best[0] <= i[0] <= best[1]]
+
+
+def census(ins) -> collections.Counter:
+    return collections.Counter(op.split(".")[0] for _, op, _ in ins)
+
+
+def build(kernel: str):
+    from dsv4.kernels import moe, qgemv
+    from dsv4.formats import QWeight
+    for module in (moe, qgemv):
+        module.launcher = compile_only
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.bfloat16)
+    e8 = torch.float8_e8m0fnu
+    fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=e8), "fp4")
+           for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8), "fp8", 1024, 0)
+    if kernel == "gate_up":
+        moe.routed_and_shared_gate_up(x, ids, fp4[0], fp4[1], 0, shared, shared, 10.0)
+    elif kernel == "down":
+        moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)
+    elif kernel == "qgemv":
+        qgemv.linear(x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8),
+                                "fp8"))
+    else:
+        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", default="gate_up")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--elements", type=int, default=0, help="weight elements a thread decodes per loop iteration")
+    ap.add_argument("--dump", help="write the SASS of the kernels here")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build(args.kernel)
+    dump = []
+    for name, grid, out in compiled:
+        ins = parse(sass(out.asm["cubin"]))
+        loop = hottest_loop(ins)
+        ins = [i for i in ins if i[1] != "LABEL"]
+        meta = out.metadata
+        print(f"{name}: {len(ins)} instructions, {resources(out.asm['cubin'])}, warps {meta.num_warps}; "
+              f"hottest loop {len(loop)} instructions")
+        per = f" ({len(loop) / args.elements:.2f} per element)" if args.elements else ""
+        print(f"  loop{per}: " + ", ".join(f"{op} {n}" for op, n in census(loop).most_common(args.top)))
+        print("  all: " + ", ".join(f"{op} {n}" for op, n in census(ins).most_common(args.top)))
+        dump += [f"// {name}"] + [t for _, _, t in ins]
+    if args.dump:
+        with open(args.dump, "w") as f:
+            f.write("\n".join(dump) + "\n")
+
+
+if __name__ == "__main__":
+    main()
