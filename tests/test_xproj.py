@@ -214,7 +214,6 @@ def test_batched_equals_solo_with_the_switch(monkeypatch, mode):
             assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
 
 
-@pytest.mark.slow
 def test_two_ranks_match_one_rank_with_the_switch(monkeypatch, ckpt):
     """tests/test_parallel.py's check (relative logit error <= 1e-4, replicated caches equal over ranks), both models
     stacked: the spawned rank reads DSV4_FUSE_XPROJ at import."""
