@@ -20,7 +20,8 @@ source benchmarks/gpu_env.sh
   timeout 110 python -m pytest -q -p no:cacheprovider tests/test_xproj.py tests/test_compressor_kernel.py \
     tests/test_commit_step.py tests/test_syncguard.py > "$OUT/pytest_xproj_cuda.txt" 2>&1
   echo "pytest rc=$? DSV4_KERNELS=triton DSV4_FUSE_XPROJ=1" >> "$OUT/pytest_xproj_cuda.txt"
-  timeout 60 python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k commit > "$OUT/pytest_commit_cuda.txt" 2>&1
+  timeout 60 python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k commit \
+    > "$OUT/pytest_commit_cuda.txt" 2>&1
   echo "pytest rc=$? DSV4_KERNELS=triton DSV4_FUSE_XPROJ=1" >> "$OUT/pytest_commit_cuda.txt"
 ) &
 (

@@ -92,6 +92,7 @@ def index_project(q_res, x, w: dict, n_heads: int, head_dim: int) -> tuple[torch
 
 
 def index_queries(q_res, w: dict, n_heads: int, head_dim: int) -> torch.Tensor:
+    """The indexer's queries alone (its head weights came from a stacked linear of x: dsv4.layout fuse_xproj)."""
     return linear(q_res, w["wq_b"]).view(q_res.shape[0], n_heads, head_dim)
 
 
