@@ -5,28 +5,26 @@
 #     GPU 0, DSV4_KERNELS=triton: tests/test_xproj.py (the pool, index-keys and commit kernels on column views equal to
 #            contiguous copies, the model on vs off within 1e-5 of the largest logit, batched == solo; its 2-rank case
 #            runs on CPU, gloo), the kernels the views reach (test_compressor_kernel, test_commit_step,
-#            test_kernels -k commit) and test_syncguard (no host sync in a step, with the switch);
+#            test_kernels::test_commit) and test_syncguard (no host sync in a step, with the switch);
 #     GPU 1, DSV4_KERNELS=auto: test_replay_gpu (mini: every CSA/HCA layer stacks; graph == eager over 256 steps,
 #            batched graph == solo graphs) and test_pool with the switch.
 #   Look for: every pytest rc=0.
-#   phase 2, both GPUs: flash decode (dsv4 bench, 2 ranks) off then on. Look for: same_stream true in both, the BENCH
-#     records naming fuse_xproj, ~101 fewer launches per token per rank with it on (4 on each of 20 CSA layers, 1 on
-#     each of 21 HCA layers; dense GEMVs with a separate split-sum launch save that one too) and graph_tok_s up
-#     (expected ~0.3 ms a token off session 9's 8.29 ms).
+#   phase 2, both GPUs: flash decode (dsv4 bench, 2 ranks) off then on. Look for, in BENCH_SUMMARY: same_stream true
+#     in both, fuse_xproj false / true, graph_replay_kernels_per_token 101 lower with it on (4 on each of 20 CSA
+#     layers, 1 on each of 21 HCA layers; the dense GEMV sums its splits in the same launch by default) and
+#     graph_tok_s up (expected ~0.3 ms a token off session 9's 8.29 ms).
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_xproj_checks.sh
 source benchmarks/gpu_env.sh
 (
   export CUDA_VISIBLE_DEVICES=0 DSV4_KERNELS=triton DSV4_FUSE_XPROJ=1
   timeout 150 python -m pytest -q -p no:cacheprovider tests/test_xproj.py tests/test_compressor_kernel.py \
-    tests/test_commit_step.py tests/test_syncguard.py > "$OUT/pytest_xproj_cuda.txt" 2>&1
+    tests/test_commit_step.py tests/test_syncguard.py tests/test_kernels.py::test_commit \
+    > "$OUT/pytest_xproj_cuda.txt" 2>&1
   echo "pytest rc=$? DSV4_KERNELS=triton DSV4_FUSE_XPROJ=1" >> "$OUT/pytest_xproj_cuda.txt"
-  timeout 60 python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k commit \
-    > "$OUT/pytest_commit_cuda.txt" 2>&1
-  echo "pytest rc=$? DSV4_KERNELS=triton DSV4_FUSE_XPROJ=1" >> "$OUT/pytest_commit_cuda.txt"
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1 DSV4_FUSE_XPROJ=1
-  timeout 110 python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py tests/test_pool.py \
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py tests/test_pool.py \
     > "$OUT/pytest_replay_xproj.txt" 2>&1
   echo "pytest rc=$? DSV4_KERNELS=auto DSV4_FUSE_XPROJ=1" >> "$OUT/pytest_replay_xproj.txt"
 ) &
