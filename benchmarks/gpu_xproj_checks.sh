@@ -10,8 +10,8 @@
 #            batched graph == solo graphs) and test_pool with the switch.
 #   Look for: every pytest rc=0.
 #   phase 2, both GPUs: flash decode (dsv4 bench, 2 ranks) off then on. Look for, in BENCH_SUMMARY: same_stream true
-#     in both, fuse_xproj false / true, graph_replay_kernels_per_token 101 lower with it on (4 on each of 20 CSA
-#     layers, 1 on each of 21 HCA layers; the dense GEMV sums its splits in the same launch by default) and
+#     in both, fuse_xproj false / true, graph_replay_kernels_per_token 104 lower with it on (4 on each of 21 CSA
+#     layers, 1 on each of 20 HCA layers: preset("flash"); the dense GEMV sums its splits in the same launch by default) and
 #     graph_tok_s up (expected ~0.3 ms a token off session 9's 8.29 ms).
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_xproj_checks.sh
 source benchmarks/gpu_env.sh
