@@ -230,6 +230,38 @@ pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
 
 
+def xproj_variants(dtype):
+    """DSV4_FUSE_XPROJ: Flash's stacked x projections of 3 rows (CSA: compressor wkv | wgate, indexer wkv | wgate,
+    weights_proj; HCA: wkv | wgate) split into column views (strided rows) for the compressor's pool (a 3-token chunk
+    and a pooled step), the index keys' head weights and the ring rows' commit."""
+    cfg = preset("flash")
+    B, slots, z = 3, 4, dict(dtype=dtype)
+    ids = torch.tensor([2, 0, 3])
+    rope = Rope(cfg, "cpu")
+    steps = {"plain": Step(torch.zeros((), dtype=torch.int64), B, rope, cfg.sliding_window),
+             "pooled": PoolStep(torch.zeros(B, dtype=torch.int64), ids, rope, cfg.sliding_window)}
+    csa = torch.zeros(B, 2624, **z).split([1024, 1024, 256, 256, 64], dim=-1)
+    hca = torch.zeros(B, 1024, **z).split([512, 512], dim=-1)
+    for kind, step in steps.items():
+        pooled = dict(ids=ids) if kind == "pooled" else {}
+        ring = (slots,) if pooled else ()
+        for (kv, gate), m, dim, overlap in ((csa[0:2], 4, 512, True), (csa[2:4], 4, 128, True), (hca, 128, 512, False)):
+            width, R = (2 * dim, 2 * m) if overlap else (dim, m)
+            compressor.pool(kv, gate, torch.zeros(*ring, R, width, **z), torch.zeros(*ring, R, width, **z),
+                            torch.zeros(m, width), torch.ones(dim), step.windows(m, R, 1026), overlap, 1e-6, **pooled)
+        win = step.windows(4, 8, 1026)
+        cos, sin = step.cos_sin("compress")
+        new = torch.zeros(B, 1, 128, **z) if pooled else torch.zeros(win.cur.shape[0], 128, **z)
+        compressor.index_keys(torch.zeros(B, 64, 128, **z), csa[4], cos, sin, torch.zeros(*ring, 1026, 128, **z), new,
+                              win.committed, win.visible, **pooled)
+    for keep in (None, torch.ones(B, dtype=torch.bool)):
+        commit.commit(torch.zeros(8, 1024, **z), torch.zeros(B, dtype=torch.int64), csa[0], keep, torch.zeros(()))
+
+
+for dtype in (torch.float32, torch.bfloat16):
+    xproj_variants(dtype)
+
+
 def prefill_attention_variants(dtype, H, hd, half, window, rows, picks, kinds=("sliding", "csa", "hca")):
     """Prefill attention: sliding only, CSA (`picks` picks), HCA over a store of `rows` rows (3 new windows)."""
     T, z = 64, dict(dtype=dtype)

@@ -33,6 +33,9 @@ Branch qkvfuse, DSV4_FUSE_QKV=1 (dsv4.model.attention CONFIG fuse_qkv: wq_a and 
     tiny                                   373 / 619  ->  368 / 614
     tiny_fp8_q128 (tiny_fp8 with q_lora_rank 128: wq_a's rows whole FP8 scale blocks, as Flash's; tiny_fp8's 32
     are not, so there the switch stacks nothing)  228 / 269  ->  223 / 264
+Branch xproj, DSV4_FUSE_XPROJ=1 (dsv4.layout CONFIG fuse_xproj: a compressed layer's bf16 linears of x in one linear,
+4 a CSA layer and 1 an HCA layer; the consumers read the column views in place, no copy):
+    tiny                                   371 / 617  ->  361 / 607
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on C
 
 # With topk's cut (2 a step on tiny's 2 CSA layers) in every row.
 BOUNDS = {"tiny": {"solo": 371, "pooled": 617}, "tiny_fp8": {"solo": 226, "pooled": 267},
-          "tiny+fuse_qkv": {"solo": 366, "pooled": 612}, "tiny_fp8_q128+fuse_qkv": {"solo": 221, "pooled": 262}}
+          "tiny+fuse_qkv": {"solo": 366, "pooled": 612}, "tiny_fp8_q128+fuse_qkv": {"solo": 221, "pooled": 262},
+          "tiny+fuse_xproj": {"solo": 361, "pooled": 607}}
 BOUNDS_IN_PLACE = {"tiny": {"solo": 366, "pooled": 612}, "tiny_fp8": {"solo": 216, "pooled": 257}}
 
 
@@ -69,13 +73,14 @@ def checkpoints(tmp_path_factory):
 
 @pytest.mark.parametrize("source, in_place", [("tiny", False), ("tiny_fp8", False), ("tiny", True),
                                               ("tiny_fp8", True), ("tiny+fuse_qkv", False),
-                                              ("tiny_fp8_q128+fuse_qkv", False)])
+                                              ("tiny_fp8_q128+fuse_qkv", False), ("tiny+fuse_xproj", False)])
 def test_decode_step_launches(monkeypatch, checkpoints, source, in_place):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(fused_moe.CONFIG, "shared_add", True)
     monkeypatch.setitem(door.CONFIG, "in_place", in_place)
     name, _, fuse = source.partition("+")
     monkeypatch.setitem(attention.CONFIG, "fuse_qkv", fuse == "fuse_qkv")
+    monkeypatch.setitem(attention.CONFIG, "fuse_xproj", fuse == "fuse_xproj")
     model = dsv4.load(checkpoints[name], device="cpu", dtype=torch.float32)
     counts = {"solo": solo_census(model), "pooled": pooled_census(model, 4)}
     bounds = (BOUNDS_IN_PLACE if in_place else BOUNDS)[source]

@@ -3,7 +3,8 @@
 A decode step stages ~7 writes per compressed layer (ring rows, compressed entries, sliding-window
 rows); one launch each is ~250 launches per Flash token. Here every write is a row of one table
 [writes, FIELDS] int64 on the device: the addresses of its buffer, index, rows and keep (0: none), its
-row count, its row width in elements and its dtype codes. Program (w, g) copies rows g, g + G, ...
+row count, its row width in elements, its dtype codes and the stride of its rows (each row contiguous; a column
+view of a wider output, dsv4.layout fuse_xproj, is read in place). Program (w, g) copies rows g, g + G, ...
 of write w: `buf[index[i]] = rows[i]` where keep[i] holds and the step's verdict is 0. Rows that do
 not hold are not written at all (the reference writes their old values back: the same bytes, since
 a step's kept rows have distinct indices). Same dtype: the bits are copied; otherwise the value goes
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import launcher, next_pow2
+from . import launcher, next_pow2, row_stride
 
 try:
     import triton.language as tl
@@ -30,7 +31,7 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # through benchmarks/gpu_batch_checks.sh (test_replay_gpu with it in the graph, session 4): "auto" runs it on CUDA
 
-FIELDS = 8  # buf, index, rows, keep (addresses), rows, width, codes, unused (a 64-byte row)
+FIELDS = 8  # buf, index, rows, keep (addresses), rows, width, codes, rows' stride (a 64-byte row)
 FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 BLOCK = 512
 MAX_SPLIT = 64  # programs per write when it has many rows (a prefill chunk)
@@ -39,7 +40,7 @@ MAX_SPLIT = 64  # programs per write when it has many rows (a prefill chunk)
 def _commit_step_kernel(table_ptr, verdict_ptr, SPLIT: constexpr, BLOCK: constexpr):
     e = table_ptr + tl.program_id(0).to(tl.int64) * 8
     dst, index, src, keep = tl.load(e), tl.load(e + 1), tl.load(e + 2), tl.load(e + 3)
-    n, width, codes = tl.load(e + 4), tl.load(e + 5), tl.load(e + 6)
+    n, width, codes, stride = tl.load(e + 4), tl.load(e + 5), tl.load(e + 6), tl.load(e + 7)
     src_code, dst_code = codes & 15, (codes >> 4) & 15
     commits = tl.load(verdict_ptr) == 0
     c = tl.arange(0, BLOCK)
@@ -52,7 +53,7 @@ def _commit_step_kernel(table_ptr, verdict_ptr, SPLIT: constexpr, BLOCK: constex
         c0 = width * 0
         while ok and c0 < width:
             m = (c0 + c) < width
-            s = i * width + c0 + c
+            s = i * stride + c0 + c
             d = row * width + c0 + c
             if src_code == dst_code:  # a copy of the bits, whatever they hold
                 if src_code == 0:
@@ -83,7 +84,7 @@ def _commit_step_kernel(table_ptr, verdict_ptr, SPLIT: constexpr, BLOCK: constex
 def _write_supported(w) -> bool:
     n = w.rows.shape[0] if w.rows.dim() else -1
     return (w.buf.dtype in FLOATS and w.rows.dtype in FLOATS and w.index.dtype == torch.int64 and n >= 0
-            and w.buf.is_contiguous() and w.rows.is_contiguous() and w.index.is_contiguous()
+            and w.buf.is_contiguous() and (n == 0 or row_stride(w.rows) is not None) and w.index.is_contiguous()
             and w.rows.shape[1:] == w.buf.shape[1:] and w.index.shape == (n,)
             and (w.keep is None or (w.keep.dtype == torch.bool and w.keep.is_contiguous() and w.keep.shape == (n,)))
             and all(t.device == w.buf.device for t in (w.rows, w.index) + (() if w.keep is None else (w.keep,))))
@@ -97,7 +98,7 @@ def supported(writes) -> bool:
 def _entry(w) -> tuple:
     codes = FLOATS[w.rows.dtype] | FLOATS[w.buf.dtype] << 4
     return (w.buf.data_ptr(), w.index.data_ptr(), w.rows.data_ptr(), 0 if w.keep is None else w.keep.data_ptr(),
-            w.rows.shape[0], w.rows[0].numel(), codes, 0)
+            w.rows.shape[0], w.rows[0].numel(), codes, row_stride(w.rows))
 
 
 class _Tables:

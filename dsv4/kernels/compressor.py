@@ -21,7 +21,7 @@ A row's program does exactly the arithmetic of the same row launched alone.
 
 import torch
 
-from . import cdiv, device_function, launcher, next_pow2, use_triton
+from . import cdiv, device_function, launcher, next_pow2, row_stride, use_triton
 from . import topk as topk_kernel
 
 try:
@@ -40,19 +40,20 @@ INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
 
 
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
-                 cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, M: constexpr, DIM: constexpr, WIDTH: constexpr,
-                 SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr,
+                 cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr, DIM: constexpr,
+                 WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr,
                  POOLED: constexpr):
     """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
     only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel.
-    POOLED: window w is row w's (one each): its slot's rings, its own chunk row."""
+    POOLED: window w is row w's (one each): its slot's rings, its own chunk row. The chunk's rows are kv_stride and
+    gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj)."""
     w = tl.program_id(0).to(tl.int64)
     if POOLED:
         slot = tl.load(ids_ptr + w)
         ring_kv_ptr += slot * R * WIDTH
         ring_gate_ptr += slot * R * WIDTH
-        kv_ptr += w * WIDTH
-        gate_ptr += w * WIDTH
+        kv_ptr += w * kv_stride
+        gate_ptr += w * gate_stride
     c = tl.program_id(1) * CB + tl.arange(0, CB)
     s = tl.arange(0, BS)
     dt = out_ptr.dtype.element_ty
@@ -79,7 +80,8 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         ok = live[:, None] & (c[None, :] < DIM)
         g = tl.where(in_ring[:, None],
                      tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ok & in_ring[:, None], other=0.0),
-                     tl.load(gate_ptr + (row - R)[:, None] * WIDTH + off, mask=ok & ~in_ring[:, None], other=0.0))
+                     tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=ok & ~in_ring[:, None],
+                             other=0.0))
         g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
         g = tl.where(ok, g, float("-inf"))
         new_mx = tl.maximum(mx, tl.max(g, axis=0))
@@ -110,11 +112,11 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         ring_ok = ok & in_ring[:, None]
         new_ok = ok & ~in_ring[:, None]
         g = tl.where(in_ring[:, None], tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
-                     tl.load(gate_ptr + (row - R)[:, None] * WIDTH + off, mask=new_ok, other=0.0))
+                     tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=new_ok, other=0.0))
         g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
         p = tl.where(ok, tl.exp(g - mx[None, :]) / den[None, :], 0.0).to(dt).to(tl.float32)
         v = tl.where(in_ring[:, None], tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
-                     tl.load(kv_ptr + (row - R)[:, None] * WIDTH + off, mask=new_ok, other=0.0))
+                     tl.load(kv_ptr + (row - R)[:, None] * kv_stride + off, mask=new_ok, other=0.0))
         acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
     if CB < DIM:
         tl.store(out_ptr + w * DIM + c, acc.to(dt))
@@ -153,13 +155,14 @@ def pool_supported(kv: torch.Tensor, ring_kv: torch.Tensor, ape: torch.Tensor, n
                    overlap: bool) -> bool:
     width = kv.shape[-1]
     dim = width // 2 if overlap else width
-    return (kv.dim() == 2 and kv.is_contiguous() and ring_kv.is_contiguous() and ring_kv.dtype == kv.dtype
+    return (kv.dim() == 2 and row_stride(kv) is not None and ring_kv.is_contiguous() and ring_kv.dtype == kv.dtype
             and ape.dtype == torch.float32 and norm.dtype in (kv.dtype, torch.float32)
             and dim == next_pow2(dim) and dim >= 2 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dim)
 
 
 def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None) -> torch.Tensor:
-    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width].
+    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width] (rows read in place
+    wherever their channels are contiguous).
     Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row."""
     width = kv.shape[-1]
     dim = width // 2 if overlap else width
@@ -172,21 +175,29 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
     cb = min(dim, POOL_CHANNELS) if slots * dim > POOL_SPLIT_ABOVE else dim
     block = min(next_pow2(slots), max(1, 8192 // cb))
     pooled = torch.empty_like(out) if cb < dim else out
+    gate, gate_stride = _in_place(gate)
     launcher(_pool_kernel, kv)[(n_win, dim // cb)](
-        kv, gate.contiguous(), ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
+        kv, gate, ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
-        win.sin.contiguous(), pooled, kv if ids is None else ids, float(eps), ring_kv.shape[-2], M=m, DIM=dim,
-        WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb, POOLED=ids is not None,
-        num_warps=4 if cb * block <= 4096 else 8)
+        win.sin.contiguous(), pooled, kv if ids is None else ids, float(eps), ring_kv.shape[-2], row_stride(kv),
+        gate_stride, M=m, DIM=dim, WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb,
+        POOLED=ids is not None, num_warps=4 if cb * block <= 4096 else 8)
     if cb < dim:
         launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
                                                   win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
     return out
 
 
+def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rows [rows, width] and their stride: t itself where each row is contiguous (a column view of a wider output
+    among them), else a contiguous copy."""
+    stride = row_stride(t)
+    return (t, stride) if stride is not None else (t.contiguous(), t[0].numel())
+
+
 def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, committed_ptr, visible_ptr, keys_ptr,
-                       ids_ptr, Ns, N, n_win, w_scale, q_scale, H: constexpr, H_PAD: constexpr, DI: constexpr,
-                       HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr):
+                       ids_ptr, Ns, N, n_win, wts_stride, w_scale, q_scale, H: constexpr, H_PAD: constexpr,
+                       DI: constexpr, HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr):
     t = tl.program_id(0).to(tl.int64)
     if POOLED:  # t is a row: its slot's stored keys, its own new rows and committed mask
         icomp_ptr += tl.load(ids_ptr + t) * Ns * DI
@@ -217,7 +228,7 @@ def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, co
         dots = tl.dot(q, tl.trans(rows), input_precision="ieee")  # [H_PAD, BN]
     else:
         dots = tl.dot(q, tl.trans(rows))  # bf16/fp16 products are exact in the fp32 accumulator
-    wts = tl.load(wts_ptr + t * H + h, mask=has_h, other=0.0).to(tl.float32) * w_scale
+    wts = tl.load(wts_ptr + t * wts_stride + h, mask=has_h, other=0.0).to(tl.float32) * w_scale
     score = tl.sum((tl.maximum(dots, 0.0) * q_scale) * wts[:, None], axis=0)
 
     vis = tl.where(stored, tl.load(committed_ptr + n, mask=stored, other=0) != 0,
@@ -238,16 +249,18 @@ def index_supported(q: torch.Tensor, icomp: torch.Tensor, inew: torch.Tensor, co
 
 
 def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) -> torch.Tensor:
-    """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew].
+    """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew]; the head weights
+    [T, heads] read in place wherever each row's are contiguous.
     Pooled (ids [B], T = B rows of one token): icomp [slots, Ns, dI], inew [B, n_win, dI], committed [B, Ns]."""
     T, H, dI = q.shape
     Ns, n_win = icomp.shape[-2], inew.shape[-2]
     N = Ns + n_win
     keys = torch.empty(T, N, dtype=torch.int64, device=q.device)
     block = INDEX_BLOCK if H <= 64 else INDEX_BLOCK // 2
+    weights, wts_stride = _in_place(weights)
     launcher(_index_keys_kernel, q)[(T, cdiv(N, block))](
-        q, weights.contiguous(), cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
-        committed.contiguous(), visible.contiguous(), keys, q if ids is None else ids, Ns, N, n_win,
+        q, weights, cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
+        committed.contiguous(), visible.contiguous(), keys, q if ids is None else ids, Ns, N, n_win, wts_stride,
         float(H ** -0.5), float(dI ** -0.5), H=H, H_PAD=max(16, next_pow2(H)), DI=dI, HALF=cos.shape[-1], BN=block,
         IEEE=q.dtype == torch.float32, POOLED=ids is not None, num_warps=4)
     return keys

@@ -31,15 +31,20 @@ from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
-from .compressor import Write, compress, compress_pooled, flat, index_project, index_topk, index_topk_pooled, project
+from .compressor import (Write, compress, compress_pooled, flat, index_project, index_queries, index_topk,
+                         index_topk_pooled, project)
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
 from .step import PoolStep, Step
 from ..layout import CONFIG as LAYOUT
 
-# The arrangement switch fuse_qkv lives in dsv4.layout (the records name it); this is the same dict.
+# The arrangement switches fuse_qkv and fuse_xproj live in dsv4.layout (the records name them); this is the same dict.
 CONFIG = LAYOUT
+# The bf16 linears of x that fuse_xproj stacks, in the stacked weight's order: (attention dict, weight). The indexer's
+# weights_proj last: its few rows (Flash: 64) leave the wider parts' column views 16-byte aligned.
+X_PROJ = (("compressor", "wkv"), ("compressor", "wgate"), ("indexer", "wkv"), ("indexer", "wgate"),
+          ("indexer", "weights_proj"))
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
@@ -134,10 +139,25 @@ def _rows(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor,
 
 def _project(x, q_res, w: dict, cfg: ModelConfig) -> dict:
     """The compressors' and the indexer's projections of every row (row-wise, so once for all sequences)."""
+    if "x_proj" in w:
+        return _project_stacked(x, q_res, w, cfg)
     proj = {"compressor": project(x, w["compressor"])}
     if "indexer" in w:
         proj["indexer"] = project(x, w["indexer"])
         proj["index_q"] = index_project(q_res, x, w["indexer"], cfg.index_n_heads, cfg.index_head_dim)
+    return proj
+
+
+def _project_stacked(x, q_res, w: dict, cfg: ModelConfig) -> dict:
+    """_project with x's linears in one over the weight the load stacked (CONFIG fuse_xproj), split into column views
+    (strided rows: the compressor's pool, the index keys and the commit read them in place)."""
+    parts = [key for key in X_PROJ if key[0] in w]
+    y = dict(zip(parts, linear(x, w["x_proj"]).split([w[owner][name].shape[0] for owner, name in parts], dim=-1)))
+    proj = {"compressor": (y["compressor", "wkv"], y["compressor", "wgate"])}
+    if "indexer" in w:
+        proj["indexer"] = (y["indexer", "wkv"], y["indexer", "wgate"])
+        proj["index_q"] = (index_queries(q_res, w["indexer"], cfg.index_n_heads, cfg.index_head_dim),
+                           y["indexer", "weights_proj"])
     return proj
 
 

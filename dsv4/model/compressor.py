@@ -88,7 +88,12 @@ def _pool(kv, gate, ring_kv, ring_gate, w: dict, win: Windows, overlap: bool, ep
 
 def index_project(q_res, x, w: dict, n_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The indexer's queries [T, n_heads, head_dim] and head weights [T, n_heads] (row-wise)."""
-    return linear(q_res, w["wq_b"]).view(x.shape[0], n_heads, head_dim), linear(x, w["weights_proj"])
+    return index_queries(q_res, w, n_heads, head_dim), linear(x, w["weights_proj"])
+
+
+def index_queries(q_res, w: dict, n_heads: int, head_dim: int) -> torch.Tensor:
+    """The indexer's queries alone (its head weights came from a stacked linear of x: dsv4.layout fuse_xproj)."""
+    return linear(q_res, w["wq_b"]).view(q_res.shape[0], n_heads, head_dim)
 
 
 def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int,

@@ -46,6 +46,14 @@ def _stack(ws: list[QWeight]) -> QWeight:
     return QWeight(stacked([w.data for w in ws]), scale, first.fmt, first.row0, first.col0)
 
 
+# The official names of attention.X_PROJ's weights (the oracle and the checkpoint code read them by these).
+_X_PROJ_NAMES = {("compressor", "wkv"): "attn.compressor.wkv.weight",
+                 ("compressor", "wgate"): "attn.compressor.wgate.weight",
+                 ("indexer", "wkv"): "attn.indexer.compressor.wkv.weight",
+                 ("indexer", "wgate"): "attn.indexer.compressor.wgate.weight",
+                 ("indexer", "weights_proj"): "attn.indexer.weights_proj.weight"}
+
+
 class Transformer:
     """A rank's weights arranged for the forward, and the step transaction."""
 
@@ -79,6 +87,8 @@ class Transformer:
                 attn["indexer"] = self._compressor(wt, p + "attn.indexer.compressor.")
                 attn["indexer"]["wq_b"] = get("attn.indexer.wq_b.weight")
                 attn["indexer"]["weights_proj"] = get("attn.indexer.weights_proj.weight")
+            if attention_module.CONFIG["fuse_xproj"]:
+                self._fuse_xproj(wt, p, attn)
         ffn = {"gate": get("ffn.gate.weight")}
         if cfg.mlp_layer_types[i] == HASH_MOE:
             ffn["tid2eid"] = get("ffn.gate.tid2eid")
@@ -102,6 +112,18 @@ class Transformer:
             return
         attn["wq_a_wkv"], (attn["wq_a"], attn["wkv"]) = stacked
         wt[p + "attn.wq_a.weight"], wt[p + "attn.wkv.weight"] = attn["wq_a"], attn["wkv"]
+
+    @staticmethod
+    def _fuse_xproj(wt: dict, p: str, attn: dict):
+        """The compressed layer's bf16 linears of x (attention.X_PROJ's order) stacked into attn["x_proj"] (one launch
+        for all), their official names and places holding views of it, as _fuse_qkv does."""
+        parts = [key for key in attention_module.X_PROJ if key[0] in attn]
+        stacked = stack_rows([attn[owner][name] for owner, name in parts])
+        if stacked is None:
+            return
+        attn["x_proj"], views = stacked
+        for (owner, name), view in zip(parts, views):
+            attn[owner][name] = wt[p + _X_PROJ_NAMES[owner, name]] = view
 
     @staticmethod
     def _compressor(wt: dict, p: str) -> dict:
