@@ -434,6 +434,15 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
     for dtype in (torch.bfloat16, torch.float32):
         hc_boundary_variants(dtype)
     hc_boundary.CONFIG.update(default)
+# the finish's options (their own constexprs: the door's bookkeeping is the same code either way)
+for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": True, "warp_maps": True}):
+    hc_boundary.CONFIG.update(cfg)
+    for dtype in (torch.bfloat16, torch.float32):
+        for first in (False, True):
+            hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                 None if first else torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096),
+                                 torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6)
+    hc_boundary.CONFIG.update(default)
 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
 for n in (1, 16):
