@@ -191,8 +191,8 @@ def fused_combine(monkeypatch):
 @pytest.mark.parametrize("kind,pos,T", FUSED_POSITIONS)
 def test_fused_combine(monkeypatch, fused_combine, device, heads, head_dim, kind, pos, T):
     """One launch: the reference's tolerance; against the two launches equal bits under the interpreter (numpy
-    sums the splits in order both ways), on a GPU within fp32 rounding (the merge's sums over the splits follow
-    its own tile layout); the tickets back at 0."""
+    sums the splits in order both ways), on a GPU within fp32 rounding (the combine kernel's sums over the splits
+    associate as its tile layout does, the merge's in split order); the tickets back at 0."""
     names = launched(monkeypatch)
     got = check(kind, pos, T, heads, head_dim, torch.float32, device, monkeypatch, **WIDE)
     assert names == ["_attn_split_kernel"]
@@ -211,7 +211,7 @@ def test_fused_combine_bfloat16_and_merge_chunks(monkeypatch, fused_combine, dev
     unrotated part and of the rope pairs)."""
     check(CSA, 200, 1, 16, 64, torch.bfloat16, device, monkeypatch, **WIDE)
     monkeypatch.setattr(fused, "MERGE_VALUES", 1)
-    assert fused.merge_d(16, 7, 64, 8) == 2
+    assert fused.merge_d(16, 7, 8) == 2
     check(HCA, 200, 2, 16, 64, torch.float32, device, monkeypatch, **WIDE)
 
 
@@ -245,11 +245,13 @@ def test_fused_combine_pooled_rows_are_plain_rows(monkeypatch, fused_combine, de
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(device)
 
+    def on(*shape, p):
+        return (torch.rand(*shape, generator=g) < p).to(device)
+
     ids = torch.tensor([2, 0, 3], device=device)
-    args = (rand(B, heads, hd), rand(slots, W, hd), rand(B, hd), (torch.rand(B, W + 1, generator=g) < 0.7).to(device),
-            rand(heads), rand(B, half), rand(B, half))
-    extra = dict(comp=rand(slots, NS, hd), new=rand(B, 1, hd), committed=(torch.rand(B, NS, generator=g) < 0.5).to(device),
-                 new_visible=(torch.rand(B, 1, generator=g) < 0.5).to(device))
+    args = (rand(B, heads, hd), rand(slots, W, hd), rand(B, hd), on(B, W + 1, p=0.7), rand(heads), rand(B, half),
+            rand(B, half))
+    extra = dict(comp=rand(slots, NS, hd), new=rand(B, 1, hd), committed=on(B, NS, p=0.5), new_visible=on(B, 1, p=0.5))
     names = launched(monkeypatch)
     got = fused.attention(*args, **extra, ids=ids)
     assert names == ["_attn_split_kernel"]

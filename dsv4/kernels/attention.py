@@ -20,8 +20,10 @@ Each split program stores its partial, then takes a ticket of its (query, head b
 does (an int32 counter, acq_rel; no float atomics); the last program merges the block's partials (_merge: the
 combine's arithmetic for all its heads at once, the partials read from L2) and puts the ticket back to 0. The
 merge is one program's work, SPLITS * BLOCK_H * HD * 4 bytes read by one SM, so launches of more than
-CONFIG fused_max_splits splits keep the two kernels. The merge's sums over the splits follow its own tile
-layout, not the combine kernel's: the bits may differ from the two launches' (within float rounding).
+CONFIG fused_max_splits splits keep the two kernels. The merge adds the splits' outputs in split order,
+elementwise; the combine kernel's tl.sum over them (and both kernels' sums of the denominators) associate
+as their tile layouts do: on a GPU the bits may differ from the two launches' (within float rounding; the
+interpreter sums in split order both ways, equal bits).
 
 Pooled (POOLED, `ids`; dispatched by dsv4.kernels.pooled): the queries are B rows of one token each,
 row b's caches the slot ids[b] of stacked pool caches (win [slots, W, hd], comp [slots, NS, hd]), its
@@ -151,7 +153,8 @@ def _merge(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, t, h, h_o
     den = tl.sum(tl.exp(ms - mx[:, None]) * ls, axis=1) + tl.exp(sink - mx)
     ws = ()  # each split's weights [heads, 1]
     for s in tl.static_range(SPLITS):
-        ws = ws + ((tl.exp(tl.load(m_ptr + row + s, mask=h_ok, other=_NO_MAX, cache_modifier=".cg") - mx) / den)[:, None],)
+        m_s = tl.load(m_ptr + row + s, mask=h_ok, other=_NO_MAX, cache_modifier=".cg")
+        ws = ws + ((tl.exp(m_s - mx) / den)[:, None],)
     dd = tl.arange(0, MERGE_D)
     parts = acc_ptr + row[:, None] * HD + dd[None, :]
     live = h_ok[:, None]
@@ -273,7 +276,7 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
         T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
-        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, hd, half), **warps(c["num_warps"]))
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
     if fused:
         return out
     launcher(_attn_combine_kernel, q)[(H, T)](
@@ -282,7 +285,7 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     return out
 
 
-def merge_d(block_h: int, splits: int, hd: int, half: int) -> int:
+def merge_d(block_h: int, splits: int, half: int) -> int:
     """The fused merge's chunk of head_dim: about MERGE_VALUES fp32 partials a thread, at least one rope pair, at
     most the rope's columns (so that a chunk is all rope or none: the unrotated columns, hd - 2 * half, are a
     multiple of it)."""
