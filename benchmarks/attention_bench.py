@@ -11,7 +11,9 @@ magnitude. Then each arm's microseconds per call: "graph" is the median over 10 
 captured in one CUDA graph (how the decode step runs), "eager" the median of 50 single calls timed
 with CUDA events (launch overhead included). Bytes: what the call must read (q, the key rows it
 attends to, masks and picks, the output written); the kernel also writes and rereads its fp32
-per-split partials, counted apart. One ATTN record per (case, arm), kernel arms per launch config.
+per-split partials, counted apart. One ATTN record per (case, arm), kernel arms per launch config. Kernel
+arms also record splits, fused (whether the combine ran inside the split launch) and default_bits (the
+output equals kernel_default's bit for bit; the fused merge sums the splits in its own order: it may not).
 
 --ops (CPU, no GPU needed): ATTN_OPS records, the aten ops each arm dispatches for one decode token of
 each case, split into ops that launch a kernel on a GPU and those that do not (views, allocations),
@@ -44,6 +46,11 @@ CONFIGS = {
     "n16_t2_w4": {"block_n": 16, "tiles": 2, "num_warps": 4},
     "n64_h16_w8": {"block_n": 64, "block_h": 16, "num_warps": 8},
     "n32_t2_w8": {"block_n": 32, "tiles": 2, "num_warps": 8},
+    # the combine in the split launch (CONFIG fused_combine): up to its default fused_max_splits (8; beyond it the
+    # two launches), every case, and with 2 tiles a program (half the splits, so half the merge's bytes)
+    "fused": {"fused_combine": True},
+    "fused_any": {"fused_combine": True, "fused_max_splits": 64},
+    "fused_any_t2": {"fused_combine": True, "fused_max_splits": 64, "tiles": 2},
 }
 
 
@@ -153,11 +160,18 @@ def bench(configs):
         arms = [("reference", {}, lambda: _attend(*args, **extra))] + [
             (f"kernel_{c}", CONFIGS[c], lambda: fused.attention(*args, **extra)) for c in configs]
         default = dict(fused.CONFIG)
+        fused.CONFIG["fused_combine"] = False
+        baseline = fused.attention(*args, **extra)  # kernel_default's output without DSV4_ATTN_FUSED_COMBINE
+        fused.CONFIG.update(default)
         for arm, cfg, fn in arms:
             fused.CONFIG.update(cfg)
             first, second = fn(), fn()
             rec = dict(case=name, arm=arm, capacity=capacity, heads=HEADS, max_rel_err=rel_err(first, ref32),
                        deterministic=bool(torch.equal(first, second)), **moved)
+            if arm != "reference":
+                splits = cdiv(cdiv(n_keys(args, extra), fused.CONFIG["block_n"]), fused.CONFIG["tiles"])
+                rec.update(splits=splits, default_bits=bool(torch.equal(first, baseline)),
+                           fused=fused.CONFIG["fused_combine"] and splits <= fused.CONFIG["fused_max_splits"])
             rec["us_graph"] = timed_graph(fn)
             rec["us_eager"] = timed_eager(fn)
             rec["gbps_graph"] = moved["bytes"] / rec["us_graph"] / 1e3

@@ -14,7 +14,8 @@ median microseconds per call); the calls rotate over copies of hc_fn, at least 2
 call finds its weight in L2, as in a step where each boundary has its own. Before timing: max_rel_err of
 each output against the unfused arm (largest difference over the largest magnitude; the streams must be
 equal), rows_exact (each row of the all-rows launch equals that row launched alone, bit for bit),
-tickets_zero (the tickets are back at 0), and launches (kernels per call, by the profiler).
+tickets_zero (the tickets are back at 0), default_bits (a fused arm's outputs equal fused_default's, bit for bit:
+the finish options one_pass and warp_maps may change them) and launches (kernels per call, by the profiler).
 
 One GPU, about a minute (Triton compiles each variant once). Prints:
   HC_BOUNDARY {"boundary", "rows", "arm", "us", "launches", "max_rel_err", "rows_exact", "tickets_zero", ...}
@@ -42,6 +43,9 @@ VARIANTS = {  # hc_boundary.CONFIG overrides (tests/compile_kernels.py compiles 
     "d16": {"block_d": 16},
     "d64": {"block_d": 64},
     "d128_w8_r2048": {"block_d": 128, "num_warps": 8, "block_r": 2048},
+    "one_pass": {"one_pass_finish": True},
+    "warp_maps": {"warp_maps": True},
+    "one_pass_warp_maps": {"one_pass_finish": True, "warp_maps": True},
 }
 L2_DEFEAT = 256 << 20
 DEVICE = "cuda"
@@ -99,6 +103,8 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
     a = inputs(cfg, rows, copies, torch.Generator(device=DEVICE).manual_seed(rows))
     with configured("triton"):
         ref = unfused(a, 0, cfg, first)
+    with configured("triton", (fused.CONFIG, {"one_pass_finish": False, "warp_maps": False})):
+        default = one_launch(a, 0, cfg, first)
     plans = [("unfused", unfused, ()), ("unfused_fused_sum", unfused, ((dense.CONFIG, {"fused_sum": True}),))]
     plans += [(f"fused_{name}", one_launch, ((fused.CONFIG, over),)) for name, over in VARIANTS.items()]
     for arm, fn, overrides in plans:
@@ -114,6 +120,7 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
                 if fn is one_launch:
                     record["rows_exact"] = rows_exact(a, cfg, first)
                     record["tickets_zero"] = not bool(qgemv.tickets_for(rows, torch.device(DEVICE)).any())
+                    record["default_bits"] = all(torch.equal(x, y) for x, y in zip(got, default))
         except Exception as e:  # a variant that fails to build or run: recorded, the others still run
             emit("HC_BOUNDARY", record, error=f"{type(e).__name__}: {str(e)[:300]}")
             continue

@@ -193,6 +193,15 @@ default = dict(attention.CONFIG)
 attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
 attention.CONFIG.update(default)
+# The combine in the split launch (fused_combine, at most fused_max_splits): Flash at 5 and 8 splits (a store of 6
+# rows: sliding and HCA; of 100 rows: HCA), fp32 tiles at 5; tiny's broadcast path (keys in tiles of 16) at 9.
+attention.CONFIG.update({"fused_combine": True})
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 6, ("sliding", "hca"))
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 100, ("hca",))
+attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))
+attention.CONFIG.update({"fused_max_splits": 9})
+attention_variants(torch.float32, 1, 2, 32, 8, 6, ("hca",))
+attention.CONFIG.update(default)
 
 
 def pooled_variants(dtype, H, hd, half):
@@ -228,6 +237,9 @@ def pooled_variants(dtype, H, hd, half):
 
 pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
+attention.CONFIG.update({"fused_combine": True})
+pooled_variants(torch.bfloat16, 32, 512, 32)
+attention.CONFIG.update(default)
 
 
 def xproj_variants(dtype):
@@ -466,6 +478,15 @@ for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 
     hc_boundary.CONFIG.update(cfg)
     for dtype in (torch.bfloat16, torch.float32):
         hc_boundary_variants(dtype)
+    hc_boundary.CONFIG.update(default)
+# the finish's options (their own constexprs: the door's bookkeeping is the same code either way)
+for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": True, "warp_maps": True}):
+    hc_boundary.CONFIG.update(cfg)
+    for dtype in (torch.bfloat16, torch.float32):
+        for first in (False, True):
+            hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                 None if first else torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096),
+                                 torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6)
     hc_boundary.CONFIG.update(default)
 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows

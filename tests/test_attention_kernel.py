@@ -7,7 +7,8 @@ and after it wraps, and each compressed rate before its first close, at a close 
 and after several. Tolerance, float32: rtol = atol = 1e-5 (the kernel sums in another order and
 in fp32 throughout; the reference also computes in fp32 here). bfloat16 against the float32
 reference on the same bf16 inputs: 2**-7 of the output's largest magnitude (the kernel rounds p
-to bf16 for the p*v product and the output once). Two runs are bit-identical.
+to bf16 for the p*v product and the output once). Two runs are bit-identical. The fused combine (CONFIG
+fused_combine): the same bounds; against the two launches see test_fused_combine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from dsv4 import kernels
 from dsv4.config import CSA, HCA, SLIDING, preset
 from dsv4.kernels import attention as fused
+from dsv4.kernels import qgemv
 from dsv4.model.attention import _attend
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
@@ -31,9 +33,11 @@ DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.
 CAPACITY = 64
 
 
-def case(kind, pos, T, heads, head_dim, dtype, device, seed=0):
-    """(args, extra) for fused.attention / _attend: a random state of one layer of `kind` at `pos`."""
+def case(kind, pos, T, heads, head_dim, dtype, device, seed=0, window=None, capacity=CAPACITY):
+    """(args, extra) for fused.attention / _attend: a random state of one layer of `kind` at `pos` (tiny's, or
+    with a sliding window of `window` rows)."""
     cfg = dataclasses.replace(preset("tiny"), head_dim=head_dim)
+    cfg = dataclasses.replace(cfg, sliding_window=window or cfg.sliding_window)
     g = torch.Generator().manual_seed(seed * 1000 + pos * 10 + T)
 
     def rand(*shape):
@@ -48,7 +52,7 @@ def case(kind, pos, T, heads, head_dim, dtype, device, seed=0):
     if kind == SLIDING:
         return args, {}
     m = cfg.compress_rates[kind]
-    rows = CAPACITY // m + 2
+    rows = capacity // m + 2
     win = step.windows(m, 2 * m if kind == CSA else m, rows)
     comp, new = rand(rows, head_dim), rand(win.wids.shape[0], head_dim)
     if kind == HCA:
@@ -60,9 +64,9 @@ def case(kind, pos, T, heads, head_dim, dtype, device, seed=0):
     return args, dict(comp=comp, new=new, sel=order[:, :k], valid=ordered[:, :k] > float("-inf"))
 
 
-def check(kind, pos, T, heads, head_dim, dtype, device, monkeypatch):
+def check(kind, pos, T, heads, head_dim, dtype, device, monkeypatch, **state):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    args, extra = case(kind, pos, T, heads, head_dim, dtype, device)
+    args, extra = case(kind, pos, T, heads, head_dim, dtype, device, **state)
     assert fused.supported(*args, **extra)
     got = fused.attention(*args, **extra)
     assert got.dtype == dtype and got.shape == args[0].shape
@@ -147,3 +151,114 @@ def test_model_decode_takes_the_kernel(monkeypatch):
     assert not calls
     model.decode(state, 10)
     assert len(calls) == model.cfg.num_hidden_layers
+
+
+# ---- the combine inside the split launch (CONFIG fused_combine) -------------------------------------------
+def launched(monkeypatch) -> list:
+    """The names of the attention kernels launched, in order."""
+    names, real = [], fused.launcher
+
+    def counted(fn, t):
+        names.append(fn.__name__)
+        return real(fn, t)
+    monkeypatch.setattr(fused, "launcher", counted)
+    return names
+
+
+def two_launches(args, extra):
+    saved = fused.CONFIG["fused_combine"]
+    fused.CONFIG["fused_combine"] = False
+    try:
+        return fused.attention(*args, **extra)
+    finally:
+        fused.CONFIG["fused_combine"] = saved
+
+
+# A window of 72 rows and keys in tiles of 16: 5 to 7 splits of each kind (a power of two or not); heads in
+# blocks of 16 (20 heads: two tickets a query, the second block masked).
+WIDE = dict(window=72, capacity=256)
+FUSED_POSITIONS = [(SLIDING, 100, 3), (CSA, 200, 2), (HCA, 200, 1), (HCA, 60, 8)]
+
+
+@pytest.fixture
+def fused_combine(monkeypatch):
+    for key, value in {"fused_combine": True, "block_n": 16, "block_h": 16}.items():
+        monkeypatch.setitem(fused.CONFIG, key, value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("heads,head_dim", [(2, 32), (20, 64)])
+@pytest.mark.parametrize("kind,pos,T", FUSED_POSITIONS)
+def test_fused_combine(monkeypatch, fused_combine, device, heads, head_dim, kind, pos, T):
+    """One launch: the reference's tolerance; against the two launches equal bits under the interpreter (numpy
+    sums the splits in order both ways), on a GPU within fp32 rounding (the combine kernel's sums over the splits
+    associate as its tile layout does, the merge's in split order); the tickets back at 0."""
+    names = launched(monkeypatch)
+    got = check(kind, pos, T, heads, head_dim, torch.float32, device, monkeypatch, **WIDE)
+    assert names == ["_attn_split_kernel"]
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    ref = two_launches(*case(kind, pos, T, heads, head_dim, torch.float32, device, **WIDE))
+    if device == "cpu":
+        assert torch.equal(got, ref)
+    else:
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    assert not bool(qgemv.tickets_for(1, torch.device(device)).any())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_combine_bfloat16_and_merge_chunks(monkeypatch, fused_combine, device):
+    """bf16 (p and the output rounded as the two launches do), and merge chunks of 4 (several chunks of the
+    unrotated part and of the rope pairs)."""
+    check(CSA, 200, 1, 16, 64, torch.bfloat16, device, monkeypatch, **WIDE)
+    monkeypatch.setattr(fused, "MERGE_VALUES", 1)
+    assert fused.merge_d(16, 7, 8) == 2
+    check(HCA, 200, 2, 16, 64, torch.float32, device, monkeypatch, **WIDE)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_combine_keeps_two_launches_beyond_max_splits(monkeypatch, fused_combine, device):
+    monkeypatch.setitem(fused.CONFIG, "fused_max_splits", 4)
+    names = launched(monkeypatch)
+    check(CSA, 200, 1, 16, 64, torch.float32, device, monkeypatch, **WIDE)
+    assert names == ["_attn_split_kernel", "_attn_combine_kernel"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_combine_without_the_devices_tickets(monkeypatch, fused_combine, device):
+    """A capture before any eager launch finds no tickets (qgemv.tickets_for None): a zeroed buffer of its own,
+    the same launch and bits; deterministic and without a host sync."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    args, extra = case(HCA, 200, 2, 16, 64, torch.float32, device, **WIDE)
+    shared = fused.attention(*args, **extra)
+    with NoHostSync():
+        again = fused.attention(*args, **extra)
+    monkeypatch.setattr(qgemv, "tickets_for", lambda count, device: None)
+    assert torch.equal(shared, again) and torch.equal(shared, fused.attention(*args, **extra))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_combine_pooled_rows_are_plain_rows(monkeypatch, fused_combine, device):
+    """The pooled variant merges each row as the plain kernel merges that row alone, bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    B, slots, heads, hd, half, W, NS = 3, 4, 20, 64, 8, 40, 50
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device)
+
+    def on(*shape, p):
+        return (torch.rand(*shape, generator=g) < p).to(device)
+
+    ids = torch.tensor([2, 0, 3], device=device)
+    args = (rand(B, heads, hd), rand(slots, W, hd), rand(B, hd), on(B, W + 1, p=0.7), rand(heads), rand(B, half),
+            rand(B, half))
+    extra = dict(comp=rand(slots, NS, hd), new=rand(B, 1, hd), committed=on(B, NS, p=0.5), new_visible=on(B, 1, p=0.5))
+    names = launched(monkeypatch)
+    got = fused.attention(*args, **extra, ids=ids)
+    assert names == ["_attn_split_kernel"]
+    q, win, kv, visible, sink, cos, sin = args
+    for b in range(B):
+        s = int(ids[b])
+        alone = fused.attention(q[b:b + 1], win[s], kv[b:b + 1], visible[b:b + 1], sink, cos[b:b + 1], sin[b:b + 1],
+                                comp=extra["comp"][s], new=extra["new"][b], committed=extra["committed"][b],
+                                new_visible=extra["new_visible"][b:b + 1])
+        assert torch.equal(got[b:b + 1], alone), b

@@ -4,7 +4,8 @@ Reference: hc_post -> hc_pre -> rms_norm of the torch reference (dsv4.model). To
 1e-5 relative (tests/test_kernels.py's for mHC's maps: the norm is applied after the projection, and the
 partials are summed over D-slices); in bf16 the new streams within hc_post's bound (the reference rounds
 its two terms before adding them), and post, comb and the normed row within test_kernels' hc_pre bounds
-from those streams. Whole model: the same greedy tokens, logits within 1e-5 of the largest.
+from those streams. Whole model: the same greedy tokens, logits within 1e-5 of the largest. The finish's options
+(CONFIG one_pass_finish, warp_maps) sum in other orders: the same bounds, the same row invariance.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def inputs(T, hc_mult, D, dtype, seed):
                 norm_w=(torch.rand(D, generator=g) + 0.5).to(dtype).to(DEVICE))
 
 
+# hc_boundary.CONFIG's finish options (off by default): each arm must meet the same bounds and row invariance.
+OPTIONS = {"plain": {}, "one_pass": {"one_pass_finish": True}, "warp_maps": {"warp_maps": True},
+           "both": {"one_pass_finish": True, "warp_maps": True}}
+
+
+@pytest.fixture(params=list(OPTIONS))
+def options(request, monkeypatch):
+    for key, value in OPTIONS[request.param].items():
+        monkeypatch.setitem(fused.CONFIG, key, value)
+    return request.param
+
+
 def fused_boundary(a, hc_mult, first=False):
     post, comb, h = (None, None, None) if first else (a["post"], a["comb"], a["h"])
     return fused.boundary(a["out"], post, comb, h, a["fn"], a["base"], a["scale"], a["norm_w"], hc_mult,
@@ -66,7 +79,7 @@ def reference(a, hc_mult, monkeypatch, first=False):
 
 @pytest.mark.parametrize("first", [False, True], ids=["boundary", "first"])
 @pytest.mark.parametrize("T,hc_mult,D", [(1, 4, 64), (3, 4, 100), (2, 2, 300)])
-def test_fp32_against_the_reference(monkeypatch, first, T, hc_mult, D):
+def test_fp32_against_the_reference(monkeypatch, options, first, T, hc_mult, D):
     a = inputs(T, hc_mult, D, torch.float32, seed=T * D + first)
     got, ref = fused_boundary(a, hc_mult, first), reference(a, hc_mult, monkeypatch, first)
     for k, r, name in zip(got, ref, ("streams", "post", "comb", "normed")):
@@ -77,7 +90,7 @@ def test_fp32_against_the_reference(monkeypatch, first, T, hc_mult, D):
 
 
 @pytest.mark.parametrize("T,hc_mult,D", [(2, 4, 700), (1, 4, 4096)])
-def test_bf16_against_the_reference(monkeypatch, T, hc_mult, D):
+def test_bf16_against_the_reference(monkeypatch, options, T, hc_mult, D):
     a = inputs(T, hc_mult, D, torch.bfloat16, seed=D)
     new, post, comb, x = fused_boundary(a, hc_mult)
     ref_new = reference(a, hc_mult, monkeypatch)[0]
@@ -101,7 +114,7 @@ def test_streams_equal_hc_posts_kernel():
     assert torch.equal(fused_boundary(a, 4)[0], hc_post.hc_post(a["out"], a["post"], a["comb"], a["h"]))
 
 
-def test_row_alone_equals_row_in_a_batch_and_runs_repeat():
+def test_row_alone_equals_row_in_a_batch_and_runs_repeat(options):
     """Slices depend on (hc, D) alone: a row's bits do not depend on the rows beside it; two runs agree;
     the tickets are back at 0 after each launch."""
     a = inputs(3, 4, 300, torch.float32, seed=5)
@@ -136,6 +149,15 @@ def test_door_bookkeeping_leaves_the_boundary_alone(first, wire):
     assert all(torch.equal(x, y) for x, y in zip(got, plain))
     assert float(payload[-1]) == 1.0 and bool((payload[:-1] == 5.0).all())  # the flag; the partial sum's not touched
     assert int(census) == 5 and float(verdict) == (2.0 if first else 3.0)
+
+
+def test_one_pass_only_where_the_row_fits(monkeypatch):
+    """one_pass_finish holds the row's hc streams in registers: Flash's (hc 4, D 4096) fits 8 warps, a wider row
+    keeps the two passes."""
+    monkeypatch.setitem(fused.CONFIG, "one_pass_finish", True)
+    assert fused.one_pass(4, 4096) and not fused.one_pass(4, 8192)
+    monkeypatch.setitem(fused.CONFIG, "one_pass_finish", False)
+    assert not fused.one_pass(4, 4096)
 
 
 def test_unsupported_shapes():

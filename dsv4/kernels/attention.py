@@ -15,15 +15,28 @@ head's sink logit, which joins the denominator only, and rotates the output's ro
 the query position. Logits and sums are fp32; p is rounded to the keys' dtype for the p * v
 product, as flash attention does; the output is rounded once, to q's dtype.
 
+Fused combine (CONFIG fused_combine, DSV4_ATTN_FUSED_COMBINE=1 at import; off until a GPU run): one launch.
+Each split program stores its partial, then takes a ticket of its (query, head block) as qgemv._reduce_splits
+does (an int32 counter, acq_rel; no float atomics); the last program merges the block's partials (_merge: the
+combine's arithmetic for all its heads at once, the partials read from L2) and puts the ticket back to 0. The
+merge is one program's work, SPLITS * BLOCK_H * HD * 4 bytes read by one SM, so launches of more than
+CONFIG fused_max_splits splits keep the two kernels. The merge adds the splits' outputs in split order,
+elementwise; the combine kernel's tl.sum over them (and both kernels' sums of the denominators) associate
+as their tile layouts do: on a GPU the bits may differ from the two launches' (within float rounding; the
+interpreter sums in split order both ways, equal bits).
+
 Pooled (POOLED, `ids`; dispatched by dsv4.kernels.pooled): the queries are B rows of one token each,
 row b's caches the slot ids[b] of stacked pool caches (win [slots, W, hd], comp [slots, NS, hd]), its
 chunk kv[b], its new rows new[b] and its masks row b of each. A row's program does exactly the
 arithmetic of the same row launched alone (the same splits: they depend on shapes only).
 """
 
+import os
+
 import torch
 
-from . import cdiv, interpreting, launcher, next_pow2
+from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import qgemv
 
 try:
     import triton.language as tl
@@ -35,15 +48,20 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the reference
 # block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
 # times variants.
-CONFIG = {"block_n": 32, "tiles": 1, "block_h": 32, "num_warps": 8, "combine_warps": 4}
+CONFIG = {"block_n": 32, "tiles": 1, "block_h": 32, "num_warps": 8, "combine_warps": 4,
+          "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8}
+MERGE_VALUES = 64  # fp32 values of the partials a thread of the merging program holds per chunk
 _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
 
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
-                       m_ptr, l_ptr, acc_ptr, ids_ptr, NS, NW, sel_stride, ok_stride, scale, T: constexpr,
-                       H: constexpr, HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr,
-                       ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr, BLOCK_H: constexpr,
-                       BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr, POOLED: constexpr):
+                       m_ptr, l_ptr, acc_ptr, ids_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, tickets_ptr, NS, NW,
+                       sel_stride, ok_stride, scale, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
+                       K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
+                       BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
+                       POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
+                       MERGE_D: constexpr):
+    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.program_id(2).to(tl.int64)
@@ -105,6 +123,71 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
     tl.store(m_ptr + part, m, mask=h_ok)
     tl.store(l_ptr + part, l, mask=h_ok)
     tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc, mask=h_ok[:, None])
+    if FUSED:  # as qgemv._reduce_splits: every thread's stores before the ticket's release
+        tl.debug_barrier()
+        ticket = tickets_ptr + t * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            _merge(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, t, h, h_ok, H, HD, NOPE, HALF, SPLITS,
+                   SP, MERGE_D)
+            tl.store(ticket, 0)
+
+
+@device_function
+def _merge(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, t, h, h_ok, H: constexpr, HD: constexpr,
+           NOPE: constexpr, HALF: constexpr, SPLITS: constexpr, SP: constexpr, MERGE_D: constexpr):
+    """_attn_combine_kernel's arithmetic for the heads h of query t at once, in chunks of MERGE_D columns (the
+    rope's columns the last chunks, split into even and odd after the sum), the partials read from L2 (.cg:
+    other programs wrote them). Each split's [heads, MERGE_D] tile is added in split order, elementwise: the sums
+    over the splits stay in each thread's registers (a [heads, splits, MERGE_D] tile's sum spreads the splits over
+    warps on sm_90: a shared-memory round trip per chunk). The next chunk's loads are issued before this chunk's
+    store: the compiler would not move them above it (it cannot tell the output from the partials)."""
+    r = t * H + h
+    row = r * SPLITS
+    sp = tl.arange(0, SP)
+    ok = h_ok[:, None] & (sp < SPLITS)[None, :]
+    ms = tl.load(m_ptr + row[:, None] + sp[None, :], mask=ok, other=_NO_MAX, cache_modifier=".cg")
+    ls = tl.load(l_ptr + row[:, None] + sp[None, :], mask=ok, other=0.0, cache_modifier=".cg")
+    dt = out_ptr.dtype.element_ty
+    sink = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(dt).to(tl.float32)  # the reference adds it in q's dtype
+    mx = tl.maximum(tl.max(ms, axis=1), sink)
+    den = tl.sum(tl.exp(ms - mx[:, None]) * ls, axis=1) + tl.exp(sink - mx)
+    ws = ()  # each split's weights [heads, 1]
+    for s in tl.static_range(SPLITS):
+        m_s = tl.load(m_ptr + row + s, mask=h_ok, other=_NO_MAX, cache_modifier=".cg")
+        ws = ws + ((tl.exp(m_s - mx) / den)[:, None],)
+    dd = tl.arange(0, MERGE_D)
+    parts = acc_ptr + row[:, None] * HD + dd[None, :]
+    live = h_ok[:, None]
+    out = out_ptr + r[:, None] * HD + dd[None, :]
+    k = tl.arange(0, MERGE_D // 2)
+    rotations = ()  # the rope chunks' cos and sin, loaded before the chunks' stores (as the chunks' loads)
+    for k0 in tl.static_range(0, HALF, MERGE_D // 2):
+        rotations = rotations + ((tl.load(cos_ptr + t * HALF + k0 + k)[None, :],
+                                  tl.load(sin_ptr + t * HALF + k0 + k)[None, :]),)
+    ahead = _chunk(parts, live, 0, HD, SPLITS)
+    for d0 in tl.static_range(0, HD, MERGE_D):
+        tiles = ahead
+        if d0 + MERGE_D < HD:
+            ahead = _chunk(parts, live, d0 + MERGE_D, HD, SPLITS)
+        o = ws[0] * tiles[0]
+        for s in tl.static_range(1, SPLITS):
+            o += ws[s] * tiles[s]
+        if d0 < NOPE:
+            tl.store(out + d0, o.to(dt), mask=live)
+        else:  # rotated back by -sin at the query's position
+            even, odd = tl.split(tl.reshape(o, [h.shape[0], MERGE_D // 2, 2]))
+            c, sn = rotations[(d0 - NOPE) // MERGE_D]
+            o = tl.reshape(tl.join(even * c + odd * sn, odd * c - even * sn), [h.shape[0], MERGE_D])
+            tl.store(out + d0, o.to(dt), mask=live)
+
+
+@device_function
+def _chunk(parts, live, d0, HD: constexpr, SPLITS: constexpr):
+    """The splits' partials of columns d0 + [0, MERGE_D) of the heads' rows at parts: a tuple of tiles."""
+    tiles = ()
+    for s in tl.static_range(SPLITS):
+        tiles = tiles + (tl.load(parts + s * HD + d0, mask=live, other=0.0, cache_modifier=".cg"),)
+    return tiles
 
 
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, H: constexpr, HD: constexpr,
@@ -184,13 +267,34 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     acc = torch.empty(T, H, splits, hd, **f32)
     out = torch.empty_like(q)
     warps = (lambda n: {}) if interpreting() else (lambda n: {"num_warps": n})
-    launcher(_attn_split_kernel, q)[(splits, cdiv(H, block_h), T)](
-        q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, *counts,
+    blocks = cdiv(H, block_h)
+    fused = c["fused_combine"] and splits <= c["fused_max_splits"]
+    tickets = _tickets(T * blocks, q.device) if fused else m
+    launcher(_attn_split_kernel, q)[(splits, blocks, T)](
+        q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, sink, cos, sin, out, tickets, *counts,
         sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
         T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
-        DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, **warps(c["num_warps"]))
+        DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
+    if fused:
+        return out
     launcher(_attn_combine_kernel, q)[(H, T)](
         m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=hd - 2 * half, HALF=half, SPLITS=splits,
         BLOCK_S=next_pow2(splits), BLOCK_D=min(128, next_pow2(max(hd - 2 * half, 1))), **warps(c["combine_warps"]))
     return out
+
+
+def merge_d(block_h: int, splits: int, half: int) -> int:
+    """The fused merge's chunk of head_dim: about MERGE_VALUES fp32 partials a thread, at least one rope pair, at
+    most the rope's columns (so that a chunk is all rope or none: the unrotated columns, hd - 2 * half, are a
+    multiple of it)."""
+    budget = MERGE_VALUES * 32 * CONFIG["num_warps"] // (block_h * splits)
+    return max(2, min(2 * half, 1 << max(0, budget.bit_length() - 1)))
+
+
+def _tickets(count: int, device) -> torch.Tensor:
+    """The device's split tickets; before any eager launch made them, a capture's zeroed buffer of its own
+    (as hc_boundary's): the fused launch runs either way, so a graph gives the bits of an eager step."""
+    tickets = qgemv.tickets_for(count, device)
+    return torch.zeros(count, dtype=torch.int32, device=device) if tickets is None else tickets

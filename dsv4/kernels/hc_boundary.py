@@ -11,6 +11,13 @@ pre / post / comb as hc.py does, collapses the new streams (read back from L2) a
 collapsed row as kernels/norm.py does. The slices depend on (hc, D) alone, never on the rows, so a row
 gets the same bits alone or in a batch.
 
+The finish is latency: one program, serial phases. Two options shorten it (CONFIG; each may change the bits, so
+off until a GPU run): one_pass_finish holds the row's streams in registers, loaded before the maps so that their
+round trip overlaps the maps, and collapses and norms them in one pass (no store and reload of the collapsed row);
+warp_maps sums the partials into [hc, hc]-shaped tiles that the compiler keeps inside one warp, so that Sinkhorn's
+40 row and column sums are warp shuffles (sm_90 SASS of Flash's boundary: 105 barriers, 78 of them in the finish;
+with warp_maps 38 and 11).
+
 The first boundary of a step (embedding -> layer 0) has no sublayer output: FIRST makes every stream a
 copy of the embedded row. The head's collapse (hc_head, after the commit) keeps its own launches.
 
@@ -20,6 +27,8 @@ kernel's (dsv4.kernels.door), so the door needs no launch of its own: the door's
 its payload, its census cell + 1, and the previous door's reduced flag (the sublayer output this boundary
 consumes carried it) added into the step's verdict. It touches nothing the boundary computes.
 """
+
+import os
 
 import torch
 
@@ -37,7 +46,13 @@ GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under t
 # D per slice program (the mix's fp32 weight tile is next_pow2(25) x hc x block_d), warps per program, and
 # the reducer's chunk of D. benchmarks/hc_boundary_bench.py sweeps them (session 6 on an H200, a Flash mid
 # boundary at 1 row: 32/4/1024 12.97 us, 128/8/2048 11.33 us, the six unfused launches 16.8 us).
-CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048}
+# one_pass_finish (DSV4_BOUNDARY_ONE_PASS=1, read at import): where the row fits (one_pass), the collapse and its norm
+# in one pass over the row held in registers (_collapse_in_registers). warp_maps (DSV4_BOUNDARY_WARP_MAPS=1): the
+# maps' [hc, hc] tiles inside one warp (_partials_in_warp). Both off until a GPU run: each may change the bits.
+CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
+          "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "0") == "1",
+          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "0") == "1"}
+ONE_PASS_VALUES = 64  # the streams' fp32 values a thread may hold in one_pass (hc 4, D 4096, 8 warps: 64)
 
 
 def supported(h: torch.Tensor, hc: int, fn: torch.Tensor, norm_w: torch.Tensor) -> bool:
@@ -56,11 +71,17 @@ def slicing(hc: int, D: int) -> tuple[int, int]:
     return block, cdiv(D, block)
 
 
+def one_pass(hc: int, D: int) -> bool:
+    """Whether the finish collapses and norms the row in one pass (CONFIG one_pass_finish, the row small enough)."""
+    return CONFIG["one_pass_finish"] and hc * next_pow2(D) <= ONE_PASS_VALUES * 32 * CONFIG["num_warps"]
+
+
 def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale_ptr, norm_w_ptr,
                      new_ptr, post_out_ptr, comb_out_ptr, x_ptr, p_ptr, tickets_ptr, slot_ptr, flag_ptr, census_ptr,
                      seen_ptr, verdict_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
                      FIRST: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
-                     BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr):
+                     BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
+                     WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag."""
     t = tl.program_id(0).to(tl.int64)
@@ -95,21 +116,46 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     part = tl.sum(tl.sum(w * new[None, :, :], axis=2), axis=1)
     part = tl.where(n == N, tl.sum(tl.sum(new * new, axis=1), axis=0), part)
     row_p = p_ptr + t * SLICES * NP
+    if WARP_MAPS:  # comb's columns first, then pre's, post's and the sum of squares (_partials_in_warp's tiles)
+        n = tl.where(n < 2 * HC, n + HC * HC, tl.where(n < N, n - 2 * HC, n))
     tl.store(row_p + s * NP + n, part)
     # As qgemv._reduce_splits: every thread's stores before the ticket's release; the last program reduces.
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
         _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps,
-                eps, D, HC, ITERS, SLICES, SP, NP, BLOCK_R)
+                eps, D, HC, ITERS, SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
         tl.store(tickets_ptr + t, 0)
 
 
 @device_function
 def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps,
             D: constexpr, HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
-            BLOCK_R: constexpr):
+            BLOCK_R: constexpr, ONE_PASS: constexpr, WARP_MAPS: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
     hc.py's maps, then the collapse and its RMSNorm. Loads of what other programs wrote go to L2 (.cg)."""
+    k = tl.arange(0, HC)
+    j = k[:, None] * HC + k[None, :]
+    streams = new_ptr + t * HC * D + k[:, None] * D
+    if ONE_PASS:  # the row's streams and norm weight first: their round trips overlap the maps' arithmetic
+        r = tl.arange(0, BLOCK_R)
+        hv = tl.load(streams + r[None, :], mask=(r < D)[None, :], other=0.0, cache_modifier=".cg")
+        norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
+    if WARP_MAPS:
+        pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
+    else:
+        pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
+    pre, c = _maps(pre_w, post_w, comb_w, squares, base_ptr, scale_ptr, post_out_ptr + t * HC, norm_eps, eps, D, HC,
+                   ITERS)
+    tl.store(comb_out_ptr + t * HC * HC + j, c)
+    if ONE_PASS:
+        _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
+    else:
+        _collapse(pre, streams, norm_w_ptr, x_ptr + t * D, norm_eps, D, BLOCK_R)
+
+
+@device_function
+def _partials(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr):
+    """The row's partials summed over its slices: (pre_w [HC], post_w [HC], comb_w [HC, HC], the sum of squares)."""
     k = tl.arange(0, HC)
     j = k[:, None] * HC + k[None, :]
     sp = tl.arange(0, SP)
@@ -121,14 +167,48 @@ def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, co
     comb_w = tl.sum(tl.load(slices[:, None, None] + 2 * HC + j[None, :, :], mask=live[:, None, None], other=0.0,
                             cache_modifier=".cg"), axis=0)
     squares = tl.sum(tl.load(slices + (2 + HC) * HC, mask=live, other=0.0, cache_modifier=".cg"), axis=0)
-    rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
+    return pre_w, post_w, comb_w, squares
 
-    # hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r)
+
+@device_function
+def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr):
+    """_partials' sums from two [slices, HC * HC] and [slices, 4 * HC] tiles of the slices' columns (stored
+    comb's first, then pre's, post's and the sum of squares), reshaped from their flat sums to [HC, HC] and
+    [4, HC]: the compiler then keeps a tile's rows and columns inside one warp, so that the maps' row and column
+    sums are warp shuffles. (From _partials' [slices, HC, HC] tile the sum's rows are spread over 4 warps on sm_90:
+    each of Sinkhorn's column sums a round trip through shared memory between barriers.) Of the second sum
+    pre_w is row 0, post_w row 1, the sum of squares element (2, 0), each picked out by a masked sum (the others
+    add zeros)."""
+    k = tl.arange(0, HC)
+    sp = tl.arange(0, SP)
+    live = (sp < SLICES)[:, None]
+    tiles = row_p + sp[:, None] * NP
+    e = tl.arange(0, HC * HC)
+    comb_w = tl.sum(tl.load(tiles + e[None, :], mask=live, other=0.0, cache_modifier=".cg"), axis=0)
+    m = tl.arange(0, 4 * HC)
+    misc = tl.sum(tl.load(tiles + HC * HC + m[None, :], mask=live & (m <= 2 * HC)[None, :], other=0.0,
+                          cache_modifier=".cg"), axis=0)
+    misc = tl.reshape(misc, [4, HC])
+    row = tl.arange(0, 4)[:, None]
+    pre_w = tl.sum(tl.where(row == 0, misc, 0.0), axis=0)
+    post_w = tl.sum(tl.where(row == 1, misc, 0.0), axis=0)
+    squares = tl.sum(tl.sum(tl.where((row == 2) & (k[None, :] == 0), misc, 0.0), axis=1), axis=0)
+    return pre_w, post_w, tl.reshape(comb_w, [HC, HC]), squares
+
+
+@device_function
+def _maps(pre_w, post_w, comb_w, squares, base_ptr, scale_ptr, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
+          ITERS: constexpr):
+    """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r): post stored at
+    post_out, (pre, comb) returned."""
+    k = tl.arange(0, HC)
+    j = k[:, None] * HC + k[None, :]
+    rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
     s0 = tl.load(scale_ptr).to(tl.float32)
     s1 = tl.load(scale_ptr + 1).to(tl.float32)
     s2 = tl.load(scale_ptr + 2).to(tl.float32)
     pre = tl.sigmoid(pre_w * rstd * s0 + tl.load(base_ptr + k).to(tl.float32)) + eps
-    post = 2 * tl.sigmoid(post_w * rstd * s1 + tl.load(base_ptr + HC + k).to(tl.float32))
+    tl.store(post_out + k, 2 * tl.sigmoid(post_w * rstd * s1 + tl.load(base_ptr + HC + k).to(tl.float32)))
     c = comb_w * rstd * s2 + tl.load(base_ptr + 2 * HC + j).to(tl.float32)
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
     c = c / tl.sum(c, axis=1)[:, None] + eps
@@ -136,14 +216,14 @@ def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, co
     for _ in tl.static_range(ITERS - 1):
         c = c / (tl.sum(c, axis=1)[:, None] + eps)
         c = c / (tl.sum(c, axis=0)[None, :] + eps)
-    tl.store(post_out_ptr + t * HC + k, post)
-    tl.store(comb_out_ptr + t * HC * HC + j, c)
+    return pre, c
 
-    # The collapse, rounded to the streams' dtype, is stored and read back by the norm's second pass.
-    dt = x_ptr.dtype.element_ty
+
+@device_function
+def _collapse(pre, streams, norm_w_ptr, x_row, norm_eps, D: constexpr, BLOCK_R: constexpr):
+    """The collapse, rounded to the streams' dtype, stored and read back by the norm's second pass."""
+    dt = x_row.dtype.element_ty
     r = tl.arange(0, BLOCK_R)
-    streams = new_ptr + t * HC * D + k[:, None] * D
-    x_row = x_ptr + t * D
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_R):
         m = (d0 + r) < D
@@ -159,6 +239,18 @@ def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, co
         y = (tl.load(x_row + d0 + r, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32) * rstd_x).to(dt)
         y = (tl.load(norm_w_ptr + d0 + r, mask=m, other=0.0).to(tl.float32) * y.to(tl.float32)).to(dt)
         tl.store(x_row + d0 + r, y, mask=m)
+
+
+@device_function
+def _collapse_in_registers(pre, hv, norm_w, x_row, norm_eps, D: constexpr, BLOCK_R: constexpr):
+    """_collapse's arithmetic on the row held in registers (BLOCK_R >= D): stored once, the sum of squares one
+    tl.sum over the row (_collapse's adds per-chunk columns first: the bits may differ from its)."""
+    dt = x_row.dtype.element_ty
+    r = tl.arange(0, BLOCK_R)
+    y = tl.sum(pre[:, None] * hv.to(tl.float32), axis=0).to(dt).to(tl.float32)
+    rstd_x = tl.rsqrt(tl.sum(y * y, axis=0) / D + norm_eps)
+    y = (y * rstd_x).to(dt)  # norm.py's weighted arithmetic
+    tl.store(x_row + r, (norm_w.to(tl.float32) * y.to(tl.float32)).to(dt), mask=r < D)
 
 
 def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float,
@@ -183,6 +275,8 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     if tickets is None:  # a capture before any eager launch made the device's tickets: a zeroed buffer of its own
         tickets = torch.zeros(T, dtype=torch.int32, device=out.device)
     extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    single = one_pass(hc, D)
+    block_r = next_pow2(D) if single else min(CONFIG["block_r"], next_pow2(D))
     if door is None:
         bookkeeping = (out,) * 5
     else:
@@ -192,6 +286,7 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
         out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
         fn, base.contiguous(), scale.contiguous(), norm_w.contiguous(), new, post_out, comb_out, x, partials, tickets,
         *bookkeeping, float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d,
-        SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=min(CONFIG["block_r"], next_pow2(D)),
-        DOOR=door is not None, SEEN=door is not None and door.seen is not None, **extra)
+        SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
+        DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
+        WARP_MAPS=CONFIG["warp_maps"], **extra)
     return new, post_out, comb_out, x
