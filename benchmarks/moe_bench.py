@@ -62,9 +62,6 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
                                  "down_split_tokens": 64},
     "paired_n8_down_split_n8": {"gate_up_paired": True, "gate_up_block_n": 8, "down_split_experts": True,
                                 "down_split_tokens": 64, "down_block_n": 8},
-    "prefetch": {"fp4_prefetch": True},  # the paired loop's next tile loaded before the current one's arithmetic
-    "prefetch_split2": {"fp4_prefetch": True, "gate_up_split_k": 2},
-    "prefetch_k512": {"fp4_prefetch": True, "block_k_fp4": 512},
 }
 SHARED_VARIANTS = {
     "base": {},

@@ -422,8 +422,7 @@ default = dict(moe.CONFIG)
 for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
             {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
             {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True},
-            {"gate_up_paired": False, "down_split_experts": False}, {"fp4_prefetch": True},
-            {"fp4_prefetch": True, "gate_up_split_k": 2}):
+            {"gate_up_paired": False, "down_split_experts": False}):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)

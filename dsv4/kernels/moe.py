@@ -66,8 +66,7 @@ CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
-          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "fp4_prefetch": os.environ.get("DSV4_MOE_PREFETCH", "0") == "1"}
+          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1"}
 
 
 @device_function
@@ -76,7 +75,7 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
                      K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
                      ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr,
                      K_CHUNK: constexpr, FUSED_SUM: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
-                     PAIRED: constexpr, PREFETCH: constexpr):
+                     PAIRED: constexpr):
     """Program (row block nb of nblocks, split, slot) of kernel 1. Row r: token r // TOPK, its expert ids[r]
     (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row. SPLITS > 1: fp32 partials
     at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb])."""
@@ -95,8 +94,7 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         if FP4 and PAIRED:
-            gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K,
-                                 PREFETCH)
+            gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
         elif FP4:
             gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
             up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
@@ -123,12 +121,12 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                     w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
                     FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr, PREFETCH: constexpr):
+                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
     _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
                      s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                      w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
-                     BLOCK_N, BLOCK_K, SPLITS, K_CHUNK, FUSED_SUM, COMPACT, ROWS_P2, PAIRED, PREFETCH)
+                     BLOCK_N, BLOCK_K, SPLITS, K_CHUNK, FUSED_SUM, COMPACT, ROWS_P2, PAIRED)
 
 
 def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
@@ -138,7 +136,7 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
                            SPLITS: constexpr, K_CHUNK: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
                            PAIRED: constexpr, BLOCKS: constexpr, SS_STRIDE: constexpr, S_FP4: constexpr,
                            S_E8M0: constexpr, S_BLOCK_N: constexpr, S_BLOCK_K: constexpr, S_SPLITS: constexpr,
-                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr, PREFETCH: constexpr):
+                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr):
     """Kernel 1 for the routed rows and the shared expert's in one launch (both read only x): a flat grid, the
     routed programs (BLOCKS x SPLITS x rows, in _gate_up_kernel's grid order) first, then the shared expert's
     (S_BLOCKS x S_SPLITS x T); each program is exactly the one of its own launch (same bits), the shared
@@ -150,14 +148,14 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
         _gate_up_program(pid % BLOCKS, rest % SPLITS, rest // SPLITS, BLOCKS, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
                          ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local, w_expert_stride,
                          s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, True, BLOCK_N, BLOCK_K, SPLITS,
-                         K_CHUNK, True, COMPACT, ROWS_P2, PAIRED, PREFETCH)
+                         K_CHUNK, True, COMPACT, ROWS_P2, PAIRED)
     else:
         q = pid - routed_programs
         rest = q // S_BLOCKS
         _gate_up_program(q % S_BLOCKS, rest % S_SPLITS, rest // S_SPLITS, S_BLOCKS, x_ptr, sw1_ptr, ss1_ptr,
                          sw3_ptr, ss3_ptr, ss1_ptr, sh_ptr, sp_ptr, tickets_ptr + rows * BLOCKS, T, SI, 0, 1, 0, 0,
                          s_row_skew, limit, K, SS_STRIDE, S_FP4, S_E8M0, 1, False, S_BLOCK_N, S_BLOCK_K, S_SPLITS,
-                         S_K_CHUNK, True, False, 1, PAIRED, PREFETCH)
+                         S_K_CHUNK, True, False, 1, PAIRED)
 
 
 @device_function
@@ -355,7 +353,7 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
         K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
-        PAIRED=CONFIG["gate_up_paired"], PREFETCH=CONFIG["fp4_prefetch"], **_options())
+        PAIRED=CONFIG["gate_up_paired"], **_options())
     if splits > 1 and tickets is None:
         launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
             partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
@@ -397,7 +395,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
         ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
         SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
         S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
-        S_BLOCKS=s_blocks, PREFETCH=CONFIG["fp4_prefetch"], **_options())
+        S_BLOCKS=s_blocks, **_options())
     return h, sh
 
 

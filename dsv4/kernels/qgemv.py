@@ -253,7 +253,7 @@ def _fp4_accumulate(part, u, x_lo, x_hi):
 
 @device_function
 def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr,
-              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, PREFETCH: constexpr = False):
+              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
     """_fp4_rows for one x row and two FP4 weights of one shape (an expert's gate and up) in one loop: each tile
     of both is loaded before either is summed (twice the bytes in flight a step) and each x value is loaded once
     for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order."""
@@ -265,24 +265,11 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
     s_off = n.to(tl.int64)[None, :] * S_STRIDE
     acc_a = tl.zeros([G, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([G, BLOCK_N], dtype=tl.float32)
-    if PREFETCH:  # the first tile now, each next one before the current one's arithmetic
-        wi = k_lo // 8 + words
-        ok = wi < K // 8
-        va_next = tl.load(wa + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
-        vb_next = tl.load(wb + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
     for k0 in range(0, SPAN, BLOCK_K):
         wi = (k_lo + k0) // 8 + words
         ok = wi < K // 8
-        if PREFETCH:
-            va, vb = va_next, vb_next
-            more = ((wi + BLOCK_K // 8) < K // 8) & (k0 + BLOCK_K < SPAN)
-            va_next = tl.load(wa + w_off + (wi + BLOCK_K // 8)[:, None, :], mask=more[:, None, :] & n_ok[None, :, None],
-                              other=0)
-            vb_next = tl.load(wb + w_off + (wi + BLOCK_K // 8)[:, None, :], mask=more[:, None, :] & n_ok[None, :, None],
-                              other=0)
-        else:
-            va = tl.load(wa + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
-            vb = tl.load(wb + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
+        va = tl.load(wa + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
+        vb = tl.load(wb + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
         part_a = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         part_b = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         for q in tl.static_range(4):
