@@ -6,7 +6,8 @@ per weight element is known before a device call.
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token); the launcher is replaced
 by one that compiles the launch's specialisation (as tests/compile_kernels.py) and disassembles the cubin with
-the nvdisasm Triton ships. The loop is the longest backward branch's body (the K loop); its instructions are
+the nvdisasm Triton ships. One record per kernel, `SASS {...}`: instructions, registers/spills/stack, the hottest
+loop's instructions by opcode and per weight element, and the whole kernel's. The loop is the longest backward branch's body (the K loop); its instructions are
 divided by the weight elements a thread decodes per iteration, passed by --elements (or 0: not divided).
 """
 
@@ -26,6 +27,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+from dsv4.receipts import emit  # noqa: E402
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.bool: "i1",
@@ -146,19 +149,16 @@ def main(argv=None):
     ap.add_argument("--elements", type=int, default=0, help="weight elements a thread decodes per loop iteration")
     ap.add_argument("--dump", help="write the SASS of the kernels here")
     args = ap.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     build(args.kernel)
     dump = []
     for name, grid, out in compiled:
         ins = parse(sass(out.asm["cubin"]))
         loop = hottest_loop(ins)
         ins = [i for i in ins if i[1] != "LABEL"]
-        meta = out.metadata
-        print(f"{name}: {len(ins)} instructions, {resources(out.asm['cubin'])}, warps {meta.num_warps}; "
-              f"hottest loop {len(loop)} instructions")
-        per = f" ({len(loop) / args.elements:.2f} per element)" if args.elements else ""
-        print(f"  loop{per}: " + ", ".join(f"{op} {n}" for op, n in census(loop).most_common(args.top)))
-        print("  all: " + ", ".join(f"{op} {n}" for op, n in census(ins).most_common(args.top)))
+        per = round(len(loop) / args.elements, 2) if args.elements else None
+        emit("SASS", kernel=name, target="sm_90", instructions=len(ins), resources=resources(out.asm["cubin"]),
+             warps=out.metadata.num_warps, loop_instructions=len(loop), loop_per_element=per,
+             loop=dict(census(loop).most_common(args.top)), all=dict(census(ins).most_common(args.top)))
         dump += [f"// {name}"] + [t for _, _, t in ins]
     if args.dump:
         with open(args.dump, "w") as f:
