@@ -30,6 +30,9 @@ from dsv4.model.commit import Write  # noqa: E402
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
 compiled: set = set()
+# DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
+# variant the model launches by default or under a DSV4_* switch compiles, in about half the time.
+SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 
 
 def aligned(a) -> bool:
@@ -190,9 +193,10 @@ attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU 
 attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
 # A launch variant benchmarks/attention_bench.py tries: several tiles per program.
 default = dict(attention.CONFIG)
-attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
-attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
-attention.CONFIG.update(default)
+if SWEEPS:
+    attention.CONFIG.update({"block_n": 16, "tiles": 2, "num_warps": 4})
+    attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
+    attention.CONFIG.update(default)
 # The combine in the split launch (fused_combine, at most fused_max_splits): Flash at 5 and 8 splits (a store of 6
 # rows: sliding and HCA; of 100 rows: HCA), fp32 tiles at 5; tiny's broadcast path (keys in tiles of 16) at 9.
 attention.CONFIG.update({"fused_combine": True})
@@ -295,7 +299,7 @@ prefill_attention_variants(torch.float32, 4, 32, 8, 8, 26, 8)  # tiny in fp32 (t
 # The launch configurations benchmarks/prefill_attention_bench.py tries.
 default = dict(prefill_attention.CONFIG)
 for cfg in ({"num_stages": 3}, {"num_stages": 1}, {"block_n": 64}, {"block_n": 16}, {"block_h": 32},
-            {"skip_picks": True, "skip_rows": False}):
+            {"skip_picks": True, "skip_rows": False}) if SWEEPS else ():
     prefill_attention.CONFIG.update(cfg)
     prefill_attention_variants(torch.bfloat16, 64, 512, 32, 128, 1026, 512)
     prefill_attention.CONFIG.update(default)
@@ -304,12 +308,13 @@ for cfg in ({"num_stages": 3}, {"num_stages": 1}, {"block_n": 64}, {"block_n": 1
 default = dict(qgemv.CONFIG)
 for cfg in ({"kernel": "v1", "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4},
             {"kernel": "v1", "defer": True, "block_n": 64, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": 8},
-            {"kernel": "v1", "defer": False, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64, "num_warps": None}):
+            {"kernel": "v1", "defer": False, "block_n": 32, "block_k_fp8": 128, "block_k_fp4": 64,
+             "num_warps": None})[:3 if SWEEPS else 1]:
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
 # v2 (split-K and not, every weight kind) at its default tiles and at the other tiles the benchmark sweeps.
 for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
-                               "v2_num_warps": 8}):
+                               "v2_num_warps": 8})[:2 if SWEEPS else 1]:
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
     qgemv.CONFIG.update(default)
@@ -341,9 +346,9 @@ def qgemv_rows_variants(rows, dtype=torch.bfloat16, scale_dtype=torch.float8_e8m
 # 8 rows (the default cap); the benchmark's cap of 16, the other split sum and fp32 on the split shape (the
 # compiler's time grows with the rows: CI keeps to these)
 qgemv_rows_variants(8)
-for cfg, rows, dtype, scale_dtype in (({"v2_rows": 16}, 16, torch.bfloat16, torch.float8_e8m0fnu),
-                                      ({"v2_fused_sum": False}, 8, torch.bfloat16, torch.float8_e8m0fnu),
-                                      ({}, 8, torch.float32, torch.float32)):
+for cfg, rows, dtype, scale_dtype in (({"v2_fused_sum": False}, 8, torch.bfloat16, torch.float8_e8m0fnu),
+                                      ({}, 8, torch.float32, torch.float32),
+                                      ({"v2_rows": 16}, 16, torch.bfloat16, torch.float8_e8m0fnu))[:3 if SWEEPS else 2]:
     qgemv.CONFIG.update(cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every=False)
     qgemv.CONFIG.update(default)
@@ -356,7 +361,7 @@ for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float
                                              ({"v2_fused_sum": False}, 16, torch.bfloat16, torch.float8_e8m0fnu, False),
                                              ({}, 16, torch.float32, torch.float32, False),
                                              ({"v3_block_n": 64, "v3_block_k_fp8": 128}, 16, torch.bfloat16,
-                                              torch.float8_e8m0fnu, False)):
+                                              torch.float8_e8m0fnu, False))[:5 if SWEEPS else 4]:
     qgemv.CONFIG.update(kernel="v3", **cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every)
     qgemv.CONFIG.update(default)
@@ -374,14 +379,14 @@ def dense_variants(rows=2, shapes=6):
 
 # at the default tiles and at those benchmarks/dense_bench.py sweeps
 default = dict(dense.CONFIG)
-for cfg in ({}, {"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes": 512}, {"block_k_bytes": 2048},
-            {"programs": 528}, {"fused_sum": True}):
+for cfg in ({}, {"fused_sum": True}) + (({"block_n": 8}, {"block_n": 32, "num_warps": 8}, {"block_k_bytes": 512},
+                                          {"block_k_bytes": 2048}, {"programs": 528}) if SWEEPS else ()):
     dense.CONFIG.update(cfg)
     dense_variants()
     dense.CONFIG.update(default)
 # rows per program (CONFIG rows): 1 (a solo step), 8 (the default cap); the benchmark's cap of 16 and the other
 # split sum on the first three shapes (the compiler's time grows with the rows: CI keeps to these)
-for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"rows": 16}, 16, 3), ({"fused_sum": False}, 8, 3)):
+for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"fused_sum": False}, 8, 3), ({"rows": 16}, 16, 3))[:4 if SWEEPS else 3]:
     dense.CONFIG.update(cfg)
     dense_variants(rows, shapes)
     dense.CONFIG.update(default)
@@ -389,7 +394,7 @@ for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"rows": 16}, 16, 3), ({"fuse
 # v3 (tensor-core tiles, bf16 x and weight): Flash's compressor wkv (split-K), a vocab slice (no split), a K that is
 # not a whole number of tiles; 1 and 16 rows, the second-launch split sum, the tiles the benchmark sweeps
 for cfg, rows in (({}, 1), ({}, 16), ({"fused_sum": False}, 16), ({"v3_block_n": 64, "v3_block_k": 128}, 16),
-                  ({"v3_block_n": 16, "v3_block_k": 512}, 16)):
+                  ({"v3_block_n": 16, "v3_block_k": 512}, 16))[:5 if SWEEPS else 3]:
     dense.CONFIG.update(kernel="v3", **cfg)
     for n, k in ((1024, 4096), (4224, 4096), (100, 300)):
         dense.linear(torch.zeros(rows, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16))
@@ -419,10 +424,10 @@ moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_variants(torch.float32, torch.float32)
 # kernel 1's options (benchmarks/moe_bench.py's arms): split-K with the fused or the second-launch sum, compact rows
 default = dict(moe.CONFIG)
-for cfg in ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
-            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
-            {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}, {"shared_add": True},
-            {"gate_up_paired": False, "down_split_experts": False}):
+for cfg in ({"shared_add": True}, {"gate_up_paired": False, "down_split_experts": False},
+            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True}) + (
+        ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
+         {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}) if SWEEPS else ()):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
@@ -473,7 +478,8 @@ def doors(dtype, first: bool) -> list:
 
 # at the default tiles and at those benchmarks/hc_boundary_bench.py sweeps
 default = dict(hc_boundary.CONFIG)
-for cfg in ({}, {"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 8, "block_r": 2048}):
+for cfg in ({},) + (({"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_warps": 8, "block_r": 2048})
+                   if SWEEPS else ()):
     hc_boundary.CONFIG.update(cfg)
     for dtype in (torch.bfloat16, torch.float32):
         hc_boundary_variants(dtype)
