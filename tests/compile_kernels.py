@@ -30,6 +30,7 @@ from dsv4.model.commit import Write  # noqa: E402
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
 compiled: set = set()
+pending: list = []  # (key, source, options) of each variant, in launch order
 # DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
 # variant the model launches by default or under a DSV4_* switch compiles, in about half the time.
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
@@ -70,9 +71,8 @@ def compile_only(fn, t):
                     return
                 src = ASTSource(fn=jit, signature=sig,
                                 constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
-                out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-                assert out.asm.get("cubin"), k
                 compiled.add(k)
+                pending.append((k, src, options))  # compiled at the end, on every core (compile_pending)
             return run
     return Launch()
 
@@ -509,10 +509,34 @@ for per_thread in (8, 32):
     topk.smallest(torch.zeros(1, 1027, dtype=torch.int64), 512, compressor._VISIBLE_BELOW)
     topk.CONFIG.update(default)
 
+def _compile(i: int) -> str | None:
+    k, src, options = pending[i]
+    try:
+        out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    except Exception as e:  # reported with the variant's key; the parent exits 1
+        return f"{k}: {type(e).__name__}: {e}"[-3000:]
+    return None if out.asm.get("cubin") else f"{k}: no cubin"
+
+
+def compile_pending() -> list[str]:
+    """Every recorded variant compiled in forked workers (the variants are independent; CI's 2 cores halve the
+    check's minutes): the failures' messages."""
+    import multiprocessing
+
+    workers = min(4, os.cpu_count() or 1)
+    if workers == 1:
+        return [m for m in map(_compile, range(len(pending))) if m]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return [m for m in pool.map(_compile, range(len(pending)), chunksize=4) if m]
+
+
+failures = compile_pending()
+for message in failures:
+    print("FAILED", message)
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
 # every kernel the modules define (a `_..._kernel` function) must have compiled at least once
 defined = sorted({name for m in KERNEL_MODULES for name in vars(m) if name.startswith("_") and name.endswith("_kernel")})
 missing = sorted(set(defined) - set(names))
 print("NOT COMPILED", missing) if missing else None
-sys.exit(1 if missing else 0)
+sys.exit(1 if missing or failures else 0)

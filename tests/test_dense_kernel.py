@@ -25,6 +25,7 @@ from dsv4.syncguard import NoHostSync
 pytest.importorskip("triton")
 
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+SLOW_ON_CPU = [pytest.mark.slow] if kernels.interpreting() else []  # the interpreter's seconds; CUDA runs it always
 BF16, FP32 = torch.bfloat16, torch.float32
 
 # Small tiles so that small shapes take several K tiles and splits (the paths Flash's shapes take).
@@ -51,7 +52,7 @@ def within_bound(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows,N,K,x_dtype,w_dtype", [(1, 24, 1024, FP32, FP32), (3, 100, 300, BF16, BF16),
                                                       (2, 64, 512, BF16, FP32), (4, 40, 96, FP32, BF16),
-                                                      (5, 1000, 64, FP32, FP32)])
+                                                      pytest.param(5, 1000, 64, FP32, FP32, marks=SLOW_ON_CPU)])
 def test_matches_float64(monkeypatch, config, device, rows, N, K, x_dtype, w_dtype):
     g = torch.Generator().manual_seed(N * K + rows)
     w = (torch.randn(N, K, generator=g) * 0.05).to(w_dtype).to(device)
