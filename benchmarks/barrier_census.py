@@ -12,60 +12,13 @@ token over 32 heads of 512 with a store of 6 rows (sliding and HCA at 5 splits).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
 
-assert os.environ.get("TRITON_INTERPRET", "0") != "1", "the census needs the compiler, not the interpreter"
+import torch
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from dsv4.kernels import attention, hc_boundary  # noqa: E402
+from benchmarks.sass_census import compile_only, compiled, tool
+from dsv4.kernels import attention, hc_boundary
 from dsv4.receipts import emit  # noqa: E402
-
-TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-compiled: list = []
-
-
-def compile_only(fn, t):
-    """A launcher that compiles the launch's specialisation for sm_90 (as tests/compile_kernels.py) and keeps it."""
-    jit = triton.jit(fn)
-
-    class Launch:
-        def __getitem__(self, grid):
-            def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
-                sig, attrs = {}, {}
-                for i, (name, a) in enumerate(zip(jit.arg_names, args)):
-                    if type(a) is int and a == 1:
-                        constexprs[name] = 1
-                        continue
-                    if isinstance(a, torch.Tensor):
-                        sig[name] = "*" + TYPES[a.dtype]
-                        attrs[(i,)] = [["tt.divisibility", 16]]
-                    else:
-                        sig[name] = "fp32" if isinstance(a, float) else "i32"
-                for name in constexprs:
-                    sig[name] = "constexpr"
-                src = ASTSource(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v
-                                                                   for n, v in constexprs.items()}, attrs=attrs)
-                compiled.append((fn.__name__, triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)))
-            return run
-    return Launch()
-
-
-def tool(name: str, cubin: bytes, *flags) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([os.path.join(BIN, name), *flags, f.name], check=True, capture_output=True,
-                              text=True).stdout
-
 
 def census(name: str, options: dict, kernel):
     cubin = kernel.asm["cubin"]
@@ -102,7 +55,7 @@ def main():
         compiled.clear()
         build()
         config.update(saved)
-        for name, kernel in compiled:
+        for name, _, kernel in compiled:
             census(name, options, kernel)
 
 

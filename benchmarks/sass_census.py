@@ -18,7 +18,6 @@ import collections
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 assert os.environ.get("TRITON_INTERPRET", "0") != "1", "the census needs the compiler, not the interpreter"
@@ -38,6 +37,8 @@ compiled: list = []
 
 
 def compile_only(fn, t):
+    """A launcher that compiles the launch's specialisation for sm_90 (as tests/compile_kernels.py) and keeps it in
+    `compiled` as (kernel name, grid, compiled kernel)."""
     jit = triton.jit(fn)
 
     class Launch:
@@ -66,23 +67,24 @@ def compile_only(fn, t):
     return Launch()
 
 
-def sass(cubin: bytes) -> list[str]:
+def tool(name: str, cubin: bytes, *flags) -> str:
+    """The stdout of one of the CUDA binary tools Triton ships (nvdisasm, cuobjdump) on a cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([os.path.join(BIN, "nvdisasm"), "-c", f.name], check=True, capture_output=True,
+        return subprocess.run([os.path.join(BIN, name), *flags, f.name], check=True, capture_output=True,
                               text=True).stdout
-    return [ln for ln in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s", ln) or re.match(r"\.L_x_\d+:", ln)]
+
+
+def sass(cubin: bytes) -> list[str]:
+    return [ln for ln in tool("nvdisasm", cubin, "-c").splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s", ln) or re.match(r"\.L_x_\d+:", ln)]
 
 
 def resources(cubin: bytes) -> str:
     """Registers, spills and stack of the cubin's kernels (cuobjdump --dump-resource-usage)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([os.path.join(BIN, "cuobjdump"), "--dump-resource-usage", f.name], check=True,
-                              capture_output=True, text=True).stdout
-    return " ".join(m.group(0) for m in re.finditer(r"(REG|STACK|SHARED|LOCAL):\d+", text))
+    return " ".join(m.group(0) for m in re.finditer(r"(REG|STACK|SHARED|LOCAL):\d+",
+                                                  tool("cuobjdump", cubin, "--dump-resource-usage")))
 
 
 def parse(lines: list[str]) -> list[tuple[int, str, str]]:
