@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import dsv4
+from batching import assert_batched_equals_solo
 from dsv4 import SamplingParams, kernels
 from dsv4.checkpoint.synth import synth
 from dsv4.config import CSA, preset
@@ -196,24 +197,7 @@ def test_batched_equals_solo_with_the_switch(monkeypatch, mode):
     prompts = [list(range(20, 34)), [5, 6, 7]]  # decode from 13 (CSA and HCA windows close at 15) and from 2
     samplings = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([1.0, 0.0])]
 
-    def prefilled(i):
-        state = model.new_state(32)
-        model.prefill(state, prompts[i][:-1])
-        return state
-
-    solos = []
-    for i in range(2):
-        state, token, out = prefilled(i), prompts[i][-1], []
-        for _ in range(3):
-            token = model.step(state, token, samplings[i])
-            out.append((token, state.digest()))
-        solos.append(out)
-    rows = [1, 0]
-    states, tokens = [prefilled(i) for i in rows], [prompts[i][-1] for i in rows]
-    for step in range(3):
-        tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
-        for b, i in enumerate(rows):
-            assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
+    assert_batched_equals_solo(model, prompts, samplings, 3)
 
 
 def test_two_ranks_match_one_rank_with_the_switch(monkeypatch, ckpt):

@@ -1,0 +1,28 @@
+"""A batched decode step's rows against their sequences stepped alone: the check the layout switches' tests share
+(test_qkvfuse, test_xproj), where a switch makes a batch's rows strided views."""
+
+from __future__ import annotations
+
+
+def assert_batched_equals_solo(model, prompts: list[list[int]], samplings: list, steps: int) -> None:
+    """Each prompt's last token stepped `steps` times alone, then the sequences batched in reverse order: every row's
+    token and state digest equal its solo step's."""
+
+    def prefilled(i):
+        state = model.new_state(32)
+        model.prefill(state, prompts[i][:-1])
+        return state
+
+    solos = []
+    for i in range(len(prompts)):
+        state, token, out = prefilled(i), prompts[i][-1], []
+        for _ in range(steps):
+            token = model.step(state, token, samplings[i])
+            out.append((token, state.digest()))
+        solos.append(out)
+    rows = list(reversed(range(len(prompts))))
+    states, tokens = [prefilled(i) for i in rows], [prompts[i][-1] for i in rows]
+    for step in range(steps):
+        tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
+        for b, i in enumerate(rows):
+            assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
