@@ -1,8 +1,10 @@
-"""Where the eager step's host time goes: cProfile over eager model.step calls on one GPU (mini by default).
+"""Where the eager step's host time goes: cProfile over eager model.step calls (mini on one GPU by default).
 
 The eager arm is host-bound (issue 10, target 4: flash eager >= 12 tok/s). This prints the wall per step, the
 CUDA launches per step (torch.profiler) and the functions with the most own time (cProfile), so the next cut
-is chosen from a measurement. Usage: python benchmarks/eager_host_profile.py [--preset mini] [--steps 32]
+is chosen from a measurement. Usage: python benchmarks/eager_host_profile.py [--preset mini] [--steps 32] [--ranks N]
+With --ranks N > 1 the ranks are spawned (dsv4.api.load) and this process is rank 0: cProfile sees rank 0's own
+forward and its dispatch to the other ranks, and the wall includes waiting for them in each collective.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-from dsv4.engine import build
+from dsv4.api import load
 from dsv4.receipts import emit, provenance
 from dsv4.sampler import SamplingParams
 
@@ -31,9 +33,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--ranks", type=int, default=1)
     args = ap.parse_args()
     device = torch.device(args.device)
-    model = build(args.preset, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model = load(args.preset, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                 ranks=args.ranks)
+    try:
+        profile(model, device, args)
+    finally:
+        close = getattr(model, "close", None)
+        if close:
+            close()
+
+
+def profile(model, device, args) -> None:
     sp = SamplingParams(temperature=1.0, seed=1)
     state = model.new_state(64 + 3 * args.steps + 8)
     model.prefill(state, list(range(1, 65)))
@@ -58,7 +71,7 @@ def main() -> None:
         tok = model.step(state, tok, sp)
     sync(device)
     pr.disable()
-    emit("EAGER_HOST", provenance(device, args.preset), wall_ms_per_step=round(wall * 1e3, 2),
+    emit("EAGER_HOST", provenance(device, args.preset), ranks=args.ranks, wall_ms_per_step=round(wall * 1e3, 2),
          tok_s=round(1 / wall, 1), cuda_events_per_step=launches, steps=args.steps)
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
