@@ -7,15 +7,14 @@ reruns send the same prompts). Bounded: every level stops issuing requests after
 seconds. Prints one record per line, `TAG {json}`:
 
   BUILD    the server's command line and how long it took to answer
-  REQUEST  per request: ttft_s (request sent -> first streamed token), tpot_s (time per output token
-           after the first), completion tokens, e2e_s
+  REQUEST  per request: ttft_s (request sent -> first sampled token), tpot_s (time per output token
+           after the first), completion tokens, e2e_s; requests ask for return_token_ids, so the stream
+           carries a chunk per sampled token (its text possibly empty) and its ids
   LEVEL    per concurrency: aggregate tok/s (completion tokens / wall time of the level), ttft and
            tpot percentiles as the client saw them, errors; server_ttft_mean_s / server_tpot_mean_s: the
-           server's own means over the level (GET /metrics), which count every sampled token (a random
-           checkpoint's tokens often spell nothing, and an empty delta is not streamed, so the client's
-           ttft is then its first non-empty text and its tpot misses tokens)
-  IDENTITY request i has the same prompt and seed at every level: its text must be the same alone and
-           among others (exit 1 when not)
+           server's own means over the level (GET /metrics)
+  IDENTITY request i has the same prompt and seed at every level: its token ids must be the same alone
+           and among others (exit 1 when not)
 
 CPU smoke (seconds):  python benchmarks/serve_bench.py --preset tiny --device cpu --concurrency 1,4 \\
                       --prompt-tokens 32 --max-tokens 8
@@ -68,21 +67,25 @@ def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: in
     first = last = None
     usage, pieces = None, []
     stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
-                                       stream=True, stream_options={"include_usage": True})
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"return_token_ids": True})
+    ids = []
     for chunk in stream:
         now = time.perf_counter()
-        if chunk.choices:
+        if chunk.choices and chunk.choices[0].token_ids:  # a chunk per sampled token (return_token_ids)
             first = first or now
             last = now
-            pieces.append(chunk.choices[0].text)
+            ids += chunk.choices[0].token_ids
         if chunk.usage is not None:
             usage = chunk.usage
     n = usage.completion_tokens if usage else 0
+    if n != len(ids):
+        raise RuntimeError(f"usage says {n} completion tokens, the chunks carried {len(ids)} token ids")
     end = time.perf_counter()
     first = first or end
     return {"ttft_s": round(first - sent, 4), "tpot_s": round((last - first) / (n - 1), 5) if n > 1 and last else None,
             "completion_tokens": n, "e2e_s": round(end - sent, 4),
-            "text_sha": hashlib.sha256("".join(pieces).encode()).hexdigest()[:16]}
+            "ids_sha": hashlib.sha256(repr(ids).encode()).hexdigest()[:16]}
 
 
 def server_times(url: str) -> dict[str, float]:
@@ -137,8 +140,8 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]], u
                 with lock:
                     errors.append(repr(e)[:200])
                 continue
-            emit("REQUEST", concurrency=concurrency, index=i, **rec)
-            with lock:
+            with lock:  # one record per line: the threads' prints do not interleave
+                emit("REQUEST", concurrency=concurrency, index=i, **rec)
                 records.append({"index": i, **rec})
 
     before = server_times(url)
@@ -162,11 +165,12 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]], u
 
 
 def identity(levels: dict[int, list[dict]]) -> bool:
-    """Request i sends the same prompt and seed at every level: its text must not depend on the company it had."""
+    """Request i sends the same prompt and seed at every level: its token ids must not depend on the company it
+    had."""
     texts: dict[int, set[str]] = {}
     for records in levels.values():
         for r in records:
-            texts.setdefault(r["index"], set()).add(r["text_sha"])
+            texts.setdefault(r["index"], set()).add(r["ids_sha"])
     compared = [i for i in texts if sum(any(r["index"] == i for r in rs) for rs in levels.values()) > 1]
     differ = sorted(i for i in compared if len(texts[i]) > 1)
     emit("IDENTITY", requests_compared=len(compared), differing=differ)

@@ -157,6 +157,29 @@ def test_stop_string_cuts_the_text(client):
     assert (text, finish) == (full[:cut], "stop")
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_return_token_ids_are_the_sampled_tokens(client, model, chat):
+    if chat:
+        create, args = client.chat.completions.create, {"messages": [{"role": "user", "content": "ids please"}]}
+    else:
+        create, args = client.completions.create, {"prompt": "ids please"}
+    args.update(model=NAME, max_tokens=12, temperature=1.0, seed=11, extra_body={"return_token_ids": True})
+    whole = create(**args)
+    ids, prompt = whole.choices[0].token_ids, whole.choices[0].prompt_token_ids
+    assert len(ids) == whole.usage.completion_tokens and len(prompt) == whole.usage.prompt_tokens
+    if not chat:
+        assert prompt == model.tokenizer.encode("ids please")
+    expected = engine_stream(model, prompt, 12, dsv4.SamplingParams(temperature=1.0, seed=11))
+    assert ids[:len(expected)] == expected and ids[len(expected):] in ([], [model.cfg.eos_token_id])
+    chunks = [c for c in create(**args, stream=True) if c.choices]
+    assert sum((c.choices[0].token_ids for c in chunks), []) == ids  # none lost to an empty text delta
+    assert all(len(c.choices[0].token_ids) <= 1 for c in chunks)  # a chunk per token, as it is sampled
+    assert [c.choices[0].prompt_token_ids for c in chunks if getattr(c.choices[0], "prompt_token_ids", None)] \
+        == [prompt]
+    plain = create(**{k: v for k, v in args.items() if k != "extra_body"})
+    assert getattr(plain.choices[0], "token_ids", None) is None
+
+
 def test_concurrent_streams_equal_their_solo_streams(client, server):
     prompts = [("the river starts high in the hills " * 11, 5)] + [(f"prompt number {i} " * (i + 1), 8)
                                                                   for i in range(7)]
@@ -250,7 +273,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "echo": {"echo": True}, "temperature": {"temperature": 0.5}, "top_p": {"top_p": 0.9}, "top_k": {"top_k": 5},
     "seed": {"seed": 2**64 - 1}, "stop": {"stop": ["zz", "yy"]}, "stream": {"stream": True},
     "stream_options": {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}},
-    "ignore_eos": {"ignore_eos": True}, "user": {"user": "me"}, "safety_identifier": {"safety_identifier": "s"},
+    "ignore_eos": {"ignore_eos": True}, "return_token_ids": {"return_token_ids": True}, "user": {"user": "me"}, "safety_identifier": {"safety_identifier": "s"},
     "prompt_cache_key": {"prompt_cache_key": "k"},
     "messages": {"messages": [{"role": "developer", "content": "d"}, {"role": "user", "content": "hi"}]},
     # tool_choice none: DeepSeek-V4's tools section alone is over this server's max_model_len (test_chat.py

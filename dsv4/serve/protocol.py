@@ -61,6 +61,9 @@ IMPLEMENTED = {
     "stream_options": "include_usage: a last chunk with the usage (none without it); include_obfuscation: "
                       "accepted, events carry no obfuscation padding",
     "ignore_eos": "vLLM's: keep sampling through EOS up to max_tokens",
+    "return_token_ids": "vLLM's: each choice carries token_ids, the ids of the tokens it sampled (a stream sends a "
+                        "chunk per token, its text possibly empty), and prompt_token_ids, its prompt's ids (in a "
+                        "stream, on the choice's first chunk)",
     "presence_penalty": "in [-2, 2]: each logit minus the penalty when its token was generated already (OpenAI's)",
     "frequency_penalty": "in [-2, 2]: each logit minus the penalty times its token's count in the generated text "
                          "(OpenAI's)",
@@ -231,6 +234,7 @@ class _Body(BaseModel):
     stream: Flag = None
     stream_options: StreamOptions | None = None
     ignore_eos: Flag = None
+    return_token_ids: Flag = None
     presence_penalty: Penalty = None
     frequency_penalty: Penalty = None
     repetition_penalty: Annotated[Any, BeforeValidator(_positive)] = None
@@ -428,6 +432,7 @@ class Call:
     reply: ReplyFormat = ReplyFormat()  # chat: how to read each choice's reply (reasoning, tool calls)
     logits: LogitsParams | None = None  # the device's logit processing and logprobs; None: the plain sampler
     grammar: object = None  # response_format's compiled grammar (dsv4.serve.grammar): one matcher per choice
+    token_ids: bool = False  # return_token_ids: the choices carry their sampled (and prompt) token ids
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -464,7 +469,7 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
-                grammar)
+                grammar, bool(req.return_token_ids))
 
 
 def _asks(req, name: str) -> bool:

@@ -309,6 +309,8 @@ class _Choice:
                             ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint)
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
+        self.prompt_ids = choice.prompt.ids if call.token_ids else None  # return_token_ids: not sent yet
+        self.ids: list[int] | None = [] if call.token_ids else None  # sampled, not sent yet
 
     def parts(self, text: str, finish) -> list:
         """What a text delta releases: itself (completions), or chat deltas (content, reasoning_content,
@@ -321,7 +323,21 @@ class _Choice:
         """The text delta of a token event's value: the token, or its Drawn (logprobs recorded)."""
         if self.logprobs is not None:
             self.logprobs.add(value)
-        return self.text.push(getattr(value, "token", value))
+        token = getattr(value, "token", value)
+        if self.ids is not None:
+            self.ids.append(token)
+        return self.text.push(token)
+
+    def taken_ids(self) -> dict:
+        """return_token_ids' fields of the next chunk (or the whole answer): the ids sampled since the last one
+        and, the first time, the prompt's; {} without return_token_ids."""
+        if self.ids is None:
+            return {}
+        out = {"token_ids": self.ids}
+        self.ids = []
+        if self.prompt_ids is not None:
+            out["prompt_token_ids"], self.prompt_ids = self.prompt_ids, None
+        return out
 
     def taken_logprobs(self, everything: bool = False) -> dict | None:
         """The logprobs of the tokens not sent yet (every token's: `everything`), in the response's shape."""
@@ -436,7 +452,7 @@ class _Reply:
                     left -= 1
                     c.seq.cancel()  # a stop string: free the slot now, the other choices go on
                     self.server.scheduler.wake()
-                elif not delta:
+                elif not delta and not c.ids:  # return_token_ids: a token whose text is empty still gets a chunk
                     continue
                 yield index, delta, c.text.finish
         finally:
@@ -452,11 +468,13 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": now(), "model": self.server.model_name, "choices": choices}
 
     def choice(self, index: int, part, finish, delta: bool, logprobs: dict | None = None) -> dict:
-        """`part`: the text (completions), or the chat delta or message (a dict)."""
+        """`part`: the text (completions), or the chat delta or message (a dict); with return_token_ids, the
+        choice's ids not sent yet."""
+        ids = self.choices[index].taken_ids()
         if not self.call.chat:
-            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish}
+            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish, **ids}
         return {"index": index, "delta" if delta else "message": part or {}, "logprobs": logprobs,
-                "finish_reason": finish}
+                "finish_reason": finish, **ids}
 
     async def whole(self) -> dict:
         pieces = [[c.echo] for c in self.choices]
@@ -478,13 +496,13 @@ class _Reply:
         for c in self.choices:
             if self.call.chat:
                 yield event(self.envelope([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}], True))
+                                            "logprobs": None, "finish_reason": None, **c.taken_ids()}], True))
             elif c.echo:
                 yield event(self.envelope([self.choice(c.index, c.echo, None, True)], True))
         try:
             async for index, text, finish in self.deltas():
                 c = self.choices[index]
-                for part in c.parts(text, finish):
+                for part in c.parts(text, finish) or ([None] if c.ids else []):
                     yield event(self.envelope([self.choice(index, part, None, True, c.taken_logprobs())], True))
                 if finish:
                     yield event(self.envelope([self.choice(index, None, c.finish_reason(), True, c.taken_logprobs())],
