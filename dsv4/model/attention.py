@@ -36,6 +36,7 @@ from .compressor import (Write, compress, compress_pooled, flat, index_project, 
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
+from . import lanes
 from .step import PoolStep, Step
 from ..layout import CONFIG as LAYOUT
 
@@ -52,22 +53,32 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
     over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry).
-    out: where the output projection's fused kernel writes it, when it runs (see _output)."""
+    out: where the output projection's fused kernel writes it, when it runs (see _output).
+    A compressed layer's compressors and indexer run on the side lane (dsv4.model.lanes), beside the queries."""
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
-    q_res, q, kv, proj = _projections(x, w, cfg, heads, m, *_rows([s.cos_sin(kind) for s in steps]))
+    q_res, kv_a = _q_res_kv(x, w, cfg)
+    extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
+    fork = lanes.Fork(x) if m else None
+    if m:
+        with fork, phase("compressor"):
+            proj = _project(x, q_res, w, cfg)
+            for b, (step, cache) in enumerate(zip(steps, caches)):
+                rows = slice(b * T, (b + 1) * T)
+                extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
+                                        {k: tuple(t[rows] for t in v) for k, v in proj.items()})
+    q, kv = _queries(q_res, kv_a, w, cfg, heads, *_rows([s.cos_sin(kind) for s in steps]))
+    if m:
+        fork.join()
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
         rows = slice(b * T, (b + 1) * T)
         visible, slots = step.sliding()
         writes.append(Write(cache.win, slots, kv[rows][T - min(T, cfg.sliding_window):], step.keep(slots.shape[0])))
-        extra = {}
-        if m:
-            with phase("compressor"):
-                extra = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, writes,
-                                    {k: tuple(t[rows] for t in v) for k, v in proj.items()})
+        writes.extend(staged[b])
+        extra = extras[b]
         cos_b, sin_b = step.cos_sin(kind)
         args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
@@ -85,27 +96,35 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
-    q_res, q, kv, proj = _projections(x, w, cfg, heads, m, cos, sin)
+    q_res, kv_a = _q_res_kv(x, w, cfg)
+    extra, staged = {}, []
+    fork = lanes.Fork(x) if m else None
+    if m:
+        with fork, phase("compressor"):
+            extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
+    q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
+    if m:
+        fork.join()
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
-    extra = {}
-    if m:
-        with phase("compressor"):
-            extra = _compressed_pooled(step, w, cache, layer, cfg, writes, proj)
+    writes.extend(staged)
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
     return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
-def _projections(x, w: dict, cfg: ModelConfig, heads: int, m: int, cos, sin):
-    """(q_res, roped queries [rows, heads, hd], roped K=V rows, the compressors' projections or None): row-wise."""
-    eps = cfg.rms_norm_eps
+def _q_res_kv(x, w: dict, cfg: ModelConfig):
+    """(q_res, kv_a): the normed query latent and the K=V projection, row-wise."""
     q_a, kv_a = _q_a_kv(x, w)
-    q_res = rms_norm(q_a, w["q_norm"], eps)
-    q = _norm_rope(linear(q_res, w["wq_b"]).view(x.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
-    kv = _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
-    return q_res, q, kv, _project(x, q_res, w, cfg) if m else None
+    return rms_norm(q_a, w["q_norm"], cfg.rms_norm_eps), kv_a
+
+
+def _queries(q_res, kv_a, w: dict, cfg: ModelConfig, heads: int, cos, sin):
+    """(roped queries [rows, heads, hd], roped K=V rows): row-wise."""
+    eps = cfg.rms_norm_eps
+    q = _norm_rope(linear(q_res, w["wq_b"]).view(q_res.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
+    return q, _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
 
 
 def _q_a_kv(x, w: dict):
