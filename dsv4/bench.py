@@ -11,6 +11,8 @@ prefix, alternating arms ABBA (eager, graph, graph, eager, ...), each timed end 
                  all-reduces per token per rank (census), the graph's census and captures, and
                  on CUDA the launches of one step of each arm on rank 0 (torch.profiler: CUDA
                  kernels and copies; eager launches its kernels one by one, the graph replays them)
+  BENCH_PROFILE  (--profile) per rank: us per token of each phase of the step from the prefix, timed inside
+                 a replayed CUDA graph (CPU: eager steps), against the plain graph; bytes read, the roofline
 
 On CPU there is no graph arm: every row runs the eager step and is labelled "eager" (twice the rows
 of one arm). Exit 1 when rows sampled different streams (the replay is then wrong, and its speed
