@@ -108,7 +108,8 @@ def _profile(model, prefix, first: int, sp, tok_s: float, preset: str | None, re
     bandwidth = copy_bandwidth(model.device)
     for rank, rec in enumerate(per_rank):
         total = rec["bytes_per_token"]["total"]
-        emit("BENCH_PROFILE", provenance(model.device, preset), rank=rank, **rec, copy_bytes_per_s=bandwidth, timed_tok_s=round(tok_s, 3),
+        emit("BENCH_PROFILE", provenance(model.device, preset), rank=rank, **rec, copy_bytes_per_s=bandwidth,
+             timed_tok_s=round(tok_s, 3),
              roofline_tok_s=round(bandwidth / total, 1) if bandwidth == bandwidth else None,
              roofline_fraction=round(tok_s * total / bandwidth, 4) if bandwidth == bandwidth else None,
              scope=PROFILE_SCOPE[model.device.type == "cuda"])

@@ -68,7 +68,8 @@ def summarise(steps: list[dict], timed: list[float], plain: list[float], marks: 
     instrumented, bare = statistics.median(timed), statistics.median(plain)
     return {"phases_us_per_token": phases, "instrumented_us_per_token": round(instrumented, 1),
             "instrumented_us_mean": round(statistics.fmean(timed), 2), "plain_us_per_token": round(bare, 1),
-            "overhead_us_per_token": round(instrumented - bare, 1), "marks_per_token": marks, "timed_tokens": len(steps)}
+            "overhead_us_per_token": round(instrumented - bare, 1), "marks_per_token": marks,
+            "timed_tokens": len(steps)}
 
 
 def graph_phases(model, state, start, token: int, sampling, replays: int, warmup: int = 2) -> dict:

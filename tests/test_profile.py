@@ -57,13 +57,14 @@ def _expected_intervals(cfg) -> dict:
             "indexer": sum(1 for t in cfg.layer_types if t == CSA), "head": 1, "sampler": 1, "commit": 1}
 
 
-def _check_breakdown(model, rec):
+def _check_breakdown(model, rec, idle=()):
+    """idle: phases that may take no time (on one GPU a collective has no device work between its events)."""
     phases = rec["phases_us_per_token"]
     assert list(phases) == list(PHASES) + ["other"]
     expected = _expected_intervals(model.cfg)
     assert {p: phases[p]["intervals"] for p in expected} == expected
     for p in PHASES:
-        assert phases[p]["us"] > 0, p
+        assert phases[p]["us"] >= 0 if p in idle else phases[p]["us"] > 0, p
     # per step the phases sum to the step exactly; the means keep that (0.1 us: the records' rounding)
     assert sum(v["us_mean"] for v in phases.values()) == pytest.approx(rec["instrumented_us_mean"], abs=0.1)
     # medians of parts need not add up to the median step: within 10 %
@@ -105,7 +106,7 @@ def test_graph_phases_on_cuda():
     """The timed graph's breakdown: every phase's event nodes, summing to the replay; the state untouched, so
     the next step is the one an unprofiled copy takes."""
     model, state, rec = _profiled("cuda", None)
-    _check_breakdown(model, rec)
+    _check_breakdown(model, rec, idle=("collective",))
     copy = model.new_state(state.capacity)
     copy.restore(state)
     assert model.step(state, 5, SAMPLING) == model.step(copy, 5, SAMPLING)
