@@ -553,8 +553,13 @@ class Model(ModelCommon):
             for _ in range(steps):
                 carry = self.step(state, carry, sampling)
         state.restore(start)
-        timed = measure.graph_phases if self.device.type == "cuda" else measure.eager_phases
-        rec = timed(self, state, start, token, sampling, replays)
+        if self.device.type == "cuda":
+            from .replay import TimedReplay
+
+            rec = measure.graph_phases(self, state, start, token, sampling, replays,
+                                       lambda marked: TimedReplay(self, state, sampling, marked))
+        else:
+            rec = measure.eager_phases(self, state, start, token, sampling, replays)
         return {**rec, "bytes_per_token": measure.bytes_per_token(self.transformer, picks, steps, start.host_pos)}
 
     def kernel_table(self, state: DecodeState, token: int, sampling, steps: int = 16) -> dict:

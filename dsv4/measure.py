@@ -72,16 +72,13 @@ def summarise(steps: list[dict], timed: list[float], plain: list[float], marks: 
             "timed_tokens": len(steps)}
 
 
-def graph_phases(model, state, start, token: int, sampling, replays: int, warmup: int = 2) -> dict:
+def graph_phases(model, state, start, token: int, sampling, replays: int, timed_replay, warmup: int = 2) -> dict:
     """The phase breakdown of this rank's decode step inside a replayed CUDA graph: a timed graph (event
-    nodes at every phase's enter and exit: dsv4.replay.TimedReplay) and a plain one of the same step, both
-    of `state` restored from `start` before every replay (so every replay is the same step, and state is
-    left as start), interleaved ABBA, `warmup` rounds dropped. Every rank must call it alike: the graphs
-    hold the step's collectives."""
-    from .replay import TimedReplay
-
-    arms = {"plain": TimedReplay(model, state, sampling, marked=False),
-            "timed": TimedReplay(model, state, sampling, marked=True)}
+    nodes at every phase's enter and exit: `timed_replay(marked=True)`, a dsv4.replay.TimedReplay of state)
+    and a plain one of the same step (marked=False), both of `state` restored from `start` before every
+    replay (so every replay is the same step, and state is left as start), interleaved ABBA, `warmup`
+    rounds dropped. Every rank must call it alike: the graphs hold the step's collectives."""
+    arms = {"plain": timed_replay(marked=False), "timed": timed_replay(marked=True)}
     steps: list[dict] = []
     saved = state.replay
     try:
