@@ -11,6 +11,8 @@ prefix, alternating arms ABBA (eager, graph, graph, eager, ...), each timed end 
                  all-reduces per token per rank (census), the graph's census and captures, and
                  on CUDA the launches of one step of each arm on rank 0 (torch.profiler: CUDA
                  kernels and copies; eager launches its kernels one by one, the graph replays them)
+  BENCH_PROFILE  (--profile) per rank: us per token of each phase of the step from the prefix, timed inside
+                 a replayed CUDA graph (CPU: eager steps), against the plain graph; bytes read, the roofline
 
 On CPU there is no graph arm: every row runs the eager step and is labelled "eager" (twice the rows
 of one arm). Exit 1 when rows sampled different streams (the replay is then wrong, and its speed
@@ -73,7 +75,7 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
          captures=model.captures(graph) if graph_arm else 0, **launches,
          timing_scope="model.step: forward+commit+head+sample+readback, median row")
     if profile:
-        _profile(model, prefix, first, sp, g if graph_arm else e, preset)
+        _profile(model, prefix, first, sp, g if graph_arm else e, preset, steps)
     if not same:
         print("dsv4 bench: rows sampled different streams" + (" (eager against graph)" if graph_arm else ""),
               file=sys.stderr)
@@ -94,19 +96,37 @@ def count_launches(model, prefix, eager, graph, first: int, sp) -> dict:
     return counts
 
 
-def _profile(model, prefix, first: int, sp, tok_s: float, preset: str | None):
-    """BENCH_PROFILE per rank: phases (GPU us and kernels per token, from eager steps: the graph replays the
-    same kernels), bytes read per token, and the roofline fraction of the timed arm at the copy bandwidth
-    measured now on rank 0's device."""
+def _profile(model, prefix, first: int, sp, tok_s: float, preset: str | None, replays: int):
+    """BENCH_PROFILE per rank: the phases of one decode step from the prefix (us per token, `replays` timed),
+    bytes read per token, and the roofline fraction of the timed arm at the copy bandwidth measured now on
+    rank 0's device."""
     from .measure import copy_bandwidth
 
     scratch = model.new_state(prefix.capacity)
     scratch.restore(prefix)
-    per_rank = model.each("profile_steps", scratch, first, sp, 4)
+    per_rank = model.each("profile_steps", scratch, first, sp, 4, replays)
     bandwidth = copy_bandwidth(model.device)
     for rank, rec in enumerate(per_rank):
         total = rec["bytes_per_token"]["total"]
-        emit("BENCH_PROFILE", provenance(model.device, preset), rank=rank, **rec, copy_bytes_per_s=bandwidth, timed_tok_s=round(tok_s, 3),
+        emit("BENCH_PROFILE", provenance(model.device, preset), rank=rank, **rec, copy_bytes_per_s=bandwidth,
+             timed_tok_s=round(tok_s, 3),
              roofline_tok_s=round(bandwidth / total, 1) if bandwidth == bandwidth else None,
              roofline_fraction=round(tok_s * total / bandwidth, 4) if bandwidth == bandwidth else None,
-             scope="phases: kernel time of eager model.step; bytes: weights touched + cache rows read, this rank")
+             scope=PROFILE_SCOPE[model.device.type == "cuda"])
+
+
+# What BENCH_PROFILE measured, on CPU (False) and on CUDA (True).
+PROFILE_SCOPE = {
+    True: "phases: a timed CUDA graph of model.step's device work (the production graph's step, plus an event node at "
+          "each phase's enter and exit), replayed from the prefix's state; the time between consecutive events goes to "
+          "the innermost phase open (other: none), so the phases sum to instrumented_us_per_token; plain_us_per_token: "
+          "the same step's graph without the events, replayed beside it; overhead = instrumented - plain. "
+          "compressor: the compressed layers' pool and windows; indexer (inside compressor, counted apart): the "
+          "indexer's compressor and scores + top-k; the projections feeding both are in attention. collective: "
+          "all-reduces and the head's all-gather, including the wait for the slowest rank. "
+          "bytes: weights touched + cache rows read, this rank",
+    False: "phases: eager model.step on CPU (no graph), host perf_counter at each phase's enter and exit; the "
+           "time between consecutive marks goes to the innermost phase open (other: none, including the step's host "
+           "work outside the device step), so the phases sum to instrumented_us_per_token; plain_us_per_token: the "
+           "same step unmarked; compressor/indexer as on CUDA. bytes: weights touched + cache rows read, this rank",
+}

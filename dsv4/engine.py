@@ -540,20 +540,27 @@ class Model(ModelCommon):
         self._settle(state, verdict, tokens.shape[0])
         return None if token is None else int(token)
 
-    def profile_steps(self, state: DecodeState, token: int, sampling, steps: int = 4) -> dict:
-        """Eager steps under the profiler: GPU time and kernels per phase, bytes read per token on this rank."""
+    def profile_steps(self, state: DecodeState, token: int, sampling, steps: int = 4, replays: int = 16) -> dict:
+        """This rank's profile of the decode step of `state` on `token` (state is left as it was): the phase
+        breakdown over `replays` timed steps (dsv4.measure: inside a replayed CUDA graph on CUDA, eager steps
+        elsewhere) and the bytes read per token, with the routes of `steps` eager steps from state."""
         from . import measure
 
-        carry = [token]
-
-        def one():
-            carry[0] = self.step(state, carry[0], sampling)
-
-        pos = state.host_pos
+        start = self.new_state(state.capacity)
+        start.restore(state)
+        carry = token
         with measure.recording_routes() as picks:
-            phases = measure.phase_breakdown(one, steps)
-        return {"phases_us_per_token": phases,
-                "bytes_per_token": measure.bytes_per_token(self.transformer, picks, steps, pos)}
+            for _ in range(steps):
+                carry = self.step(state, carry, sampling)
+        state.restore(start)
+        if self.device.type == "cuda":
+            from .replay import TimedReplay
+
+            rec = measure.graph_phases(self, state, start, token, sampling, replays,
+                                       lambda marked: TimedReplay(self, state, sampling, marked))
+        else:
+            rec = measure.eager_phases(self, state, start, token, sampling, replays)
+        return {**rec, "bytes_per_token": measure.bytes_per_token(self.transformer, picks, steps, start.host_pos)}
 
     def kernel_table(self, state: DecodeState, token: int, sampling, steps: int = 16) -> dict:
         """This rank's kernels of `steps` steps of state (graph replays once its graph is armed and captured):

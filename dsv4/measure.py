@@ -1,7 +1,10 @@
 """Where a decode step's time and bytes go: the phase breakdown, bytes read per token, the roofline.
 
-`phase_breakdown` sums the GPU kernel time and the kernel count under each phase (dsv4.profile)
-of eager steps (the same kernels a replayed graph runs), a nested phase counted in itself only.
+`graph_phases` times each phase (dsv4.profile) of a decode step inside a replayed CUDA graph, from
+event nodes captured at every phase's enter and exit: the time between two consecutive events belongs
+to the innermost phase open there (`attribute`), so the phases sum to the instrumented step, and the
+plain graph of the same step, replayed beside it, gives the events' own cost. `eager_phases` does the
+same for eager steps (CPU: perf_counter stamps).
 `bytes_per_token` counts the weight bytes one token reads on this rank: every dense weight the
 step touches, the routed experts this rank actually ran (the router's picks recorded over the
 profiled steps), the vocab-parallel head; plus the state rows attention reads at the position.
@@ -14,49 +17,109 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import statistics
 import time
 
 import torch
 
-from .profile import PREFIX, PHASES, marking
+from . import profile
+from .profile import ENTER, PREFIX, PHASES, elapsed_us, marking
 
 
-def phase_breakdown(run_step, steps: int) -> dict:
-    """Run `run_step()` `steps` times under the profiler -> {phase: {"us": per step, "kernels": per step}}.
-
-    A kernel belongs to the innermost phase range open on the host when it was launched; its time is
-    its own GPU duration (a range's span on the GPU would also count the gaps, e.g. waiting for a
-    peer in a collective). On CPU (no kernels) each phase gets the host time of the ops it ran.
-    """
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    cuda = torch.cuda.is_available()
-    if cuda:
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with marking(), torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
-            run_step()
-        if cuda:
-            torch.cuda.synchronize()
-    events = prof.events()
-    ranges = sorted(((e.time_range.start, e.time_range.end, e.name[len(PREFIX):], e.thread) for e in events
-                     if e.name.startswith(PREFIX)), key=lambda r: r[0])
-    starts = [r[0] for r in ranges]
-    out = {p: {"us": 0.0, "kernels": 0} for p in PHASES + ("other",)}
-    for e in events:
-        if e.name.startswith(PREFIX):
-            continue
-        if cuda:
-            if not e.kernels:
-                continue
-            us, n = sum(k.duration for k in e.kernels), len(e.kernels)
-        elif e.cpu_parent is None or e.cpu_parent.name.startswith(PREFIX):
-            us, n = e.cpu_time_total, 0  # an op called from dsv4's code (its children are inside its time)
+def attribute(marks, start: float, end: float) -> dict:
+    """One step's phases from its marks [(t, name, "enter" | "exit")], in order, times in us between start
+    and end -> {phase: {"us", "intervals"}}. The time between two consecutive points goes to the innermost
+    phase open there ("other" when none), so an inner phase's time is not its outer one's and the phases
+    sum to end - start. intervals: the times a phase was entered; for "other", the stretches with no phase
+    open (one before the first phase and one after each outermost exit)."""
+    out: dict = {"other": {"us": 0.0, "intervals": 1}}
+    stack: list[str] = []
+    last = start
+    for t, name, kind in marks:
+        out[stack[-1] if stack else "other"]["us"] += t - last
+        last = t
+        if kind == ENTER:
+            stack.append(name)
+            out.setdefault(name, {"us": 0.0, "intervals": 0})["intervals"] += 1
+        elif stack and stack[-1] == name:
+            stack.pop()
+            out["other"]["intervals"] += 0 if stack else 1
         else:
-            continue
-        slot = out.setdefault(_innermost(ranges, starts, e.time_range.start, e.thread), {"us": 0.0, "kernels": 0})
-        slot["us"] += us / steps
-        slot["kernels"] += n / steps
-    return {k: {"us": round(v["us"], 1), "kernels": round(v["kernels"], 1)} for k, v in out.items()}
+            raise ValueError(f"phase {name!r} exits while {stack[-1] if stack else 'none'!r} is the innermost open")
+    if stack:
+        raise ValueError(f"phase(s) {stack} never exit")
+    out["other"]["us"] += end - last
+    return out
+
+
+def step_phases(log: list, span: tuple) -> dict:
+    """attribute() of one step's stamps (dsv4.profile.timing's log), timed from span = (begin, end) stamps."""
+    begin, end = span
+    return attribute([(elapsed_us(begin, s), name, kind) for s, name, kind in log], 0.0, elapsed_us(begin, end))
+
+
+def summarise(steps: list[dict], timed: list[float], plain: list[float], marks: int) -> dict:
+    """Per phase over the timed steps: median and mean us per token and its intervals (the same in every
+    step); the timed (instrumented) and the plain step's median, and the marks' cost as their difference."""
+    names = [p for p in PHASES + ("other",) if p in steps[0]] + sorted(set(steps[0]) - set(PHASES) - {"other"})
+    phases = {p: {"us": round(statistics.median(s[p]["us"] for s in steps), 1),
+                  "us_mean": round(statistics.fmean(s[p]["us"] for s in steps), 2),
+                  "intervals": steps[0][p]["intervals"]} for p in names}
+    instrumented, bare = statistics.median(timed), statistics.median(plain)
+    return {"phases_us_per_token": phases, "instrumented_us_per_token": round(instrumented, 1),
+            "instrumented_us_mean": round(statistics.fmean(timed), 2), "plain_us_per_token": round(bare, 1),
+            "overhead_us_per_token": round(instrumented - bare, 1), "marks_per_token": marks,
+            "timed_tokens": len(steps)}
+
+
+def graph_phases(model, state, start, token: int, sampling, replays: int, timed_replay, warmup: int = 2) -> dict:
+    """The phase breakdown of this rank's decode step inside a replayed CUDA graph: a timed graph (event
+    nodes at every phase's enter and exit: `timed_replay(marked=True)`, a dsv4.replay.TimedReplay of state)
+    and a plain one of the same step (marked=False), both of `state` restored from `start` before every
+    replay (so every replay is the same step, and state is left as start), interleaved ABBA, `warmup`
+    rounds dropped. Every rank must call it alike: the graphs hold the step's collectives."""
+    arms = {"plain": timed_replay(marked=False), "timed": timed_replay(marked=True)}
+    steps: list[dict] = []
+    saved = state.replay
+    try:
+        for i in range(warmup + replays):
+            for arm in ("plain", "timed") if i % 2 == 0 else ("timed", "plain"):
+                state.restore(start)
+                state.replay = arms[arm]
+                model.step(state, token, sampling)  # its readback waits for the replay: the events are done
+                if arm == "timed" and i >= warmup:  # the graph's nodes re-record its events: read them now
+                    steps.append(step_phases(arms[arm].marks, arms[arm].spans[-1]))
+    finally:
+        state.replay = saved
+        state.restore(start)
+    spans = {arm: [elapsed_us(*s) for s in r.spans[warmup:]] for arm, r in arms.items()}
+    return summarise(steps, spans["timed"], spans["plain"], len(arms["timed"].marks))
+
+
+def eager_phases(model, state, start, token: int, sampling, steps: int, warmup: int = 1) -> dict:
+    """graph_phases for eager model.step calls (no graph: CPU, where the stamps are perf_counter and the step is
+    synchronous): each step of `state` from `start`, timed whole, plain and under dsv4.profile.timing, ABBA."""
+    clock = profile.clock(state.device)
+    phases: list[dict] = []
+    spans: dict = {"plain": [], "timed": []}
+    marks = 0
+    for i in range(warmup + steps):
+        for arm in ("plain", "timed") if i % 2 == 0 else ("timed", "plain"):
+            state.restore(start)
+            model.synchronize()
+            with profile.timing(state.device) if arm == "timed" else contextlib.nullcontext() as log:
+                begin = clock()
+                model.step(state, token, sampling)
+                span = (begin, clock())
+            model.synchronize()
+            if i < warmup:
+                continue
+            spans[arm].append(elapsed_us(*span))
+            if arm == "timed":
+                phases.append(step_phases(log, span))
+                marks = len(log)
+    state.restore(start)
+    return summarise(phases, spans["timed"], spans["plain"], marks)
 
 
 def _innermost(ranges, starts, t, thread) -> str:
@@ -249,7 +312,7 @@ SUB_PHASES = (
 
 # The issue's groups of a prefill's time: each range (a phase or a sub-phase) belongs to one.
 GROUPS = {"attention": "attention", "attention.norm_rope": "attention", "attention.core": "attention",
-          "compressor": "compressor+indexer", "compressor.pool": "compressor+indexer",
+          "compressor": "compressor+indexer", "indexer": "compressor+indexer", "compressor.pool": "compressor+indexer",
           "indexer.scores_topk": "compressor+indexer",
           "attention.linear": "dense linears", "compressor.linear": "dense linears", "moe.linear": "dense linears",
           "moe": "moe", "moe.route": "moe", "moe.shared": "moe", "moe.routed": "moe", "moe.dequant": "moe",

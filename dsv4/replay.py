@@ -15,8 +15,11 @@ in a static output buffer: the only readback. Counters:
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import torch
+
+from . import profile
 
 
 class ReplayError(RuntimeError):
@@ -53,7 +56,7 @@ class FullTokenReplay:
         trace = collections.Counter()
         model.transformer.trace = trace
         try:
-            with torch.inference_mode(), torch.cuda.graph(graph):
+            with torch.inference_mode(), self._marking(state), torch.cuda.graph(graph):
                 self.out = model.step_device(state, self.sampling)
         except Exception as e:  # a capture that breaks is the one unsupported thing
             self.census = {"unsupported": 1}
@@ -65,6 +68,9 @@ class FullTokenReplay:
         self.census = {"collectives": trace["collective"], "embedding": trace["embedding"],
                        "hc_posts": trace["hc_post"], "unsupported": 0}
 
+    def _marking(self, state):
+        return contextlib.nullcontext()
+
     def replay(self, state, sampling) -> torch.Tensor:
         if sampling != self.sampling:
             raise ReplayError(f"this state's graph was captured for {self.sampling}; got {sampling} "
@@ -75,6 +81,35 @@ class FullTokenReplay:
         else:
             self.graph.replay()
         return self.out
+
+
+class TimedReplay(FullTokenReplay):
+    """A FullTokenReplay for a profile (dsv4.measure.graph_phases), never a state's production graph: every
+    replay is bracketed by two timing events on the stream, outside the graph (`spans`: its span on the GPU),
+    and, `marked`, the graph is captured under dsv4.profile.timing, so it holds an event-record node at each
+    phase's enter and exit (`marks`: that capture's log, which also keeps its events alive)."""
+
+    def __init__(self, model, state, sampling, marked: bool):
+        super().__init__(model, state, sampling)
+        self.marked = marked
+        self.marks: list = []
+        self.spans: list = []
+        self._clock = profile.clock(state.device)
+
+    @contextlib.contextmanager
+    def _marking(self, state):
+        if not self.marked:
+            yield
+            return
+        with profile.timing(state.device) as log:
+            yield
+        self.marks = log
+
+    def replay(self, state, sampling) -> torch.Tensor:
+        begin = self._clock()
+        out = super().replay(state, sampling)
+        self.spans.append((begin, self._clock()))
+        return out
 
 
 class BatchReplay:

@@ -191,12 +191,14 @@ def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConf
     if not csa:
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
-    inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"])
-    ccos, csin = step.cos_sin("compress")
-    rows = cache.icomp.shape[0]
-    prefix = None if step.host_pos is None else (step.scored_rows(m, rows, INDEX_BLOCK), step.committed_rows(m, rows))
-    sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
-                            cfg.index_n_heads, cfg.index_head_dim, proj["index_q"], prefix)
+    with phase("indexer"):
+        inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"])
+        ccos, csin = step.cos_sin("compress")
+        rows = cache.icomp.shape[0]
+        prefix = None if step.host_pos is None else (step.scored_rows(m, rows, INDEX_BLOCK),
+                                                     step.committed_rows(m, rows))
+        sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
+                                cfg.index_n_heads, cfg.index_head_dim, proj["index_q"], prefix)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 
@@ -220,10 +222,12 @@ def _compressed_pooled(step: PoolStep, w: dict, cache, layer: int, cfg: ModelCon
     if not csa:
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
-    inew = compress_pooled(i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"], step.ids)
-    ccos, csin = step.cos_sin("compress")
-    sel, valid = index_topk_pooled(ccos, csin, cache.icomp, inew.unsqueeze(1), win, cfg.index_topk, proj["index_q"],
-                                   step.ids)
+    with phase("indexer"):
+        inew = compress_pooled(i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"],
+                               step.ids)
+        ccos, csin = step.cos_sin("compress")
+        sel, valid = index_topk_pooled(ccos, csin, cache.icomp, inew.unsqueeze(1), win, cfg.index_topk,
+                                       proj["index_q"], step.ids)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 
