@@ -59,6 +59,9 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     q_res, kv_a = _q_res_kv(x, w, cfg)
+    # Before the fork: a step makes its rope rows at their first use and keeps them, and the side lane's first use
+    # must not be what the queries read before the join.
+    cos, sin = _rows([s.cos_sin(kind) for s in steps])
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     fork = lanes.Fork(x) if m else None
     if m:
@@ -68,7 +71,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
-    q, kv = _queries(q_res, kv_a, w, cfg, heads, *_rows([s.cos_sin(kind) for s in steps]))
+    q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
     if m:
         fork.join()
 
