@@ -20,7 +20,6 @@ import contextlib
 import torch
 
 from . import profile
-from .model import lanes
 
 
 class ReplayError(RuntimeError):
@@ -88,8 +87,7 @@ class TimedReplay(FullTokenReplay):
     """A FullTokenReplay for a profile (dsv4.measure.graph_phases), never a state's production graph: every
     replay is bracketed by two timing events on the stream, outside the graph (`spans`: its span on the GPU),
     and, `marked`, the graph is captured under dsv4.profile.timing, so it holds an event-record node at each
-    phase's enter and exit (`marks`: that capture's log, which also keeps its events alive). The marked graph
-    runs on one stream (dsv4.model.lanes' overlap off while it is captured): the marks then lie on one timeline."""
+    phase's enter and exit (`marks`: that capture's log, which also keeps its events alive)."""
 
     def __init__(self, model, state, sampling, marked: bool):
         super().__init__(model, state, sampling)
@@ -103,13 +101,8 @@ class TimedReplay(FullTokenReplay):
         if not self.marked:
             yield
             return
-        overlap = lanes.CONFIG["overlap"]
-        lanes.CONFIG["overlap"] = False
-        try:
-            with profile.timing(state.device) as log:
-                yield
-        finally:
-            lanes.CONFIG["overlap"] = overlap
+        with profile.timing(state.device) as log:
+            yield
         self.marks = log
 
     def replay(self, state, sampling) -> torch.Tensor:

@@ -106,11 +106,6 @@ def use_triton(t: torch.Tensor, gpu_checked: bool = True) -> bool:
 
 _compiled: dict = {}
 
-# The lane whose launches are being enqueued (dsv4.model.lanes): 0, the step's stream, or 1, its side stream. Kernels
-# that keep scratch across a launch (the split tickets: qgemv.tickets_for) keep one per lane, so two lanes' launches
-# may run at once.
-LANE = [0]
-
 
 def interpreting() -> bool:
     """Triton's interpreter runs kernels on CPU tensors; it must be chosen (TRITON_INTERPRET=1)

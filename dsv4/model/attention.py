@@ -36,7 +36,6 @@ from .compressor import (Write, compress, compress_pooled, flat, index_project, 
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
-from . import lanes
 from .step import PoolStep, Step
 from ..layout import CONFIG as LAYOUT
 
@@ -53,27 +52,21 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
     over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry).
-    out: where the output projection's fused kernel writes it, when it runs (see _output).
-    A compressed layer's compressors and indexer run on the side lane (dsv4.model.lanes), beside the queries."""
+    out: where the output projection's fused kernel writes it, when it runs (see _output)."""
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     q_res, kv_a = _q_res_kv(x, w, cfg)
-    # Before the fork: a step makes its rope rows at their first use and keeps them, and the side lane's first use
-    # must not be what the queries read before the join.
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
-    fork = lanes.Fork(x) if m else None
     if m:
-        with fork, phase("compressor"):
+        with phase("compressor"):
             proj = _project(x, q_res, w, cfg)
             for b, (step, cache) in enumerate(zip(steps, caches)):
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    if m:
-        fork.join()
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -101,13 +94,10 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     cos, sin = step.cos_sin("compress" if m else "main")
     q_res, kv_a = _q_res_kv(x, w, cfg)
     extra, staged = {}, []
-    fork = lanes.Fork(x) if m else None
     if m:
-        with fork, phase("compressor"):
+        with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    if m:
-        fork.join()
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
