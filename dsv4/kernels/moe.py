@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -123,6 +123,7 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
                     COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
+    pdl_release()
     _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
                      s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                      w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
@@ -197,6 +198,7 @@ def _sum_swiglu_store(p_row, h_row, n, I, limit, SPLITS: constexpr):
 def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED: constexpr, SPLITS: constexpr,
                         BLOCK: constexpr):
     """Grid (blocks of I, rows): kernel 1's split partials of the local rows summed and activated (no fused sum)."""
+    pdl_release()
     r = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if ROUTED:
@@ -212,6 +214,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first,
                  ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
     """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j];
     with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`)."""
+    pdl_release()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -255,6 +258,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
     stores expert j's rounded, weighted term into p [T, TOPK, D] (0 where another rank owns it), and the last
     of a (t, nb)'s TOPK programs (an int32 ticket) sums them in routing order (FUSED_SUM; else _down_sum_kernel
     in a second launch). At one token the down projection's experts no longer run one after another."""
+    pdl_release()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     j = tl.program_id(2)
@@ -282,6 +286,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
 
 def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, BLOCK: constexpr):
     """Grid (blocks of D, T): _down_split_kernel's terms summed without tickets."""
+    pdl_release()
     t = tl.program_id(1).to(tl.int64)
     _down_sum_store(p_ptr, add_ptr, y_ptr, t, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), D, TOPK, ADD)
 
