@@ -182,7 +182,9 @@ def test_dispatch(monkeypatch):
     for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
+                        stores.append(stored) or real(x, w, out, stored))
+    stores = []
     w, x = torch.randn(16, 32), torch.randn(12, 32)
     ref = F.linear(x, w)
     monkeypatch.setenv("DSV4_KERNELS", "auto")
@@ -191,8 +193,8 @@ def test_dispatch(monkeypatch):
     assert torch.equal(rows_mod.dense(x, w), ref) and calls == []  # 12 rows > MAX_ROWS outside rows_alone
     with rows_mod.rows_alone():
         within_bound(rows_mod.dense(x, w), x, w)
-    rows_mod.dense(x[:3], w)
-    assert calls == [12, 3]
+    rows_mod.dense(x[:3], w, source=w)
+    assert calls == [12, 3] and stores == [False, True]  # stored: the weight is its source (DSV4_PDL's early load)
     half = torch.randn(2, 32, dtype=torch.float16)
     assert torch.equal(rows_mod.dense(half, w.half()), F.linear(half, w.half())) and calls == [12, 3]
 
@@ -221,7 +223,9 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
+                        stores.append(stored) or real(x, w, out, stored))
+    stores = []
     solos = []
     for i in range(len(PROMPTS)):
         state, token, out = prefilled(tiny, i), PROMPTS[i][-1], []

@@ -284,23 +284,29 @@ def _fp4_accumulate(part, u, x_lo, x_hi):
 
 @device_function
 def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr,
-              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, WAIT: constexpr = False):
     """_fp4_rows for one x row and two FP4 weights of one shape (an expert's gate and up) in one loop: each tile
     of both is loaded before either is summed (twice the bytes in flight a step) and each x value is loaded once
-    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order."""
+    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order. WAIT: as
+    _fp4_rows' (both weights' first tiles in flight)."""
     G: constexpr = BLOCK_K // 32
     groups = tl.arange(0, G)
     words = groups[:, None] * 4 + tl.arange(0, 4)[None, :]
     n_ok = n < N
-    w_off = n.to(tl.int64)[None, :, None] * (K // 8)
-    s_off = n.to(tl.int64)[None, :] * S_STRIDE
+    wa_rows, wb_rows = wa + n.to(tl.int64)[None, :, None] * (K // 8), wb + n.to(tl.int64)[None, :, None] * (K // 8)
+    sa_rows, sb_rows = sa + n.to(tl.int64)[None, :] * S_STRIDE, sb + n.to(tl.int64)[None, :] * S_STRIDE
     acc_a = tl.zeros([G, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([G, BLOCK_N], dtype=tl.float32)
+    va, qa = _fp4_tile_words(wa_rows, sa_rows, n_ok, k_lo, words, groups, K)
+    vb, qb = _fp4_tile_words(wb_rows, sb_rows, n_ok, k_lo, words, groups, K)
+    if WAIT:
+        pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
         wi = (k_lo + k0) // 8 + words
         ok = wi < K // 8
-        va = tl.load(wa + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
-        vb = tl.load(wb + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
+        if k0 > 0:
+            va, qa = _fp4_tile_words(wa_rows, sa_rows, n_ok, k_lo + k0, words, groups, K)
+            vb, qb = _fp4_tile_words(wb_rows, sb_rows, n_ok, k_lo + k0, words, groups, K)
         part_a = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         part_b = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         for q in tl.static_range(4):
@@ -309,10 +315,8 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
             x_hi = tl.load(x_q + (q + 4), mask=ok, other=0.0).to(tl.float32)
             part_a = _fp4_accumulate(part_a, va >> (4 * q), x_lo, x_hi)
             part_b = _fp4_accumulate(part_b, vb >> (4 * q), x_lo, x_hi)
-        grp = (k_lo + k0) // 32 + groups
-        g_ok = (grp * 32 < K)[:, None] & n_ok[None, :]
-        sc_a = _scale(tl.load(sa + s_off + grp[:, None], mask=g_ok, other=0), E8M0) * 16384.0
-        sc_b = _scale(tl.load(sb + s_off + grp[:, None], mask=g_ok, other=0), E8M0) * 16384.0
+        sc_a = _scale(qa, E8M0) * 16384.0
+        sc_b = _scale(qb, E8M0) * 16384.0
         acc_a = acc_a + tl.sum(part_a, axis=2) * sc_a
         acc_b = acc_b + tl.sum(part_b, axis=2) * sc_b
     return tl.sum(acc_a, axis=0), tl.sum(acc_b, axis=0)
