@@ -403,9 +403,9 @@ def _release():
 
 
 def _wait_and_release():
-    """pdl_wait with DSV4_PDL, in a kernel launched with launch_pdl (its WAIT): wait until the previous kernel in
-    the stream has completed with its memory visible, then release the next. Before it the kernel reads only
-    stored weights; releasing after it keeps every early grid behind a finished one."""
+    """pdl_wait with DSV4_PDL, in a kernel launched with launch_pdl: wait until the previous kernel in the stream
+    has completed with its memory visible, then release the next. Before it the kernel reads only stored weights;
+    releasing after it keeps every early grid behind a finished one."""
     tl.extra.cuda.gdc_wait()
     tl.extra.cuda.gdc_launch_dependents()
 

@@ -68,13 +68,14 @@ def _dense_tile(w_rows, kk, n_ok, K: constexpr, EVEN_K: constexpr):
 
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,
                   BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr, FUSED_SUM: constexpr,
-                  ROWS: constexpr, WAIT: constexpr):
+                  ROWS: constexpr, EARLY: constexpr):
     """Grid (row groups, N blocks, SPLITS): a program reads its weight tile once for the ROWS rows of its group (the
     last group's missing rows repeat its last row). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
     y_ptr by the last program of the (row group, N block) (FUSED_SUM) or by qgemv's _sum_splits_kernel after this
-    launch. The first weight tile is loaded before the loop; WAIT (launched with launch_pdl: a stored weight) waits
-    (pdl_wait) while it is in flight, before x is read. Tiles stay in the weight's dtype until they are used."""
-    if not WAIT:
+    launch. EARLY (a stored weight; launched with launch_pdl under DSV4_PDL): the first weight tile is loaded before
+    the loop and pdl_wait runs while it is in flight, before x is read; tiles stay in the weight's dtype until they
+    are used. The sums are the same either way."""
+    if not EARLY:
         pdl_release()
     rs = _group_rows(tl.program_id(0), rows, ROWS)
     nb = tl.program_id(1)
@@ -87,12 +88,14 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
     # Products add into a [BLOCK_N, BLOCK_K] tile per row, reduced across lanes once at the end (fewer shuffles
     # per byte); each row's tile gets the operations it gets alone.
     accs = (tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32),) * ROWS
-    wq = _dense_tile(w_rows, k, n_ok, K, EVEN_K)
-    if WAIT:
+    if EARLY:
+        wq = _dense_tile(w_rows, k, n_ok, K, EVEN_K)
         pdl_wait()
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k + k0
-        if k0 > 0:
+        if not EARLY:
+            wq = _dense_tile(w_rows, kk, n_ok, K, EVEN_K)
+        elif k0 > 0:
             wq = _dense_tile(w_rows, kk, n_ok, K, EVEN_K)
         wv = wq.to(tl.float32)
         summed = ()
@@ -212,12 +215,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = qgemv.tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
-    wait = PDL and stored
-    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": wait}
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": PDL and stored}
     launcher(_dense_kernel, x2)[(groups, blocks, splits)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0,
-        FUSED_SUM=tickets is not None, ROWS=per_program, WAIT=wait, **extra)
+        FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=stored, **extra)
     if splits > 1 and tickets is None:
         launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], N)

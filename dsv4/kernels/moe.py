@@ -75,12 +75,12 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
                      K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
                      ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr,
                      K_CHUNK: constexpr, FUSED_SUM: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
-                     PAIRED: constexpr, WAIT: constexpr = False):
+                     PAIRED: constexpr, EARLY: constexpr = False):
     """Program (row block nb of nblocks, split, slot) of kernel 1. Row r: token r // TOPK, its expert ids[r]
     (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row. SPLITS > 1: fp32 partials
     at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb]).
-    WAIT (the shared expert's programs of a launch_pdl launch): pdl_wait while gate's first tile (both first tiles,
-    paired) is in flight."""
+    EARLY (the shared expert's programs in _gate_up_shared_kernel): pdl_wait while gate's first tile (both first
+    tiles, paired) is in flight."""
     if COMPACT:
         r, e = _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2)
     elif ROUTED:
@@ -97,13 +97,13 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         if FP4 and PAIRED:
             gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K,
-                                 WAIT)
+                                 EARLY)
         elif FP4:
-            gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, WAIT)[0]
+            gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)[0]
             up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
         else:
             gate = _fp8_rows([x_row], w1, s1, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
-                             BLOCK_K, WAIT)[0]
+                             BLOCK_K, EARLY)[0]
             up = _fp8_rows([x_row], w3, s3, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
                            BLOCK_K)[0]
         if SPLITS == 1:
@@ -140,19 +140,17 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
                            SPLITS: constexpr, K_CHUNK: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
                            PAIRED: constexpr, BLOCKS: constexpr, SS_STRIDE: constexpr, S_FP4: constexpr,
                            S_E8M0: constexpr, S_BLOCK_N: constexpr, S_BLOCK_K: constexpr, S_SPLITS: constexpr,
-                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr, WAIT: constexpr):
+                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr):
     """Kernel 1 for the routed rows and the shared expert's in one launch (both read only x): a flat grid, the
     routed programs (BLOCKS x SPLITS x rows, in _gate_up_kernel's grid order) first, then the shared expert's
     (S_BLOCKS x S_SPLITS x T); each program is exactly the one of its own launch (same bits), the shared
-    expert's tickets after the routed ones'. WAIT (launched with launch_pdl): a routed program waits first (its
-    weights depend on the step's ids), a shared one once its first weight tile is in flight."""
-    if not WAIT:
-        pdl_release()
+    expert's tickets after the routed ones'. Launched with launch_pdl under DSV4_PDL: a routed program waits
+    first (pdl_wait; its weights depend on the step's ids), a shared one once its first weight tile is in flight
+    (EARLY)."""
     pid = tl.program_id(0)
     routed_programs = BLOCKS * SPLITS * rows
     if pid < routed_programs:
-        if WAIT:
-            pdl_wait()
+        pdl_wait()
         rest = pid // BLOCKS
         _gate_up_program(pid % BLOCKS, rest % SPLITS, rest // SPLITS, BLOCKS, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
                          ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local, w_expert_stride,
@@ -164,7 +162,7 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
         _gate_up_program(q % S_BLOCKS, rest % S_SPLITS, rest // S_SPLITS, S_BLOCKS, x_ptr, sw1_ptr, ss1_ptr,
                          sw3_ptr, ss3_ptr, ss1_ptr, sh_ptr, sp_ptr, tickets_ptr + rows * BLOCKS, T, SI, 0, 1, 0, 0,
                          s_row_skew, limit, K, SS_STRIDE, S_FP4, S_E8M0, 1, False, S_BLOCK_N, S_BLOCK_K, S_SPLITS,
-                         S_K_CHUNK, True, False, 1, PAIRED, WAIT)
+                         S_K_CHUNK, True, False, 1, PAIRED, True)
 
 
 @device_function
@@ -329,7 +327,7 @@ def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight, rows: int | None
 
 
 def _options(launch_pdl: bool = False) -> dict:
-    """Warps, and launch_pdl for a kernel that waits (its WAIT)."""
+    """Warps, and launch_pdl for a kernel that waits in pdl_wait."""
     return {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": launch_pdl}
 
 
@@ -409,7 +407,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
         ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
         SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
         S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
-        S_BLOCKS=s_blocks, WAIT=PDL, **_options(PDL))
+        S_BLOCKS=s_blocks, **_options(PDL))
     return h, sh
 
 

@@ -163,7 +163,7 @@ def _scale(sc, E8M0: constexpr):
 
 @device_function
 def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
-    """_fp8_rows' tile at input k as stored: its e4m3 weights and its block scales."""
+    """_fp8_rows' tile at input k as stored: (e4m3 weights, block scales)."""
     kk = k + col
     wq = tl.load(w_rows + kk[None, :, :], mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
     blk = k // 128 + blocks
@@ -172,15 +172,15 @@ def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
 
 @device_function
 def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr, WAIT: constexpr = False):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
     scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
     inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
     sum is the one it gets alone: the same operations on the same tile layout, in the same order.
 
-    The first tile is loaded before the loop (SPAN > 0: a split always has inputs), and with WAIT (a kernel
-    launched with launch_pdl) the kernel waits (pdl_wait) while it is in flight, before it reads x: the loop
-    reloads only from the second tile on, and each tile stays in its stored bytes until it is used."""
+    EARLY (a weight no step writes): the first tile is loaded before the loop (SPAN > 0: a split always has
+    inputs) and pdl_wait runs while it is in flight, before x is read; the loop loads from the second tile on.
+    Each tile stays in its stored bytes until it is used. The sums are the same either way."""
     ROWS: constexpr = len(xs)
     KB: constexpr = BLOCK_K // 128
     blocks = tl.arange(0, KB)
@@ -189,13 +189,15 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
     w_rows = w + n.to(tl.int64)[:, None, None] * K
     s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
     accs = (tl.zeros([BLOCK_N, KB], dtype=tl.float32),) * ROWS
-    wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo, col, blocks, K)
-    if WAIT:
+    if EARLY:
+        wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo, col, blocks, K)
         pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
         kk = k_lo + k0 + col
         ok = kk < K
-        if k0 > 0:
+        if not EARLY:
+            wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
+        elif k0 > 0:
             wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
         wv = wq.to(tl.float32)
         sc = _scale(sq, E8M0)
@@ -208,17 +210,22 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
 
 
 @device_function
-def _fp4_tile_words(w_rows, s_rows, n_ok, k, words, groups, K: constexpr):
-    """_fp4_rows' tile at input k as stored: its int32 words and its scales."""
+def _fp4_words(w_rows, n_ok, k, words, K: constexpr):
+    """_fp4_rows' tile at input k as stored: int32 words [G, BLOCK_N, 4]."""
     wi = k // 8 + words
-    wv = tl.load(w_rows + wi[:, None, :], mask=(wi < K // 8)[:, None, :] & n_ok[None, :, None], other=0)
+    return tl.load(w_rows + wi[:, None, :], mask=(wi < K // 8)[:, None, :] & n_ok[None, :, None], other=0)
+
+
+@device_function
+def _fp4_scales(s_rows, n_ok, k, groups, K: constexpr):
+    """The stored scales [G, BLOCK_N] of _fp4_rows' tile at input k."""
     grp = k // 32 + groups
-    return wv, tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
+    return tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
 
 
 @device_function
 def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr, WAIT: constexpr = False):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP4 weight [N, K] times that x over
     inputs [k_lo, min(k_lo + SPAN, K)), w read as int32 words (8 e2m1 inputs each, input 8i + q in bits
     4q..4q+3), one scale per 32 inputs (4 words). Each tile is read and decoded once for all x rows; each
@@ -229,7 +236,8 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
     e2m1 value times 2**-14 (e2m1's subnormal 0.5 lands on an fp16 subnormal, exactly), and 2**14 is
     folded into the scale.
 
-    WAIT: pdl_wait while the first tile's words and scales are in flight, as _fp8_rows."""
+    EARLY: the first tile's words and scales are loaded before the loop and pdl_wait runs while they are in
+    flight, as _fp8_rows'; without it a tile's scales are loaded after its products, as they always were."""
     ROWS: constexpr = len(xs)
     G: constexpr = BLOCK_K // 32
     # Tiles are [G, BLOCK_N, 4]: a thread then holds one group of several rows, which share its x values.
@@ -239,14 +247,16 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
     w_rows = w + n.to(tl.int64)[None, :, None] * (K // 8)
     s_rows = s + n.to(tl.int64)[None, :] * S_STRIDE
     accs = (tl.zeros([G, BLOCK_N], dtype=tl.float32),) * ROWS
-    wv, sq = _fp4_tile_words(w_rows, s_rows, n_ok, k_lo, words, groups, K)
-    if WAIT:
+    if EARLY:
+        wv, sq = _fp4_words(w_rows, n_ok, k_lo, words, K), _fp4_scales(s_rows, n_ok, k_lo, groups, K)
         pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
         wi = (k_lo + k0) // 8 + words
         ok = wi < K // 8
-        if k0 > 0:
-            wv, sq = _fp4_tile_words(w_rows, s_rows, n_ok, k_lo + k0, words, groups, K)
+        if not EARLY:
+            wv = _fp4_words(w_rows, n_ok, k_lo + k0, words, K)
+        elif k0 > 0:
+            wv, sq = _fp4_words(w_rows, n_ok, k_lo + k0, words, K), _fp4_scales(s_rows, n_ok, k_lo + k0, groups, K)
         parts = (tl.zeros([G, BLOCK_N, 4], dtype=tl.float32),) * ROWS
         for q in tl.static_range(4):
             u = wv >> (4 * q)
@@ -262,6 +272,8 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
                 part = part + hi * x_hi[:, None, :]
                 summed = summed + (part,)
             parts = summed
+        if not EARLY:
+            sq = _fp4_scales(s_rows, n_ok, k_lo + k0, groups, K)
         sc = _scale(sq, E8M0) * 16384.0
         summed = ()
         for i in tl.static_range(ROWS):
@@ -284,11 +296,11 @@ def _fp4_accumulate(part, u, x_lo, x_hi):
 
 @device_function
 def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr,
-              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, WAIT: constexpr = False):
+              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """_fp4_rows for one x row and two FP4 weights of one shape (an expert's gate and up) in one loop: each tile
     of both is loaded before either is summed (twice the bytes in flight a step) and each x value is loaded once
-    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order. WAIT: as
-    _fp4_rows' (both weights' first tiles in flight)."""
+    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order. EARLY: as
+    _fp4_rows' (both weights' first tiles in flight during pdl_wait)."""
     G: constexpr = BLOCK_K // 32
     groups = tl.arange(0, G)
     words = groups[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -297,16 +309,19 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
     sa_rows, sb_rows = sa + n.to(tl.int64)[None, :] * S_STRIDE, sb + n.to(tl.int64)[None, :] * S_STRIDE
     acc_a = tl.zeros([G, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([G, BLOCK_N], dtype=tl.float32)
-    va, qa = _fp4_tile_words(wa_rows, sa_rows, n_ok, k_lo, words, groups, K)
-    vb, qb = _fp4_tile_words(wb_rows, sb_rows, n_ok, k_lo, words, groups, K)
-    if WAIT:
+    if EARLY:
+        va, vb = _fp4_words(wa_rows, n_ok, k_lo, words, K), _fp4_words(wb_rows, n_ok, k_lo, words, K)
+        qa, qb = _fp4_scales(sa_rows, n_ok, k_lo, groups, K), _fp4_scales(sb_rows, n_ok, k_lo, groups, K)
         pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
-        wi = (k_lo + k0) // 8 + words
+        k = k_lo + k0
+        if not EARLY:
+            va, vb = _fp4_words(wa_rows, n_ok, k, words, K), _fp4_words(wb_rows, n_ok, k, words, K)
+        elif k0 > 0:
+            va, vb = _fp4_words(wa_rows, n_ok, k, words, K), _fp4_words(wb_rows, n_ok, k, words, K)
+            qa, qb = _fp4_scales(sa_rows, n_ok, k, groups, K), _fp4_scales(sb_rows, n_ok, k, groups, K)
+        wi = k // 8 + words
         ok = wi < K // 8
-        if k0 > 0:
-            va, qa = _fp4_tile_words(wa_rows, sa_rows, n_ok, k_lo + k0, words, groups, K)
-            vb, qb = _fp4_tile_words(wb_rows, sb_rows, n_ok, k_lo + k0, words, groups, K)
         part_a = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         part_b = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         for q in tl.static_range(4):
@@ -315,6 +330,8 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
             x_hi = tl.load(x_q + (q + 4), mask=ok, other=0.0).to(tl.float32)
             part_a = _fp4_accumulate(part_a, va >> (4 * q), x_lo, x_hi)
             part_b = _fp4_accumulate(part_b, vb >> (4 * q), x_lo, x_hi)
+        if not EARLY:
+            qa, qb = _fp4_scales(sa_rows, n_ok, k, groups, K), _fp4_scales(sb_rows, n_ok, k, groups, K)
         sc_a = _scale(qa, E8M0) * 16384.0
         sc_b = _scale(qb, E8M0) * 16384.0
         acc_a = acc_a + tl.sum(part_a, axis=2) * sc_a
@@ -326,14 +343,14 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
-                   WAIT: constexpr):
+                   EARLY: constexpr):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
-    _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight). WAIT (launched
-    with launch_pdl; not EXPERTS, whose weight depends on the step's ids): the first weight tile is loaded before
-    pdl_wait (_fp8_rows, _fp4_rows)."""
-    if not WAIT:
+    _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight). EARLY (not
+    EXPERTS, whose weights depend on the step's ids; launched with launch_pdl under DSV4_PDL): the first weight
+    tile is loaded before pdl_wait (_fp8_rows, _fp4_rows), which releases the next kernel."""
+    if not EARLY:
         pdl_release()
     nb = tl.program_id(0)
     split = tl.program_id(1)
@@ -350,9 +367,9 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
         s += e * s_expert_stride
     k_lo = split * K_CHUNK
     if FP4:
-        accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, WAIT)
+        accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     else:
-        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, WAIT)
+        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     if SPLITS == 1:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
@@ -567,10 +584,10 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(groups * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
-    # The shared weights' launch waits after its first weight tile (DSV4_PDL); the routed experts' weights
-    # depend on the step's ids.
-    wait = PDL and experts is None
-    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"], "launch_pdl": wait}
+    # A stored weight's first tile is loaded before the kernel waits for the previous one (DSV4_PDL); the routed
+    # experts' weights depend on the step's ids.
+    early = experts is None
+    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"], "launch_pdl": PDL and early}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
@@ -578,7 +595,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, WAIT=wait, **extra)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early, **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
