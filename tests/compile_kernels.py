@@ -687,7 +687,10 @@ for message in failures:
     print("FAILED", message)
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
-print("PDL", "waiting:", sorted({v[0] for v in pdl_variants if v[1]})) if PDL else None
+waiting = sorted({v[0] for v in pdl_variants if v[1]})
+print("PDL", "waiting:", waiting) if PDL else None
+if PDL and waiting != sorted(EARLY):
+    failures.append(f"launched with launch_pdl: {waiting}, expected {sorted(EARLY)}")
 # every kernel the modules define (a `_..._kernel` function) must have compiled at least once
 defined = sorted({name for m in KERNEL_MODULES for name in vars(m) if name.startswith("_") and name.endswith("_kernel")})
 missing = sorted(set(defined) - set(names))

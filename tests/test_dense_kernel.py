@@ -110,6 +110,22 @@ def test_rows_equal_each_row_alone(monkeypatch, config, device, dtype):
     assert torch.equal(dense_kernel.linear(x[[4, 0, 7]], w)[0:1], alone[4])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k", [(256, 1), (1100, 1), (2048, 2), (300, 1)],
+                         ids=["one_tile", "masked_tail", "split", "one_masked_tile"])
+def test_stored_weight_keeps_the_bits(monkeypatch, device, K, split_k):
+    """A stored weight's launch (EARLY: the first tile loaded before the loop, then DSV4_PDL's wait) gives the bits
+    of the loop a converted weight keeps (main's): one tile, tiles whose last is masked, a split's chunk of two
+    tiles; 1 and 3 rows; bf16 and fp32 weights and x."""
+    monkeypatch.setitem(dense_kernel.CONFIG, "split_k", split_k)
+    g = torch.Generator().manual_seed(K)
+    for rows, x_dtype, w_dtype in ((1, torch.bfloat16, torch.bfloat16), (3, torch.float32, torch.float32),
+                                   (3, torch.bfloat16, torch.float32)):
+        w = torch.randn(20, K, generator=g).to(w_dtype).to(device)
+        x = torch.randn(rows, K, generator=g).to(x_dtype).to(device)
+        assert torch.equal(dense_kernel.linear(x, w, stored=True), dense_kernel.linear(x, w)), (rows, x_dtype, w_dtype)
+
+
 def test_tiling_depends_on_the_weight_alone():
     """Flash's shapes: few outputs split K until the launch has ~264 programs per row; the head does not."""
     assert dense_kernel.tiling(64640, 4096, BF16) == (512, 4096, 1)

@@ -291,6 +291,23 @@ def test_qgemv_experts(monkeypatch, qgemv_config, device, fmt):
     close(got, ref, torch.float32, tol=1e-5)
 
 
+def test_pdl_switch_is_read_at_import_and_off_under_the_interpreter():
+    """DSV4_PDL=1 turns programmatic dependent launch on for a process's compiled kernels; the interpreter (CPU
+    tensors) never launches with it; off by default."""
+    import os
+    import subprocess
+    import sys
+
+    def pdl(**env) -> str:
+        env = {**{k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4_PDL")}, **env}
+        return subprocess.run([sys.executable, "-c", "import dsv4.kernels as k; print(k.PDL)"], env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert pdl(DSV4_PDL="1") == "True"
+    assert pdl(DSV4_PDL="1", TRITON_INTERPRET="1") == "False"
+    assert pdl() == "False"
+
+
 @pytest.mark.parametrize("sweeps,pdl", [pytest.param(False, False, id="launched"),
                                         pytest.param(False, True, id="pdl"),
                                         pytest.param(True, False, id="sweeps", marks=pytest.mark.slow)])
