@@ -5,7 +5,8 @@ dequantise + GEMM reference beside them.
 One GPU; about 3 minutes (most of it Triton compiling each variant; --arms filters them). The
 bandwidth is measured in the same run: a device-to-device copy of 2 GiB, bytes read plus written per
 second, median of 20. Each arm is captured as `calls` calls in one CUDA graph, replayed 10 times; the
-figure is the median per call. The calls rotate over copies of the weight (at least 256 MiB of them)
+figure is the median per call (with DSV4_PDL=1, `pdl` in the records, a call's first weight tile is fetched
+while the call before it runs). The calls rotate over copies of the weight (at least 256 MiB of them)
 so that no call finds its weight in the 50 MB L2 left by the previous one. Bytes are what a call
 must read: the FP8/FP4 data and scales it uses (for the routed experts: the 3 local experts' of the
 6 selected). Before timing, each arm's output is compared with the reference: max_rel_err is the
@@ -41,6 +42,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import qgemv
@@ -202,7 +204,8 @@ class Runner:
         if err <= TOLERANCE:
             self.times.setdefault(shape, {})[variant] = us
         emit("QGEMV", shape=shape, variant=variant, us=round(us, 2), bytes=nbytes, gb_s=round(nbytes / us / 1e3, 1),
-             fraction=round(nbytes / (us * 1e-6) / self.bw, 3), max_rel_err=err, calls=calls, **info)
+             fraction=round(nbytes / (us * 1e-6) / self.bw, 3), max_rel_err=err, calls=calls, pdl=kernels.PDL,
+             **info)
 
 
 def dense_shapes(cfg, w: int):

@@ -2,7 +2,7 @@
 instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
 per weight element is known before a device call.
 
-    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv] [--top 25] [--dump FILE]
+    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv|qgemv_fp4|dense] [--top 25] [--dump FILE]
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token); the launcher is replaced
 by one that compiles the launch's specialisation (as tests/compile_kernels.py) and disassembles the cubin with
@@ -44,7 +44,7 @@ def compile_only(fn, t):
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
                 sig, attrs = {}, {}
                 for i, (name, a) in enumerate(zip(jit.arg_names, args)):
                     if type(a) is int and a == 1:
@@ -123,9 +123,9 @@ def census(ins) -> collections.Counter:
 
 
 def build(kernel: str):
-    from dsv4.kernels import moe, qgemv
+    from dsv4.kernels import dense, moe, qgemv
     from dsv4.formats import QWeight
-    for module in (moe, qgemv):
+    for module in (dense, moe, qgemv):
         module.launcher = compile_only
     x = torch.zeros(1, 4096, dtype=torch.bfloat16)
     ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.bfloat16)
@@ -140,8 +140,13 @@ def build(kernel: str):
     elif kernel == "qgemv":
         qgemv.linear(x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8),
                                 "fp8"))
+    elif kernel == "qgemv_fp4":
+        qgemv.linear(x, QWeight(torch.zeros(2048, 2048, dtype=torch.int8), torch.zeros(2048, 128, dtype=e8), "fp4"))
+    elif kernel == "dense":  # a compressor's wkv (split-K) and a vocab slice (one split)
+        for n in (1024, 4224):
+            dense.linear(x, torch.zeros(n, 4096, dtype=torch.bfloat16), stored=True)
     else:
-        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv")
+        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv, qgemv_fp4, dense")
 
 
 def main(argv=None):

@@ -33,13 +33,15 @@ def commit_id() -> str:
 def provenance(device=None, preset: str | None = None) -> dict:
     """commit, torch, device, device_name, kernels (DSV4_KERNELS), gemv (the decode GEMVs' kernels), fuse_qkv
     (DSV4_FUSE_QKV: attention's wq_a and wkv in one linear), fuse_xproj (DSV4_FUSE_XPROJ: the compressors' and
-    the indexer's bf16 linears of x in one) and preset of a measurement."""
+    the indexer's bf16 linears of x in one), pdl (DSV4_PDL: programmatic dependent launch) and preset of a
+    measurement."""
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"commit": commit_id(), "torch": torch.__version__, "device": str(device), "device_name": name,
             "kernels": kernels.mode(), "gemv": kernels.gemv(),
-            "fuse_qkv": layout_config["fuse_qkv"], "fuse_xproj": layout_config["fuse_xproj"], "preset": preset}
+            "fuse_qkv": layout_config["fuse_qkv"], "fuse_xproj": layout_config["fuse_xproj"], "pdl": kernels.PDL,
+            "preset": preset}
 
 
 class Receipts:

@@ -4,11 +4,18 @@ Run as a script without TRITON_INTERPRET (tests/test_kernels.py does): the inter
 Python that the GPU compiler refuses (a plain helper function, a loop variable changing type), so
 CPU tests alone would not catch it. Each wrapper is called with CPU tensors; the patched launcher
 compiles the launch's signature to PTX and cubin for sm_90 instead of running it.
+
+With DSV4_PDL=1 (read at import, so its own process: tests/test_kernels.py runs both) every kernel compiles with
+programmatic dependent launch, one variant of each (per launch_pdl and FP4), and its PTX is checked (check_pdl):
+griddepcontrol.launch_dependents before any global memory access in every kernel launched without launch_pdl; in
+those launched with it, griddepcontrol.wait before every global access but the loads of the weights the kernel
+may read early (EARLY), and the release only after the wait.
 """
 
 import importlib
 import os
 import pkgutil
+import re
 import sys
 
 import torch
@@ -34,6 +41,11 @@ pending: list = []  # (key, source, options) of each variant, in launch order
 # DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
 # variant the model launches by default or under a DSV4_* switch compiles, in about half the time.
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
+PDL = kernels.PDL
+pdl_variants: set = set()  # (kernel, launch_pdl, FP4) compiled under PDL
+# The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
+EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"},
+         "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -50,7 +62,12 @@ def compile_only(fn, t):
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
+                if PDL:  # one variant per kernel and kind of launch (and FP4's other loop)
+                    variant = (fn.__name__, options.get("launch_pdl", False), constexprs.get("FP4"))
+                    if variant in pdl_variants:
+                        return
+                    pdl_variants.add(variant)
                 names = jit.arg_names
                 sig, key, attrs = {}, [], {}
                 for i, (name, a) in enumerate(zip(names, args)):
@@ -72,7 +89,8 @@ def compile_only(fn, t):
                 src = ASTSource(fn=jit, signature=sig,
                                 constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
                 compiled.add(k)
-                pending.append((k, src, options))  # compiled at the end, on every core (compile_pending)
+                params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]  # the PTX's, in order
+                pending.append((k, src, options, params))  # compiled at the end, on every core (compile_pending)
             return run
     return Launch()
 
@@ -374,7 +392,9 @@ def dense_variants(rows=2, shapes=6):
     for n, k, w_dtype, x_dtype in ((1024, 4096, torch.bfloat16, torch.bfloat16), (4224, 4096, torch.bfloat16, torch.bfloat16),
                                    (24, 16384, torch.float32, torch.float32), (64, 4096, torch.float32, torch.bfloat16),
                                    (64, 4096, torch.bfloat16, torch.float32), (100, 300, torch.bfloat16, torch.bfloat16))[:shapes]:
-        dense.linear(torch.zeros(rows, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype))
+        dense.linear(torch.zeros(rows, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype), stored=True)
+    # a weight converted in the step (not stored): no early load, no launch_pdl
+    dense.linear(torch.zeros(rows, 300, dtype=torch.bfloat16), torch.empty(100, 300, dtype=torch.bfloat16))
 
 
 # at the default tiles and at those benchmarks/dense_bench.py sweeps
@@ -510,12 +530,144 @@ for per_thread in (8, 32):
     topk.CONFIG.update(default)
 
 def _compile(i: int) -> str | None:
-    k, src, options = pending[i]
+    k, src, options, params = pending[i]
     try:
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except Exception as e:  # reported with the variant's key; the parent exits 1
         return f"{k}: {type(e).__name__}: {e}"[-3000:]
-    return None if out.asm.get("cubin") else f"{k}: no cubin"
+    if not out.asm.get("cubin"):
+        return f"{k}: no cubin"
+    problems = check_pdl(out.asm["ptx"], k[0], params, options.get("launch_pdl", False)) if PDL else \
+        ["griddepcontrol without DSV4_PDL"] * ("griddepcontrol" in out.asm["ptx"])
+    if PDL and options.get("launch_pdl") and not check_pdl(_wait_moved_to_the_end(out.asm["ptx"]), k[0], params, True):
+        problems.append("check_pdl passes the wait moved behind the kernel's reads")
+    return f"{k[0]} {k[1]}: " + "; ".join(problems) if problems else None
+
+
+def _wait_moved_to_the_end(ptx: str) -> str:
+    """The PTX with its first wait moved before its last `ret`: what check_pdl must refuse (its own check)."""
+    lines = ptx.split("\n")
+    wait = lines.pop(next(i for i, line in enumerate(lines) if WAIT in line))
+    lines.insert(max(i for i, line in enumerate(lines) if line.strip() == "ret;"), wait)
+    return "\n".join(lines)
+
+
+WAIT, RELEASE = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
+
+
+def check_pdl(ptx: str, name: str, params: list, waits: bool) -> list[str]:
+    """The kernel's PTX against DSV4_PDL's contract (the module's doc), on every path of its control flow: what a
+    global memory access or the release may find before it is what every path from the entry has passed."""
+    blocks = _blocks(ptx)
+    if not any(RELEASE in i for b in blocks for i in b[0]):
+        return [f"no {RELEASE}"]
+    if any(WAIT in i for b in blocks for i in b[0]) != waits:
+        return [f"{WAIT} {'missing' if waits else 'in a kernel launched without launch_pdl'}"]
+    pointers = {i for i, (_, t) in enumerate(params) if t.startswith("*")}
+    early = {i for i, (n, _) in enumerate(params) if n in EARLY.get(name, ())}
+    taint = _taint([i for b in blocks for i in b[0]], pointers)
+    problems, before_wait = [], 0
+    for instr, passed in _passes(blocks, WAIT if waits else RELEASE):
+        if not _global_access(instr) and not (waits and RELEASE in instr):
+            continue
+        if passed:
+            continue
+        address = set().union(*(taint.get(r, set()) for r in _REG.findall(_bracketed(instr))))
+        if waits and instr.startswith("ld.") and _global_access(instr) and address and address <= early:
+            before_wait += 1  # a stored weight's load in flight while the kernel waits
+        else:
+            problems.append(f"{instr!r} (from {sorted(params[i][0] for i in address)}) not after "
+                            f"{WAIT if waits else RELEASE} on every path")
+    if waits and not before_wait:
+        problems.append(f"no weight load before {WAIT}")
+    return problems[:3]
+
+
+_LABEL = re.compile(r"^(\$?\w+):$")
+_PRED = re.compile(r"^@!?%\w+\s+")
+_REG = re.compile(r"%\w+")
+
+
+def _blocks(ptx: str) -> list:
+    """The entry's basic blocks: [instructions (predicate stripped), successor indices], in text order."""
+    body = ptx[ptx.index(".entry"):]
+    body = body[body.index("{", body.index(")")):]
+    blocks, labels, targets = [[[], None]], {}, []
+    for raw in body.splitlines():
+        line = raw.split("//")[0].strip()
+        if not line or line.startswith(".") or line in ("{", "}"):
+            continue
+        if m := _LABEL.match(line):
+            labels[m.group(1)] = len(blocks)
+            blocks.append([[], None])
+            continue
+        instr = _PRED.sub("", line).rstrip(";").strip()
+        blocks[-1][0].append(instr)
+        if instr.startswith(("bra", "ret", "exit", "trap")):
+            target = instr.split()[-1] if instr.startswith("bra") else None
+            targets.append((len(blocks) - 1, target, line.startswith("@")))
+            blocks.append([[], None])
+    succs = [[i + 1] if i + 1 < len(blocks) else [] for i in range(len(blocks))]
+    for i, target, conditional in targets:
+        succs[i] = ([labels[target]] if target else []) + ([i + 1] if conditional else [])
+    for b, s in zip(blocks, succs):
+        b[1] = s
+    return blocks
+
+
+def _passes(blocks, marker: str):
+    """(instruction, whether every path from the entry to it passes an instruction containing marker)."""
+    preds = [[] for _ in blocks]
+    for i, (_, succs) in enumerate(blocks):
+        for s in succs:
+            preds[s].append(i)
+    has = [any(marker in i for i in b[0]) for b in blocks]
+    into = [i != 0 for i in range(len(blocks))]  # a block no path reaches stays True
+    changed = True
+    while changed:
+        changed = False
+        for i in range(1, len(blocks)):
+            now = all(into[p] or has[p] for p in preds[i])
+            changed |= now != into[i]
+            into[i] = now
+    for i, (instrs, _) in enumerate(blocks):
+        passed = into[i]
+        for instr in instrs:
+            yield instr, passed
+            passed = passed or marker in instr
+
+
+def _taint(instrs: list, pointers: set) -> dict:
+    """Register -> the pointer arguments (indices) its value derives from, over every instruction (a fixpoint:
+    loops feed values back)."""
+    taint: dict = {}
+    changed = True
+    while changed:
+        changed = False
+        for instr in instrs:
+            op, _, rest = instr.partition(" ")
+            if op.startswith(("st.", "red.", "bra", "bar", "griddepcontrol", "ret", "fence", "membar")) or not rest:
+                continue
+            rest = rest.strip()
+            cut = rest.index("}") + 1 if rest.startswith("{") else (rest.index(",") if "," in rest else len(rest))
+            dsts, srcs = _REG.findall(rest[:cut]), rest[cut:]
+            t = {int(p) for p in re.findall(r"_param_(\d+)\b", srcs) if int(p) in pointers}
+            t = t.union(*(taint.get(r, set()) for r in _REG.findall(srcs)))
+            for d in dsts:
+                if not t <= taint.get(d, set()):
+                    taint[d] = taint.get(d, set()) | t
+                    changed = True
+    return taint
+
+
+def _global_access(instr: str) -> bool:
+    op = instr.split(" ", 1)[0]
+    return op.startswith(("ld.", "st.", "atom.", "red.", "cp.async")) and not any(
+        s in op for s in (".param", ".shared", ".local", ".const"))
+
+
+def _bracketed(instr: str) -> str:
+    return instr[instr.index("["):instr.index("]") + 1] if "[" in instr else ""
 
 
 def compile_pending() -> list[str]:
@@ -535,6 +687,10 @@ for message in failures:
     print("FAILED", message)
 names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
+waiting = sorted({v[0] for v in pdl_variants if v[1]})
+print("PDL", "waiting:", waiting) if PDL else None
+if PDL and waiting != sorted(EARLY):
+    failures.append(f"launched with launch_pdl: {waiting}, expected {sorted(EARLY)}")
 # every kernel the modules define (a `_..._kernel` function) must have compiled at least once
 defined = sorted({name for m in KERNEL_MODULES for name in vars(m) if name.startswith("_") and name.endswith("_kernel")})
 missing = sorted(set(defined) - set(names))

@@ -110,6 +110,22 @@ def test_rows_equal_each_row_alone(monkeypatch, config, device, dtype):
     assert torch.equal(dense_kernel.linear(x[[4, 0, 7]], w)[0:1], alone[4])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k", [(256, 1), (1100, 1), (2048, 2), (300, 1)],
+                         ids=["one_tile", "masked_tail", "split", "one_masked_tile"])
+def test_stored_weight_keeps_the_bits(monkeypatch, device, K, split_k):
+    """A stored weight's launch (EARLY: the first tile loaded before the loop, then DSV4_PDL's wait) gives the bits
+    of the loop a converted weight keeps (main's): one tile, tiles whose last is masked, a split's chunk of two
+    tiles; 1 and 3 rows; bf16 and fp32 weights and x."""
+    monkeypatch.setitem(dense_kernel.CONFIG, "split_k", split_k)
+    g = torch.Generator().manual_seed(K)
+    for rows, x_dtype, w_dtype in ((1, torch.bfloat16, torch.bfloat16), (3, torch.float32, torch.float32),
+                                   (3, torch.bfloat16, torch.float32)):
+        w = torch.randn(20, K, generator=g).to(w_dtype).to(device)
+        x = torch.randn(rows, K, generator=g).to(x_dtype).to(device)
+        assert torch.equal(dense_kernel.linear(x, w, stored=True), dense_kernel.linear(x, w)), (rows, x_dtype, w_dtype)
+
+
 def test_tiling_depends_on_the_weight_alone():
     """Flash's shapes: few outputs split K until the launch has ~264 programs per row; the head does not."""
     assert dense_kernel.tiling(64640, 4096, BF16) == (512, 4096, 1)
@@ -182,7 +198,9 @@ def test_dispatch(monkeypatch):
     for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
+                        stores.append(stored) or real(x, w, out, stored))
+    stores = []
     w, x = torch.randn(16, 32), torch.randn(12, 32)
     ref = F.linear(x, w)
     monkeypatch.setenv("DSV4_KERNELS", "auto")
@@ -191,8 +209,8 @@ def test_dispatch(monkeypatch):
     assert torch.equal(rows_mod.dense(x, w), ref) and calls == []  # 12 rows > MAX_ROWS outside rows_alone
     with rows_mod.rows_alone():
         within_bound(rows_mod.dense(x, w), x, w)
-    rows_mod.dense(x[:3], w)
-    assert calls == [12, 3]
+    rows_mod.dense(x[:3], w, source=w)
+    assert calls == [12, 3] and stores == [False, True]  # stored: the weight is its source (DSV4_PDL's early load)
     half = torch.randn(2, 32, dtype=torch.float16)
     assert torch.equal(rows_mod.dense(half, w.half()), F.linear(half, w.half())) and calls == [12, 3]
 
@@ -221,7 +239,9 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None: calls.append(x.shape[0]) or real(x, w, out))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
+                        stores.append(stored) or real(x, w, out, stored))
+    stores = []
     solos = []
     for i in range(len(PROMPTS)):
         state, token, out = prefilled(tiny, i), PROMPTS[i][-1], []

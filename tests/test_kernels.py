@@ -291,11 +291,31 @@ def test_qgemv_experts(monkeypatch, qgemv_config, device, fmt):
     close(got, ref, torch.float32, tol=1e-5)
 
 
-@pytest.mark.parametrize("sweeps", [pytest.param(False, id="launched"), pytest.param(True, id="sweeps",
-                                                                                 marks=pytest.mark.slow)])
-def test_every_kernel_compiles_for_sm90(sweeps):
+def test_pdl_switch_is_read_at_import_and_off_under_the_interpreter():
+    """DSV4_PDL=1 turns programmatic dependent launch on for a process's compiled kernels; the interpreter (CPU
+    tensors) never launches with it; off by default."""
+    import os
+    import subprocess
+    import sys
+
+    def pdl(**env) -> str:
+        env = {**{k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4_PDL")}, **env}
+        return subprocess.run([sys.executable, "-c", "import dsv4.kernels as k; print(k.PDL)"], env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert pdl(DSV4_PDL="1") == "True"
+    assert pdl(DSV4_PDL="1", TRITON_INTERPRET="1") == "False"
+    assert pdl() == "False"
+
+
+@pytest.mark.parametrize("sweeps,pdl", [pytest.param(False, False, id="launched"),
+                                        pytest.param(False, True, id="pdl"),
+                                        pytest.param(True, False, id="sweeps", marks=pytest.mark.slow)])
+def test_every_kernel_compiles_for_sm90(sweeps, pdl):
     """The interpreter runs Python the GPU compiler refuses; compile each launched variant for sm_90 (and, in the
-    slow set, the tiles the benchmarks sweep). Cold (no Triton cache, as in CI) the launched set takes ~2 minutes."""
+    slow set, the tiles the benchmarks sweep). Cold (no Triton cache, as in CI) the launched set takes ~2 minutes.
+    pdl: with DSV4_PDL=1, one variant of each kernel, its PTX checked for the wait and release (compile_kernels's
+    check_pdl)."""
     import os
     import subprocess
     import sys
@@ -303,6 +323,7 @@ def test_every_kernel_compiles_for_sm90(sweeps):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["DSV4_COMPILE_SWEEPS"] = "1" if sweeps else "0"
+    env["DSV4_PDL"] = "1" if pdl else "0"
     script = Path(__file__).with_name("compile_kernels.py")
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=900 if sweeps else 480)

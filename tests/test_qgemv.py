@@ -91,6 +91,27 @@ def test_v2_linear(monkeypatch, v2, device, fmt, T, N, K, dtype):
     assert torch.equal(got, linear_mod.linear(x, w))  # deterministic, split or not
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,K,split_k", [("fp8", 256, 1), ("fp8", 640, 1), ("fp8", 1024, 2), ("fp4", 64, 1),
+                                           ("fp4", 160, 1), ("fp4", 256, 2)],
+                         ids=["fp8-one_tile", "fp8-masked_tail", "fp8-split", "fp4-one_tile", "fp4-masked_tail",
+                              "fp4-split"])
+def test_v2_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
+    """A stored weight's launch (EARLY: the first tile loaded before the loop, then DSV4_PDL's wait) equals the loop
+    main runs, which the routed experts keep (expert_linear on a stack of that one weight): one K tile, tiles whose
+    last is masked, each split's chunk of two tiles; 1 and 3 rows, bf16 and fp32 x."""
+    for key, value in {**V2, "v2_split_k": split_k}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K)
+    w = quantised(fmt, 24, K, g).to(device)
+    stack = QWeight(w.data[None], w.scale[None], fmt)
+    for rows, dtype in ((1, torch.bfloat16), (3, torch.float32)):
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        early = qgemv.linear(x, w)
+        loop = qgemv.expert_linear(x, stack, torch.zeros(rows, dtype=torch.int64, device=device), 1)
+        assert torch.equal(early, loop), (rows, dtype)
+
+
 def test_v2_split_choice(monkeypatch):
     """Automatic split-K doubles while the launch is short of programs, never past the K tiles."""
     monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", 0)

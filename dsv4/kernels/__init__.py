@@ -18,6 +18,17 @@ Policy, `DSV4_KERNELS`:
 specialise as an earlier launch's were goes straight to that launch's compiled kernel (FastLaunch), skipping
 the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments
 (session 9, call 1 on an H200: mini's eager step 12.74 -> 10.09 ms with equal tokens, logits and cache bytes).
+
+`DSV4_PDL=1` (read at import; PDL below; off by default, forced off under the interpreter; needs compute capability
+9.0+): programmatic dependent launch with the weight fetched before the wait. A decode step is ~1,100 kernels a
+rank, most of them latency-bound GEMVs; waiting for the previous kernel first (session 7's branch `pdl`) hides only
+the launch, and the GEMV's first DRAM round trip stays on the critical path. So every kernel releases its
+successor as its first statement (pdl_release), and the weight-streaming GEMVs (qgemv's v2 linear, dense's v2 on a
+stored weight, the shared expert's gate/up programs) are launched with `launch_pdl`: they start while their
+predecessor runs, load their first weight tile (a module parameter, never written by a step), and only then wait
+(pdl_wait: griddepcontrol.wait, the predecessor complete and its memory visible) before they touch anything the
+step produces. They release their own successor after that wait, so no grid runs ahead of an unfinished one. The
+arithmetic is the same, so are the bits.
 """
 
 from __future__ import annotations
@@ -26,6 +37,11 @@ import functools
 import os
 
 import torch
+
+try:
+    import triton.language as tl
+except ImportError:  # the torch reference runs without triton; the kernels are never built then
+    tl = None
 
 MODES = ("auto", "torch", "triton")
 
@@ -113,6 +129,9 @@ def interpreting() -> bool:
     return getenv("TRITON_INTERPRET", "0") == "1"
 
 
+PDL = getenv("DSV4_PDL", "0") == "1" and not interpreting()  # read once: a process compiles its kernels one way
+
+
 def launcher(fn, t: torch.Tensor):
     """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU); with FAST_LAUNCH
     and a CUDA t, its FastLaunch."""
@@ -125,6 +144,8 @@ def launcher(fn, t: torch.Tensor):
 
         if interpreting():
             _round_like_the_gpu()
+        elif PDL and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
+            raise RuntimeError("DSV4_PDL=1: programmatic dependent launch needs compute capability 9.0 or more")
 
         k = _compiled[fn] = triton.jit(fn)
     if FAST_LAUNCH and t.is_cuda:
@@ -372,3 +393,28 @@ def device_function(fn):
     except ImportError:  # the torch reference runs without triton; the kernels are never built then
         return fn
     return triton.jit(fn)
+
+
+
+def _release():
+    """pdl_release with DSV4_PDL: a kernel's first statement. The next kernel in the stream, if launched with
+    launch_pdl, may start now; its programs wait in pdl_wait before they read what this one writes."""
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+def _wait_and_release():
+    """pdl_wait with DSV4_PDL, in a kernel launched with launch_pdl: wait until the previous kernel in the stream
+    has completed with its memory visible, then release the next. Before it the kernel reads only stored weights;
+    releasing after it keeps every early grid behind a finished one."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+def _nothing():
+    """pdl_release and pdl_wait without DSV4_PDL."""
+
+
+# Chosen at import rather than by a global constexpr read in one function: FastLaunch would check such a global on
+# every launch (JITFunction.used_global_vals).
+pdl_release = device_function(_release if PDL else _nothing)
+pdl_wait = device_function(_wait_and_release if PDL else _nothing)

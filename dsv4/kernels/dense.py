@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import cdiv, interpreting, launcher, next_pow2
+from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 from . import qgemv
 from .qgemv import BLOCK_M, _destination, _dot, _group_rows, _reduce_splits, _reduce_tile, rows_per_program
 
@@ -58,13 +58,25 @@ CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "p
           "v3_num_warps": 4}
 
 
+@device_function
+def _dense_tile(w_rows, kk, n_ok, K: constexpr, EVEN_K: constexpr):
+    """_dense_kernel's weight tile at inputs kk, in the weight's dtype."""
+    if EVEN_K:
+        return tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0)
+    return tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+
+
 def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_N: constexpr,
                   BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, EVEN_K: constexpr, FUSED_SUM: constexpr,
-                  ROWS: constexpr):
+                  ROWS: constexpr, EARLY: constexpr):
     """Grid (row groups, N blocks, SPLITS): a program reads its weight tile once for the ROWS rows of its group (the
     last group's missing rows repeat its last row). SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into
     y_ptr by the last program of the (row group, N block) (FUSED_SUM) or by qgemv's _sum_splits_kernel after this
-    launch."""
+    launch. EARLY (a stored weight; launched with launch_pdl under DSV4_PDL): the first weight tile is loaded before
+    the loop and pdl_wait runs while it is in flight, before x is read; tiles stay in the weight's dtype until they
+    are used. The sums are the same either way."""
+    if not EARLY:
+        pdl_release()
     rs = _group_rows(tl.program_id(0), rows, ROWS)
     nb = tl.program_id(1)
     split = tl.program_id(2)
@@ -76,12 +88,16 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
     # Products add into a [BLOCK_N, BLOCK_K] tile per row, reduced across lanes once at the end (fewer shuffles
     # per byte); each row's tile gets the operations it gets alone.
     accs = (tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32),) * ROWS
+    if EARLY:
+        wq = _dense_tile(w_rows, k, n_ok, K, EVEN_K)
+        pdl_wait()
     for k0 in range(0, K_CHUNK, BLOCK_K):
         kk = k + k0
-        if EVEN_K:
-            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
-        else:
-            wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+        if not EARLY:
+            wq = _dense_tile(w_rows, kk, n_ok, K, EVEN_K)
+        elif k0 > 0:
+            wq = _dense_tile(w_rows, kk, n_ok, K, EVEN_K)
+        wv = wq.to(tl.float32)
         summed = ()
         for i in tl.static_range(ROWS):
             if EVEN_K:
@@ -107,6 +123,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
                    FUSED_SUM: constexpr, IEEE: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does."""
+    pdl_release()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -180,8 +197,11 @@ def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
     return rows_per_program(rows, cap)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype, written into out (contiguous, rows x N) when given."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+           stored: bool = False) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype, written into out (contiguous, rows x N) when given.
+    stored: weight is a model parameter, which no step writes (not a copy converted in this step): with DSV4_PDL the
+    launch then reads its first tile before it waits for the kernel before it."""
     N, K = weight.shape
     x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
@@ -195,11 +215,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = qgemv.tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": PDL and stored}
     launcher(_dense_kernel, x2)[(groups, blocks, splits)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0,
-        FUSED_SUM=tickets is not None, ROWS=per_program, **extra)
+        FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=stored, **extra)
     if splits > 1 and tickets is None:
         launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y.view(*x.shape[:-1], N)

@@ -4,7 +4,7 @@ shifts), so every bit is the reference's."""
 
 import torch
 
-from . import cdiv, launcher
+from . import cdiv, launcher, pdl_release
 
 try:
     import triton.language as tl
@@ -22,6 +22,7 @@ _BLOCK = 128
 
 
 def _draw_kernel(key_ptr, pos_ptr, u_ptr, n, BLOCK: constexpr):
+    pdl_release()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint64, bitcast=True)

@@ -9,7 +9,7 @@ kernel reads the streams twice (sum of squares, then the collapse) and the
 
 import torch
 
-from . import launcher, next_pow2
+from . import launcher, next_pow2, pdl_release
 
 try:
     import triton.language as tl
@@ -22,6 +22,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (
 
 def _hc_pre_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, out_ptr, norm_eps, eps, D: constexpr,
                    HC: constexpr, ITERS: constexpr, BLOCK_D: constexpr):
+    pdl_release()
     t = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, HC)
     d = tl.arange(0, BLOCK_D)

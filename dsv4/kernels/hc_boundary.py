@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
 from . import qgemv
 
 try:
@@ -84,6 +84,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag."""
+    pdl_release()
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     if DOOR:

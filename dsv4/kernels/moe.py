@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -75,10 +75,12 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
                      K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
                      ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr,
                      K_CHUNK: constexpr, FUSED_SUM: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
-                     PAIRED: constexpr):
+                     PAIRED: constexpr, EARLY: constexpr = False):
     """Program (row block nb of nblocks, split, slot) of kernel 1. Row r: token r // TOPK, its expert ids[r]
     (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row. SPLITS > 1: fp32 partials
-    at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb])."""
+    at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb]).
+    EARLY (the shared expert's programs in _gate_up_shared_kernel): pdl_wait while gate's first tile (both first
+    tiles, paired) is in flight."""
     if COMPACT:
         r, e = _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2)
     elif ROUTED:
@@ -94,13 +96,14 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         if FP4 and PAIRED:
-            gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+            gate, up = _fp4_pair(x_row, w1, s1, w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K,
+                                 EARLY)
         elif FP4:
-            gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
+            gate = _fp4_rows([x_row], w1, s1, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)[0]
             up = _fp4_rows([x_row], w3, s3, n, I, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)[0]
         else:
             gate = _fp8_rows([x_row], w1, s1, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
-                             BLOCK_K)[0]
+                             BLOCK_K, EARLY)[0]
             up = _fp8_rows([x_row], w3, s3, n, I, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N,
                            BLOCK_K)[0]
         if SPLITS == 1:
@@ -123,6 +126,7 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
                     COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
+    pdl_release()
     _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
                      s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                      w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
@@ -140,10 +144,13 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
     """Kernel 1 for the routed rows and the shared expert's in one launch (both read only x): a flat grid, the
     routed programs (BLOCKS x SPLITS x rows, in _gate_up_kernel's grid order) first, then the shared expert's
     (S_BLOCKS x S_SPLITS x T); each program is exactly the one of its own launch (same bits), the shared
-    expert's tickets after the routed ones'."""
+    expert's tickets after the routed ones'. Launched with launch_pdl under DSV4_PDL: a routed program waits
+    first (pdl_wait; its weights depend on the step's ids), a shared one once its first weight tile is in flight
+    (EARLY)."""
     pid = tl.program_id(0)
     routed_programs = BLOCKS * SPLITS * rows
     if pid < routed_programs:
+        pdl_wait()
         rest = pid // BLOCKS
         _gate_up_program(pid % BLOCKS, rest % SPLITS, rest // SPLITS, BLOCKS, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
                          ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local, w_expert_stride,
@@ -155,7 +162,7 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
         _gate_up_program(q % S_BLOCKS, rest % S_SPLITS, rest // S_SPLITS, S_BLOCKS, x_ptr, sw1_ptr, ss1_ptr,
                          sw3_ptr, ss3_ptr, ss1_ptr, sh_ptr, sp_ptr, tickets_ptr + rows * BLOCKS, T, SI, 0, 1, 0, 0,
                          s_row_skew, limit, K, SS_STRIDE, S_FP4, S_E8M0, 1, False, S_BLOCK_N, S_BLOCK_K, S_SPLITS,
-                         S_K_CHUNK, True, False, 1, PAIRED)
+                         S_K_CHUNK, True, False, 1, PAIRED, True)
 
 
 @device_function
@@ -197,6 +204,7 @@ def _sum_swiglu_store(p_row, h_row, n, I, limit, SPLITS: constexpr):
 def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED: constexpr, SPLITS: constexpr,
                         BLOCK: constexpr):
     """Grid (blocks of I, rows): kernel 1's split partials of the local rows summed and activated (no fused sum)."""
+    pdl_release()
     r = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if ROUTED:
@@ -212,6 +220,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first,
                  ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
     """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j];
     with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`)."""
+    pdl_release()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -255,6 +264,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
     stores expert j's rounded, weighted term into p [T, TOPK, D] (0 where another rank owns it), and the last
     of a (t, nb)'s TOPK programs (an int32 ticket) sums them in routing order (FUSED_SUM; else _down_sum_kernel
     in a second launch). At one token the down projection's experts no longer run one after another."""
+    pdl_release()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     j = tl.program_id(2)
@@ -282,6 +292,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
 
 def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, BLOCK: constexpr):
     """Grid (blocks of D, T): _down_split_kernel's terms summed without tickets."""
+    pdl_release()
     t = tl.program_id(1).to(tl.int64)
     _down_sum_store(p_ptr, add_ptr, y_ptr, t, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), D, TOPK, ADD)
 
@@ -315,8 +326,9 @@ def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight, rows: int | None
             and w1.scale.shape == w3.scale.shape and w1.row0 == w3.row0)
 
 
-def _options() -> dict:
-    return {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+def _options(launch_pdl: bool = False) -> dict:
+    """Warps, and launch_pdl for a kernel that waits in pdl_wait."""
+    return {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": launch_pdl}
 
 
 def _block_k(w: QWeight) -> int:
@@ -395,7 +407,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
         ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
         SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
         S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
-        S_BLOCKS=s_blocks, **_options())
+        S_BLOCKS=s_blocks, **_options(PDL))
     return h, sh
 
 

@@ -20,7 +20,7 @@ and is the same from run to run (no atomics).
 import torch
 
 from ..formats import QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 
 try:
     import triton.language as tl
@@ -68,6 +68,7 @@ def _grouped_kernel(a_ptr, src_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, out_ptr, til
     out[r, cols] = a[src[r] if GATHER else r] @ w1[e, cols]^T, or with SWIGLU the activation of it and w3's.
     IEEE: fp32 operands and products (fp32 inputs; and the interpreter, whose tl.dot misreads bf16: the
     operands' values are the same, and a bf16 dot's products are exact in its fp32 accumulator anyway)."""
+    pdl_release()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
     if e < n_local:

@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2
+from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 from .prefill_moe import _fp4_tile
 
 try:
@@ -89,6 +89,7 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
                   EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
                   DEFER: constexpr):
+    pdl_release()
     nb = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -161,12 +162,25 @@ def _scale(sc, E8M0: constexpr):
 
 
 @device_function
+def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
+    """_fp8_rows' tile at input k as stored: (e4m3 weights, block scales)."""
+    kk = k + col
+    wq = tl.load(w_rows + kk[None, :, :], mask=n_ok[:, None, None] & (kk < K)[None, :, :], other=0.0)
+    blk = k // 128 + blocks
+    return wq, tl.load(s_rows + blk[None, :], mask=n_ok[:, None] & (blk * 128 < K)[None, :], other=0)
+
+
+@device_function
 def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
     scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
     inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
-    sum is the one it gets alone: the same operations on the same tile layout, in the same order."""
+    sum is the one it gets alone: the same operations on the same tile layout, in the same order.
+
+    EARLY (a weight no step writes): the first tile is loaded before the loop (SPAN > 0: a split always has
+    inputs) and pdl_wait runs while it is in flight, before x is read; the loop loads from the second tile on.
+    Each tile stays in its stored bytes until it is used. The sums are the same either way."""
     ROWS: constexpr = len(xs)
     KB: constexpr = BLOCK_K // 128
     blocks = tl.arange(0, KB)
@@ -175,12 +189,18 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
     w_rows = w + n.to(tl.int64)[:, None, None] * K
     s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
     accs = (tl.zeros([BLOCK_N, KB], dtype=tl.float32),) * ROWS
+    if EARLY:
+        wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo, col, blocks, K)
+        pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
         kk = k_lo + k0 + col
         ok = kk < K
-        wv = tl.load(w_rows + kk[None, :, :], mask=n_ok[:, None, None] & ok[None, :, :], other=0.0).to(tl.float32)
-        blk = (k_lo + k0) // 128 + blocks
-        sc = _scale(tl.load(s_rows + blk[None, :], mask=n_ok[:, None] & (blk * 128 < K)[None, :], other=0), E8M0)
+        if not EARLY:
+            wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
+        elif k0 > 0:
+            wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
+        wv = wq.to(tl.float32)
+        sc = _scale(sq, E8M0)
         summed = ()
         for i in tl.static_range(ROWS):
             xv = tl.load(xs[i] + kk, mask=ok, other=0.0).to(tl.float32)
@@ -190,8 +210,22 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
 
 
 @device_function
+def _fp4_words(w_rows, n_ok, k, words, K: constexpr):
+    """_fp4_rows' tile at input k as stored: int32 words [G, BLOCK_N, 4]."""
+    wi = k // 8 + words
+    return tl.load(w_rows + wi[:, None, :], mask=(wi < K // 8)[:, None, :] & n_ok[None, :, None], other=0)
+
+
+@device_function
+def _fp4_scales(s_rows, n_ok, k, groups, K: constexpr):
+    """The stored scales [G, BLOCK_N] of _fp4_rows' tile at input k."""
+    grp = k // 32 + groups
+    return tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
+
+
+@device_function
 def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP4 weight [N, K] times that x over
     inputs [k_lo, min(k_lo + SPAN, K)), w read as int32 words (8 e2m1 inputs each, input 8i + q in bits
     4q..4q+3), one scale per 32 inputs (4 words). Each tile is read and decoded once for all x rows; each
@@ -200,7 +234,10 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
     Nibbles q and q + 4 of a word sit 16 bits apart, so one mask-and-shift places both in the fp16 bit
     layout: magnitude bits (exponent 2, mantissa 1) at fp16 bits 9-11, sign at bit 15. That fp16 is the
     e2m1 value times 2**-14 (e2m1's subnormal 0.5 lands on an fp16 subnormal, exactly), and 2**14 is
-    folded into the scale."""
+    folded into the scale.
+
+    EARLY: the first tile's words and scales are loaded before the loop and pdl_wait runs while they are in
+    flight, as _fp8_rows'; without it a tile's scales are loaded after its products, as they always were."""
     ROWS: constexpr = len(xs)
     G: constexpr = BLOCK_K // 32
     # Tiles are [G, BLOCK_N, 4]: a thread then holds one group of several rows, which share its x values.
@@ -210,10 +247,16 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
     w_rows = w + n.to(tl.int64)[None, :, None] * (K // 8)
     s_rows = s + n.to(tl.int64)[None, :] * S_STRIDE
     accs = (tl.zeros([G, BLOCK_N], dtype=tl.float32),) * ROWS
+    if EARLY:
+        wv, sq = _fp4_words(w_rows, n_ok, k_lo, words, K), _fp4_scales(s_rows, n_ok, k_lo, groups, K)
+        pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
         wi = (k_lo + k0) // 8 + words
         ok = wi < K // 8
-        wv = tl.load(w_rows + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
+        if not EARLY:
+            wv = _fp4_words(w_rows, n_ok, k_lo + k0, words, K)
+        elif k0 > 0:
+            wv, sq = _fp4_words(w_rows, n_ok, k_lo + k0, words, K), _fp4_scales(s_rows, n_ok, k_lo + k0, groups, K)
         parts = (tl.zeros([G, BLOCK_N, 4], dtype=tl.float32),) * ROWS
         for q in tl.static_range(4):
             u = wv >> (4 * q)
@@ -229,9 +272,9 @@ def _fp4_rows(xs, w, s, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: con
                 part = part + hi * x_hi[:, None, :]
                 summed = summed + (part,)
             parts = summed
-        grp = (k_lo + k0) // 32 + groups
-        sc = tl.load(s_rows + grp[:, None], mask=(grp * 32 < K)[:, None] & n_ok[None, :], other=0)
-        sc = _scale(sc, E8M0) * 16384.0
+        if not EARLY:
+            sq = _fp4_scales(s_rows, n_ok, k_lo + k0, groups, K)
+        sc = _scale(sq, E8M0) * 16384.0
         summed = ()
         for i in tl.static_range(ROWS):
             summed = summed + (accs[i] + tl.sum(parts[i], axis=2) * sc,)
@@ -253,23 +296,32 @@ def _fp4_accumulate(part, u, x_lo, x_hi):
 
 @device_function
 def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr,
-              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
+              E8M0: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
     """_fp4_rows for one x row and two FP4 weights of one shape (an expert's gate and up) in one loop: each tile
     of both is loaded before either is summed (twice the bytes in flight a step) and each x value is loaded once
-    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order."""
+    for both. Each weight's sum is _fp4_rows' to the bit: the same decode, products and order. EARLY: as
+    _fp4_rows' (both weights' first tiles in flight during pdl_wait)."""
     G: constexpr = BLOCK_K // 32
     groups = tl.arange(0, G)
     words = groups[:, None] * 4 + tl.arange(0, 4)[None, :]
     n_ok = n < N
-    w_off = n.to(tl.int64)[None, :, None] * (K // 8)
-    s_off = n.to(tl.int64)[None, :] * S_STRIDE
+    wa_rows, wb_rows = wa + n.to(tl.int64)[None, :, None] * (K // 8), wb + n.to(tl.int64)[None, :, None] * (K // 8)
+    sa_rows, sb_rows = sa + n.to(tl.int64)[None, :] * S_STRIDE, sb + n.to(tl.int64)[None, :] * S_STRIDE
     acc_a = tl.zeros([G, BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([G, BLOCK_N], dtype=tl.float32)
+    if EARLY:
+        va, vb = _fp4_words(wa_rows, n_ok, k_lo, words, K), _fp4_words(wb_rows, n_ok, k_lo, words, K)
+        qa, qb = _fp4_scales(sa_rows, n_ok, k_lo, groups, K), _fp4_scales(sb_rows, n_ok, k_lo, groups, K)
+        pdl_wait()
     for k0 in range(0, SPAN, BLOCK_K):
-        wi = (k_lo + k0) // 8 + words
+        k = k_lo + k0
+        if not EARLY:
+            va, vb = _fp4_words(wa_rows, n_ok, k, words, K), _fp4_words(wb_rows, n_ok, k, words, K)
+        elif k0 > 0:
+            va, vb = _fp4_words(wa_rows, n_ok, k, words, K), _fp4_words(wb_rows, n_ok, k, words, K)
+            qa, qb = _fp4_scales(sa_rows, n_ok, k, groups, K), _fp4_scales(sb_rows, n_ok, k, groups, K)
+        wi = k // 8 + words
         ok = wi < K // 8
-        va = tl.load(wa + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
-        vb = tl.load(wb + w_off + wi[:, None, :], mask=ok[:, None, :] & n_ok[None, :, None], other=0)
         part_a = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         part_b = tl.zeros([G, BLOCK_N, 4], dtype=tl.float32)
         for q in tl.static_range(4):
@@ -278,10 +330,10 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
             x_hi = tl.load(x_q + (q + 4), mask=ok, other=0.0).to(tl.float32)
             part_a = _fp4_accumulate(part_a, va >> (4 * q), x_lo, x_hi)
             part_b = _fp4_accumulate(part_b, vb >> (4 * q), x_lo, x_hi)
-        grp = (k_lo + k0) // 32 + groups
-        g_ok = (grp * 32 < K)[:, None] & n_ok[None, :]
-        sc_a = _scale(tl.load(sa + s_off + grp[:, None], mask=g_ok, other=0), E8M0) * 16384.0
-        sc_b = _scale(tl.load(sb + s_off + grp[:, None], mask=g_ok, other=0), E8M0) * 16384.0
+        if not EARLY:
+            qa, qb = _fp4_scales(sa_rows, n_ok, k, groups, K), _fp4_scales(sb_rows, n_ok, k, groups, K)
+        sc_a = _scale(qa, E8M0) * 16384.0
+        sc_b = _scale(qb, E8M0) * 16384.0
         acc_a = acc_a + tl.sum(part_a, axis=2) * sc_a
         acc_b = acc_b + tl.sum(part_b, axis=2) * sc_b
     return tl.sum(acc_a, axis=0), tl.sum(acc_b, axis=0)
@@ -290,11 +342,16 @@ def _fp4_pair(x_row, wa, sa, wb, sb, n, N, k_lo, SPAN: constexpr, K: constexpr, 
 def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, w_expert_stride,
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
-                   BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr):
+                   BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
+                   EARLY: constexpr):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
-    _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight)."""
+    _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight). EARLY (not
+    EXPERTS, whose weights depend on the step's ids; launched with launch_pdl under DSV4_PDL): the first weight
+    tile is loaded before pdl_wait (_fp8_rows, _fp4_rows), which releases the next kernel."""
+    if not EARLY:
+        pdl_release()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     rs = _group_rows(tl.program_id(2), rows, ROWS)
@@ -310,9 +367,9 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
         s += e * s_expert_stride
     k_lo = split * K_CHUNK
     if FP4:
-        accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     else:
-        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K)
+        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     if SPLITS == 1:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
@@ -362,6 +419,7 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
 
 def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):
     """y[r, n] = sum over s of partials[r, s, n], s ascending: one order, so one result."""
+    pdl_release()
     r = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -387,6 +445,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
+    pdl_release()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -525,7 +584,10 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(groups * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"]}
+    # A stored weight's first tile is loaded before the kernel waits for the previous one (DSV4_PDL); the routed
+    # experts' weights depend on the step's ids.
+    early = experts is None
+    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"], "launch_pdl": PDL and early}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
@@ -533,7 +595,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, **extra)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early, **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y

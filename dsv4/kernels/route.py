@@ -12,7 +12,7 @@ add, div, mul).
 
 import torch
 
-from . import launcher, next_pow2
+from . import launcher, next_pow2, pdl_release
 
 try:
     import triton.language as tl
@@ -25,6 +25,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 
 def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr, scale, E,
                   K: constexpr, K_POW2: constexpr, HASH: constexpr, NORM: constexpr, BLOCK_E: constexpr):
+    pdl_release()
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     ok = e < E

@@ -219,7 +219,7 @@ class Transformer:
         B = h.shape[0]
         with phase("head"), rows_alone():
             y = rms_norm(hc_head(h, *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
-            local = dense(y, self.head_w.dequant(self.dtype))  # [B, vocab / world]
+            local = dense(y, self.head_w.dequant(self.dtype), source=self.head_w.data)  # [B, vocab / world]
             with phase("collective"):
                 full = self.comm.all_gather(local.reshape(-1))  # rank-major: [world * B * vocab / world]
             return full.view(self.comm.world, B, -1).transpose(0, 1).reshape(B, -1).float()

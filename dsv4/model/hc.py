@@ -23,7 +23,7 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
     if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
-        mix = dense(h.flatten(-2).float(), fn.float())  # row by row in a decode step (dsv4.model.rows)
+        mix = dense(h.flatten(-2).float(), fn.float(), source=fn)  # row by row in a decode step (dsv4.model.rows)
         return fused_pre.hc_pre(h, mix, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     return _hc_pre(h, fn, base, scale, cfg)
 
@@ -32,7 +32,7 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
 def _hc_pre(h, fn, base, scale, cfg: ModelConfig):
     hc, eps = cfg.hc_mult, cfg.hc_eps
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
-    pre_w, post_w, comb_w = dense(flat, fn.float()).split([hc, hc, hc * hc], dim=-1)
+    pre_w, post_w, comb_w = dense(flat, fn.float(), source=fn).split([hc, hc, hc * hc], dim=-1)
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
@@ -63,5 +63,5 @@ def _hc_post(out, post, comb, h):
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """Final collapse of the streams [T, hc, D] -> [T, D]."""
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
-    pre = torch.sigmoid(dense(flat, fn.float()) * scale.float() + base.float()) + cfg.hc_eps
+    pre = torch.sigmoid(dense(flat, fn.float(), source=fn) * scale.float() + base.float()) + cfg.hc_eps
     return (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)

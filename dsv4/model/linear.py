@@ -27,7 +27,7 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torc
     result is what is returned (the torch path's own tensor elsewhere)."""
     if _fused(x, w, rows_per_weight(x)):
         return qgemv.linear(x, w, out)
-    return dense(x, w.dequant(x.dtype), out)
+    return dense(x, w.dequant(x.dtype), out, source=w.data)
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:

@@ -78,12 +78,14 @@ def per_row(*sliced: int):
     return wrap
 
 
-def dense(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def dense(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, source=None) -> torch.Tensor:
     """F.linear(x, weight) (x [rows, K]): the dense GEMV kernel where it runs (every row on its own in
-    one launch, written into out when given), else cuBLAS, row by row under rows_alone."""
+    one launch, written into out when given), else cuBLAS, row by row under rows_alone. source: the model's
+    parameter that weight was taken from (weight is it unless this step converted a copy; dense_kernel.linear's
+    stored)."""
     if kernels.use_triton(x, gpu_checked=dense_kernel.GPU_CHECKED) and dense_kernel.supported(
             x, weight, rows_per_weight(x)):
-        return dense_kernel.linear(x, weight, out)
+        return dense_kernel.linear(x, weight, out, stored=weight is source)
     return _dense_rows(x, weight)
 
 
