@@ -65,7 +65,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 def one_request(client, model: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     sent = time.perf_counter()
     first = last = None
-    usage, pieces = None, []
+    usage = None
     stream = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed,
                                        stream=True, stream_options={"include_usage": True},
                                        extra_body={"return_token_ids": True})
