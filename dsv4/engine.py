@@ -31,8 +31,8 @@ from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
-from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts, sample,
-                      sample_processed, sample_rows)
+from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
+                      restricts, sample, sample_processed, sample_rows)
 from .state import CapacityError, DecodeState, Pools, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
@@ -179,11 +179,11 @@ class Batch:
     state's TokenCounts; without them both are None and the step is the plain one."""
 
     def __init__(self, states: list[DecodeState], device, process: ProcessRows | None = None,
-                 counts: list[TokenCounts] | None = None):
+                 counts: list[TokenCounts] | None = None, restricted: bool = True):
         self.states = states
         self.input = torch.zeros(len(states), dtype=torch.int64, device=device)
         self.active = torch.zeros(len(states), dtype=torch.bool, device=device)
-        self.rows = SamplingRows(len(states), device)
+        self.rows = SamplingRows(len(states), device, restricted=restricted)
         self.process, self.counts = process, counts
         self.replay = None  # a dsv4.replay.BatchReplay when the step runs as a graph
 
@@ -420,10 +420,11 @@ class Model(ModelCommon):
             s.check_room(1)
         processing = [r if a else None for r, a in zip(processing or [None] * B, active)]
         mode = _processing_mode(processing)
-        batch = self._batch(list(states), graph, mode)
+        params = [p or SamplingParams() for p in samplings]
+        batch = self._batch(list(states), graph, mode, any(restricts(p) for p in params))
         batch.input.copy_(ids)
         batch.active.copy_(torch.tensor(active))
-        batch.rows.load([p or SamplingParams() for p in samplings])
+        batch.rows.load(params)
         if batch.process is not None:
             for counts, r in zip(batch.counts, processing):
                 if r is not None and r.prompt is not None:
@@ -444,28 +445,30 @@ class Model(ModelCommon):
             s.host_pos += 1
         return _drawn(out, B, active, processing, batch.process)
 
-    def _batch(self, states: list[DecodeState], graph: bool, mode: str | None) -> "Batch":
+    def _batch(self, states: list[DecodeState], graph: bool, mode: str | None, restricted: bool) -> "Batch":
+        """The step's buffers (and, graph, its graph): one per list of states, processing mode and whether some
+        row needs the kept-set sort (top_k / top_p: dsv4.sampler.restricts)."""
         if not graph:
-            return self._new_batch(states, mode)
+            return self._new_batch(states, mode, restricted)
         if self.device.type != "cuda":
             from .replay import ReplayError
 
             raise ReplayError("step_batch(graph=True) needs CUDA states (the graph arm does not exist on CPU)")
-        key = (tuple(id(s) for s in states), mode)
+        key = (tuple(id(s) for s in states), mode, restricted)
         batch = self._batches.get(key)
         if batch is None or any(a is not b for a, b in zip(batch.states, states)):
             from . import replay
 
-            batch = self._batches[key] = self._new_batch(states, mode)
+            batch = self._batches[key] = self._new_batch(states, mode, restricted)
             batch.replay = replay.BatchReplay(self, batch)
         return batch
 
-    def _new_batch(self, states: list[DecodeState], mode: str | None) -> "Batch":
+    def _new_batch(self, states: list[DecodeState], mode: str | None, restricted: bool = True) -> "Batch":
         if mode is None:
-            return Batch(states, self.device)
+            return Batch(states, self.device, restricted=restricted)
         top = TOP_LOGPROBS if mode == "logprobs" else None
         process = ProcessRows(len(states), self.cfg.vocab_size, self.device, top)
-        return Batch(states, self.device, process, [self._token_counts(s) for s in states])
+        return Batch(states, self.device, process, [self._token_counts(s) for s in states], restricted)
 
     def _token_counts(self, state: DecodeState) -> TokenCounts:
         counts = self._counts.get(state)

@@ -36,6 +36,7 @@ import torch
 
 from . import kernels
 from .kernels import draw
+from .kernels import sample as sample_kernel
 
 __all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows", "LogitsParams",
            "Processing", "ProcessRows", "TokenCounts", "TOP_LOGPROBS", "process_logits", "sample_processed", "Drawn"]
@@ -193,17 +194,29 @@ class SamplingRows:
     bit, whatever the other rows hold: every operation is per row.
     """
 
-    def __init__(self, n: int, device, params: SamplingParams | None = None):
+    def __init__(self, n: int, device, params: SamplingParams | None = None, restricted: bool = True):
         p = params or SamplingParams()
+        # False: every row draws from its whole softmax (no top-k, no top-p), so the step skips the sort that
+        # finds the kept tokens; load() refuses a row that would need it. A row without them draws the same
+        # token either way (the kept set is then every token).
+        self.restricted = restricted
         self.temperature = torch.full((n,), p.temperature, dtype=torch.float32, device=device)
         self.top_p = torch.full((n,), p.top_p, dtype=torch.float32, device=device)
         self.top_k = torch.full((n,), p.top_k, dtype=torch.int64, device=device)
         self.key = torch.full((n,), _signed(_key(p.seed)), dtype=torch.int64, device=device)
+        self._check_restricted([p])
+
+    def _check_restricted(self, params: list[SamplingParams]) -> None:
+        wide = [p for p in params if restricts(p)]
+        if wide and not self.restricted:
+            raise ValueError(f"SamplingRows(restricted=False) cannot hold {wide[0]}: its top_k / top_p need the "
+                             "kept-set sort that these rows' step leaves out")
 
     def load(self, params: list[SamplingParams]) -> None:
         """Row b takes params[b] (a host-to-device copy of four small tensors, outside any capture)."""
         if len(params) != self.key.shape[0]:
             raise ValueError(f"{len(params)} SamplingParams for {self.key.shape[0]} rows")
+        self._check_restricted(params)
         self.temperature.copy_(torch.tensor([p.temperature for p in params], dtype=torch.float32))
         self.top_p.copy_(torch.tensor([p.top_p for p in params], dtype=torch.float32))
         self.top_k.copy_(torch.tensor([p.top_k for p in params], dtype=torch.int64))
@@ -227,9 +240,15 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
         pos = torch.full((), pos, dtype=torch.int64, device=logits.device)  # a fill: capturable, unlike a copy
     out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
     n = math.prod(out_shape)
-    rows = SamplingRows(n, logits.device, params)
+    rows = SamplingRows(n, logits.device, params, restricted=restricts(params))
     flat = logits.expand(*out_shape, vocab).reshape(n, vocab)
     return sample_rows(flat, rows, pos.expand(out_shape).reshape(n)).view(out_shape)
+
+
+def restricts(params: SamplingParams) -> bool:
+    """Whether a row draws from fewer than all tokens (top_k or top_p, for a sampled row): its kept set needs the
+    sort (`_kept_set`); a row without them skips it and draws the same token it would draw with it."""
+    return not params.is_greedy and (params.top_k > 0 or params.top_p < 1)
 
 
 def sample_rows(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor) -> torch.Tensor:
@@ -237,20 +256,26 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor) -> 
     return _draw(logits, rows, pos)[0]
 
 
-def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
+def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor, need_kept: bool = False):
     """Pick one token id per row of `logits` [B, vocab] with row b's parameters and the draw
-    u(seed_b, pos[b]); -> (int64 [B], the distribution it drew from: `_Kept`).
+    u(seed_b, pos[b]); -> (int64 [B], the distribution it drew from: `_Kept`, or None when neither the rows
+    nor `need_kept` ask for it).
 
     temperature == 0: argmax, ties to the lowest token id.
-    Otherwise: probs = softmax(logits.float() / temperature) in fp32; rank
-    tokens by a stable descending sort (ties to the lowest id); keep the first
-    top_k ranks (0 = all) and, when top_p < 1, only ranks whose mass before
-    them is < top_p (rank 0 is always kept); then invert the kept CDF at
-    u * kept_total: the chosen rank is the number of kept ranks whose
-    cumulative mass is <= u * kept_total, clamped to the last kept rank.
-    Branch-free on the parameters (a greedy row computes the draw too and takes the argmax), no
-    host sync and static shapes, so it is CUDA-graph capturable with the rows as static buffers.
+    Otherwise the kept tokens: probs = softmax(logits.float() / temperature) in fp32, ranked by a stable
+    descending sort (ties to the lowest id); the first top_k ranks (0 = all) and, when top_p < 1, only ranks
+    whose mass before them is < top_p (rank 0 is always kept) (`_kept_set`). Then the token: the kept tokens'
+    CDF inverted in vocabulary order at u x their total, a chunk at a time (`_token`). Rows without top_k and
+    top_p keep every token, and their step (rows.restricted False) skips the sort: the same token.
+    Branch-free on the parameters (a greedy row computes the draw too and takes the argmax), no host sync and
+    static shapes, so it is CUDA-graph capturable with the rows as static buffers.
     """
+    kept = _kept_set(logits, rows) if rows.restricted or need_kept else None
+    return _token(logits, rows, pos, None if kept is None else _kept_mask(kept)), kept
+
+
+def _kept_set(logits: torch.Tensor, rows: SamplingRows) -> "_Kept":
+    """The tokens top-k and top-p keep (see `_draw`), as the sorted distribution and its kept prefix."""
     vocab = logits.shape[-1]
     greedy = rows.temperature == 0
     temperature = rows.temperature.masked_fill(greedy, 1.0).unsqueeze(-1)  # a scalar where() would launch a fill
@@ -266,18 +291,55 @@ def _draw(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor):
     top_k = rows.top_k.unsqueeze(-1)
     n_keep = torch.where(top_k > 0, torch.minimum(n_keep, top_k), n_keep)
     keep = torch.arange(vocab, device=logits.device) < n_keep
+    kept_total = _cumsum(torch.where(keep, sorted_p, 0.0)).gather(-1, n_keep - 1)  # [B, 1]
+    return _Kept(probs, sorted_p, order, n_keep, kept_total)
 
-    kcum = _cumsum(torch.where(keep, sorted_p, 0.0))
-    kept_total = kcum.gather(-1, n_keep - 1)  # [B, 1]
-    u = _uniform_rows(rows.key, pos).unsqueeze(-1)
-    target = u * kept_total  # u < 1 in 24 bits, so target < kept_total exactly in fp32
 
-    chosen = ((kcum <= target) & keep).sum(dim=-1, keepdim=True)
-    chosen = torch.minimum(chosen, n_keep - 1)
-    drawn = order.gather(-1, chosen).squeeze(-1)
+def _kept_mask(kept: "_Kept") -> torch.Tensor:
+    """The kept tokens as a bool [B, vocab] in vocabulary order."""
+    ranks = torch.arange(kept.order.shape[-1], device=kept.order.device) < kept.n_keep
+    return torch.zeros_like(ranks).scatter_(-1, kept.order, ranks)
+
+
+def _token(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """The drawn (or greedy) token of each row: dsv4.kernels.sample's two launches where they run, else
+    `_token_reference`."""
+    if kernels.use_triton(logits, gpu_checked=sample_kernel.GPU_CHECKED) and sample_kernel.supported(logits, kept):
+        return sample_kernel.token(logits, rows.temperature, rows.key, pos.to(torch.int64), kept)
+    return _token_reference(logits, rows.temperature, rows.key, pos, kept)
+
+
+def _token_reference(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, pos: torch.Tensor,
+                     kept: torch.Tensor | None) -> torch.Tensor:
+    """Each row's token (see dsv4.kernels.sample, whose steps these are): the chunks' maxima m_c, weights
+    w = exp(z - m_c) of the kept tokens, sums s_c; the chunk where the running sum of s_c exp(m_c - m) passes
+    u x total, and in it the first token whose running w passes the target's share; the last token of positive
+    weight where rounding passes none. A greedy row (temperature 0): argmax, ties to the lowest id."""
+    B, V = logits.shape
+    width = sample_kernel.chunk(V)
+    C = -(-V // width)
+    greedy = temperature == 0
+    z = logits.float() / temperature.masked_fill(greedy, 1.0).unsqueeze(-1)
+    z = torch.nn.functional.pad(z, (0, C * width - V), value=-math.inf).view(B, C, width)
+    m_c = z.amax(dim=-1)
+    w = torch.where(z == -math.inf, 0.0, torch.exp(z - m_c.unsqueeze(-1)))
+    if kept is not None:
+        w = torch.where(torch.nn.functional.pad(kept, (0, C * width - V)).view(B, C, width), w, 0.0)
+    scale = torch.where(m_c == -math.inf, 0.0, torch.exp(m_c - m_c.amax(dim=-1, keepdim=True)))
+    weight = w.sum(dim=-1) * scale
+    through = _cumsum(weight)
+    target = _uniform_rows(key, pos).unsqueeze(-1) * through[:, -1:]
+    chunks = torch.arange(C, device=logits.device)
+    last_chunk = torch.where(weight > 0, chunks, 0).amax(dim=-1, keepdim=True)
+    pick = torch.minimum((through <= target).sum(dim=-1, keepdim=True), last_chunk)  # [B, 1]
+    share = (target - (through - weight).gather(-1, pick)) / scale.gather(-1, pick)
+    w = w.gather(1, pick.unsqueeze(-1).expand(B, 1, width)).squeeze(1)
+    i = torch.arange(width, device=logits.device)
+    first = torch.where(_cumsum(w) > share, i, width).amin(dim=-1)
+    last = torch.where(w > 0, i, 0).amax(dim=-1)
+    drawn = pick.squeeze(-1) * width + torch.minimum(first, last)
     # torch.argmax returns the first maximal index on CPU and CUDA.
-    token = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
-    return token, _Kept(probs, sorted_p, order, n_keep, kept_total)
+    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
 
 
 def _uniform_rows(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -479,5 +541,5 @@ def sample_processed(logits: torch.Tensor, rows: SamplingRows, proc: ProcessRows
                      generated: torch.Tensor, prompt: torch.Tensor):
     """`sample_rows` of the processed logits (`process_logits`): -> (int64 [B], `logprobs` or None when
     proc.top is None). Row b's token is what it draws alone: every operation is per row."""
-    token, kept = _draw(process_logits(logits, rows, proc, generated, prompt), rows, pos)
+    token, kept = _draw(process_logits(logits, rows, proc, generated, prompt), rows, pos, need_kept=True)
     return token, None if proc.top is None else logprobs(kept, token, proc.top)

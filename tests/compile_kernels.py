@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, topk  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -517,6 +517,14 @@ for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows
 for n in (1, 16):
     draw.uniform(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64))
+
+# the sampler's token: Flash's vocabulary (32 chunks, a tail) alone and pooled, with and without the kept set; a
+# vocabulary of one chunk; bf16 logits
+for n, vocab, dtype in ((1, 129280, torch.float32), (16, 129280, torch.float32), (1, 1000, torch.float32),
+                        (1, 129280, torch.bfloat16)):
+    for kept in (None, torch.zeros(n, vocab, dtype=torch.bool)):
+        sample.token(torch.zeros(n, vocab, dtype=dtype), torch.ones(n), torch.zeros(n, dtype=torch.int64),
+                     torch.zeros(n, dtype=torch.int64), kept)
 
 # the indexer's top-k (one variant per row length's power of two): Flash's k over a small store (k == N), the
 # decode benchmark's store (1027 keys), the limit's two largest; a k and N of no power of two (tiny's GPU tests);
