@@ -18,3 +18,15 @@ if [ -d .whl ]; then
 fi
 { python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvidia-smi -L; } \
   > "$OUT/versions.txt" 2>&1
+# step LIMIT_S OUTPUT_FILE COMMAND...: the command in its own process group, killed whole past LIMIT_S seconds (rc 137),
+# so spawned ranks still spinning on a GPU (a p2p protocol bug hangs rather than fails) do not outlive it.
+step() {  # step LIMIT_S OUTPUT_FILE COMMAND...
+  local limit=$1 file=$2; shift 2
+  setsid "$@" > "$file" 2>&1 &
+  local pid=$!
+  (sleep "$limit" && kill -KILL -- "-$pid") 2>/dev/null &
+  local watchdog=$!
+  wait "$pid"; local rc=$?
+  kill "$watchdog" 2>/dev/null
+  echo "rc=$rc" >> "$file"
+}
