@@ -11,14 +11,19 @@ sublayer's maps and normed input; "first": the embedded row into the streams of 
   fused_<variant>    hc_boundary.boundary under a CONFIG override of VARIANTS
 Each arm is captured as `calls` calls in one CUDA graph and replayed (benchmarks/qgemv_bench.py's timing:
 median microseconds per call); the calls rotate over copies of hc_fn, at least 256 MiB of them, so that no
-call finds its weight in L2, as in a step where each boundary has its own. Before timing: max_rel_err of
+call finds its weight in L2, as in a step where each boundary has its own. Each call follows a kernel (the call
+before it): with DSV4_PDL=1 (read at import: one process per setting; `pdl` in the records) a fused call fetches
+its hc_fn slice while the call before it runs. Before timing: max_rel_err of
 each output against the unfused arm (largest difference over the largest magnitude; the streams must be
 equal), rows_exact (each row of the all-rows launch equals that row launched alone, bit for bit),
 tickets_zero (the tickets are back at 0), default_bits (a fused arm's outputs equal fused_default's, bit for bit:
-the finish options one_pass and warp_maps may change them) and launches (kernels per call, by the profiler).
+the finish options one_pass and warp_maps may change them), digest (sha256 of the arm's outputs' bytes: the inputs
+are seeded, so two processes, DSV4_PDL=0 and =1, give equal digests where the bits are equal) and launches
+(kernels per call, by the profiler).
 
 One GPU, about a minute (Triton compiles each variant once). Prints:
-  HC_BOUNDARY {"boundary", "rows", "arm", "us", "launches", "max_rel_err", "rows_exact", "tickets_zero", ...}
+  HC_BOUNDARY {"boundary", "rows", "arm", "us", "launches", "max_rel_err", "rows_exact", "tickets_zero", "pdl",
+               "digest", ...}
   HC_BOUNDARY_TOKEN {"rows", "arm", "us_per_token", "launches_per_token"} per rows: 2 * layers - 1 mid
     boundaries and the first, for unfused and the best fused variant
 """
@@ -30,7 +35,8 @@ import re
 
 import torch
 
-from benchmarks.qgemv_bench import configured, launches, timed
+from benchmarks.qgemv_bench import configured, digest, launches, timed
+from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import dense, qgemv
 from dsv4.kernels import hc_boundary as fused
@@ -110,7 +116,7 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
     for arm, fn, overrides in plans:
         if not arms.search(arm):
             continue
-        record = dict(boundary=kind, rows=rows, arm=arm)
+        record = dict(boundary=kind, rows=rows, arm=arm, pdl=kernels.PDL)
         try:
             with configured("triton", *overrides):
                 got = fn(a, 0, cfg, first)
@@ -124,6 +130,7 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
         except Exception as e:  # a variant that fails to build or run: recorded, the others still run
             emit("HC_BOUNDARY", record, error=f"{type(e).__name__}: {str(e)[:300]}")
             continue
+        record["digest"] = digest(got)
         record["streams_equal"] = torch.equal(got[0], ref[0])
         record["max_rel_err"] = {name: rel_err(x, y)
                                  for name, x, y in zip(("post", "comb", "normed"), got[1:], ref[1:])}

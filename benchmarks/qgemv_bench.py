@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import math
 import os
 import re
@@ -108,6 +109,14 @@ def timed(fn, calls: int, reps: int = 10) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000 / calls)
     return statistics.median(times)
+
+
+def digest(tensors) -> str:
+    """sha256 (16 hex digits) of the tensors' bytes: equal across processes where the bits are equal."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def launches(fn) -> int | None:

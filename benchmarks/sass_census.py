@@ -2,7 +2,7 @@
 instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
 per weight element is known before a device call.
 
-    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv|qgemv_fp4|dense] [--top 25] [--dump FILE]
+    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token); the launcher is replaced
 by one that compiles the launch's specialisation (as tests/compile_kernels.py) and disassembles the cubin with
@@ -123,9 +123,9 @@ def census(ins) -> collections.Counter:
 
 
 def build(kernel: str):
-    from dsv4.kernels import dense, moe, qgemv
+    from dsv4.kernels import dense, hc_boundary, moe, qgemv, route
     from dsv4.formats import QWeight
-    for module in (dense, moe, qgemv):
+    for module in (dense, hc_boundary, moe, qgemv, route):
         module.launcher = compile_only
     x = torch.zeros(1, 4096, dtype=torch.bfloat16)
     ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.bfloat16)
@@ -145,8 +145,17 @@ def build(kernel: str):
     elif kernel == "dense":  # a compressor's wkv (split-K) and a vocab slice (one split)
         for n in (1024, 4224):
             dense.linear(x, torch.zeros(n, 4096, dtype=torch.bfloat16), stored=True)
+    elif kernel == "boundary":  # a mid boundary (hc 4, bf16 streams and norm weight), then the first
+        for h in (torch.zeros(1, 4, 4096, dtype=torch.bfloat16), None):
+            hc_boundary.boundary(x, torch.zeros(1, 4), torch.zeros(1, 4, 4), h, torch.zeros(24, 4 * 4096),
+                                 torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=torch.bfloat16), 4, 20, 1e-6,
+                                 1e-6)
+    elif kernel == "route":  # Flash's 256 experts, top 6, then a hash layer
+        for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
+            route.route(torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
+                        tid2eid, 6, True, 1.5)
     else:
-        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv, qgemv_fp4, dense")
+        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv, qgemv_fp4, dense, boundary, route")
 
 
 def main(argv=None):

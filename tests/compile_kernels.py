@@ -6,7 +6,7 @@ CPU tests alone would not catch it. Each wrapper is called with CPU tensors; the
 compiles the launch's signature to PTX and cubin for sm_90 instead of running it.
 
 With DSV4_PDL=1 (read at import, so its own process: tests/test_kernels.py runs both) every kernel compiles with
-programmatic dependent launch, one variant of each (per launch_pdl and FP4), and its PTX is checked (check_pdl):
+programmatic dependent launch, one variant of each (per launch_pdl, FP4 and DOOR), and its PTX is checked (check_pdl):
 griddepcontrol.launch_dependents before any global memory access in every kernel launched without launch_pdl; in
 those launched with it, griddepcontrol.wait before every global access but the loads of the weights the kernel
 may read early (EARLY), and the release only after the wait.
@@ -45,7 +45,8 @@ PDL = kernels.PDL
 pdl_variants: set = set()  # (kernel, launch_pdl, FP4) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"},
-         "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"}}
+         "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -63,8 +64,9 @@ def compile_only(fn, t):
         def __getitem__(self, grid):
             def run(*args, **constexprs):
                 options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
-                if PDL:  # one variant per kernel and kind of launch (and FP4's other loop)
-                    variant = (fn.__name__, options.get("launch_pdl", False), constexprs.get("FP4"))
+                if PDL:  # one variant per kernel and kind of launch (and FP4's other loop, the boundary's door)
+                    variant = (fn.__name__, options.get("launch_pdl", False), constexprs.get("FP4"),
+                               constexprs.get("DOOR"))
                     if variant in pdl_variants:
                         return
                     pdl_variants.add(variant)

@@ -26,13 +26,19 @@ dsv4.kernels.door CONFIG["in_place"] is on) program (0, 0) also does that door's
 kernel's (dsv4.kernels.door), so the door needs no launch of its own: the door's refusal flag stored after
 its payload, its census cell + 1, and the previous door's reduced flag (the sublayer output this boundary
 consumes carried it) added into the step's verdict. It touches nothing the boundary computes.
+
+Every program first loads what no step writes: its slice of hc_fn (the boundary's bytes: 1.5 MB at Flash's
+shapes, 48 KB a program), base, scale and, with one_pass_finish, the norm weight. Only then does it read what the
+step produced. With DSV4_PDL the kernel is launched with launch_pdl and waits between the two (pdl_wait): the
+slice's DRAM round trip runs while the kernel before it finishes, where it sat on the critical path after it
+(session 10's graph profile of flash: ~15 us a boundary, 86 a token). The arithmetic is the same either way.
 """
 
 import os
 
 import torch
 
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from . import qgemv
 
 try:
@@ -83,19 +89,32 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
                      WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
-    DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag."""
-    pdl_release()
+    DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
+    Every program loads the stored weights first (its slice of hc_fn, base, scale and, with ONE_PASS, the norm
+    weight: module parameters, which no step writes), then pdl_wait (DSV4_PDL, launched with launch_pdl: the
+    previous kernel complete, the next released), then everything the step produces."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
+    k = tl.arange(0, HC)
+    d = s * BLOCK_D + tl.arange(0, BLOCK_D)
+    ok = d < D
+    N = (2 + HC) * HC
+    n = tl.arange(0, NP)
+    w = tl.load(fn_ptr + n[:, None, None] * (HC * D) + k[None, :, None] * D + d[None, None, :],
+                mask=(n < N)[:, None, None] & ok[None, None, :], other=0.0)
+    stored = _stored_maps(base_ptr, scale_ptr, HC)
+    if ONE_PASS:  # the finish collapses the row in registers: its norm weight whole
+        r = tl.arange(0, BLOCK_R)
+        norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
+    else:  # the finish's _collapse reads it in chunks
+        norm_w = norm_w_ptr
+    pdl_wait()
     if DOOR:
         if (t == 0) & (s == 0):
             tl.store(slot_ptr, tl.load(flag_ptr).to(slot_ptr.dtype.element_ty))
             tl.store(census_ptr, tl.load(census_ptr) + 1)
             if SEEN:
                 tl.store(verdict_ptr, tl.load(verdict_ptr) + tl.load(seen_ptr).to(tl.float32))
-    k = tl.arange(0, HC)
-    d = s * BLOCK_D + tl.arange(0, BLOCK_D)
-    ok = d < D
     dt = new_ptr.dtype.element_ty
     x = tl.load(out_ptr + t * D + d, mask=ok, other=0.0).to(tl.float32)
     if FIRST:
@@ -110,10 +129,6 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     tl.store(new_ptr + t * HC * D + k[:, None] * D + d[None, :], new, mask=ok[None, :])
     new = new.to(tl.float32)
 
-    N = (2 + HC) * HC
-    n = tl.arange(0, NP)
-    w = tl.load(fn_ptr + n[:, None, None] * (HC * D) + k[None, :, None] * D + d[None, None, :],
-                mask=(n < N)[:, None, None] & ok[None, None, :], other=0.0)
     part = tl.sum(tl.sum(w * new[None, :, :], axis=2), axis=1)
     part = tl.where(n == N, tl.sum(tl.sum(new * new, axis=1), axis=0), part)
     row_p = p_ptr + t * SLICES * NP
@@ -123,35 +138,44 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     # As qgemv._reduce_splits: every thread's stores before the ticket's release; the last program reduces.
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
-        _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps,
-                eps, D, HC, ITERS, SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
+        _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D, HC, ITERS,
+                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
         tl.store(tickets_ptr + t, 0)
 
 
 @device_function
-def _finish(row_p, t, base_ptr, scale_ptr, norm_w_ptr, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps,
-            D: constexpr, HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr,
-            BLOCK_R: constexpr, ONE_PASS: constexpr, WARP_MAPS: constexpr):
+def _stored_maps(base_ptr, scale_ptr, HC: constexpr):
+    """The maps' stored terms: (pre's base [HC], post's [HC], comb's [HC, HC], the three scales), fp32."""
+    k = tl.arange(0, HC)
+    j = k[:, None] * HC + k[None, :]
+    return (tl.load(base_ptr + k).to(tl.float32), tl.load(base_ptr + HC + k).to(tl.float32),
+            tl.load(base_ptr + 2 * HC + j).to(tl.float32), tl.load(scale_ptr).to(tl.float32),
+            tl.load(scale_ptr + 1).to(tl.float32), tl.load(scale_ptr + 2).to(tl.float32))
+
+
+@device_function
+def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D: constexpr,
+            HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr,
+            ONE_PASS: constexpr, WARP_MAPS: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
-    hc.py's maps, then the collapse and its RMSNorm. Loads of what other programs wrote go to L2 (.cg)."""
+    hc.py's maps (their stored terms `stored`, _stored_maps'), then the collapse and its RMSNorm (norm_w: the
+    weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg)."""
     k = tl.arange(0, HC)
     j = k[:, None] * HC + k[None, :]
     streams = new_ptr + t * HC * D + k[:, None] * D
-    if ONE_PASS:  # the row's streams and norm weight first: their round trips overlap the maps' arithmetic
+    if ONE_PASS:  # the row's streams first: their round trip overlaps the maps' arithmetic
         r = tl.arange(0, BLOCK_R)
         hv = tl.load(streams + r[None, :], mask=(r < D)[None, :], other=0.0, cache_modifier=".cg")
-        norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
     if WARP_MAPS:
         pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
     else:
         pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
-    pre, c = _maps(pre_w, post_w, comb_w, squares, base_ptr, scale_ptr, post_out_ptr + t * HC, norm_eps, eps, D, HC,
-                   ITERS)
+    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS)
     tl.store(comb_out_ptr + t * HC * HC + j, c)
     if ONE_PASS:
         _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
     else:
-        _collapse(pre, streams, norm_w_ptr, x_ptr + t * D, norm_eps, D, BLOCK_R)
+        _collapse(pre, streams, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
 
 
 @device_function
@@ -198,19 +222,15 @@ def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP
 
 
 @device_function
-def _maps(pre_w, post_w, comb_w, squares, base_ptr, scale_ptr, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
+def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
           ITERS: constexpr):
-    """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r): post stored at
-    post_out, (pre, comb) returned."""
-    k = tl.arange(0, HC)
-    j = k[:, None] * HC + k[None, :]
+    """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r) and the stored
+    terms (_stored_maps'): post stored at post_out, (pre, comb) returned."""
+    pre_b, post_b, comb_b, s0, s1, s2 = stored
     rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
-    s0 = tl.load(scale_ptr).to(tl.float32)
-    s1 = tl.load(scale_ptr + 1).to(tl.float32)
-    s2 = tl.load(scale_ptr + 2).to(tl.float32)
-    pre = tl.sigmoid(pre_w * rstd * s0 + tl.load(base_ptr + k).to(tl.float32)) + eps
-    tl.store(post_out + k, 2 * tl.sigmoid(post_w * rstd * s1 + tl.load(base_ptr + HC + k).to(tl.float32)))
-    c = comb_w * rstd * s2 + tl.load(base_ptr + 2 * HC + j).to(tl.float32)
+    pre = tl.sigmoid(pre_w * rstd * s0 + pre_b) + eps
+    tl.store(post_out + tl.arange(0, HC), 2 * tl.sigmoid(post_w * rstd * s1 + post_b))
+    c = comb_w * rstd * s2 + comb_b
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
     c = c / tl.sum(c, axis=1)[:, None] + eps
     c = c / (tl.sum(c, axis=0)[None, :] + eps)
@@ -260,7 +280,11 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
     from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
     comb [T, hc, hc] fp32, normed [T, D] in the streams' dtype). door (a dsv4.parallel.Door, or None): its
-    bookkeeping done in the same launch."""
+    bookkeeping done in the same launch. hc_fn, base, scale and norm_w are the model's stored weights, contiguous:
+    the kernel reads them in place before it waits for the kernel before it (DSV4_PDL), so never a copy this step
+    writes."""
+    if not all(w.is_contiguous() for w in (fn, base, scale, norm_w)):
+        raise ValueError("hc_boundary.boundary: the stored weights must be contiguous (read in place before the wait)")
     T, D = out.shape
     first = h is None
     out = out.contiguous()
@@ -275,7 +299,7 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     tickets = qgemv.tickets_for(T, out.device)
     if tickets is None:  # a capture before any eager launch made the device's tickets: a zeroed buffer of its own
         tickets = torch.zeros(T, dtype=torch.int32, device=out.device)
-    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": PDL}
     single = one_pass(hc, D)
     block_r = next_pow2(D) if single else min(CONFIG["block_r"], next_pow2(D))
     if door is None:
@@ -285,7 +309,7 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
                        door.verdict)
     launcher(_boundary_kernel, out)[(T, slices)](
         out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
-        fn, base.contiguous(), scale.contiguous(), norm_w.contiguous(), new, post_out, comb_out, x, partials, tickets,
+        fn, base, scale, norm_w, new, post_out, comb_out, x, partials, tickets,
         *bookkeeping, float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters, FIRST=first, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,

@@ -8,11 +8,15 @@ layer's frozen `tid2eid[token]` row; then the selected scores normalised to sum 
 and scaled by routed_scaling_factor, in the scores' dtype, summed in id order.
 Replaces ~10 launches per layer (softplus, sqrt, add, topk, sort, gather, sum,
 add, div, mul).
+
+The top-k layers' bias is a stored weight (no step writes it): it is loaded first and, with DSV4_PDL, the kernel is
+launched with launch_pdl and waits (pdl_wait) only then, before the logits; its round trip and the launch overlap
+the gate's GEMV. A hash layer's row of tid2eid is picked by the step's token: it waits first, as every kernel.
 """
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import PDL, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 
 try:
     import triton.language as tl
@@ -25,10 +29,15 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 
 def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr, scale, E,
                   K: constexpr, K_POW2: constexpr, HASH: constexpr, NORM: constexpr, BLOCK_E: constexpr):
-    pdl_release()
+    """HASH: tid2eid's row of the token; else the top-k of the scores plus the bias, loaded before pdl_wait."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     ok = e < E
+    if HASH:
+        pdl_release()
+    else:
+        bias = tl.load(bias_ptr + e, mask=ok, other=0.0).to(tl.float32)
+        pdl_wait()
     dt = logits_ptr.dtype.element_ty
     x = tl.load(logits_ptr + t * E + e, mask=ok, other=0.0).to(tl.float32)
     # softplus with torch's threshold 20 (beta 1): x itself above it; below, max(x, 0) + log1p(exp(-|x|))
@@ -44,7 +53,7 @@ def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr,
         tok = tl.load(tokens_ptr + t).to(tl.int64)
         ids = tl.load(tid2eid_ptr + tok * K + j, mask=j < K, other=0).to(tl.int64)
     else:
-        key = tl.where(ok, score + tl.load(bias_ptr + e, mask=ok, other=0.0).to(tl.float32), float("-inf"))
+        key = tl.where(ok, score + bias, float("-inf"))
         taken = e < 0
         for i in tl.static_range(K):
             best = tl.max(tl.where(taken, float("-inf"), key), axis=0)
@@ -74,12 +83,16 @@ def supported(logits: torch.Tensor, scoring_func: str) -> bool:
 
 
 def route(logits, tokens, bias, tid2eid, k: int, norm: bool, scale: float):
-    """logits [T, E] -> (ids [T, k] int64 ascending, weights [T, k] in logits' dtype)."""
+    """logits [T, E] -> (ids [T, k] int64 ascending, weights [T, k] in logits' dtype). bias [E] (the top-k layers'):
+    the model's stored weight, contiguous (read in place before the kernel waits for the gate's GEMV)."""
     T, E = logits.shape
     ids = torch.empty(T, k, dtype=torch.int64, device=logits.device)
     w = torch.empty(T, k, dtype=logits.dtype, device=logits.device)
     hashed = tid2eid is not None
+    if not hashed and (bias is None or not bias.is_contiguous()):
+        raise ValueError("route: a top-k layer needs its bias, contiguous (read in place before the wait)")
+    extra = {} if interpreting() else {"launch_pdl": PDL and not hashed}
     launcher(_route_kernel, logits)[(T,)](
-        logits, bias if bias is not None else logits, tid2eid if hashed else ids, tokens, ids, w, float(scale), E,
-        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E))
+        logits, logits if hashed else bias, tid2eid if hashed else ids, tokens, ids, w, float(scale), E,
+        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E), **extra)
     return ids, w
