@@ -8,7 +8,7 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_s11_call3.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
-step 170 "$OUT/gate_mini_256.txt" env -C _base PYTHONPATH="$PYTHONPATH:$PWD/_base" python -m dsv4.cli gate --preset mini \
+step 170 "$OUT/gate_mini_256.txt" env -C _base PYTHONPATH="$PWD/_base" python -m dsv4.cli gate --preset mini \
   --device cuda --ranks 1 --batch 4 --out "$OUT/receipts_gate_mini_256.txt"
 step 130 "$OUT/serve_mini.txt" env -C _base PYTHONPATH="$PWD/_base:$PYTHONPATH" python benchmarks/serve_bench.py \
   --preset mini --device cuda --concurrency 1,4,16 --prompt-tokens 64 --max-tokens 64
