@@ -25,7 +25,7 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 11 call 1 (benchmarks/RESULTS.md): the CUDA tests, the replay and pool tests under the defaults
 
-CHUNK = 4096  # tokens a program of kernel 1 weighs (Flash's 129,280: 32 chunks)
+CHUNK = 4096  # tokens a program of kernel 1 weighs (Flash's 129,280: 32 chunks); a power of two
 _NUM_WARPS = 8
 
 # dsv4.sampler's SplitMix64 constants (uint64 in the kernel), as dsv4.kernels.draw.
@@ -124,23 +124,27 @@ def _pick_kernel(logits_ptr, kept_ptr, temperature_ptr, key_ptr, pos_ptr, m_ptr,
 
 
 def supported(logits: torch.Tensor, kept: torch.Tensor | None) -> bool:
-    return (logits.dim() == 2 and logits.is_contiguous() and logits.dtype in (torch.float32, torch.bfloat16)
-            and (kept is None or (kept.shape == logits.shape and kept.dtype == torch.bool and kept.is_contiguous())))
+    """By dtype and shape alone (never by layout: token() makes its inputs contiguous), so a row's path does not
+    depend on how its logits were laid out."""
+    return (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16)
+            and (kept is None or (kept.shape == logits.shape and kept.dtype == torch.bool)))
 
 
 def token(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, pos: torch.Tensor,
           kept: torch.Tensor | None) -> torch.Tensor:
-    """logits [B, V] (fp32 or bf16, contiguous), temperature [B] fp32, key [B] / pos [B] int64 (the draw's),
-    kept [B, V] bool or None (all) -> int64 [B]."""
+    """logits [B, V] (fp32 or bf16), temperature [B] fp32, key [B] / pos [B] int64 (the draw's), kept [B, V] bool
+    or None (all) -> int64 [B]."""
+    logits = logits.contiguous()
+    kept = None if kept is None else kept.contiguous()
     B, V = logits.shape
     block = next_pow2(chunk(V))
     C = cdiv(V, block)
-    ws = torch.empty(4, B, C, dtype=torch.float32, device=logits.device)
+    ws = torch.empty(3, B, C, dtype=torch.float32, device=logits.device)  # m_c, s_c, the largest logit
     top_id = torch.empty(B, C, dtype=torch.int32, device=logits.device)
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     has_kept = kept is not None
     kept_arg = kept.view(torch.uint8) if has_kept else logits
-    pos = pos.contiguous()
+    pos, temperature, key = pos.contiguous(), temperature.contiguous(), key.contiguous()
     extra = {} if interpreting() else {"num_warps": _NUM_WARPS}
     launcher(_chunk_kernel, logits)[(B, C)](logits, kept_arg, temperature, ws[0], ws[1], ws[2], top_id, V, C,
                                              BLOCK=block, HAS_KEPT=has_kept, **extra)
