@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..model.rows import short_chunk
-from ..sampler import LogitsParams, Processing
+from ..sampler import LogitsParams, Processing, SamplingParams
 from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
@@ -144,11 +144,13 @@ class Scheduler:
 
     def capture_buckets(self):
         """Capture every bucket's batched step now, with all rows inactive (nothing changes), so that no
-        request pays a capture; the server calls it before it listens (CUDA only)."""
+        request pays a capture; the server calls it before it listens (CUDA only). Two graphs a bucket: rows
+        without top_k / top_p (their step skips the kept-set sort) and rows with them (dsv4.sampler.restricts)."""
         if not self.graphs:
             return
         for size in self.buckets:
-            self.model.step_batch(self.slots[:size], [0] * size, [None] * size, [False] * size, graph=True)
+            for sampling in (None, SamplingParams(top_p=0.5)):
+                self.model.step_batch(self.slots[:size], [0] * size, [sampling] * size, [False] * size, graph=True)
 
     def stop(self, timeout: float = 30.0):
         with self.cond:
