@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsv4.sampler import GREEDY, SamplingParams, sample, uniform
+from dsv4.sampler import GREEDY, SamplingParams, SamplingRows, sample, sample_rows, uniform
 
 try:
     from scipy import stats
@@ -299,3 +299,31 @@ def test_scan_of_a_row_in_a_batch_equals_the_row_alone(device, rows):
     # and it is a cumsum: within fp32 rounding of float64's
     exact = probs.double().cumsum(-1)
     assert (batched.double() - exact).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# Rows without top_k / top_p skip the kept-set sort: the same tokens
+
+
+def test_rows_without_top_k_top_p_draw_the_same_token_with_or_without_the_sort():
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(4, 300, generator=gen)
+    plain = [SamplingParams(seed=1), SamplingParams(temperature=0.6, seed=2), GREEDY, SamplingParams(seed=4)]
+    pos = torch.arange(4) + 50
+    restricted, unrestricted = SamplingRows(4, "cpu"), SamplingRows(4, "cpu", restricted=False)
+    restricted.load(plain)
+    unrestricted.load(plain)
+    assert torch.equal(sample_rows(logits, restricted, pos), sample_rows(logits, unrestricted, pos))
+    # and beside a row that does restrict, each plain row keeps its token
+    restricted.load(plain[:3] + [SamplingParams(top_p=0.5, seed=4)])
+    assert torch.equal(sample_rows(logits, restricted, pos)[:3], sample_rows(logits, unrestricted, pos)[:3])
+
+
+def test_unrestricted_rows_refuse_top_k_and_top_p():
+    rows = SamplingRows(2, "cpu", restricted=False)
+    for wide in (SamplingParams(top_k=5), SamplingParams(top_p=0.9)):
+        with pytest.raises(ValueError, match="top_k / top_p"):
+            rows.load([SamplingParams(), wide])
+    rows.load([SamplingParams(temperature=0.0, top_k=5, top_p=0.5), SamplingParams()])  # greedy: they change nothing
+    with pytest.raises(ValueError, match="top_k / top_p"):
+        SamplingRows(1, "cpu", SamplingParams(top_p=0.5), restricted=False)
