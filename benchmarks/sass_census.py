@@ -3,8 +3,10 @@ instructions by opcode, in total and in the kernel's hottest loop, so that a ker
 per weight element is known before a device call.
 
     python benchmarks/sass_census.py [--kernel gate_up|down|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
+                                     [--rows 1] [--gemv v2|v3]
 
-Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token); the launcher is replaced
+Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token, or --rows rows of a batched
+step for the GEMVs qgemv, qgemv_fp4 and dense, whose kernels --gemv picks); the launcher is replaced
 by one that compiles the launch's specialisation (as tests/compile_kernels.py) and disassembles the cubin with
 the nvdisasm Triton ships. One record per kernel, `SASS {...}`: instructions, registers/spills/stack, the hottest
 loop's instructions by opcode and per weight element, and the whole kernel's. The loop is the longest backward branch's body (the K loop); its instructions are
@@ -122,12 +124,13 @@ def census(ins) -> collections.Counter:
     return collections.Counter(op.split(".")[0] for _, op, _ in ins)
 
 
-def build(kernel: str):
+def build(kernel: str, rows: int = 1):
     from dsv4.kernels import dense, hc_boundary, moe, qgemv, route
     from dsv4.formats import QWeight
     for module in (dense, hc_boundary, moe, qgemv, route):
         module.launcher = compile_only
     x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    rows_x = torch.zeros(rows, 4096, dtype=torch.bfloat16)  # the GEMVs' input
     ids, weights = torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.bfloat16)
     e8 = torch.float8_e8m0fnu
     fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=e8), "fp4")
@@ -138,13 +141,14 @@ def build(kernel: str):
     elif kernel == "down":
         moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)
     elif kernel == "qgemv":
-        qgemv.linear(x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8),
-                                "fp8"))
+        qgemv.linear(rows_x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn),
+                                     torch.zeros(8, 32, dtype=e8), "fp8"))
     elif kernel == "qgemv_fp4":
-        qgemv.linear(x, QWeight(torch.zeros(2048, 2048, dtype=torch.int8), torch.zeros(2048, 128, dtype=e8), "fp4"))
+        qgemv.linear(rows_x, QWeight(torch.zeros(2048, 2048, dtype=torch.int8), torch.zeros(2048, 128, dtype=e8),
+                                     "fp4"))
     elif kernel == "dense":  # a compressor's wkv (split-K) and a vocab slice (one split)
         for n in (1024, 4224):
-            dense.linear(x, torch.zeros(n, 4096, dtype=torch.bfloat16), stored=True)
+            dense.linear(rows_x, torch.zeros(n, 4096, dtype=torch.bfloat16), stored=True)
     elif kernel == "boundary":  # a mid boundary (hc 4, bf16 streams and norm weight), then the first
         for h in (torch.zeros(1, 4, 4096, dtype=torch.bfloat16), None):
             hc_boundary.boundary(x, torch.zeros(1, 4), torch.zeros(1, 4, 4), h, torch.zeros(24, 4 * 4096),
@@ -164,16 +168,22 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--elements", type=int, default=0, help="weight elements a thread decodes per loop iteration")
     ap.add_argument("--dump", help="write the SASS of the kernels here")
+    ap.add_argument("--rows", type=int, default=1, help="rows of the GEMVs' input (qgemv, qgemv_fp4, dense)")
+    ap.add_argument("--gemv", choices=("v2", "v3"), help="the GEMVs' kernels (dsv4.kernels.select_gemv; default: "
+                    "DSV4_QGEMV's and DSV4_DENSE_GEMV's)")
     args = ap.parse_args(argv)
-    build(args.kernel)
+    from dsv4 import kernels
+    if args.gemv:
+        kernels.select_gemv(args.gemv)
+    build(args.kernel, args.rows)
     dump = []
     for name, grid, out in compiled:
         ins = parse(sass(out.asm["cubin"]))
         loop = hottest_loop(ins)
         ins = [i for i in ins if i[1] != "LABEL"]
         per = round(len(loop) / args.elements, 2) if args.elements else None
-        emit("SASS", kernel=name, target="sm_90", instructions=len(ins), resources=resources(out.asm["cubin"]),
-             warps=out.metadata.num_warps, loop_instructions=len(loop), loop_per_element=per,
+        emit("SASS", kernel=name, target="sm_90", rows=args.rows, gemv=kernels.gemv(), pdl=kernels.PDL,
+             instructions=len(ins), resources=resources(out.asm["cubin"]), warps=out.metadata.num_warps, loop_instructions=len(loop), loop_per_element=per,
              loop=dict(census(loop).most_common(args.top)), all=dict(census(ins).most_common(args.top)))
         dump += [f"// {name}"] + [t for _, _, t in ins]
     if args.dump:

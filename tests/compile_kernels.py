@@ -44,7 +44,8 @@ SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 PDL = kernels.PDL
 pdl_variants: set = set()  # (kernel, launch_pdl, FP4) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
-EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"},
+EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
+         "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 
@@ -414,12 +415,15 @@ for cfg, rows, shapes in (({}, 1, 6), ({}, 8, 6), ({"fused_sum": False}, 8, 3), 
     dense.CONFIG.update(default)
 
 # v3 (tensor-core tiles, bf16 x and weight): Flash's compressor wkv (split-K), a vocab slice (no split), a K that is
-# not a whole number of tiles; 1 and 16 rows, the second-launch split sum, the tiles the benchmark sweeps
+# not a whole number of tiles, stored (the early tile; launch_pdl under DSV4_PDL); 1 and 16 rows, the second-launch
+# split sum, the tiles the benchmark sweeps; at the default tiles a weight converted in the step too (no wait)
 for cfg, rows in (({}, 1), ({}, 16), ({"fused_sum": False}, 16), ({"v3_block_n": 64, "v3_block_k": 128}, 16),
                   ({"v3_block_n": 16, "v3_block_k": 512}, 16))[:5 if SWEEPS else 3]:
     dense.CONFIG.update(kernel="v3", **cfg)
     for n, k in ((1024, 4096), (4224, 4096), (100, 300)):
-        dense.linear(torch.zeros(rows, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16))
+        dense.linear(torch.zeros(rows, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16), stored=True)
+    if not cfg:
+        dense.linear(torch.zeros(rows, 300, dtype=torch.bfloat16), torch.empty(100, 300, dtype=torch.bfloat16))
     dense.CONFIG.update(default)
 
 

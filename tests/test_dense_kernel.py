@@ -186,6 +186,27 @@ def test_v3_matches_float64(monkeypatch, device, rows, N, K):
     assert not dense_kernel.uses_v3(x.float(), w) and not dense_kernel.uses_v3(x, w.float())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k", [(64, 1), (40, 1), (300, 1), (256, 2)],
+                         ids=["one_tile", "one_masked_tile", "masked_tail", "split"])
+def test_v3_early_tile_keeps_the_bits(monkeypatch, device, K, split_k):
+    """v3's first K tile loaded before the loop (before DSV4_PDL's wait on a stored weight, EARLY) gives the bits of
+    main's loop (tests/v3_main.py), stored or not: one K tile (whole or masked), tiles whose last is masked, each
+    split's chunk of two tiles; N not a whole number of blocks; 1, 16 and 17 rows."""
+    from v3_main import v3_main_launches
+
+    for key, value in {**V3, "split_k": split_k}.items():
+        monkeypatch.setitem(dense_kernel.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K + 5)
+    w = (torch.randn(20, K, generator=g) * 0.05).to(BF16).to(device)
+    for rows in (1, 16, 17):
+        x = torch.randn(rows, K, generator=g).to(BF16).to(device)
+        with v3_main_launches():
+            loop = dense_kernel.linear(x, w)
+        for stored in (True, False):
+            assert torch.equal(dense_kernel.linear(x, w, stored=stored), loop), (rows, stored)
+
+
 def test_v3_tiling():
     """v3's split from (N, K) alone: Flash's compressor wkv (1024 outputs) splits K, a vocab slice does not."""
     assert dense_kernel.tiling3(1024, 4096) == (256, 256, 16)  # 32 N blocks x 16 splits

@@ -358,6 +358,29 @@ def test_v3_slices_grouped_and_experts(monkeypatch, device):
     monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
     assert torch.equal(v3, qgemv.expert_linear(x, stack, ids, 2))
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,K,split_k", [("fp8", 256, 1), ("fp8", 200, 1), ("fp8", 640, 1), ("fp8", 1024, 2),
+                                           ("fp4", 64, 1), ("fp4", 160, 1), ("fp4", 256, 2)],
+                         ids=["fp8-one_tile", "fp8-one_masked_tile", "fp8-masked_tail", "fp8-split", "fp4-one_tile",
+                              "fp4-masked_tail", "fp4-split"])
+def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
+    """v3's first K tile loaded before the loop (and before DSV4_PDL's wait) gives the bits of main's loop
+    (tests/v3_main.py): one K tile (whole or masked), tiles whose last is masked, each split's chunk of two tiles;
+    N not a whole number of blocks; 1, 16 and 17 rows (one row tile padded, one full, two); bf16 and fp32 x."""
+    from v3_main import v3_main_launches
+
+    for key, value in {**V3, "v2_split_k": split_k}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K + 3)
+    w = quantised(fmt, 20, K, g).to(device)
+    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        early = qgemv.linear(x, w)
+        with v3_main_launches():
+            loop = qgemv.linear(x, w)
+        assert torch.equal(early, loop), (rows, dtype)
+
+
 # ---- the MoE decode in two launches ---------------------------------------------------------------
 
 def expert_stacks(fmt: str, n: int, D: int, I: int, g) -> dict:

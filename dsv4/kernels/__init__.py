@@ -23,8 +23,8 @@ the host work of Triton's JITFunction.run. The device runs the same kernel on th
 9.0+): programmatic dependent launch with the weight fetched before the wait. A decode step is ~1,100 kernels a
 rank, most of them latency-bound GEMVs; waiting for the previous kernel first (session 7's branch `pdl`) hides only
 the launch, and the GEMV's first DRAM round trip stays on the critical path. So every kernel releases its
-successor as its first statement (pdl_release), and the weight-streaming GEMVs (qgemv's v2 linear, dense's v2 on a
-stored weight, the shared expert's gate/up programs), the mHC boundary (its hc_fn slice) and a top-k layer's router
+successor as its first statement (pdl_release), and the weight-streaming GEMVs (qgemv's linear and dense's on a stored
+weight, v2 and v3 alike, the shared expert's gate/up programs), the mHC boundary (its hc_fn slice) and a top-k layer's router
 (its bias) are launched with `launch_pdl`: they start while their
 predecessor runs, load their first weight tile (a module parameter, never written by a step), and only then wait
 (pdl_wait: griddepcontrol.wait, the predecessor complete and its memory visible) before they touch anything the

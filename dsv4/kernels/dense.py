@@ -118,12 +118,23 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
             tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)
 
 
+@device_function
+def _dense3_dot(acc, x_rows, m_ok, wv, kk, K: constexpr, IEEE: constexpr):
+    """acc plus x's rows at inputs kk times the weight tile wv [BLOCK_N, inputs kk], one dot."""
+    xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+    return _dot(xv, tl.trans(wv), acc, IEEE)
+
+
 def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr):
+                   FUSED_SUM: constexpr, IEEE: constexpr, EARLY: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
-    SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does."""
-    pdl_release()
+    SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does. The
+    first K tile of the weight is loaded before the K loop, which goes on from the second (the same dots in the
+    same order); EARLY (a stored weight; launched with launch_pdl under DSV4_PDL): pdl_wait runs while it is in
+    flight, before x is read."""
+    if not EARLY:
+        pdl_release()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -133,13 +144,14 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
     x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
     w_rows = w_ptr + n.to(tl.int64)[:, None] * K
     k = split * K_CHUNK + tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K_CHUNK, BLOCK_K):
+    wv = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+    if EARLY:
+        pdl_wait()
+    acc = _dense3_dot(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x_rows, m_ok, wv, k, K, IEEE)
+    for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
         kk = k + k0
-        ok = (kk < K)[None, :]
-        xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & ok, other=0.0)
-        wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok, other=0.0)
-        acc = _dot(xv, tl.trans(wv), acc, IEEE)
+        wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+        acc = _dense3_dot(acc, x_rows, m_ok, wv, kk, K, IEEE)
     if SPLITS == 1:
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -207,7 +219,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     rows = x2.shape[0]
     y = _destination(out, rows, N, x.dtype, x.device)
     if uses_v3(x2, weight):
-        return _linear3(x2, weight, y).view(*x.shape[:-1], N)
+        return _linear3(x2, weight, y, stored).view(*x.shape[:-1], N)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]
     blocks = cdiv(N, block_n)
@@ -225,18 +237,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     return y.view(*x.shape[:-1], N)
 
 
-def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stored: bool) -> torch.Tensor:
     (N, K), rows = weight.shape, x2.shape[0]
     block_k, k_chunk, splits = tiling3(N, K)
     block_n = CONFIG["v3_block_n"]
     blocks, row_tiles = cdiv(N, block_n), cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x2.device)
     tickets = qgemv.tickets_for(row_tiles * blocks, x2.device) if splits > 1 and CONFIG["fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"]}
+    extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"], "launch_pdl": PDL and stored}
     launcher(_dense3_kernel, x2)[(blocks, splits, row_tiles)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, IEEE=interpreting(), **extra)
+        FUSED_SUM=tickets is not None, IEEE=interpreting(), EARLY=stored, **extra)
     if splits > 1 and tickets is None:
         launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y

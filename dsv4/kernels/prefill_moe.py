@@ -45,11 +45,24 @@ def _fp4_tile(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E
               BLOCK_K: constexpr):
     """fp32 [BLOCK_N, BLOCK_K]: rows `cols` of one expert's FP4 weight [N, K] (bytes, low nibble first),
     inputs k0..k0 + BLOCK_K, times their ue8m0 scales (one per 32 inputs)."""
+    byte, sc = _fp4_stored(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, BLOCK_K)
+    return _fp4_values(byte, sc, E8M0)
+
+
+@device_function
+def _fp4_stored(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, BLOCK_K: constexpr):
+    """_fp4_tile's operands as stored: the bytes [BLOCK_N, BLOCK_K // 2] and each byte's scale."""
     b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     ok = c_ok[:, None] & (b < K // 2)[None, :]
     rows = cols.to(tl.int64)
-    byte = tl.load(w_ptr + rows[:, None] * (K // 2) + b[None, :], mask=ok, other=0).to(tl.int32) & 0xFF
-    sc = tl.load(s_ptr + rows[:, None] * S_STRIDE + (2 * b[None, :]) // 32, mask=ok, other=0)
+    byte = tl.load(w_ptr + rows[:, None] * (K // 2) + b[None, :], mask=ok, other=0)
+    return byte, tl.load(s_ptr + rows[:, None] * S_STRIDE + (2 * b[None, :]) // 32, mask=ok, other=0)
+
+
+@device_function
+def _fp4_values(byte, sc, E8M0: constexpr):
+    """_fp4_tile from its stored operands (_fp4_stored)."""
+    byte = byte.to(tl.int32) & 0xFF
     if E8M0:
         sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     # A nibble's magnitude bits (exponent 2, mantissa 1) placed at fp16 bits 9-11 and its sign at bit 15 make

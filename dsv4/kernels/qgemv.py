@@ -48,7 +48,7 @@ import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
 from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
-from .prefill_moe import _fp4_tile
+from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
     import triton.language as tl
@@ -444,8 +444,9 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
                    FUSED_SUM: constexpr, IEEE: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
-    N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
-    pdl_release()
+    N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
+    experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
+    on from the second; the dots are the loop's, in its order."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -458,24 +459,21 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     k_lo = split * K_CHUNK
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FP4:
-        for k0 in range(0, K_CHUNK, BLOCK_K):
-            kk = k_lo + k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-            wv = _fp4_tile(w_ptr, s_ptr, n, n_ok, k_lo + k0, K, S_STRIDE, E8M0, BLOCK_K).to(xv.dtype)
-            acc = _dot(xv, tl.trans(wv), acc, IEEE)
+        wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo, K, S_STRIDE, BLOCK_K)
+        pdl_wait()
+        acc = _fp4_dot3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, BLOCK_K, IEEE)
+        for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
+            wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo + k0, K, S_STRIDE, BLOCK_K)
+            acc = _fp4_dot3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, BLOCK_K, IEEE)
     else:
-        k = tl.arange(0, 128)
         w_rows = w_ptr + n.to(tl.int64)[:, None] * K
         s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
-        for k0 in range(0, K_CHUNK, BLOCK_K):
-            for j in tl.static_range(BLOCK_K // 128):
-                kb = k_lo + k0 + j * 128
-                kk = kb + k
-                ok = (kk < K)[None, :]
-                xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & ok, other=0.0)
-                wv = tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & ok, other=0.0).to(tl.float32).to(xv.dtype)
-                sc = _scale(tl.load(s_rows + kb // 128, mask=n_ok & (kb < K), other=0), E8M0)
-                acc += _dot(xv, tl.trans(wv), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE) * sc[None, :]
+        wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
+        pdl_wait()
+        acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE)
+        for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
+            wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
+            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
     if SPLITS == 1:
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -485,6 +483,40 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
+
+
+@device_function
+def _fp4_dot3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, BLOCK_K: constexpr, IEEE: constexpr):
+    """acc plus x's rows times _qgemv3_kernel's FP4 tile at input k, from its stored bytes and scales (_fp4_stored):
+    the scales folded into the tile (exact), one dot."""
+    kk = k + tl.arange(0, BLOCK_K)
+    xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+    return _dot(xv, tl.trans(_fp4_values(wq, sq, E8M0).to(xv.dtype)), acc, IEEE)
+
+
+@device_function
+def _fp8_tile3(w_rows, s_rows, n_ok, k, K: constexpr, BLOCK_K: constexpr):
+    """_qgemv3_kernel's FP8 tile at input k as stored: a tuple of e4m3 [BLOCK_N, 128] per 128-wide block and a
+    tuple of their scales [BLOCK_N]."""
+    wq, sq = (), ()
+    for j in tl.static_range(BLOCK_K // 128):
+        kb = k + j * 128
+        kk = kb + tl.arange(0, 128)
+        wq = wq + (tl.load(w_rows + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0),)
+        sq = sq + (tl.load(s_rows + kb // 128, mask=n_ok & (kb < K), other=0),)
+    return wq, sq
+
+
+@device_function
+def _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr):
+    """acc plus x's rows times _qgemv3_kernel's FP8 tile at input k (_fp8_tile3): each 128-wide block's dot (fp32)
+    times its scale, added in ascending order."""
+    for j in tl.static_range(len(wq)):
+        kk = k + j * 128 + tl.arange(0, 128)
+        xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+        wv = wq[j].to(tl.float32).to(xv.dtype)
+        acc += _dot(xv, tl.trans(wv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[None, :]
+    return acc
 
 
 @device_function
@@ -614,7 +646,8 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     row_tiles = cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
+    # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
+    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"], "launch_pdl": PDL}
     launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,
