@@ -232,13 +232,16 @@ def test_concurrent_short_prompts_prefill_together_and_equal_their_solo_streams(
 
 
 def test_disconnects_free_the_slot(client, server):
-    stream = client.completions.create(model=NAME, prompt="leave early", max_tokens=200, seed=1, stream=True)
+    # ignore_eos: each request runs its 200 tokens whatever its stream samples (an early EOS would end it first)
+    stream = client.completions.create(model=NAME, prompt="leave early", max_tokens=200, seed=1, stream=True,
+                                       extra_body={"ignore_eos": True})
     next(iter(stream))
     assert running(server) == 1
     stream.close()
     wait_for(lambda: running(server) == 0)
     with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-        post(server, "/v1/completions", {"prompt": "wait for me", "max_tokens": 200, "seed": 2}, timeout=0.5)
+        post(server, "/v1/completions", {"prompt": "wait for me", "max_tokens": 200, "seed": 2, "ignore_eos": True},
+             timeout=0.5)
     wait_for(lambda: running(server) == 0)
     assert client.completions.create(model=NAME, prompt="next", max_tokens=3, seed=3).usage.completion_tokens >= 1
 
