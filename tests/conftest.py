@@ -12,9 +12,10 @@ def _device_calls_patch_once():
     """Triton 3.6's interpreter patches triton.language's modules for a launch (GridExecutor, restored after it) and
     again on every call of a device function (a @triton.jit function a kernel calls, tl.zeros included), never
     restored: within a launch, a module once patched stays patched with the same builder (TritonSemantic holds
-    nothing else), so a call's patch of modules the launch already patched changes nothing but costs up to a third of
-    an interpreted kernel's time (qgemv's and moe's, which call helpers in their loops). Those calls skip it; a call reaching a module not yet patched in this launch (tl.core,
-    from tl.zeros) patches as before. Another Triton version keeps its own behaviour."""
+    nothing else), so a call's patch of modules the launch already patched changes nothing but costs up to a third
+    of an interpreted kernel's time (qgemv's and moe's, which call helpers in their loops). Those calls skip it; a
+    call reaching a module not yet patched in this launch (tl.core, from tl.zeros) patches as before. Another
+    Triton version keeps its own behaviour."""
     import inspect
 
     try:

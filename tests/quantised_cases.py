@@ -1,5 +1,6 @@
-"""Cases and checks shared by the quantised kernels' tests (test_qgemv, test_moe_decode, test_moe_decode_options): random
-quantised weights and expert stacks, the routing of rank 1 of 2, and the tolerances (each test file's docstring states them)."""
+"""Cases and checks shared by the quantised kernels' tests (test_qgemv, test_moe_decode, test_moe_decode_options):
+random quantised weights and expert stacks, the routing of rank 1 of 2, and the tolerances (each test file's docstring
+states them)."""
 
 from __future__ import annotations
 
