@@ -14,7 +14,8 @@
 source benchmarks/gpu_env.sh
 (
   export CUDA_VISIBLE_DEVICES=0 DSV4_FUSED_SPLIT_SUM=1
-  timeout 150 python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py tests/test_qgemv.py \
+  timeout 150 python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py tests/test_qgemv.py tests/test_moe_decode.py \
+    tests/test_moe_decode_options.py \
     > "$OUT/pytest_fused_sum.txt" 2>&1
   echo "pytest rc=$? DSV4_FUSED_SPLIT_SUM=1" >> "$OUT/pytest_fused_sum.txt"
 ) &

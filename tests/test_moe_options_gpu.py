@@ -1,7 +1,7 @@
 """The fused experts' launch options on `mini` (Flash widths: FP4 experts, an FP8 shared expert) on a GPU:
 kernels/moe.py CONFIG gate_up_paired, down_split_experts and shared_launch each leave every byte of a prefill and
 sampled steps as with all three off, and with all three on the replayed graph equals eager. (Their kernels' CPU
-tests are in test_qgemv.py; the interpreter is too slow for Flash widths.)"""
+tests are in test_moe_decode.py and test_moe_decode_options.py; the interpreter is too slow for Flash widths.)"""
 
 from __future__ import annotations
 
