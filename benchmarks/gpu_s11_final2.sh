@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Session 11's last call if nvidia-h200-x2 is lent (<= 4 min), main's final tree: flash decode under the defaults and
+# with DSV4_PDL=1 (every weight-streaming GEMV, v2 and v3, the boundary and the router fetch before the wait), then
+# the prefill MoE kernels' CUDA tests (v3pdl split their FP4 tile into loads and decode).
+# Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_s11_final2.sh
+source benchmarks/gpu_env.sh
+SUMMARY_LINES=14
+for pdl in 0 1; do
+  step 80 "$OUT/bench_flash_pdl$pdl.txt" env DSV4_PDL=$pdl python -m dsv4.cli bench --preset flash --device cuda \
+    --ranks 2 --prime 64 --steps 64 --rows 3
+done
+step 50 "$OUT/pytest_prefill_moe.txt" python -m pytest -q -p no:cacheprovider tests/test_prefill.py \
+  -k "prefill_moe_kernel or fp4_expert_kernel"
