@@ -142,3 +142,15 @@ def test_the_sampler_takes_the_kernel_under_triton(monkeypatch):
     ref = sampler.sample_rows(logits, rows, pos)
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     assert torch.equal(sampler.sample_rows(logits, rows, pos), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_rows_draw_ids_inside_the_vocabulary(device):
+    """A padding row's logits may be garbage: its token (discarded by the step) must still be an id the embedding
+    holds, greedy or sampled."""
+    vocab = 2 * sample.CHUNK + 5
+    logits = torch.full((2, vocab), float("nan"))
+    rows = _rows([0.0, 1.0], [1, 2], device)
+    got = sample.token(logits.to(device), rows.temperature, rows.key, torch.zeros(2, dtype=torch.int64, device=device),
+                       None)
+    assert ((got >= 0) & (got < vocab)).all(), got

@@ -9,6 +9,7 @@ The draw inverts the kept tokens' CDF in vocabulary order, a chunk of CHUNK toke
    first token whose running weight passes the target's share of that chunk (recomputing its w as kernel 1 did).
    Rounding can leave the target at or past a running sum's last value: the pick then falls back to the last token
    of positive weight (of the row's chunks, then of the chosen chunk), so a token of zero weight is never drawn.
+   A row of NaN logits (a padding row's garbage) draws an id inside the vocabulary all the same (0 at worst).
 Each row is one program's work in kernel 2 and CHUNK-wide programs in kernel 1 whatever the batch: a row's token is
 the same alone or among any rows, in eager and in a replay.
 """
@@ -120,6 +121,7 @@ def _pick_kernel(logits_ptr, kept_ptr, temperature_ptr, key_ptr, pos_ptr, m_ptr,
     best = tl.max(top, 0)
     top_id = tl.load(top_id_ptr + row * C + c, mask=live, other=V)
     argmax = tl.min(tl.where(top == best, top_id, V), 0)  # the chunks' lowest id among the largest
+    argmax = tl.where(argmax < V, argmax, 0)  # logits all NaN (a padding row's): an id the embedding holds
     tl.store(token_ptr + row, tl.where(greedy, argmax, drawn).to(tl.int64))
 
 
