@@ -6,16 +6,6 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_s10_call3.sh
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=30
-step() {  # step LIMIT_S OUTPUT_FILE COMMAND...
-  local limit=$1 file=$2; shift 2
-  setsid "$@" > "$file" 2>&1 &
-  local pid=$!
-  (sleep "$limit" && kill -KILL -- "-$pid") 2>/dev/null &
-  local watchdog=$!
-  wait "$pid"; local rc=$?
-  kill "$watchdog" 2>/dev/null
-  echo "rc=$rc" >> "$file"
-}
 step 75 "$OUT/allreduce.txt" env DSV4_KERNELS=triton python benchmarks/allreduce_bench.py --p2p-ctas 4,8,16
 step 100 "$OUT/pytest_p2p_gpu.txt" env DSV4_KERNELS=triton python -m pytest -q -p no:cacheprovider tests/test_p2p_gpu.py
 step 160 "$OUT/pytest_pdl.txt" env CUDA_VISIBLE_DEVICES=0 DSV4_PDL=1 python -m pytest -q -p no:cacheprovider \
