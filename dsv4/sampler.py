@@ -311,35 +311,43 @@ def _token(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor, kept: to
 
 def _token_reference(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, pos: torch.Tensor,
                      kept: torch.Tensor | None) -> torch.Tensor:
-    """Each row's token (see dsv4.kernels.sample, whose steps these are): the chunks' maxima m_c, weights
-    w = exp(z - m_c) of the kept tokens, sums s_c; the chunk where the running sum of s_c exp(m_c - m) passes
-    u x total, and in it the first token whose running w passes the target's share; the last token of positive
-    weight where rounding passes none. A greedy row (temperature 0): argmax, ties to the lowest id."""
-    B, V = logits.shape
+    """Each row's token (see dsv4.kernels.sample, whose steps `_row_token` takes), every row computed alone: ATen's
+    CPU loops compute a tensor's last elements with scalar math and the rest with SIMD, and a CUDA reduction splits
+    by its number of outputs, so a row's exp and sums must not see the rows beside it. A greedy row (temperature
+    0): argmax, ties to the lowest id (torch.argmax's first maximal index on CPU and CUDA)."""
+    u = _uniform_rows(key, pos)
+    t = temperature.masked_fill(temperature == 0, 1.0)
+    drawn = torch.cat([_row_token(logits[b], t[b], u[b], None if kept is None else kept[b])
+                       for b in range(logits.shape[0])])
+    return torch.where(temperature == 0, torch.argmax(logits, dim=-1), drawn)
+
+
+def _row_token(x: torch.Tensor, t: torch.Tensor, u: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """One row's draw: the chunks' maxima m_c, weights w = exp(z - m_c) of the kept tokens and sums s_c; the chunk
+    where the running sum of s_c exp(m_c - m) passes u x total, then in it the first token whose running w passes
+    the target's share; the last token of positive weight where rounding passes none. -> int64 [1]. Indices are
+    1-element tensors (gather, index_select): no host sync."""
+    V = x.shape[-1]
     width = sample_kernel.chunk(V)
     C = -(-V // width)
-    greedy = temperature == 0
-    z = logits.float() / temperature.masked_fill(greedy, 1.0).unsqueeze(-1)
-    z = torch.nn.functional.pad(z, (0, C * width - V), value=-math.inf).view(B, C, width)
+    z = torch.nn.functional.pad(x.float() / t, (0, C * width - V), value=-math.inf).view(C, width)
     m_c = z.amax(dim=-1)
     w = torch.where(z == -math.inf, 0.0, torch.exp(z - m_c.unsqueeze(-1)))
     if kept is not None:
-        w = torch.where(torch.nn.functional.pad(kept, (0, C * width - V)).view(B, C, width), w, 0.0)
-    scale = torch.where(m_c == -math.inf, 0.0, torch.exp(m_c - m_c.amax(dim=-1, keepdim=True)))
-    weight = w.sum(dim=-1) * scale
+        w = torch.where(torch.nn.functional.pad(kept, (0, C * width - V)).view(C, width), w, 0.0)
+    scale = torch.where(m_c == -math.inf, 0.0, torch.exp(m_c - m_c.amax()))
+    weight = _cumsum(w)[:, -1] * scale
     through = _cumsum(weight)
-    target = _uniform_rows(key, pos).unsqueeze(-1) * through[:, -1:]
-    chunks = torch.arange(C, device=logits.device)
+    target = u * through[-1:]
+    chunks = torch.arange(C, device=x.device)
     last_chunk = torch.where(weight > 0, chunks, 0).amax(dim=-1, keepdim=True)
-    pick = torch.minimum((through <= target).sum(dim=-1, keepdim=True), last_chunk)  # [B, 1]
-    share = (target - (through - weight).gather(-1, pick)) / scale.gather(-1, pick)
-    w = w.gather(1, pick.unsqueeze(-1).expand(B, 1, width)).squeeze(1)
-    i = torch.arange(width, device=logits.device)
-    first = torch.where(_cumsum(w) > share, i, width).amin(dim=-1)
-    last = torch.where(w > 0, i, 0).amax(dim=-1)
-    drawn = pick.squeeze(-1) * width + torch.minimum(first, last)
-    # torch.argmax returns the first maximal index on CPU and CUDA.
-    return torch.where(greedy, torch.argmax(logits, dim=-1), drawn)
+    pick = torch.minimum((through <= target).sum(dim=-1, keepdim=True), last_chunk)  # [1]
+    share = (target - (through - weight).gather(0, pick)) / scale.gather(0, pick)
+    w = w.index_select(0, pick).squeeze(0)
+    i = torch.arange(width, device=x.device)
+    first = torch.where(_cumsum(w) > share, i, width).amin(dim=-1, keepdim=True)
+    last = torch.where(w > 0, i, 0).amax(dim=-1, keepdim=True)
+    return pick * width + torch.minimum(first, last)
 
 
 def _uniform_rows(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

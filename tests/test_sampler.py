@@ -327,3 +327,21 @@ def test_unrestricted_rows_refuse_top_k_and_top_p():
     rows.load([SamplingParams(temperature=0.0, top_k=5, top_p=0.5), SamplingParams()])  # greedy: they change nothing
     with pytest.raises(ValueError, match="top_k / top_p"):
         SamplingRows(1, "cpu", SamplingParams(top_p=0.5), restricted=False)
+
+
+def test_reference_rows_alone_equal_rows_batched():
+    """The torch path computes each row alone: a row's token among 37 rows (a vocabulary of two chunks and a tail,
+    no multiple of a SIMD width) is its token alone, whatever sits beside it."""
+    from dsv4.kernels import sample as sample_kernel
+
+    gen = torch.Generator().manual_seed(8)
+    vocab = sample_kernel.CHUNK + 37
+    logits = torch.randn(37, vocab, generator=gen) * 4
+    rows = SamplingRows(37, "cpu", restricted=False)
+    rows.load([SamplingParams(temperature=0.5 + (b % 5) / 4, seed=b) for b in range(37)])
+    pos = torch.arange(37) * 3
+    together = sample_rows(logits, rows, pos)
+    for b in (0, 17, 36):
+        alone = SamplingRows(1, "cpu", restricted=False)
+        alone.load([SamplingParams(temperature=0.5 + (b % 5) / 4, seed=b)])
+        assert torch.equal(sample_rows(logits[b:b + 1], alone, pos[b:b + 1]), together[b:b + 1])
