@@ -7,7 +7,8 @@ source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
 step 40 "$OUT/pytest_prefill_moe.txt" python -m pytest -q -p no:cacheprovider tests/test_prefill.py \
   -k "prefill_moe_kernel or fp4_expert_kernel"
-step 30 "$OUT/pytest_sample_kernel.txt" python -m pytest -q -p no:cacheprovider tests/test_sample_kernel.py
+step 40 "$OUT/pytest_sample_kernel.txt" python -m pytest -q -p no:cacheprovider tests/test_sample_kernel.py \
+  tests/test_draw_kernel.py tests/test_sampler.py
 for pdl in 0 1; do
   step 75 "$OUT/bench_flash_pdl$pdl.txt" env DSV4_PDL=$pdl python -m dsv4.cli bench --preset flash --device cuda \
     --ranks 2 --prime 64 --steps 64 --rows 2
