@@ -4,7 +4,7 @@ shifts), so every bit is the reference's."""
 
 import torch
 
-from . import cdiv, launcher, pdl_release
+from . import cdiv, device_function, launcher, pdl_release
 
 try:
     import triton.language as tl
@@ -21,17 +21,25 @@ _M2 = constexpr(0x94D049BB133111EB)
 _BLOCK = 128
 
 
+def _u(key, pos):
+    """u(seed, pos) from the seed's key and the position (int64 bits), in uint64 arithmetic; also the sampler's
+    token kernel's (dsv4.kernels.sample)."""
+    z = (pos.to(tl.uint64, bitcast=True) + 1) * _G + key.to(tl.uint64, bitcast=True)
+    z = (z ^ (z >> 30)) * _M1
+    z = (z ^ (z >> 27)) * _M2
+    z = z ^ (z >> 31)
+    return (z >> 40).to(tl.float32) * 5.9604644775390625e-08  # 2**-24: exact
+
+
+u_of = device_function(_u)
+
+
 def _draw_kernel(key_ptr, pos_ptr, u_ptr, n, BLOCK: constexpr):
     pdl_release()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    key = tl.load(key_ptr + i, mask=ok, other=0).to(tl.uint64, bitcast=True)
-    pos = tl.load(pos_ptr + i, mask=ok, other=0).to(tl.uint64, bitcast=True)
-    z = (pos + 1) * _G + key
-    z = (z ^ (z >> 30)) * _M1
-    z = (z ^ (z >> 27)) * _M2
-    z = z ^ (z >> 31)
-    tl.store(u_ptr + i, (z >> 40).to(tl.float32) * 5.9604644775390625e-08, mask=ok)  # 2**-24: exact
+    tl.store(u_ptr + i, u_of(tl.load(key_ptr + i, mask=ok, other=0), tl.load(pos_ptr + i, mask=ok, other=0)),
+             mask=ok)
 
 
 def supported(key: torch.Tensor, pos: torch.Tensor) -> bool:

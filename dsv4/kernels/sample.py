@@ -17,6 +17,7 @@ the same alone or among any rows, in eager and in a replay.
 import torch
 
 from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from .draw import u_of
 
 try:
     import triton.language as tl
@@ -28,11 +29,6 @@ GPU_CHECKED = True  # session 11 call 1 (benchmarks/RESULTS.md): the CUDA tests,
 
 CHUNK = 4096  # tokens a program of kernel 1 weighs (Flash's 129,280: 32 chunks); a power of two
 _NUM_WARPS = 8
-
-# dsv4.sampler's SplitMix64 constants (uint64 in the kernel), as dsv4.kernels.draw.
-_G = constexpr(0x9E3779B97F4A7C15)
-_M1 = constexpr(0xBF58476D1CE4E5B9)
-_M2 = constexpr(0x94D049BB133111EB)
 
 
 def chunk(vocab: int) -> int:
@@ -72,16 +68,6 @@ def _chunk_kernel(logits_ptr, kept_ptr, temperature_ptr, m_ptr, s_ptr, top_ptr, 
     tl.store(top_id_ptr + row * C + c, top_id)
 
 
-def _u(key, pos):
-    """u(seed, pos) from the seed's key (dsv4.sampler._uniform_keyed), in uint64 arithmetic."""
-    z = (pos.to(tl.uint64, bitcast=True) + 1) * _G + key.to(tl.uint64, bitcast=True)
-    z = (z ^ (z >> 30)) * _M1
-    z = (z ^ (z >> 27)) * _M2
-    z = z ^ (z >> 31)
-    return (z >> 40).to(tl.float32) * 5.9604644775390625e-08  # 2**-24: exact
-
-
-_u = device_function(_u)
 
 
 def _pick_kernel(logits_ptr, kept_ptr, temperature_ptr, key_ptr, pos_ptr, m_ptr, s_ptr, top_ptr, top_id_ptr,
@@ -100,7 +86,7 @@ def _pick_kernel(logits_ptr, kept_ptr, temperature_ptr, key_ptr, pos_ptr, m_ptr,
     weight = s_c * scale
     through = tl.cumsum(weight, 0)  # P after chunk c
     total = tl.sum(tl.where(c == C - 1, through, 0.0), 0)
-    target = _u(tl.load(key_ptr + row), tl.load(pos_ptr + row)) * total
+    target = u_of(tl.load(key_ptr + row), tl.load(pos_ptr + row)) * total
     last_chunk = tl.max(tl.where(weight > 0, c, 0), 0)
     pick = tl.minimum(tl.sum((through <= target).to(tl.int32), 0), last_chunk)
     before = tl.sum(tl.where(c == pick, through - weight, 0.0), 0)
