@@ -32,13 +32,18 @@ from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
-                      restricts, sample, sample_processed, sample_rows)
+                      restricts, sample, sample_processed, sample_rows, upload)
 from .state import CapacityError, DecodeState, Pools, QuarantineError
 from .tokenizer import Tokenizer, build_tokenizer
 
 
 class RefusalError(RuntimeError):
     """A collective of the step refused: nothing was committed and the state is quarantined."""
+
+
+class StepHeld(RuntimeError):
+    """A pipelined batched step launched before an earlier step's refusal was settled: it committed nothing for
+    any row (the device's hold masked every row), its states are as before it and open; run it again."""
 
 
 def _default_dtype(device: torch.device) -> torch.dtype:
@@ -183,9 +188,33 @@ class Batch:
         self.states = states
         self.input = torch.zeros(len(states), dtype=torch.int64, device=device)
         self.active = torch.zeros(len(states), dtype=torch.bool, device=device)
+        # feed[b]: row b's input is the token its state drew in its last step, read on the device (a pipelined
+        # step launched before the previous one's token reached the host); else input[b], from the host.
+        self.feed = torch.zeros(len(states), dtype=torch.bool, device=device)
         self.rows = SamplingRows(len(states), device, restricted=restricted)
         self.process, self.counts = process, counts
         self.replay = None  # a dsv4.replay.BatchReplay when the step runs as a graph
+        self.loaded: dict[str, tuple] = {}  # what each host-written buffer holds: unchanged ones are not rewritten
+
+    def load(self, ids: list[int], active: list[bool], feed: list[bool], params: list[SamplingParams],
+             non_blocking: bool) -> None:
+        """Write the step's host inputs into the buffers its graph reads, each only when it changed (a pipelined
+        step's copies are queued behind the running step: dsv4.sampler.upload)."""
+        for name, values in (("input", ids), ("active", active), ("feed", feed)):
+            if self.loaded.get(name) != tuple(values):
+                upload(getattr(self, name), values, non_blocking)
+                self.loaded[name] = tuple(values)
+        if self.loaded.get("rows") != tuple(params):
+            self.rows.load(params, non_blocking)
+            self.loaded["rows"] = tuple(params)
+
+
+class _Pending:
+    """A launched pipelined step (Model.step_batch_launch): its live states and its readback on its way to pinned
+    host memory, done when `event` has passed."""
+
+    def __init__(self, live: list[DecodeState], B: int, host: torch.Tensor, event):
+        self.live, self.B, self.host, self.event = live, B, host, event
 
 
 def _processing_mode(processing: list[Processing | None]) -> str | None:
@@ -225,6 +254,12 @@ class Model(ModelCommon):
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
         self._pools = Pools.from_env(cfg, self.device, self.dtype)  # DSV4_POOL=n: states are pool slots
+        # The hold: set on the device by a batched step whose verdict refused, cleared by the host when it settles
+        # that refusal. A batched step reads it first and, set, commits nothing for any row: a pipelined step
+        # launched before the host learnt of a refusal changes nothing (the transaction's promise, kept across a
+        # pipeline). Its readback says so (StepHeld).
+        self.hold = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._pending: list[_Pending] = []  # launched pipelined steps, oldest first
 
     @property
     def rank(self) -> int:
@@ -413,7 +448,10 @@ class Model(ModelCommon):
                              f"samplings and {len(active)} active flags: one each, at least one")
         if len({id(s) for s in states}) != B:
             raise ValueError("step_batch: a state appears twice in one step")
-        ids = self._tokens([t if a else 0 for t, a in zip(tokens, active)], "step_batch")
+        if self._pending:
+            raise RuntimeError(f"step_batch: {len(self._pending)} pipelined step(s) not settled: "
+                               "step_batch_settle() them first")
+        ids = self._tokens([t if a else 0 for t, a in zip(tokens, active)], "step_batch").tolist()
         live = [s for s, a in zip(states, active) if a]
         for s in live:
             s.check_open()
@@ -422,9 +460,7 @@ class Model(ModelCommon):
         mode = _processing_mode(processing)
         params = [p or SamplingParams() for p in samplings]
         batch = self._batch(list(states), graph, mode, any(restricts(p) for p in params))
-        batch.input.copy_(ids)
-        batch.active.copy_(torch.tensor(active))
-        batch.rows.load(params)
+        batch.load(ids, active, [False] * B, params, non_blocking=False)
         if batch.process is not None:
             for counts, r in zip(batch.counts, processing):
                 if r is not None and r.prompt is not None:
@@ -436,14 +472,85 @@ class Model(ModelCommon):
             with torch.inference_mode():
                 out = self.step_batch_device(batch)
         out = out.tolist()
-        if out[B] != 0:
-            message = self.refusal_message()
-            for s in live:
-                s.quarantine = message
-            raise RefusalError(message)
+        if out[B] != 0:  # no pipelined step was pending (checked above): a hold here is this step's own
+            self._refused(live)
         for s in live:
             s.host_pos += 1
         return _drawn(out, B, active, processing, batch.process)
+
+    def _refused(self, live: list[DecodeState]):
+        """A batched step refused: quarantine its states, lift the hold it set (queued after every step already
+        launched, which stay held), raise."""
+        message = self.refusal_message()
+        for s in live:
+            s.quarantine = message
+        self.hold.zero_()
+        raise RefusalError(message)
+
+    # ---- pipelined batched steps ----------------------------------------------
+    def step_batch_launch(self, states: Sequence[DecodeState], tokens: Sequence[int | None], samplings: Sequence,
+                          active: Sequence[bool] | None = None, feed: Sequence[bool] | None = None,
+                          graph: bool = False) -> None:
+        """Launch step_batch's step without waiting for it; `step_batch_settle()` returns its tokens later, steps
+        settling in launch order. feed[b] True: row b's input is the token its state drew in its last step, read
+        on the device (tokens[b] is not read), so the next step can be launched before this one's tokens reach the
+        host, and the host's work on them overlaps the device's next step (a server's decode loop). A row's token
+        is the same as step_batch's (feed only moves where its input comes from).
+
+        The states' host positions advance at launch. If an earlier step refuses, every step launched before the
+        host settled that refusal commits nothing (the device's hold) and its settle raises StepHeld."""
+        B = len(states)
+        active = [True] * B if active is None else [bool(a) for a in active]
+        feed = [False] * B if feed is None else [bool(f) for f in feed]
+        if not B or len(tokens) != B or len(samplings) != B or len(active) != B or len(feed) != B:
+            raise ValueError(f"step_batch_launch: {len(states)} states, {len(tokens)} tokens, {len(samplings)} "
+                             f"samplings, {len(active)} active and {len(feed)} feed flags: one each, at least one")
+        if len({id(s) for s in states}) != B:
+            raise ValueError("step_batch_launch: a state appears twice in one step")
+        ids = self._tokens([t if a and not f else 0 for t, a, f in zip(tokens, active, feed)],
+                           "step_batch_launch").tolist()
+        live = [s for s, a in zip(states, active) if a]
+        for s in live:
+            s.check_open()
+            s.check_room(1)
+        params = [p or SamplingParams() for p in samplings]
+        batch = self._batch(list(states), graph, None, any(restricts(p) for p in params))
+        batch.load(ids, active, feed, params, non_blocking=True)
+        if graph:
+            out = batch.replay.run()
+        else:
+            with torch.inference_mode():
+                out = self.step_batch_device(batch)
+        event = None
+        if out.device.type == "cuda":
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host = out.clone()
+        for s in live:
+            s.host_pos += 1
+        self._pending.append(_Pending(live, B, host, event))
+
+    def step_batch_settle(self) -> tuple[int, ...]:
+        """Wait for the oldest launched step and return its tokens (-1 for an inactive row). Raises RefusalError
+        (its states quarantined, nothing committed) or StepHeld (nothing committed, its states as before it)."""
+        if not self._pending:
+            raise RuntimeError("step_batch_settle: no launched step to settle")
+        step = self._pending.pop(0)
+        if step.event is not None:
+            step.event.synchronize()
+        out = step.host.tolist()
+        B = step.B
+        if out[B] != 0:
+            for s in step.live:
+                s.host_pos -= 1
+            if out[B] == -1:
+                raise StepHeld("this step was launched before an earlier step's refusal reached the host: "
+                               "nothing committed; run it again")
+            self._refused(step.live)
+        return tuple(int(t) for t in out[:B])
 
     def _batch(self, states: list[DecodeState], graph: bool, mode: str | None, restricted: bool) -> "Batch":
         """The step's buffers (and, graph, its graph): one per list of states, processing mode and whether some
@@ -479,30 +586,38 @@ class Model(ModelCommon):
     def step_batch_device(self, batch: "Batch") -> torch.Tensor:
         """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64
         (then, with processors reporting logprobs, `_sample_processed`'s values and ids)."""
-        verdict = self.transformer.transaction(batch.states, batch.input, batch.active)
+        # A hold (an unsettled refusal) masks every row: the step computes and commits nothing.
+        held = self.hold.clone()
+        active = batch.active & ~held
+        last = torch.stack([s.token for s in batch.states])
+        tokens = torch.where(batch.feed, last, batch.input)
+        verdict = self.transformer.transaction(batch.states, tokens, active)
+        self.hold.logical_or_(verdict != 0)
+        # the readback's status: the verdict; -1 where it was 0 but the step was held (StepHeld)
+        status = torch.where(verdict != 0, verdict.double(), -held.double()).view(1)
         with phase("sampler"):
             logits = torch.stack([s.logits for s in batch.states])
             pos = torch.stack([s.pos for s in batch.states])
             if batch.process is not None:  # decided on the host: a batch without processors runs the lines below
-                return self._sample_processed(batch, logits, pos, verdict)
+                return self._sample_processed(batch, active, logits, pos, status)
             drawn = sample_rows(logits, batch.rows, pos)
             for b, s in enumerate(batch.states):
-                s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
-        return torch.cat([drawn.double(), verdict.double().view(1)])
+                s.token.copy_(torch.where(active[b], drawn[b], s.token))
+        return torch.cat([drawn.double(), status])
 
-    def _sample_processed(self, batch: "Batch", logits: torch.Tensor, pos: torch.Tensor,
-                          verdict: torch.Tensor) -> torch.Tensor:
+    def _sample_processed(self, batch: "Batch", active: torch.Tensor, logits: torch.Tensor, pos: torch.Tensor,
+                          status: torch.Tensor) -> torch.Tensor:
         """The draw with processors; counts each active row's token. -> [tokens..., verdict] fp64, then with
         logprobs the [B, 1 + TOP_LOGPROBS] values and the [B, TOP_LOGPROBS] ids, flattened."""
         generated = torch.stack([c.generated for c in batch.counts])
         prompt = torch.stack([c.prompt for c in batch.counts])
         drawn, lp = sample_processed(logits, batch.rows, batch.process, pos, generated, prompt)
         vocab = torch.arange(logits.shape[-1], device=logits.device)
-        hits = (vocab == drawn.unsqueeze(-1)) & batch.active.unsqueeze(-1)
+        hits = (vocab == drawn.unsqueeze(-1)) & active.unsqueeze(-1)
         for b, (s, counts) in enumerate(zip(batch.states, batch.counts)):
-            s.token.copy_(torch.where(batch.active[b], drawn[b], s.token))
+            s.token.copy_(torch.where(active[b], drawn[b], s.token))
             counts.generated.add_(hits[b])
-        parts = [drawn.double(), verdict.double().view(1)]
+        parts = [drawn.double(), status]
         if lp is not None:
             parts += [lp[0].flatten().double(), lp[1].flatten().double()]
         return torch.cat(parts)

@@ -25,6 +25,7 @@ RANK_CALLS = {
     "prefill": "all", "prefill_batch": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
     "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree",
+    "step_batch_launch": "all", "step_batch_settle": "agree",
     "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
     "logits_sha": "local", "census": "local", "memory_allocated": "local",
@@ -66,6 +67,12 @@ class DecodeModel(Protocol):
     def step_batch_processed(self, states: Sequence[DecodeState], tokens: Sequence[int],
                              samplings: Sequence[SamplingParams | None], processing: Sequence[Processing | None],
                              active: Sequence[bool] | None = None, graph: bool = False) -> tuple[Drawn, ...]: ...
+
+    def step_batch_launch(self, states: Sequence[DecodeState], tokens: Sequence[int | None],
+                          samplings: Sequence[SamplingParams | None], active: Sequence[bool] | None = None,
+                          feed: Sequence[bool] | None = None, graph: bool = False) -> None: ...
+
+    def step_batch_settle(self) -> tuple[int, ...]: ...
 
     def batch_captures(self) -> int: ...
 

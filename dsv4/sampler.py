@@ -212,15 +212,28 @@ class SamplingRows:
             raise ValueError(f"SamplingRows(restricted=False) cannot hold {wide[0]}: its top_k / top_p need the "
                              "kept-set sort that these rows' step leaves out")
 
-    def load(self, params: list[SamplingParams]) -> None:
-        """Row b takes params[b] (a host-to-device copy of four small tensors, outside any capture)."""
+    def load(self, params: list[SamplingParams], non_blocking: bool = False) -> None:
+        """Row b takes params[b] (a host-to-device copy of four small tensors, outside any capture).
+        non_blocking: the copies are queued behind the stream's work from pinned memory (dsv4.engine's
+        pipelined steps); a plain copy from pageable memory waits for the stream to drain."""
         if len(params) != self.key.shape[0]:
             raise ValueError(f"{len(params)} SamplingParams for {self.key.shape[0]} rows")
         self._check_restricted(params)
-        self.temperature.copy_(torch.tensor([p.temperature for p in params], dtype=torch.float32))
-        self.top_p.copy_(torch.tensor([p.top_p for p in params], dtype=torch.float32))
-        self.top_k.copy_(torch.tensor([p.top_k for p in params], dtype=torch.int64))
-        self.key.copy_(torch.tensor([_signed(_key(p.seed)) for p in params], dtype=torch.int64))
+        for dst, values in ((self.temperature, [p.temperature for p in params]), (self.top_p, [p.top_p for p in params]),
+                            (self.top_k, [p.top_k for p in params]),
+                            (self.key, [_signed(_key(p.seed)) for p in params])):
+            upload(dst, values, non_blocking)
+
+
+def upload(dst: torch.Tensor, values: list, non_blocking: bool = False) -> None:
+    """dst (a device buffer a graph reads) takes `values`. non_blocking on CUDA: from pinned memory, queued on the
+    stream without waiting for it (the pinned block is not reused before the copy ran: torch's host allocator
+    records the copy)."""
+    src = torch.tensor(values, dtype=dst.dtype)
+    if non_blocking and dst.device.type == "cuda":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor) -> torch.Tensor:

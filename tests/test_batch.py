@@ -181,3 +181,84 @@ def test_two_ranks_batched_equals_solo(two):
         for b, i in enumerate(rows):
             assert (tokens[b], states[b].digest()) == expect[i][step], f"sequence {i}, step {step}"
     assert len({d[1] for d in two.digests_all(states[0])}) == 1  # the streams agree on every rank
+
+
+# ---- pipelined steps (Model.step_batch_launch / step_batch_settle: a server's decode loop) ----------------------
+def _pipelined(model, rows, steps, arm=None):
+    """rows' sequences stepped with each step launched before the previous one settles, every step after the
+    first fed from the device. -> per row, the tokens and the digest after each settled step."""
+    states = [prefilled(model, i) for i in rows]
+    samplings = [SAMPLINGS[i] for i in rows]
+    out = [[] for _ in rows]
+    model.step_batch_launch(states, [PROMPTS[i][-1] for i in rows], samplings)
+    for step in range(steps):
+        if step + 1 < steps:
+            model.step_batch_launch(states, [None] * len(rows), samplings, feed=[True] * len(rows))
+        for b, t in enumerate(model.step_batch_settle()):
+            out[b].append((t, None if step + 1 < steps else states[b].digest()))
+    return states, out
+
+
+def test_pipelined_steps_equal_solo(model, solos):
+    """Launch N+1 (its inputs read on the device) before settling N: every token is the solo stream's."""
+    rows = [0, 1, 4, 7]
+    states, out = _pipelined(model, rows, STEPS)
+    for b, i in enumerate(rows):
+        assert [t for t, _ in out[b]] == solos[i][0], f"sequence {i}"
+        assert out[b][-1][1] == solos[i][1][STEPS - 1] and states[b].host_pos == len(PROMPTS[i]) - 1 + STEPS
+
+
+def test_a_refusal_holds_the_step_launched_behind_it(model, solos):
+    """Step N refuses while N+1 is already launched: N quarantines its states; N+1 commits nothing for any row
+    (a row that was not in N too) and says so (StepHeld); the joiner then runs on as if nothing happened."""
+    states = [prefilled(model, i) for i in range(3)]
+    joiner = prefilled(model, 5)
+    before = [s.digest() for s in [*states, joiner]]
+    model.arm_refusal(1, 0, 7, "moe")
+    try:
+        model.step_batch_launch(states, [PROMPTS[i][-1] for i in range(3)], SAMPLINGS[:3])
+        model.step_batch_launch([*states, joiner], [None, None, None, PROMPTS[5][-1]], [*SAMPLINGS[:3], SAMPLINGS[5]],
+                                feed=[True, True, True, False])
+        with pytest.raises(RefusalError, match="layer 1 site moe"):
+            model.step_batch_settle()
+        with pytest.raises(dsv4.StepHeld):
+            model.step_batch_settle()
+    finally:
+        model.reset_refusals()
+    assert [s.digest() for s in [*states, joiner]] == before
+    assert all(s.quarantine is not None for s in states) and joiner.quarantine is None
+    assert joiner.host_pos == len(PROMPTS[5]) - 1 and not bool(model.hold)
+    token, got = PROMPTS[5][-1], []
+    for _ in range(4):
+        token = model.step_batch([joiner], [token], [SAMPLINGS[5]])[0]
+        got.append(token)
+    assert got == solos[5][0][:4]
+
+
+def test_pipelined_calls_are_checked(model):
+    a = prefilled(model, 0)
+    with pytest.raises(RuntimeError, match="no launched step"):
+        model.step_batch_settle()
+    with pytest.raises(ValueError, match="2 feed flags"):
+        model.step_batch_launch([a], [1], [None], feed=[True, False])
+    model.step_batch_launch([a], [PROMPTS[0][-1]], [None])
+    try:
+        with pytest.raises(RuntimeError, match="1 pipelined step"):
+            model.step_batch([a], [1], [None])
+    finally:
+        model.step_batch_settle()
+
+
+def test_two_ranks_pipelined_equals_solo(two):
+    rows = [0, 3]
+    expect = {}
+    for i in rows:
+        state, token, out = prefilled(two, i), PROMPTS[i][-1], []
+        for _ in range(5):
+            token = two.step(state, token, SAMPLINGS[i])
+            out.append(token)
+        expect[i] = out
+    states, out = _pipelined(two, rows, 5)
+    for b, i in enumerate(rows):
+        assert [t for t, _ in out[b]] == expect[i], f"sequence {i}"
+    assert len({d[1] for d in two.digests_all(states[0])}) == 1

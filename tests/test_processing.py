@@ -269,14 +269,19 @@ def test_without_processors_the_step_is_the_plain_one(model):
         assert ta == tb
     assert model._new_batch(b, None).process is None
 
-    def plain_step(batch):  # step_batch_device as it was before processors existed
-        verdict = model.transformer.transaction(batch.states, batch.input, batch.active)
+    def plain_step(batch):  # step_batch_device as it is without processors (the hold and the feed, then the draw)
+        held = model.hold.clone()
+        active = batch.active & ~held
+        tokens = torch.where(batch.feed, torch.stack([s.token for s in batch.states]), batch.input)
+        verdict = model.transformer.transaction(batch.states, tokens, active)
+        model.hold.logical_or_(verdict != 0)
+        status = torch.where(verdict != 0, verdict.double(), -held.double()).view(1)
         logits = torch.stack([s.logits for s in batch.states])
         pos = torch.stack([s.pos for s in batch.states])
         drawn = sample_rows(logits, batch.rows, pos)
         for i, s in enumerate(batch.states):
-            s.token.copy_(torch.where(batch.active[i], drawn[i], s.token))
-        return torch.cat([drawn.double(), verdict.double().view(1)])
+            s.token.copy_(torch.where(active[i], drawn[i], s.token))
+        return torch.cat([drawn.double(), status])
 
     def ops(step, states):
         batch = Batch(states, "cpu")
