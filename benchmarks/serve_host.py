@@ -6,7 +6,8 @@ and prints the median ms per token (per round for the scheduler arms):
   BATCH1     Model.step_batch(graph=True) over one state (the server's bucket-1 step, without its scheduler)
   GPU1       the same bucket's graph replayed back to back with no host work between: its device time alone
   SCHED      the server's Scheduler driven in this thread (admit + round), one sequence, no HTTP, no GIL
-             contention: what the scheduler itself adds
+             contention: what the scheduler itself adds (its rounds pipelined: a step launched before the
+             previous one settles; SCHED_SYNC: each step settled before the next)
   SCHED16    the same with 16 sequences (one 16-row step a round), and GPU16 its graph alone
   HOST_TOP   cProfile's top functions by own time over the SCHED arm's rounds
 
@@ -146,6 +147,9 @@ def main():
     sched_arm(1, "SCHED", profile=False)
     sched_arm(1, "SCHED_PROFILED", profile=True)
     sched_arm(args.seqs, f"SCHED{args.seqs}", profile=False)
+    sched.pipelined = False  # the rounds as before session 12: each step settled before the next is launched
+    sched_arm(1, "SCHED_SYNC", profile=False)
+    sched_arm(args.seqs, f"SCHED{args.seqs}_SYNC", profile=False)
     if cuda:
         size = max(sched.buckets)
         batch = next(b for b in model._batches.values() if len(b.states) == size and b.replay is not None

@@ -78,22 +78,33 @@ def test_graph_replay_bit_identical_to_eager(model, prefix):
     assert census["embedding"] == 1 and census["unsupported"] == 0
 
 
-def test_batched_graph_equals_solo_graphs(model, prefix):
+ROWS, STEPS = 4, 48
+SAMPLINGS = [dsv4.SamplingParams(temperature=1.0, top_p=0.9 if b % 2 else 1.0, seed=b) for b in range(ROWS)]
+
+
+@pytest.fixture(scope="module")
+def solo_streams(model, prefix):
+    """Row b (joining at step b) alone in its own full-token graph: (token, logits sha, digest) a step."""
+    base, first = prefix
+    expected = []
+    for b in range(ROWS):
+        state = model.new_state(base.capacity)
+        state.restore(base)
+        model.enable_replay(state, SAMPLINGS[b])
+        carry, stream = first, []
+        for _ in range(STEPS - b):
+            carry = model.step(state, carry, SAMPLINGS[b])
+            stream.append((carry, model.logits_sha(state), state.digest()))
+        expected.append(stream)
+    return expected
+
+
+def test_batched_graph_equals_solo_graphs(model, prefix, solo_streams):
     """4 sequences (own seeds, joining at steps 0..3) in one captured batched step against each in its
     own full-token graph: the same tokens, logits, cache and hidden bytes at every step."""
     base, first = prefix
-    rows, steps = 4, 48
-    samplings = [dsv4.SamplingParams(temperature=1.0, top_p=0.9 if b % 2 else 1.0, seed=b) for b in range(rows)]
-    expected = []
-    for b in range(rows):
-        state = model.new_state(base.capacity)
-        state.restore(base)
-        model.enable_replay(state, samplings[b])
-        carry, stream = first, []
-        for _ in range(steps - b):
-            carry = model.step(state, carry, samplings[b])
-            stream.append((carry, model.logits_sha(state), state.digest()))
-        expected.append(stream)
+    rows, steps, samplings, expected = ROWS, STEPS, SAMPLINGS, solo_streams
+    captures = model.batch_captures()
     states = [model.new_state(base.capacity) for _ in range(rows)]
     for s in states:
         s.restore(base)
@@ -106,4 +117,31 @@ def test_batched_graph_equals_solo_graphs(model, prefix):
                 assert (out[b], model.logits_sha(states[b]), states[b].digest()) == expected[b][step - b], \
                     f"row {b} step {step}"
                 carry[b] = out[b]
-    assert model.batch_captures() == 1
+    assert model.batch_captures() == captures + 1
+
+
+def test_pipelined_batched_graph_equals_solo_graphs(model, prefix, solo_streams):
+    """The same rows through the pipelined calls (a server's loop): step N+1 launched, its continuing rows fed
+    their last draw on the device, before step N settles. The same tokens at every step, the same logits, cache
+    and hidden bytes at the end; the graph captured once."""
+    base, first = prefix
+    states = [model.new_state(base.capacity) for _ in range(ROWS)]
+    for s in states:
+        s.restore(base)
+    captures = model.batch_captures()
+    got = [[] for _ in range(ROWS)]
+    launched = []
+    for step in range(STEPS + 1):
+        if step < STEPS:
+            active = [b <= step for b in range(ROWS)]
+            feed = [b < step for b in range(ROWS)]  # a row's first step takes the prompt's token from the host
+            model.step_batch_launch(states, [None if f else first for f in feed], SAMPLINGS, active, feed, graph=True)
+            launched.append(active)
+        if step > 0:
+            for b, t in enumerate(model.step_batch_settle()):
+                if launched[step - 1][b]:
+                    got[b].append(t)
+    for b in range(ROWS):
+        assert got[b] == [e[0] for e in solo_streams[b]], f"row {b}"
+        assert (model.logits_sha(states[b]), states[b].digest()) == solo_streams[b][-1][1:], f"row {b}"
+    assert model.batch_captures() == captures + 1

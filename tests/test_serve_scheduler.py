@@ -63,13 +63,13 @@ def solo(model, ids, n, sampling):
 def test_together_equals_alone(model, monkeypatch):
     tok = model.tokenizer
     sizes = []
-    step_batch = model.step_batch
+    step_batch_launch = model.step_batch_launch
 
-    def counted(states, *args, **kwargs):  # the real batched step, its row counts recorded
+    def counted(states, *args, **kwargs):  # the real (pipelined) batched step, its row counts recorded
         sizes.append(len(states))
-        return step_batch(states, *args, **kwargs)
+        return step_batch_launch(states, *args, **kwargs)
 
-    monkeypatch.setattr(model, "step_batch", counted)
+    monkeypatch.setattr(model, "step_batch_launch", counted)
     jobs = [(tok.encode("the river starts high in the hills " * 11), 10, dsv4.SamplingParams(seed=1)),  # 3 chunks
             (tok.encode("hello"), 14, dsv4.SamplingParams(temperature=0.8, top_p=0.9, seed=2)),
             (tok.encode("numbers have their own small poetry"), 12, dsv4.SamplingParams(top_k=20, seed=3)),
@@ -241,3 +241,64 @@ def test_prefill_groups_split_by_length_and_size(model, monkeypatch):
     assert groups == [[(0, 8), (2, 8)], [(3, 8), (4, 8)], [(5, 8)], [(1, 4)]]
     monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 6)
     assert [[seqs.index(s) for s, _ in g] for g in sched._prefill_groups(seqs[:3])] == [[0], [1], [2]]
+
+
+def _drive(sched, until, rounds=400):
+    """Run the scheduler's rounds in this thread until `until()` holds."""
+    for _ in range(rounds):
+        if until():
+            return
+        sched._admit()
+        sched._round()
+    raise AssertionError("the scheduler did not get there")
+
+
+def test_pipelined_rounds_drop_the_token_after_eos_and_free_the_slot_after(model, monkeypatch):
+    """A sequence that draws EOS has its next step already launched: that token is dropped, its slot is freed
+    once the step settled, and the next sequence on that slot equals itself alone. Unpipelined rounds give the
+    same streams."""
+    tok = model.tokenizer
+    jobs = [(tok.encode("the quiet lake"), 9, dsv4.SamplingParams(seed=21)),
+            (tok.encode("a long road"), 7, dsv4.SamplingParams(temperature=0.7, seed=22))]
+    stream = solo(model, *jobs[0])
+    monkeypatch.setattr(model.cfg, "eos_token_id", stream[3])  # job 0 now ends at its 4th token
+    expected = [solo(model, *j) for j in jobs]
+    assert expected[0] == stream[:4]
+    for pipelined in (True, False):
+        sched = Scheduler(model, max_num_seqs=1, max_model_len=64, pipelined=pipelined)
+        got = [[] for _ in jobs]
+        seqs = [Sequence(list(ids), n, sp, lambda e, i=i: got[i].append(e)) for i, (ids, n, sp) in enumerate(jobs)]
+        for q in seqs:
+            sched.submit(q)
+        _drive(sched, lambda: not sched.running and not sched.waiting)
+        assert [[e[1] for e in g if e[0] == "token"] for g in got] == expected, f"pipelined={pipelined}"
+        assert [g[-1] for g in got] == [("done", "stop"), ("done", "length")]
+        assert sched.launched is None and sched.free == [0] and sched.slots[0].host_pos == 0
+
+
+def test_a_refusal_in_pipelined_rounds_fails_its_sequences_and_the_next_runs(model):
+    """A decode step refuses while the next one is launched: its sequences end with the refusal's error (nothing
+    committed; the step behind it held), the hold is lifted, and the next requests equal themselves alone."""
+    tok = model.tokenizer
+    jobs = [(tok.encode("one two"), 12, dsv4.SamplingParams(seed=31)), (tok.encode("three"), 12, dsv4.SamplingParams(seed=32))]
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=64)
+    got = [[] for _ in jobs]
+    seqs = [Sequence(list(ids), n, sp, lambda e, i=i: got[i].append(e)) for i, (ids, n, sp) in enumerate(jobs)]
+    for q in seqs:
+        sched.submit(q)
+    _drive(sched, lambda: all(len(g) >= 3 for g in got))
+    model.arm_refusal(2, 0, 9, "attention")
+    try:
+        _drive(sched, lambda: not sched.running)
+    finally:
+        model.reset_refusals()
+    for g in got:
+        assert g[-1][0] == "error" and "layer 2 site attention" in str(g[-1][1])
+        assert all(e[0] == "token" for e in g[:-1])
+    assert not bool(model.hold) and sched.launched is None
+    assert all(s.host_pos == 0 and s.quarantine is None for s in sched.slots)  # zeroed for the next ones
+    again = [[] for _ in jobs]
+    for i, (ids, n, sp) in enumerate(jobs):
+        sched.submit(Sequence(list(ids), n, sp, lambda e, i=i: again[i].append(e)))
+    _drive(sched, lambda: not sched.running and not sched.waiting)
+    assert [[e[1] for e in g if e[0] == "token"] for g in again] == [solo(model, *j) for j in jobs]

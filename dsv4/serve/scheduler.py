@@ -13,7 +13,17 @@ and reused (zeroed on release, so a reused slot is byte for byte a fresh one). E
      position, caches and sampling parameters on the device);
   4. drop finished or cancelled sequences, zero their slots.
 
-So a long prompt costs the running sequences one chunk per round, not its whole prefill. A batched
+So a long prompt costs the running sequences one chunk per round, not its whole prefill.
+
+The decode steps are pipelined (`pipelined`, on by default): a round launches its step
+(`Model.step_batch_launch`, each continuing row's input fed on the device from its last draw) before it
+settles the previous round's step (`step_batch_settle`), so the host's work on a step's tokens (emitting
+them, the HTTP stream, the next round's bookkeeping) runs while the device computes the next step. A
+sequence is launched only while its generated plus launched tokens are below max_tokens; one that stops
+at EOS has one more step already launched, whose token is dropped; its slot is freed once that step has
+settled. A step launched behind a refusal commits nothing (StepHeld): its sequences run it again. A round
+with logit processing or a grammar (which need the previous token on the host) first settles what is
+launched and runs unpipelined. A batched
 step and a grouped short chunk compute every row as that row alone (dsv4.model.rows), a sequence's
 chunk boundaries come from its own prompt and `prefill_chunk` alone, and the sampler is keyed by (seed,
 position), so a sequence's tokens are the same alone or among any others, and the same as
@@ -45,6 +55,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..engine import StepHeld
 from ..model.rows import short_chunk
 from ..sampler import LogitsParams, Processing, SamplingParams
 from .protocol import RequestError
@@ -77,6 +88,7 @@ class Sequence:
     ignore_eos: bool = False  # sample through EOS up to max_tokens (vLLM's ignore_eos)
     logits: LogitsParams | None = None  # logit processing and logprobs on the device; None: the plain sampler
     constraint: object = None  # a grammar.Constraint (response_format): the allowed tokens of each step
+    inflight: int = 0  # pipelined steps launched for this sequence and not settled yet (0 or 1)
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -97,7 +109,7 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
-                 prefill_chunk: int = 64, metrics=None, graphs: bool | None = None):
+                 prefill_chunk: int = 64, metrics=None, graphs: bool | None = None, pipelined: bool = True):
         if max_num_seqs < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
                              f"prefill_chunk {prefill_chunk} >= 1 are required")
@@ -112,6 +124,8 @@ class Scheduler:
             model.each("pool_states", 0)
         # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.pipelined = pipelined
+        self.launched: list | None = None  # the rows (Sequence or None) of the step launched and not settled
         self.buckets = sorted({min(1 << i, max_num_seqs) for i in range(max_num_seqs.bit_length() + 1)})
         self.free = list(range(max_num_seqs))
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -210,7 +224,8 @@ class Scheduler:
     def _round(self):
         self._prefill([s for s in self.running if not s.cancelled and s.prefilling])
         self._decode([s for s in self.running if not s.cancelled and not s.prefilling])
-        done = [s for s in self.running if s.cancelled]
+        # a cancelled sequence keeps its slot while a launched step still writes its state
+        done = [s for s in self.running if s.cancelled and not s.inflight]
         for seq in done:
             self._zero(seq)
         if done:
@@ -247,16 +262,16 @@ class Scheduler:
 
     def _decode(self, seqs: list[Sequence]):
         """One batched step for every decoding sequence: eager over their own slots, or the graph of
-        the smallest bucket of slots that holds them all."""
+        the smallest bucket of slots that holds them all; pipelined, launched before the previous step
+        settles."""
+        if self.pipelined and all(s.logits is None and s.constraint is None for s in seqs):
+            self._decode_pipelined(seqs)
+            return
+        self._drain()
+        seqs = [s for s in seqs if not s.cancelled]
         if not seqs:
             return
-        if self.graphs:
-            size = next(b for b in self.buckets if b > max(s.slot for s in seqs))
-            by_slot = {s.slot: s for s in seqs}
-            rows = [by_slot.get(i) for i in range(size)]
-            states = self.slots[:size]
-        else:
-            rows, states = seqs, [self.slots[s.slot] for s in seqs]
+        rows, states = self._rows(seqs)
         tokens = [0 if s is None else s.token for s in rows]
         samplings = [None if s is None else s.sampling for s in rows]
         active = [s is not None for s in rows]
@@ -272,6 +287,61 @@ class Scheduler:
         for seq, token in zip(rows, out):
             if seq is not None:
                 self._guarded(seq, lambda s: self._took(s, token))
+
+    def _rows(self, seqs: list[Sequence]) -> tuple[list, list]:
+        """A step's rows (a Sequence, or None for a free slot of the bucket) and their states."""
+        if self.graphs:
+            size = next(b for b in self.buckets if b > max(s.slot for s in seqs))
+            by_slot = {s.slot: s for s in seqs}
+            rows = [by_slot.get(i) for i in range(size)]
+            states = self.slots[:size]
+        else:
+            rows, states = list(seqs), [self.slots[s.slot] for s in seqs]
+        return rows, states
+
+    def _decode_pipelined(self, seqs: list[Sequence]):
+        """Launch this round's step, then settle the previous one (its tokens handled while this one runs)."""
+        launch = [s for s in seqs if s.generated + s.inflight < s.max_tokens]
+        previous, self.launched = self.launched, None
+        if launch:
+            rows, states = self._rows(launch)
+            # a row whose sequence has drawn a token takes it on the device; a new one its last prompt token
+            feed = [s is not None and s.generated + s.inflight > 0 for s in rows]
+            tokens = [None if s is None or f else s.token for s, f in zip(rows, feed)]
+            try:
+                self.model.step_batch_launch(states, tokens, [None if s is None else s.sampling for s in rows],
+                                             [s is not None for s in rows], feed, graph=self.graphs)
+            except Exception as e:  # noqa: BLE001 - refused before it ran (a bad state): its sequences fail
+                self._failed(launch, e)
+            else:
+                for s in launch:
+                    s.inflight += 1
+                self.launched = rows
+        if previous is not None and not self._settle(previous):
+            self._drain()  # launched behind a refusal: held; settled now, so the next launch feeds from the host
+
+    def _settle(self, rows: list) -> bool:
+        """Take a launched step's tokens; a refused step fails its sequences (-> False), a held one is run again."""
+        seqs = [s for s in rows if s is not None]
+        for s in seqs:
+            s.inflight -= 1
+        try:
+            out = self.model.step_batch_settle()
+        except StepHeld:
+            return True  # nothing committed: each sequence's next round launches the same step again
+        except Exception as e:  # noqa: BLE001 - a refused step: every sequence in it fails, others go on
+            self._failed([s for s in seqs if not s.cancelled], e)
+            return False
+        for seq, token in zip(rows, out):
+            if seq is not None and not seq.cancelled:  # a sequence that ended meanwhile drops its extra token
+                self._guarded(seq, lambda s: self._took(s, token))
+        return True
+
+    def _drain(self):
+        """Settle the launched step, if any (before an unpipelined step, or when the loop stops)."""
+        previous, self.launched = self.launched, None
+        if previous is not None:
+            self._settle(previous)
 
     def _took(self, seq: Sequence, drawn):
         """drawn: the token (a plain step) or its Drawn (a processed one)."""
