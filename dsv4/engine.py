@@ -213,8 +213,8 @@ class _Pending:
     """A launched pipelined step (Model.step_batch_launch): its live states and its readback on its way to pinned
     host memory, done when `event` has passed."""
 
-    def __init__(self, live: list[DecodeState], B: int, host: torch.Tensor, event):
-        self.live, self.B, self.host, self.event = live, B, host, event
+    def __init__(self, live: list[DecodeState], active: list[bool], host: torch.Tensor, event):
+        self.live, self.active, self.host, self.event = live, active, host, event
 
 
 def _processing_mode(processing: list[Processing | None]) -> str | None:
@@ -531,7 +531,7 @@ class Model(ModelCommon):
             host = out.clone()
         for s in live:
             s.host_pos += 1
-        self._pending.append(_Pending(live, B, host, event))
+        self._pending.append(_Pending(live, active, host, event))
 
     def step_batch_settle(self) -> tuple[int, ...]:
         """Wait for the oldest launched step and return its tokens (-1 for an inactive row). Raises RefusalError
@@ -542,7 +542,7 @@ class Model(ModelCommon):
         if step.event is not None:
             step.event.synchronize()
         out = step.host.tolist()
-        B = step.B
+        B = len(step.active)
         if out[B] != 0:
             for s in step.live:
                 s.host_pos -= 1
@@ -550,7 +550,7 @@ class Model(ModelCommon):
                 raise StepHeld("this step was launched before an earlier step's refusal reached the host: "
                                "nothing committed; run it again")
             self._refused(step.live)
-        return tuple(int(t) for t in out[:B])
+        return tuple(int(t) if a else -1 for t, a in zip(out[:B], step.active))
 
     def _batch(self, states: list[DecodeState], graph: bool, mode: str | None, restricted: bool) -> "Batch":
         """The step's buffers (and, graph, its graph): one per list of states, processing mode and whether some

@@ -39,6 +39,9 @@ def test_cpu_gate_two_ranks(tmp_path):
     batch = [r for t, r in recs if t == "BATCH_IDENTITY"]
     assert len(batch) == 1 and batch[0]["rows"] == 3 and batch[0]["tokens"] == 3 * 27 - 3
     assert [r["rows_quarantined"] for t, r in recs if t == "BATCH_REFUSAL"] == [True]
+    pipelined = [r for t, r in recs if t == "BATCH_PIPELINED"]  # the server's pipelined steps, against solo
+    assert len(pipelined) == 1 and pipelined[0]["tokens"] == 3 * 27 - 3 and pipelined[0]["all_rank_final_state_equal"]
+    assert [(r["rows_unchanged"], r["next_step_held"]) for t, r in recs if t == "BATCH_PIPELINED_REFUSAL"] == [(True, True)]
     exact = [r for t, r in recs if t == "REPLAY_EXACT"]
     assert len(exact) >= 24 // 4 and all(r["all_rank_cache_hidden_logits"] for r in exact)
     refusals = [r for t, r in recs if t == "REPLAY_REFUSAL"]

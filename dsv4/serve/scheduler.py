@@ -23,7 +23,8 @@ sequence is launched only while its generated plus launched tokens are below max
 at EOS has one more step already launched, whose token is dropped; its slot is freed once that step has
 settled. A step launched behind a refusal commits nothing (StepHeld): its sequences run it again. A round
 with logit processing or a grammar (which need the previous token on the host) first settles what is
-launched and runs unpipelined. A batched
+launched and runs unpipelined; so does a round with prefill chunks (the launched step's tokens are sent
+before the prefill, not after it). A batched
 step and a grouped short chunk compute every row as that row alone (dsv4.model.rows), a sequence's
 chunk boundaries come from its own prompt and `prefill_chunk` alone, and the sampler is keyed by (seed,
 position), so a sequence's tokens are the same alone or among any others, and the same as
@@ -222,7 +223,12 @@ class Scheduler:
         return True
 
     def _round(self):
-        self._prefill([s for s in self.running if not s.cancelled and s.prefilling])
+        prefilling = [s for s in self.running if not s.cancelled and s.prefilling]
+        if prefilling:
+            # settle the launched step first: its tokens go out now, not after the prefill (a long forward that
+            # waits for the device anyway, so nothing is left to overlap)
+            self._drain()
+        self._prefill(prefilling)
         self._decode([s for s in self.running if not s.cancelled and not s.prefilling])
         # a cancelled sequence keeps its slot while a launched step still writes its state
         done = [s for s in self.running if s.cancelled and not s.inflight]
