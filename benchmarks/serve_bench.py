@@ -15,6 +15,7 @@ seconds. Prints one record per line, `TAG {json}`:
            server's own means over the level (GET /metrics)
   IDENTITY request i has the same prompt and seed at every level: its token ids must be the same alone
            and among others (exit 1 when not)
+  WARMUP   with --warmup N: each level run N times first, untimed (its requests are not REQUEST records)
 
 CPU smoke (seconds):  python benchmarks/serve_bench.py --preset tiny --device cpu --concurrency 1,4 \\
                       --prompt-tokens 32 --max-tokens 8
@@ -122,7 +123,9 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 5)
 
 
-def run_level(client, model, args, concurrency: int, prompts: list[list[int]], url: str) -> list[dict]:
+def run_level(client, model, args, concurrency: int, prompts: list[list[int]], url: str,
+              warmup: bool = False) -> list[dict]:
+    """One level: its REQUEST records and its LEVEL record (warmup: only a WARMUP record, its requests uncounted)."""
     total = args.requests or 2 * concurrency
     deadline = time.monotonic() + args.level_timeout
     lock, issued, records, errors = threading.Lock(), [0], [], []
@@ -141,7 +144,8 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]], u
                     errors.append(repr(e)[:200])
                 continue
             with lock:  # one record per line: the threads' prints do not interleave
-                emit("REQUEST", concurrency=concurrency, index=i, **rec)
+                if not warmup:
+                    emit("REQUEST", concurrency=concurrency, index=i, **rec)
                 records.append({"index": i, **rec})
 
     before = server_times(url)
@@ -154,6 +158,9 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]], u
     wall = time.perf_counter() - start
     server = server_means(before, server_times(url))
     tokens = sum(r["completion_tokens"] for r in records)
+    if warmup:
+        emit("WARMUP", concurrency=concurrency, requests=len(records), errors=len(errors), wall_s=round(wall, 3))
+        return records
     emit("LEVEL", concurrency=concurrency, requests=len(records), errors=len(errors), first_error=errors[:1],
          wall_s=round(wall, 3), completion_tokens=tokens, aggregate_tok_s=round(tokens / wall, 2),
          per_request_tok_s=round(statistics.median(r["completion_tokens"] / r["e2e_s"] for r in records), 2)
@@ -192,6 +199,9 @@ def main():
     ap.add_argument("--no-precapture", action="store_true",
                     help="start the server with --no-precapture (each bucket's graph captured at its first use)")
     ap.add_argument("--gemv", choices=["v2", "v3"], help="start the server with --gemv (its decode GEMVs' kernels)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="untimed passes of every level first (the kernels' first compiles for the prefill shapes a "
+                         "level makes stay out of its figures: the steady state of a server that has run a while)")
     args = ap.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
     proc = None
@@ -207,6 +217,9 @@ def main():
         rng = random.Random(0)
         prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
         one_request(client, model, prompts[0], 4, seed=0)  # warm-up: first-call costs stay out of the levels
+        for _ in range(args.warmup):
+            for c in args.levels:
+                run_level(client, model, args, c, prompts, url, warmup=True)
         levels = {c: run_level(client, model, args, c, prompts, url) for c in args.levels}
         if not identity(levels):
             raise SystemExit(1)
