@@ -10,12 +10,15 @@ logits must equal its own prefill's: exit 1 when not. One record per line:
 
   PREFILL_BATCH_BUILD  preset, ranks, device, provenance, build wall
   PREFILL_BATCH        states, tokens, one_by_one_s, grouped_s, speedup, grouped tok/s, equal (bytes alone ==
-                       grouped), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV) and DSV4_KERNELS
+                       grouped), digest (of every state's bytes and logits: equal across runs that must keep the
+                       bits, e.g. DSV4_MOE_ORDER on and off), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV),
+                       DSV4_KERNELS and the MoE's pair order (DSV4_MOE_ORDER)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -24,6 +27,7 @@ import time
 import torch
 
 import dsv4
+from dsv4.kernels import moe as fused_moe
 from dsv4.receipts import emit, provenance
 
 
@@ -59,8 +63,9 @@ def bench(model, slots, B: int, tokens: int, runs: int) -> dict:
     one_s, grouped_s = statistics.median(one[1:]), statistics.median(grouped[1:])
     return dict(states=B, tokens=tokens, one_by_one_s=round(one_s, 4), grouped_s=round(grouped_s, 4),
                 speedup=round(one_s / grouped_s, 2), grouped_tok_s=round(B * tokens / grouped_s, 1), equal=equal,
+                digest=hashlib.sha256(repr(alone).encode()).hexdigest()[:16],
                 runs=runs, qgemv=os.environ.get("DSV4_QGEMV", "v2"), dense_gemv=os.environ.get("DSV4_DENSE_GEMV", "v2"),
-                kernels=os.environ.get("DSV4_KERNELS", "auto"))
+                kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_order=fused_moe.CONFIG["order_pairs"])
 
 
 def main() -> int:
