@@ -9,10 +9,10 @@ in one `Model.prefill_batch`; the median of --runs of each. Each grouped state's
 logits must equal its own prefill's: exit 1 when not. One record per line:
 
   PREFILL_BATCH_BUILD  preset, ranks, device, provenance, build wall
+  PREFILL_BATCH_PROFILE / _KERNEL  with --profile N (1 rank): one grouped prefill's kernels, the N largest
   PREFILL_BATCH        states, tokens, one_by_one_s, grouped_s, speedup, grouped tok/s, equal (bytes alone ==
                        grouped), digest (of every state's bytes and logits: equal across runs that must keep the
-                       bits, e.g. DSV4_MOE_ORDER on and off), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV),
-                       DSV4_KERNELS and the MoE's pair order (DSV4_MOE_ORDER)
+                       bits), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV) and DSV4_KERNELS
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import time
 import torch
 
 import dsv4
-from dsv4.kernels import moe as fused_moe
 from dsv4.receipts import emit, provenance
 
 
@@ -65,7 +64,34 @@ def bench(model, slots, B: int, tokens: int, runs: int) -> dict:
                 speedup=round(one_s / grouped_s, 2), grouped_tok_s=round(B * tokens / grouped_s, 1), equal=equal,
                 digest=hashlib.sha256(repr(alone).encode()).hexdigest()[:16],
                 runs=runs, qgemv=os.environ.get("DSV4_QGEMV", "v2"), dense_gemv=os.environ.get("DSV4_DENSE_GEMV", "v2"),
-                kernels=os.environ.get("DSV4_KERNELS", "auto"), moe_order=fused_moe.CONFIG["order_pairs"])
+                kernels=os.environ.get("DSV4_KERNELS", "auto"))
+
+
+def profile(model, slots, args) -> None:
+    """Where one grouped prefill's time goes: its kernels by name (PREFILL_BATCH_KERNEL), their sum against the
+    wall time (PREFILL_BATCH_PROFILE: a busy fraction well below 1 means the host's launches bound it)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    chunks = prompts(args.states, args.tokens, model.cfg.vocab_size)
+    states = slots[:args.states]
+    fresh(states)
+    cuda = model.device.type == "cuda"  # on CPU the rows are torch ops with their own host time
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        wall = timed(model, lambda: model.prefill_batch(states, chunks))
+    totals: dict[str, list] = {}
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    for e in prof.events():
+        if e.device_type == kind:
+            row = totals.setdefault(e.name[:90], [0, 0.0])
+            row[0] += 1
+            row[1] += e.device_time_total if cuda else e.self_cpu_time_total
+    kernel_us = sum(us for _, us in totals.values())
+    emit("PREFILL_BATCH_PROFILE", states=args.states, tokens=args.tokens, wall_s=round(wall, 4),
+         kernels=sum(n for n, _ in totals.values()), kernel_us=round(kernel_us, 1),
+         busy_fraction=round(kernel_us / 1e6 / wall, 3))
+    for name, (n, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:args.profile]:
+        emit("PREFILL_BATCH_KERNEL", name=name, calls=n, us=round(us, 1), share=round(us / kernel_us, 4))
 
 
 def main() -> int:
@@ -76,6 +102,8 @@ def main() -> int:
     ap.add_argument("--states", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=63, help="chunk length (a 64-token prompt prefills 63)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="1 rank: the --profile largest kernels of one grouped prefill of --states states (torch profiler)")
     args = ap.parse_args()
     t = time.perf_counter()
     model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
@@ -89,6 +117,8 @@ def main() -> int:
         record = bench(model, slots, B, args.tokens, args.runs)
         ok &= record["equal"]
         emit("PREFILL_BATCH", preset=args.preset, ranks=args.ranks, **record)
+    if args.profile and args.ranks == 1:
+        profile(model, slots, args)
     if args.ranks > 1:
         model.close()
     return 0 if ok else 1

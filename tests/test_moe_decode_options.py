@@ -16,7 +16,6 @@ from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.model import linear as linear_mod
 from dsv4.model import moe as moe_mod
-from dsv4.model.rows import rows_alone
 from dsv4.formats import QWeight
 
 pytest.importorskip("triton")
@@ -148,49 +147,3 @@ def test_routed_and_shared_gate_up_in_one_launch(monkeypatch, device):
         local = (ids - first >= 0) & (ids - first < 16)  # rows of other ranks' experts are never written
         assert torch.equal(both[0][local.flatten()], alone[0][local.flatten()]), fused
         assert torch.equal(both[1], alone[1]) and not tickets_any(device), fused
-
-
-@pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)]) +
-                         [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
-def test_moe_ordered_pairs_keep_the_bits(monkeypatch, device, dtype):
-    """CONFIG order_pairs: the pairs run in their experts' order (kernel 1, and kernel 2 in its split form) and give
-    the token-order kernels' bits, with the shared expert's kernel 1 in the same launch or apart, with split-K, for
-    a batch whose tokens share experts (and pick remote ones); tickets back at 0; each token alone equals it in the
-    batch. (In fp32 kernel 2 stays the plain one: only kernel 1 is ordered.)"""
-    g = torch.Generator().manual_seed(21)
-    full = device == "cuda"  # the interpreter's minutes on CPU: a smaller case there
-    D, I, T = (128, 64, 5) if full else (64, 32, 3)
-    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
-    x = torch.randn(T, D, generator=g).to(dtype).to(device)
-    shared = torch.randn(T, D, generator=g).to(dtype).to(device)
-    # experts 16..31 are this rank's; 17, 20 and 3 (remote) come back in several tokens, in different slots
-    ids = torch.tensor([[17, 20, 3, 25, 16, 30], [20, 17, 31, 3, 18, 19], [3, 17, 20, 22, 23, 5],
-                        [26, 27, 17, 20, 3, 28], [20, 29, 17, 24, 1, 21]], device=device)[:T]
-    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(dtype).to(device)
-    cfg = preset("tiny")
-    cfg.swiglu_limit = 0.3
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-
-    def run(order, rows=slice(None), add=shared, **overrides):
-        moe_configured(monkeypatch, order_pairs=order, **overrides)
-        with rows_alone():  # a decode step's or a short chunk's rows: the per-(token, expert) kernels at any count
-            return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg, None if add is None else add[rows])
-
-    for overrides in ({}, {"gate_up_split_k": 2}, {"down_split_experts": False})[:3 if full else 2]:
-        plain = run(0, **overrides)
-        got = run(1, **overrides)
-        assert torch.equal(got, plain), overrides
-        assert not tickets_any(device)
-    if full:
-        assert torch.equal(run(1, add=None), run(0, add=None))
-    batch = run(1)
-    for t in range(T if full else 1):
-        assert torch.equal(run(1, slice(t, t + 1)), batch[t:t + 1])
-    # kernel 1 of the routed rows and the shared expert's in one launch, ordered
-    sw1, sw3 = (quantised("fp4", 32, D, g).to(device) for _ in range(2))
-    moe_configured(monkeypatch, order_pairs=0)
-    h0, sh0 = fused_moe.routed_and_shared_gate_up(x, ids[:T], stacks["w1"], stacks["w3"], 16, sw1, sw3, 0.3)
-    moe_configured(monkeypatch, order_pairs=1)
-    h1, sh1 = fused_moe.routed_and_shared_gate_up(x, ids[:T], stacks["w1"], stacks["w3"], 16, sw1, sw3, 0.3)
-    local = ((ids[:T] >= 16) & (ids[:T] < 32)).reshape(-1)  # a remote pair's row of h is never written (kernel 2 skips it)
-    assert torch.equal(h0[local], h1[local]) and torch.equal(sh0, sh1)

@@ -61,18 +61,12 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # 42.8 -> 41.7 us, at 16 tokens 327.6 -> 318.3 us paired alone but 332.9 with the split: hence the token bound).
 # shared_launch (DSV4_MOE_SHARED_LAUNCH=0 turns it off; on since session 8 call 4): the shared expert's gate/up in the
 # routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
-# order_pairs (DSV4_MOE_ORDER; 0: never): a launch of at least this many (token, expert) pairs runs them in the order
-# of their experts (a stable sort of the ids on the device), kernel 1 and kernel 2 (then its split form, a program
-# per pair): the pairs of one expert run one after another, so all but the first read its weights from L2, where in
-# token order each pair streams its expert from memory again (a grouped prefill of 16 x 63 tokens: 6,048 pairs over
-# 256 experts, ~24 a expert). Only which program computes which pair changes: the same bits.
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
-          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "order_pairs": int(os.environ.get("DSV4_MOE_ORDER", "128"))}
+          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1"}
 
 
 @device_function
@@ -81,18 +75,14 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
                      K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, TOPK: constexpr,
                      ROUTED: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr,
                      K_CHUNK: constexpr, FUSED_SUM: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
-                     PAIRED: constexpr, EARLY: constexpr = False, order_ptr=None, ORDERED: constexpr = False):
+                     PAIRED: constexpr, EARLY: constexpr = False):
     """Program (row block nb of nblocks, split, slot) of kernel 1. Row r: token r // TOPK, its expert ids[r]
-    (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row, with ORDERED row order[j].
-    SPLITS > 1: fp32 partials
+    (ROUTED), or the one weight pair; with COMPACT, slot j runs the j-th local row. SPLITS > 1: fp32 partials
     at p_ptr, summed by the last of a (row, row block)'s programs (its ticket: tickets_ptr[r * nblocks + nb]).
     EARLY (the shared expert's programs in _gate_up_shared_kernel): pdl_wait while gate's first tile (both first
     tiles, paired) is in flight."""
     if COMPACT:
         r, e = _local_row(ids_ptr, slot, rows, first, n_local, ROWS_P2)
-    elif ROUTED and ORDERED:
-        r = tl.load(order_ptr + slot).to(tl.int64)  # the slot-th pair in expert order
-        e = tl.load(ids_ptr + r).to(tl.int64) - first
     elif ROUTED:
         r = slot.to(tl.int64)
         e = tl.load(ids_ptr + r).to(tl.int64) - first
@@ -130,27 +120,27 @@ def _gate_up_program(nb, split, slot, nblocks, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3
                     tl.store(ticket, 0)
 
 
-def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, order_ptr, h_ptr, p_ptr, tickets_ptr, rows, I,
-                    first, n_local, w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
+def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
+                    w_expert_stride, s_expert_stride, row_skew, limit, K: constexpr, S_STRIDE: constexpr,
                     FP4: constexpr, E8M0: constexpr, TOPK: constexpr, ROUTED: constexpr, BLOCK_N: constexpr,
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr, ORDERED: constexpr):
+                    COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
     pdl_release()
     _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
                      s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                      w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
-                     BLOCK_N, BLOCK_K, SPLITS, K_CHUNK, FUSED_SUM, COMPACT, ROWS_P2, PAIRED, False, order_ptr, ORDERED)
+                     BLOCK_N, BLOCK_K, SPLITS, K_CHUNK, FUSED_SUM, COMPACT, ROWS_P2, PAIRED)
 
 
-def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, order_ptr, h_ptr, p_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
+def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
                            ss3_ptr, sh_ptr, sp_ptr, tickets_ptr, rows, T, I, SI, first, n_local, w_expert_stride,
                            s_expert_stride, row_skew, s_row_skew, limit, K: constexpr, S_STRIDE: constexpr, FP4: constexpr,
                            E8M0: constexpr, TOPK: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
                            SPLITS: constexpr, K_CHUNK: constexpr, COMPACT: constexpr, ROWS_P2: constexpr,
                            PAIRED: constexpr, BLOCKS: constexpr, SS_STRIDE: constexpr, S_FP4: constexpr,
                            S_E8M0: constexpr, S_BLOCK_N: constexpr, S_BLOCK_K: constexpr, S_SPLITS: constexpr,
-                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr, ORDERED: constexpr):
+                           S_K_CHUNK: constexpr, S_BLOCKS: constexpr):
     """Kernel 1 for the routed rows and the shared expert's in one launch (both read only x): a flat grid, the
     routed programs (BLOCKS x SPLITS x rows, in _gate_up_kernel's grid order) first, then the shared expert's
     (S_BLOCKS x S_SPLITS x T); each program is exactly the one of its own launch (same bits), the shared
@@ -165,7 +155,7 @@ def _gate_up_shared_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, order
         _gate_up_program(pid % BLOCKS, rest % SPLITS, rest // SPLITS, BLOCKS, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr,
                          ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local, w_expert_stride,
                          s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, True, BLOCK_N, BLOCK_K, SPLITS,
-                         K_CHUNK, True, COMPACT, ROWS_P2, PAIRED, False, order_ptr, ORDERED)
+                         K_CHUNK, True, COMPACT, ROWS_P2, PAIRED)
     else:
         q = pid - routed_programs
         rest = q // S_BLOCKS
@@ -269,22 +259,18 @@ def _down_sum_store(p_ptr, add_ptr, y_ptr, t, n, D, TOPK: constexpr, ADD: conste
 def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                        w_expert_stride, s_expert_stride, I: constexpr, S_STRIDE: constexpr, FP4: constexpr,
                        E8M0: constexpr, TOPK: constexpr, ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
-                       FUSED_SUM: constexpr, order_ptr=None, ORDERED: constexpr = False):
+                       FUSED_SUM: constexpr):
     """_down_kernel with the experts of a token in parallel: grid (row blocks of D, T, TOPK); program (nb, t, j)
     stores expert j's rounded, weighted term into p [T, TOPK, D] (0 where another rank owns it), and the last
     of a (t, nb)'s TOPK programs (an int32 ticket) sums them in routing order (FUSED_SUM; else _down_sum_kernel
-    in a second launch). At one token the down projection's experts no longer run one after another. ORDERED: grid
-    (row blocks of D, T * TOPK), program (nb, slot) takes pair order[slot] (the pairs in their experts' order)."""
+    in a second launch). At one token the down projection's experts no longer run one after another."""
     pdl_release()
     nb = tl.program_id(0)
-    if ORDERED:
-        r = tl.load(order_ptr + tl.program_id(1)).to(tl.int64)
-        t = r // TOPK
-    else:
-        t = tl.program_id(1).to(tl.int64)
-        r = t * TOPK + tl.program_id(2)
+    t = tl.program_id(1).to(tl.int64)
+    j = tl.program_id(2)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     dt = y_ptr.dtype.element_ty
+    r = t * TOPK + j
     e = tl.load(ids_ptr + r).to(tl.int64) - first
     term = tl.zeros([BLOCK_N], dtype=tl.float32)
     if (e >= 0) & (e < n_local):
@@ -298,7 +284,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
     tl.store(p_ptr + r * D + n, term, mask=n < D)
     if FUSED_SUM:
         tl.debug_barrier()  # every thread's term stored before the ticket's release
-        ticket = tickets_ptr + t * tl.num_programs(0) + nb  # num_programs(0): the row blocks in either grid
+        ticket = tickets_ptr + t * tl.num_programs(0) + nb
         if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == TOPK - 1:
             _down_sum_store(p_ptr, add_ptr, y_ptr, t, n, D, TOPK, ADD)
             tl.store(ticket, 0)
@@ -358,15 +344,6 @@ def _geometry(x, w1: QWeight, topk: int, block_n: int, split_k: int) -> tuple[in
     return I, rows, block_k, k_chunk, cdiv(K, k_chunk), cdiv(I, block_n)
 
 
-def _order(ids: torch.Tensor) -> torch.Tensor | None:
-    """The launch's (token, expert) pairs in their experts' order (CONFIG order_pairs; None: in token order): a
-    stable sort on the device, no host sync."""
-    pairs = ids.numel()
-    if not CONFIG["order_pairs"] or pairs < CONFIG["order_pairs"]:
-        return None
-    return torch.argsort(ids.reshape(-1), stable=True)
-
-
 def _row_skew(w: QWeight) -> int:
     return w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0
 
@@ -382,15 +359,13 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     # Without tickets (more than the pool, or a capture before any eager launch) the second launch sums: same bits.
     tickets = tickets_for(rows * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
     compact = routed and CONFIG["compact"]
-    order = _order(ids) if routed and not compact else None
     launcher(_gate_up_kernel, x)[(blocks, splits, rows)](
-        x, d1, s1, d3, s3, ids if routed else s1, ids if order is None else order, h, partials,
-        tickets if tickets is not None else partials, rows, I,
+        x, d1, s1, d3, s3, ids if routed else s1, h, partials, tickets if tickets is not None else partials, rows, I,
         first, n_local, d1.stride(0) if routed else 0, s1.stride(0) if routed else 0, _row_skew(w1), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=topk,
         ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, COMPACT=compact, ROWS_P2=next_pow2(rows) if compact else 1,  # one build for any T
-        PAIRED=CONFIG["gate_up_paired"], ORDERED=order is not None, **_options())
+        PAIRED=CONFIG["gate_up_paired"], **_options())
     if splits > 1 and tickets is None:
         launcher(_gate_up_sum_kernel, x)[(cdiv(I, 1024), rows)](
             partials, ids if routed else s1, h, I, first, n_local, float(limit), ROUTED=routed, SPLITS=splits,
@@ -424,17 +399,15 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     partials = h if splits == 1 else torch.empty(rows, splits, 2, I, dtype=torch.float32, device=x.device)
     s_partials = sh if s_splits == 1 else torch.empty(T, s_splits, 2, SI, dtype=torch.float32, device=x.device)
     compact = CONFIG["compact"]
-    order = None if compact else _order(ids)
     launcher(_gate_up_shared_kernel, x)[(blocks * splits * rows + s_blocks * s_splits * T,)](
-        x, d1, s1, d3, s3, ids, ids if order is None else order, h, partials, e1, t1, e3, t3, sh, s_partials, tickets,
-        rows, T, I, SI, first, n_local,
+        x, d1, s1, d3, s3, ids, h, partials, e1, t1, e3, t3, sh, s_partials, tickets, rows, T, I, SI, first, n_local,
         d1.stride(0), s1.stride(0), _row_skew(w1), _row_skew(sw1), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], FP4=w1.fmt == "fp4", E8M0=s1.dtype == torch.uint8, TOPK=k,
         BLOCK_N=CONFIG["gate_up_block_n"], BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, COMPACT=compact,
         ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
         SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
         S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
-        S_BLOCKS=s_blocks, ORDERED=order is not None, **_options(PDL))
+        S_BLOCKS=s_blocks, **_options(PDL))
     return h, sh
 
 
@@ -463,21 +436,16 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     # terms cannot repeat (bf16/fp16 round each term first, so the split sum has the same bits).
     # The split pays where a token's experts are the only parallelism (a few tokens), not at 16 (moe_bench, session 8
     # call 3: one Flash layer at 16 tokens 318 us paired alone, 333 with the split). Equal bits either way.
-    # Ordered pairs (many of them: a prefill's short chunks) take the split form, a program per pair in expert order.
-    order = None if x.dtype == torch.float32 else _order(ids)
-    if order is None and (not CONFIG["down_split_experts"] or x.dtype == torch.float32
-                          or T > CONFIG["down_split_tokens"]):
+    if not CONFIG["down_split_experts"] or x.dtype == torch.float32 or T > CONFIG["down_split_tokens"]:
         launcher(_down_kernel, x)[(cdiv(D, block_n), T)](
             h, d2, s2, ids, weights.contiguous(), add_or_y, y, D, first, n_local, d2.stride(0), s2.stride(0),
             **consts, **_options())
         return y if add is None or fold else y + add
     terms = torch.empty(T, k, D, dtype=torch.float32, device=x.device)
     tickets = tickets_for(T * cdiv(D, block_n), x.device) if CONFIG["fused_sum"] else None
-    grid = (cdiv(D, block_n), T, k) if order is None else (cdiv(D, block_n), T * k)
-    launcher(_down_split_kernel, x)[grid](
+    launcher(_down_split_kernel, x)[(cdiv(D, block_n), T, k)](
         h, d2, s2, ids, weights.contiguous(), add_or_y, y, terms, terms if tickets is None else tickets, D, first,
-        n_local, d2.stride(0), s2.stride(0), **consts, FUSED_SUM=tickets is not None,
-        order_ptr=ids if order is None else order, ORDERED=order is not None, **_options())
+        n_local, d2.stride(0), s2.stride(0), **consts, FUSED_SUM=tickets is not None, **_options())
     if tickets is None:
         launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add_or_y, y, D, TOPK=k, ADD=fold, BLOCK=1024)
     return y if add is None or fold else y + add
