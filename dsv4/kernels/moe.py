@@ -307,15 +307,19 @@ def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, 
 
 
 @device_function
-def _group_rows(order_ptr, row_ptr, ends_ptr, g, e, R: constexpr):
+def _group_rows(order_ptr, row_ptr, ends_ptr, g, e, src_ptr, STRIDE: constexpr, PER_ROW: constexpr, R: constexpr):
     """Group g's pairs (expert e's, sorted positions row[g] .. min(row[g] + R, ends[e]) - 1): a tuple of R pair
-    indices (past the group's end its last pair again: computed, not stored) and the group's valid count."""
+    indices (past the group's end its last pair again: computed, not stored), the group's valid count, and each
+    pair's input row, src + (pair // PER_ROW) * STRIDE (x's token row for kernel 1, h's pair row for kernel 2)."""
     start = tl.load(row_ptr + g).to(tl.int64)
     valid = tl.minimum(tl.load(ends_ptr + e).to(tl.int64) - start, R)
     pairs = ()
+    rows = ()
     for i in tl.static_range(R):
-        pairs = pairs + (tl.load(order_ptr + start + tl.minimum(i, valid - 1)).to(tl.int64),)
-    return pairs, valid
+        pair = tl.load(order_ptr + start + tl.minimum(i, valid - 1)).to(tl.int64)
+        pairs = pairs + (pair,)
+        rows = rows + (src_ptr + (pair // PER_ROW) * STRIDE,)
+    return pairs, valid, rows
 
 
 def _grouped_gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, order_ptr, expert_ptr, row_ptr, ends_ptr, h_ptr,
@@ -327,10 +331,7 @@ def _grouped_gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, order_ptr, ex
     g = tl.program_id(0)
     e = tl.load(expert_ptr + g).to(tl.int64)
     if e < n_local:
-        pairs, valid = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, R)
-        xs = ()
-        for i in tl.static_range(R):
-            xs = xs + (x_ptr + (pairs[i] // TOPK) * K,)
+        pairs, valid, xs = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, x_ptr, K, TOPK, R)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         gates = _fp4_rows(xs, w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride, n, I, 0, K, K, S_STRIDE,
                           E8M0, BLOCK_N, BLOCK_K)
@@ -351,10 +352,7 @@ def _grouped_down_kernel(h_ptr, w_ptr, s_ptr, order_ptr, expert_ptr, row_ptr, en
     g = tl.program_id(0)
     e = tl.load(expert_ptr + g).to(tl.int64)
     if e < n_local:
-        pairs, valid = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, R)
-        hs = ()
-        for i in tl.static_range(R):
-            hs = hs + (h_ptr + pairs[i] * I,)
+        pairs, valid, hs = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, h_ptr, I, 1, R)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         dt = h_ptr.dtype.element_ty
         outs = _fp4_rows(hs, w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride, n, D, 0, I, I, S_STRIDE, E8M0,
