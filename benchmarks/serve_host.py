@@ -142,7 +142,7 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
             for line in out.getvalue().splitlines():
                 if line.strip():
-                    print("HOST_TOP", line)
+                    emit("HOST_TOP", line=line.strip())
 
     sched_arm(1, "SCHED", profile=False)
     sched_arm(1, "SCHED_PROFILED", profile=True)

@@ -62,8 +62,38 @@ def _device_calls_patch_once():
     interpreter.InterpretedFunction.__call__ = call
 
 
+def _dot_rows_alone():
+    """The interpreter's tl.dot is numpy's float32 matmul, whose sum for a row depends on where that row sits in the
+    tile (BLAS blocking and SIMD peeling; seen with numpy 2.4.6's OpenBLAS 0.3.31: a v3 row alone and the same row
+    at tile row 6 differ in the last bit), which a GPU's MMA does not: there each output is its own row's sum.
+    Here each product is summed in float64 and rounded once to the accumulator's dtype, so a row's result no
+    longer depends on its neighbours (the kernels' batch-invariance tests test the kernels, not numpy). Operands are
+    converted as the interpreter converts them (fp8 through fp16). Another Triton version keeps its own dot."""
+    try:
+        import numpy as np
+        import triton
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if triton.__version__ != "3.6.0":
+        return
+    import triton.language as tl
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a_data, b_data = a.data, b.data
+        if (a.dtype.primitive_bitwidth == 8 and a.dtype.is_floating()) or \
+           (b.dtype.primitive_bitwidth == 8 and b.dtype.is_floating()):
+            a_data = interpreter._convert_float(a_data, a.dtype, tl.float16, None).view(np.float16)
+            b_data = interpreter._convert_float(b_data, b.dtype, tl.float16, None).view(np.float16)
+        product = np.matmul(a_data.astype(np.float64), b_data.astype(np.float64)).astype(d.data.dtype)
+        return interpreter.TensorHandle(product + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _device_calls_patch_once()
+    _dot_rows_alone()
 
 
 # The slow set: long interpreter runs of whole models through kernels that CI also covers in unit tests.

@@ -36,6 +36,9 @@ Branch qkvfuse, DSV4_FUSE_QKV=1 (dsv4.model.attention CONFIG fuse_qkv: wq_a and 
 Branch xproj, DSV4_FUSE_XPROJ=1 (dsv4.layout CONFIG fuse_xproj: a compressed layer's bf16 linears of x in one linear,
 4 a CSA layer and 1 an HCA layer; the consumers read the column views in place, no copy):
     tiny                                   371 / 617  ->  361 / 607
+Session 12, pipelined batched steps (engine.step_batch_device reads the hold and the fed inputs; the form that ran
+on the GPU in session 12's calls 2-4), pooled step only:
+    tiny 617 -> 624, tiny_fp8 267 -> 269 (each bound below moved by as much)
 """
 
 from __future__ import annotations
@@ -54,10 +57,10 @@ from launches import pooled_census, solo_census
 pytestmark = pytest.mark.skipif(not kernels.interpreting(), reason="counted on CPU (Triton's interpreter)")
 
 # With topk's cut (2 a step on tiny's 2 CSA layers) in every row.
-BOUNDS = {"tiny": {"solo": 371, "pooled": 617}, "tiny_fp8": {"solo": 226, "pooled": 267},
-          "tiny+fuse_qkv": {"solo": 366, "pooled": 612}, "tiny_fp8_q128+fuse_qkv": {"solo": 221, "pooled": 262},
-          "tiny+fuse_xproj": {"solo": 361, "pooled": 607}}
-BOUNDS_IN_PLACE = {"tiny": {"solo": 366, "pooled": 612}, "tiny_fp8": {"solo": 216, "pooled": 257}}
+BOUNDS = {"tiny": {"solo": 371, "pooled": 624}, "tiny_fp8": {"solo": 226, "pooled": 269},
+          "tiny+fuse_qkv": {"solo": 366, "pooled": 619}, "tiny_fp8_q128+fuse_qkv": {"solo": 221, "pooled": 264},
+          "tiny+fuse_xproj": {"solo": 361, "pooled": 614}}
+BOUNDS_IN_PLACE = {"tiny": {"solo": 366, "pooled": 619}, "tiny_fp8": {"solo": 216, "pooled": 259}}
 
 
 @pytest.fixture(scope="module")
