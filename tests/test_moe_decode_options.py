@@ -153,7 +153,7 @@ def test_routed_and_shared_gate_up_in_one_launch(monkeypatch, device):
 @pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)]) +
                          [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
 def test_moe_grouped_pairs_keep_the_bits(monkeypatch, device, dtype):
-    """CONFIG grouped_pairs: the pairs grouped by expert (a program per group of up to GROUP_ROWS pairs of one
+    """CONFIG grouped_pairs: the pairs grouped by expert (a program per group of up to group_rows pairs of one
     expert, each weight tile decoded once for the group) give the pair kernels' bits: kernel 1's h rows, kernel 2's
     sums (bf16; fp32 keeps kernel 2), with the shared add and with the shared expert's kernel 1 beside; a batch
     whose tokens share experts (one expert in more pairs than a group holds) and pick remote ones; each token
@@ -174,7 +174,7 @@ def test_moe_grouped_pairs_keep_the_bits(monkeypatch, device, dtype):
     cfg = preset("tiny")
     cfg.swiglu_limit = 0.3
     monkeypatch.setenv("DSV4_KERNELS", "triton")
-    assert fused_moe.GROUP_ROWS < int((ids == 17).sum())
+    assert fused_moe.CONFIG["group_rows"] < int((ids == 17).sum())
 
     def run(least, rows=slice(None), add=shared):
         moe_configured(monkeypatch, grouped_pairs=least)

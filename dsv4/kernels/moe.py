@@ -63,19 +63,19 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
 # grouped_pairs (DSV4_MOE_GROUPED; 0: never): a launch of FP4 experts with at least this many (token, expert) pairs
 # (a prefill's short chunks: 6,048 pairs a layer for 16 prompts of 63 tokens on one rank, ~24 an expert) runs them
-# grouped: the pairs sorted by expert on the device, a program per group of up to GROUP_ROWS pairs of one expert
+# grouped: the pairs sorted by expert on the device, a program per group of up to group_rows pairs of one expert
 # (dsv4.kernels.prefill_moe.schedule), each weight tile decoded once for all of them (qgemv._fp4_rows over the
 # group's rows: each row's sum is the one it gets alone) where the pair kernels decode it once a pair (session 12
 # call 6: a grouped prefill of 16 x 63 tokens on mini is 89 % those kernels). Each pair's h row, and kernel 2's
 # term, has the pair kernels' bits, so the choice can follow the launch's size without a row's bits following it.
-GROUP_ROWS = 8
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "grouped_pairs": int(os.environ.get("DSV4_MOE_GROUPED", "0"))}
+          "grouped_pairs": int(os.environ.get("DSV4_MOE_GROUPED", "0")),
+          "group_rows": int(os.environ.get("DSV4_MOE_GROUP_ROWS", "8"))}
 
 
 @device_function
@@ -420,10 +420,10 @@ def grouped(x: torch.Tensor, ids: torch.Tensor, w1: QWeight) -> bool:
 
 
 def _groups(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...]:
-    """(order, expert, row, ends): the pairs sorted by local expert (a stable sort; other ranks' experts last,
-    in no group), each group of up to GROUP_ROWS pairs' expert and first sorted position (prefill_moe.schedule's
-    static bound: cdiv(pairs, GROUP_ROWS) + n_local groups, those past the real ones expert n_local), and each
-    expert's end in the sorted order. On the device: no host sync."""
+    """(order, expert, row, ends, R): the pairs sorted by local expert (a stable sort; other ranks' experts last,
+    in no group), each group of up to R = CONFIG group_rows pairs' expert and first sorted position
+    (prefill_moe.schedule's static bound: cdiv(pairs, R) + n_local groups, those past the real ones expert
+    n_local), each expert's end in the sorted order, and R. On the device: no host sync."""
     from .prefill_moe import schedule
 
     flat = ids.reshape(-1).long() - first
@@ -431,20 +431,21 @@ def _groups(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, 
     order = torch.argsort(key, stable=True)
     counts = torch.zeros(n_local + 1, dtype=torch.int64, device=ids.device).scatter_add_(0, key, torch.ones_like(key))
     ends = torch.cumsum(counts[:n_local], 0)
-    expert, row = schedule(ends, flat.shape[0], GROUP_ROWS)
-    return order, expert, row, ends
+    R = CONFIG["group_rows"]
+    expert, row = schedule(ends, flat.shape[0], R)
+    return order, expert, row, ends, R
 
 
 def _grouped_gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, limit: float, groups) -> torch.Tensor:
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
-    order, expert, row, ends = groups
+    order, expert, row, ends, R = groups
     I, block_n = w1.shape[0], CONFIG["gate_up_block_n"]
     h = torch.empty(ids.numel(), I, dtype=x.dtype, device=x.device)
     launcher(_grouped_gate_up_kernel, x)[(expert.shape[0], cdiv(I, block_n))](
         x, d1, s1, d3, s3, order, expert, row, ends, h, I, n_local, d1.stride(0), s1.stride(0), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=ids.shape[1], BLOCK_N=block_n,
-        BLOCK_K=CONFIG["block_k_fp4"], R=GROUP_ROWS, **_options())
+        BLOCK_K=CONFIG["block_k_fp4"], R=R, **_options())
     return h
 
 
@@ -545,12 +546,12 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     if groups is not None and x.dtype != torch.float32:
         # Kernel 2 grouped: each pair's term as _down_split_kernel stores it (0 for another rank's expert), then
         # every token's terms summed in routing order: plain kernel 2's bits (bf16/fp16; fp32 keeps kernel 2).
-        order, expert, row, ends = groups
+        order, expert, row, ends, R = groups
         terms = torch.zeros(T, k, D, dtype=torch.float32, device=x.device)
         launcher(_grouped_down_kernel, x)[(expert.shape[0], cdiv(D, block_n))](
             h, d2, s2, order, expert, row, ends, weights.contiguous(), terms, D, n_local, d2.stride(0), s2.stride(0),
             I=w2.shape[1], S_STRIDE=s2.shape[-1], E8M0=s2.dtype == torch.uint8, BLOCK_N=block_n,
-            BLOCK_K=_block_k(w2), R=GROUP_ROWS, **_options())
+            BLOCK_K=_block_k(w2), R=R, **_options())
         launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add_or_y, y, D, TOPK=k, ADD=fold, BLOCK=1024)
         return y if add is None or fold else y + add
     # fp32 keeps kernel 2: there `acc += out * weight` compiles to a fused multiply-add, which a sum of stored
