@@ -451,9 +451,11 @@ moe_variants(torch.float32, torch.float32)
 # kernel 1's options (benchmarks/moe_bench.py's arms): split-K with the fused or the second-launch sum, compact rows
 default = dict(moe.CONFIG)
 for cfg in ({"shared_add": True}, {"gate_up_paired": False, "down_split_experts": False},
-            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True}) + (
+            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
+            {"grouped_pairs": 1}) + (  # the pairs grouped by expert (DSV4_MOE_GROUPED), 8 a group
         ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
-         {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}) if SWEEPS else ()):
+         {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True},
+         {"grouped_pairs": 1, "group_rows": 4}) if SWEEPS else ()):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
