@@ -150,7 +150,7 @@ def test_routed_and_shared_gate_up_in_one_launch(monkeypatch, device):
         assert torch.equal(both[1], alone[1]) and not tickets_any(device), fused
 
 
-@pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)]) +
+@pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)], slow_on_cpu=[(torch.bfloat16,)]) +
                          [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
 def test_moe_grouped_pairs_keep_the_bits(monkeypatch, device, dtype):
     """CONFIG grouped_pairs: the pairs grouped by expert (a program per group of up to group_rows pairs of one
