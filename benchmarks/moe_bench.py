@@ -11,7 +11,8 @@ local experts its routes select (gate/up: w1 and w3; routed: w1, w3, w2), averag
 Ops: "gate_up" (kernel 1 on the routed experts), "routed" (kernels 1 and 2: the layer's routed MoE),
 "shared_gate_up" (kernel 1 on the shared expert's rows). Before timing, each variant's routed output is
 compared with the torch reference (max_rel_err, as benchmarks/qgemv_bench.py) and with the "base"
-variant's (bit_equal_base: variants of the same summation order must be equal); launches: kernels one
+variant's (bit_equal_base: variants of the same summation order must be equal; a tensor-core "tc*" variant with
+the "tc" variant's: whether its tile shape changes a sum); launches: kernels one
 eager call launches (torch profiler).
 
 Prints:
@@ -33,7 +34,9 @@ from benchmarks import qgemv_bench as qb
 from dsv4.config import preset
 from dsv4.formats import QWeight
 from dsv4.kernels import moe as fused_moe
+from dsv4.kernels import moe_tc
 from dsv4.model import moe as moe_mod
+from dsv4.model.rows import rows_alone
 from dsv4.receipts import emit
 
 VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
@@ -62,6 +65,15 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
                                  "down_split_tokens": 64},
     "paired_n8_down_split_n8": {"gate_up_paired": True, "gate_up_block_n": 8, "down_split_experts": True,
                                 "down_split_tokens": 64, "down_block_n": 8},
+    # The experts on the tensor cores (dsv4.kernels.moe_tc; "tc": its CONFIG overrides, on): tiles of 16 pairs of one
+    # expert, a program's outputs (n), each K step's inputs (k), pipeline stages (s), warps (w).
+    "tc": {"tc": {}},
+    "tc_n16_k128_s3": {"tc": {"block_n": 16, "block_k": 128, "num_stages": 3}},
+    "tc_n32_k256_s2": {"tc": {"block_n": 32, "block_k": 256, "num_stages": 2}},
+    "tc_n64_k128_s3": {"tc": {"block_n": 64, "block_k": 128, "num_stages": 3}},
+    "tc_n64_k64_s4": {"tc": {"block_n": 64, "block_k": 64, "num_stages": 4}},
+    "tc_n32_k128_s4_w8": {"tc": {"block_n": 32, "block_k": 128, "num_stages": 4, "num_warps": 8}},
+    "tc_n128_k64_s3_w8": {"tc": {"block_n": 128, "block_k": 64, "num_stages": 3, "num_warps": 8}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -121,7 +133,10 @@ class Bench:
         if not self.arms.search(variant):
             return
         try:
-            with qb.configured("triton", (fused_moe.CONFIG, overrides)):
+            pairs = [(fused_moe.CONFIG, {k: v for k, v in overrides.items() if k != "tc"})]
+            if "tc" in overrides:
+                pairs.append((moe_tc.CONFIG, {"on": True, **overrides["tc"]}))
+            with qb.configured("triton", *pairs):
                 err, equal = check()
                 n_launches = launches(lambda: fn(0))
                 us = qb.timed(fn, self.calls)
@@ -139,11 +154,13 @@ class Bench:
         routes = self.routes(T)
         x = torch.randn(T, cfg.hidden_size, device=qb.DEVICE, dtype=torch.bfloat16)
         experts = dict(zip(("w1", "w3", "w2"), stacks))
-        with qb.configured("torch"):
-            ids, weights = routes[0]
+        ids, weights = routes[0]
+        with qb.configured("torch"), rows_alone():  # a decode step's rows: the path run_routed times
             expected = moe_mod.routed(x, ids, weights, experts, 0, cfg)
-        with qb.configured("triton", (fused_moe.CONFIG, VARIANTS["base"])):
+        with qb.configured("triton", (fused_moe.CONFIG, VARIANTS["base"])), rows_alone():
             base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+        with qb.configured("triton", (moe_tc.CONFIG, {"on": True})), rows_alone():
+            tc_base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
 
         def run_routed(i):
             ids, weights = routes[i]
@@ -155,13 +172,15 @@ class Bench:
                                       cfg.swiglu_limit, fused_moe.CONFIG["gate_up_block_n"],
                                       fused_moe.CONFIG["gate_up_split_k"])
 
-        def check():
-            got = moe_mod.routed(x, ids, weights, experts, 0, cfg)
-            return qb.rel_err(got, expected), torch.equal(got, base)
+        def check():  # a tensor-core variant against the tensor cores' default tiles (another summation order)
+            with rows_alone():
+                got = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+            return qb.rel_err(got, expected), torch.equal(got, tc_base if moe_tc.CONFIG["on"] else base)
 
         gate_up_bytes, routed_bytes = self.local_bytes(routes, stacks[:2]), self.local_bytes(routes, stacks)
         for variant, overrides in VARIANTS.items():
-            self.arm("gate_up", T, variant, overrides, run_gate_up, gate_up_bytes, check)
+            if "tc" not in overrides:  # kernel 1 alone is the pair kernels'
+                self.arm("gate_up", T, variant, overrides, run_gate_up, gate_up_bytes, check)
             self.arm("routed", T, variant, overrides, run_routed, routed_bytes, check)
 
     def shared_gate_up(self, T: int):

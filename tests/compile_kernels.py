@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -451,14 +451,28 @@ moe_variants(torch.float32, torch.float32)
 # kernel 1's options (benchmarks/moe_bench.py's arms): split-K with the fused or the second-launch sum, compact rows
 default = dict(moe.CONFIG)
 for cfg in ({"shared_add": True}, {"gate_up_paired": False, "down_split_experts": False},
-            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True},
-            {"grouped_pairs": 1}) + (  # the pairs grouped by expert (DSV4_MOE_GROUPED), 8 a group
+            {"gate_up_split_k": 2, "shared_split_k": 2, "fused_sum": False, "compact": True}) + (
         ({"compact": True}, {"gate_up_split_k": 4, "shared_split_k": 4},
-         {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True},
-         {"grouped_pairs": 1, "group_rows": 4}) if SWEEPS else ()):
+         {"gate_up_split_k": 4, "gate_up_block_n": 8, "compact": True}) if SWEEPS else ()):
     moe.CONFIG.update(cfg)
     moe_variants(torch.bfloat16, torch.float8_e8m0fnu)
     moe.CONFIG.update(default)
+
+
+def tensor_core_variants(dtype, scale_dtype):
+    """The routed experts on the tensor cores (DSV4_MOE_TC) at Flash's shapes: a decode step's one-program plan
+    and a prefill wave's torch plan."""
+    stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
+              for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    for T in (1, 200):
+        x = torch.zeros(T, 4096, dtype=dtype)
+        moe.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
+
+
+moe_tc.CONFIG["on"] = True
+tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
+tensor_core_variants(torch.float32, torch.float32)
+moe_tc.CONFIG["on"] = False
 
 
 def prefill_moe_variants(dtype, scale_dtype):

@@ -16,7 +16,6 @@ from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.model import linear as linear_mod
 from dsv4.model import moe as moe_mod
-from dsv4.model.rows import rows_alone
 from dsv4.formats import QWeight
 
 pytest.importorskip("triton")
@@ -148,51 +147,3 @@ def test_routed_and_shared_gate_up_in_one_launch(monkeypatch, device):
         local = (ids - first >= 0) & (ids - first < 16)  # rows of other ranks' experts are never written
         assert torch.equal(both[0][local.flatten()], alone[0][local.flatten()]), fused
         assert torch.equal(both[1], alone[1]) and not tickets_any(device), fused
-
-
-@pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)], slow_on_cpu=[(torch.bfloat16,)]) +
-                         [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
-def test_moe_grouped_pairs_keep_the_bits(monkeypatch, device, dtype):
-    """CONFIG grouped_pairs: the pairs grouped by expert (a program per group of up to group_rows pairs of one
-    expert, each weight tile decoded once for the group) give the pair kernels' bits: kernel 1's h rows, kernel 2's
-    sums (bf16; fp32 keeps kernel 2), with the shared add and with the shared expert's kernel 1 beside; a batch
-    whose tokens share experts (one expert in more pairs than a group holds) and pick remote ones; each token
-    alone equals it in the batch."""
-    g = torch.Generator().manual_seed(22)
-    full = device == "cuda"  # the interpreter's minutes on CPU: a smaller case there
-    D, I = (128, 64) if full else (64, 32)
-    # experts 16..31 are this rank's; 17 comes back in every token (10 pairs > 8), 20 in most, 3 and 1 are remote
-    ids = torch.tensor([[17, 20, 3, 25, 16, 30], [20, 17, 31, 3, 18, 19], [3, 17, 20, 22, 23, 5],
-                        [26, 27, 17, 20, 3, 28], [20, 29, 17, 24, 1, 21], [17, 16, 20, 2, 30, 31],
-                        [17, 20, 25, 26, 3, 4], [18, 17, 20, 0, 29, 28], [17, 19, 20, 21, 22, 23],
-                        [17, 20, 3, 2, 1, 0]], device=device)
-    T = ids.shape[0] if full else 10
-    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
-    x = torch.randn(T, D, generator=g).to(dtype).to(device)
-    shared = torch.randn(T, D, generator=g).to(dtype).to(device)
-    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(dtype).to(device)
-    cfg = preset("tiny")
-    cfg.swiglu_limit = 0.3
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    assert fused_moe.CONFIG["group_rows"] < int((ids == 17).sum())
-
-    def run(least, rows=slice(None), add=shared):
-        moe_configured(monkeypatch, grouped_pairs=least)
-        with rows_alone():  # a decode step's or a short chunk's rows: the per-(token, expert) kernels at any count
-            return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg, None if add is None else add[rows])
-
-    plain = run(0)
-    assert torch.equal(run(1), plain)
-    assert not tickets_any(device)
-    if not full:
-        return  # the rest on CUDA (the interpreter: a minute more)
-    assert torch.equal(run(1, add=None), run(0, add=None))
-    for t in range(T):
-        assert torch.equal(run(1, slice(t, t + 1)), plain[t:t + 1])
-    sw1, sw3 = (quantised("fp4", 32, D, g).to(device) for _ in range(2))
-    local = ((ids >= 16) & (ids < 32)).reshape(-1)  # a remote pair's row of h is never written (kernel 2 skips it)
-    out = {}
-    for least in (0, 1):
-        moe_configured(monkeypatch, grouped_pairs=least)
-        out[least] = fused_moe.routed_and_shared_gate_up(x, ids, stacks["w1"], stacks["w3"], 16, sw1, sw3, 0.3)
-    assert torch.equal(out[0][0][local], out[1][0][local]) and torch.equal(out[0][1], out[1][1])

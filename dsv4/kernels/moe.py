@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import PDL, cdiv, device_function, interpreting, launcher, moe_tc, next_pow2, pdl_release, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -61,21 +61,15 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # 42.8 -> 41.7 us, at 16 tokens 327.6 -> 318.3 us paired alone but 332.9 with the split: hence the token bound).
 # shared_launch (DSV4_MOE_SHARED_LAUNCH=0 turns it off; on since session 8 call 4): the shared expert's gate/up in the
 # routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
-# grouped_pairs (DSV4_MOE_GROUPED; 0: never): a launch of FP4 experts with at least this many (token, expert) pairs
-# (a prefill's short chunks: 6,048 pairs a layer for 16 prompts of 63 tokens on one rank, ~24 an expert) runs them
-# grouped: the pairs sorted by expert on the device, a program per group of up to group_rows pairs of one expert
-# (dsv4.kernels.prefill_moe.schedule), each weight tile decoded once for all of them (qgemv._fp4_rows over the
-# group's rows: each row's sum is the one it gets alone) where the pair kernels decode it once a pair (session 12
-# call 6: a grouped prefill of 16 x 63 tokens on mini is 89 % those kernels). Each pair's h row, and kernel 2's
-# term, has the pair kernels' bits, so the choice can follow the launch's size without a row's bits following it.
+# The experts of a rows-alone step can run on the tensor cores instead (dsv4.kernels.moe_tc, DSV4_MOE_TC=1): routed
+# hands them over. (Session 13 call 1 rejected grouping pairs by expert for these kernels: R pairs a group each
+# paid their own multiply-adds, 3.5 ms against 0.6 for one Flash layer's routed experts at 16 tokens.)
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
-          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "grouped_pairs": int(os.environ.get("DSV4_MOE_GROUPED", "0")),
-          "group_rows": int(os.environ.get("DSV4_MOE_GROUP_ROWS", "8"))}
+          "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1"}
 
 
 @device_function
@@ -306,64 +300,6 @@ def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, 
     _down_sum_store(p_ptr, add_ptr, y_ptr, t, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), D, TOPK, ADD)
 
 
-@device_function
-def _group_rows(order_ptr, row_ptr, ends_ptr, g, e, src_ptr, STRIDE: constexpr, PER_ROW: constexpr, R: constexpr):
-    """Group g's pairs (expert e's, sorted positions row[g] .. min(row[g] + R, ends[e]) - 1): a tuple of R pair
-    indices (past the group's end its last pair again: computed, not stored), the group's valid count, and each
-    pair's input row, src + (pair // PER_ROW) * STRIDE (x's token row for kernel 1, h's pair row for kernel 2)."""
-    start = tl.load(row_ptr + g).to(tl.int64)
-    valid = tl.minimum(tl.load(ends_ptr + e).to(tl.int64) - start, R)
-    pairs = ()
-    rows = ()
-    for i in tl.static_range(R):
-        pair = tl.load(order_ptr + start + tl.minimum(i, valid - 1)).to(tl.int64)
-        pairs = pairs + (pair,)
-        rows = rows + (src_ptr + (pair // PER_ROW) * STRIDE,)
-    return pairs, valid, rows
-
-
-def _grouped_gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, order_ptr, expert_ptr, row_ptr, ends_ptr, h_ptr,
-                            I, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
-                            E8M0: constexpr, TOPK: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, R: constexpr):
-    """Grid (groups, row blocks of I): kernel 1 for a group of up to R pairs of one FP4 expert, its gate and up tiles
-    decoded once for all of them; pair p's h row has the bits _gate_up_kernel gives it (unsplit)."""
-    pdl_release()
-    g = tl.program_id(0)
-    e = tl.load(expert_ptr + g).to(tl.int64)
-    if e < n_local:
-        pairs, valid, xs = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, x_ptr, K, TOPK, R)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        gates = _fp4_rows(xs, w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride, n, I, 0, K, K, S_STRIDE,
-                          E8M0, BLOCK_N, BLOCK_K)
-        ups = _fp4_rows(xs, w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride, n, I, 0, K, K, S_STRIDE,
-                        E8M0, BLOCK_N, BLOCK_K)
-        for i in tl.static_range(R):
-            if i < valid:
-                _swiglu_store(gates[i], ups[i], h_ptr + pairs[i] * I, n, I, limit)
-
-
-def _grouped_down_kernel(h_ptr, w_ptr, s_ptr, order_ptr, expert_ptr, row_ptr, ends_ptr, wt_ptr, p_ptr, D, n_local,
-                         w_expert_stride, s_expert_stride, I: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-                         BLOCK_N: constexpr, BLOCK_K: constexpr, R: constexpr):
-    """Grid (groups, row blocks of D): kernel 2's terms for a group of up to R pairs of one FP4 expert (its w2 tiles
-    decoded once for all of them): p[pair] = (w2 h[pair]) rounded, times the pair's routing weight, rounded, as
-    _down_split_kernel stores it; _down_sum_kernel then sums a token's terms in routing order."""
-    pdl_release()
-    g = tl.program_id(0)
-    e = tl.load(expert_ptr + g).to(tl.int64)
-    if e < n_local:
-        pairs, valid, hs = _group_rows(order_ptr, row_ptr, ends_ptr, g, e, h_ptr, I, 1, R)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        dt = h_ptr.dtype.element_ty
-        outs = _fp4_rows(hs, w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride, n, D, 0, I, I, S_STRIDE, E8M0,
-                         BLOCK_N, BLOCK_K)
-        for i in tl.static_range(R):
-            if i < valid:
-                weight = tl.load(wt_ptr + pairs[i]).to(tl.float32)
-                term = (outs[i].to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
-                tl.store(p_ptr + pairs[i] * D + n, term, mask=n < D)
-
-
 def _readable(w: QWeight) -> bool:
     if w.fmt not in ("fp8", "fp4") or w.scale is None or w.scale.dtype not in (torch.float8_e8m0fnu, torch.float32):
         return False
@@ -411,44 +347,6 @@ def _geometry(x, w1: QWeight, topk: int, block_n: int, split_k: int) -> tuple[in
     return I, rows, block_k, k_chunk, cdiv(K, k_chunk), cdiv(I, block_n)
 
 
-def grouped(x: torch.Tensor, ids: torch.Tensor, w1: QWeight) -> bool:
-    """Whether this launch's routed pairs run grouped by expert (CONFIG grouped_pairs): FP4 experts, kernel 1 unsplit
-    and not compact (the grouped kernels compute those kernels' bits)."""
-    least = CONFIG["grouped_pairs"]
-    return (bool(least) and ids.numel() >= least and w1.fmt == "fp4" and CONFIG["gate_up_split_k"] == 1
-            and not CONFIG["compact"])
-
-
-def _groups(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...]:
-    """(order, expert, row, ends, R): the pairs sorted by local expert (a stable sort; other ranks' experts last,
-    in no group), each group of up to R = CONFIG group_rows pairs' expert and first sorted position
-    (prefill_moe.schedule's static bound: cdiv(pairs, R) + n_local groups, those past the real ones expert
-    n_local), each expert's end in the sorted order, and R. On the device: no host sync."""
-    from .prefill_moe import schedule
-
-    flat = ids.reshape(-1).long() - first
-    key = torch.where((flat >= 0) & (flat < n_local), flat, n_local)
-    order = torch.argsort(key, stable=True)
-    counts = torch.zeros(n_local + 1, dtype=torch.int64, device=ids.device).scatter_add_(0, key, torch.ones_like(key))
-    ends = torch.cumsum(counts[:n_local], 0)
-    R = CONFIG["group_rows"]
-    expert, row = schedule(ends, flat.shape[0], R)
-    return order, expert, row, ends, R
-
-
-def _grouped_gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, limit: float, groups) -> torch.Tensor:
-    d1, s1 = _operands(w1, words=True)
-    d3, s3 = _operands(w3, words=True)
-    order, expert, row, ends, R = groups
-    I, block_n = w1.shape[0], CONFIG["gate_up_block_n"]
-    h = torch.empty(ids.numel(), I, dtype=x.dtype, device=x.device)
-    launcher(_grouped_gate_up_kernel, x)[(expert.shape[0], cdiv(I, block_n))](
-        x, d1, s1, d3, s3, order, expert, row, ends, h, I, n_local, d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=ids.shape[1], BLOCK_N=block_n,
-        BLOCK_K=CONFIG["block_k_fp4"], R=R, **_options())
-    return h
-
-
 def _row_skew(w: QWeight) -> int:
     return w.row0 % FP8_BLOCK if w.fmt == "fp8" else 0
 
@@ -493,9 +391,6 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
                                                                 CONFIG["shared_split_k"])
     tickets = tickets_for(rows * blocks + T * s_blocks, x.device) if CONFIG["fused_sum"] else None
-    if grouped(x, ids, w1):
-        h = _grouped_gate_up(x, w1, w3, ids, first, n_local, limit, _groups(ids, first, n_local))
-        return h, _gate_up(x, sw1, sw3, None, *shared_args)
     if tickets is None or not CONFIG["shared_launch"]:
         return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
     d1, s1 = _operands(w1, words=True)
@@ -531,10 +426,9 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
-    groups = _groups(ids, first, n_local) if grouped(x, ids, w1) else None
-    if h is None and groups is not None:
-        h = _grouped_gate_up(x, w1, w3, ids, first, n_local, limit, groups)
-    elif h is None:
+    if h is None and moe_tc.runs(x, stacks):
+        return moe_tc.routed(x, ids, weights, stacks, first, limit, add, out)
+    if h is None:
         h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
@@ -543,17 +437,6 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     add_or_y = add.contiguous() if fold else y
     consts = dict(I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
                   ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2))
-    if groups is not None and x.dtype != torch.float32:
-        # Kernel 2 grouped: each pair's term as _down_split_kernel stores it (0 for another rank's expert), then
-        # every token's terms summed in routing order: plain kernel 2's bits (bf16/fp16; fp32 keeps kernel 2).
-        order, expert, row, ends, R = groups
-        terms = torch.zeros(T, k, D, dtype=torch.float32, device=x.device)
-        launcher(_grouped_down_kernel, x)[(expert.shape[0], cdiv(D, block_n))](
-            h, d2, s2, order, expert, row, ends, weights.contiguous(), terms, D, n_local, d2.stride(0), s2.stride(0),
-            I=w2.shape[1], S_STRIDE=s2.shape[-1], E8M0=s2.dtype == torch.uint8, BLOCK_N=block_n,
-            BLOCK_K=_block_k(w2), R=R, **_options())
-        launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add_or_y, y, D, TOPK=k, ADD=fold, BLOCK=1024)
-        return y if add is None or fold else y + add
     # fp32 keeps kernel 2: there `acc += out * weight` compiles to a fused multiply-add, which a sum of stored
     # terms cannot repeat (bf16/fp16 round each term first, so the split sum has the same bits).
     # The split pays where a token's experts are the only parallelism (a few tokens), not at 16 (moe_bench, session 8

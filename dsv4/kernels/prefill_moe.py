@@ -73,14 +73,35 @@ def _fp4_values(byte, sc, E8M0: constexpr):
     return tl.interleave(lo * 16384.0 * sc, hi * 16384.0 * sc)
 
 
+@device_function
+def _fp4_dot(acc, a, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
+             IEEE: constexpr, BLOCK_K: constexpr):
+    """acc + a [BLOCK_M, BLOCK_K] @ (rows `cols` of an FP4 weight, inputs k0..k0 + BLOCK_K)^T on the tensor cores:
+    the weight tile unpacked into a's dtype (exact). IEEE: fp32 operands and products (fp32 inputs; and the
+    interpreter, whose tl.dot misreads bf16: the operands' values are the same, and a bf16 dot's products are
+    exact in its fp32 accumulator anyway)."""
+    t = _fp4_tile(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K).to(a.dtype)
+    if IEEE:
+        return tl.dot(a.to(tl.float32), tl.trans(t.to(tl.float32)), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(t), acc)
+
+
+@device_function
+def _swiglu(gate, up, dt: constexpr, limit):
+    """dsv4.kernels.moe's activation of fp32 gate/up sums: each rounded to dt, the clamps, silu rounded, the
+    product (fp32, holding it for the caller's rounding)."""
+    gate = tl.minimum(gate.to(dt).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(up.to(dt).to(tl.float32), -limit), limit)
+    return (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up
+
+
 def _grouped_kernel(a_ptr, src_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, out_ptr, tile_expert_ptr, tile_row_ptr, ends_ptr,
                     N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, GATHER: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
                     BLOCK_N: constexpr, BLOCK_K: constexpr):
     """Grid (tiles, column blocks of N). Tile j: rows tile_row[j].. of expert tile_expert[j] (n_local: none).
-    out[r, cols] = a[src[r] if GATHER else r] @ w1[e, cols]^T, or with SWIGLU the activation of it and w3's.
-    IEEE: fp32 operands and products (fp32 inputs; and the interpreter, whose tl.dot misreads bf16: the
-    operands' values are the same, and a bf16 dot's products are exact in its fp32 accumulator anyway)."""
+    out[r, cols] = a[src[r] if GATHER else r] @ w1[e, cols]^T, or with SWIGLU the activation of it and w3's
+    (IEEE: _fp4_dot's)."""
     pdl_release()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
@@ -102,22 +123,11 @@ def _grouped_kernel(a_ptr, src_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, out_ptr, til
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=r_ok[:, None] & (kk < K)[None, :], other=0.0)
-            t1 = _fp4_tile(w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K).to(a.dtype)
-            if IEEE:
-                acc1 = tl.dot(a.to(tl.float32), tl.trans(t1.to(tl.float32)), acc1, input_precision="ieee")
-            else:
-                acc1 = tl.dot(a, tl.trans(t1), acc1)
+            acc1 = _fp4_dot(acc1, a, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
             if SWIGLU:
-                t3 = _fp4_tile(w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K).to(a.dtype)
-                if IEEE:
-                    acc3 = tl.dot(a.to(tl.float32), tl.trans(t3.to(tl.float32)), acc3, input_precision="ieee")
-                else:
-                    acc3 = tl.dot(a, tl.trans(t3), acc3)
+                acc3 = _fp4_dot(acc3, a, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
         if SWIGLU:
-            gate = tl.minimum(acc1.to(dt).to(tl.float32), limit)
-            up = tl.minimum(tl.maximum(acc3.to(dt).to(tl.float32), -limit), limit)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-            acc1 = act * up
+            acc1 = _swiglu(acc1, acc3, dt, limit)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], acc1.to(dt),
                  mask=r_ok[:, None] & c_ok[None, :])
 
@@ -140,15 +150,16 @@ def block_m(pairs: int, n: int) -> int:
     return min(CONFIG["max_block_m"], max(16, 1 << max(0, (pairs // max(n, 1) - 1).bit_length())))
 
 
-def schedule(ends: torch.Tensor, pairs: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
+def schedule(ends: torch.Tensor, pairs: int, bm: int, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert [tiles], first row [tiles]) of each tile of bm rows over the groups ending at ends [n] (int32,
-    cumulative): tiles = cdiv(pairs, bm) + n, a static bound; tiles past the groups' own get expert n."""
+    cumulative): tiles = cdiv(pairs, bm) + n, a static bound, or `bound` (at least the groups' own tiles);
+    tiles past the groups' own get expert n."""
     n = ends.shape[0]
     ends = ends.long()
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     tiles = (counts + bm - 1) // bm
     cum = torch.cumsum(tiles, 0)
-    j = torch.arange(cdiv(pairs, bm) + n, device=ends.device)
+    j = torch.arange(cdiv(pairs, bm) + n if bound is None else bound, device=ends.device)
     expert = torch.searchsorted(cum, j, right=True)
     e = expert.clamp(max=n - 1)
     row = (ends - counts)[e] + (j - (cum - tiles)[e]) * bm

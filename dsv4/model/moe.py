@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..config import ModelConfig
 from ..kernels import moe as fused_moe
+from ..kernels import moe_tc
 from ..kernels import route as fused_route
 from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
@@ -93,12 +94,14 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     Rows alone (decode steps and short prefill chunks: model.rows.short_chunk) always take the per-(token,
     expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
     step. For a short chunk that is also the fast path: the decode kernels, one GEMV row per pair, read each
-    pair's expert once, where the grouped paths pay for unpacking (or dequantising) the layer's experts whole."""
+    pair's expert once, where the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
+    (With dsv4.kernels.moe_tc on, the fused path runs them on the tensor cores, in tiles of one fixed shape: each
+    row's bits still its own.)"""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
     limit = cfg.swiglu_limit
     alone = rows_per_weight(x) == 1
-    stacks = [experts[name] for name in ("w1", "w3", "w2")]
+    stacks = _stacks(experts)
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
@@ -119,13 +122,17 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
                  shared)
 
 
+def _stacks(experts: dict) -> list[QWeight]:
+    return [experts[name] for name in ("w1", "w3", "w2")]
+
+
 def _fused_routed(x, ids, experts: dict) -> bool:
     """Whether routed() runs the fused decode kernels (dsv4.kernels.moe) for these rows."""
     T, k = ids.shape
     alone = rows_per_weight(x) == 1
     if not (alone or (T * k <= experts["w1"].data.shape[0] and not fused_runs(x, experts))):
         return False
-    stacks = [experts[name] for name in ("w1", "w3", "w2")]
+    stacks = _stacks(experts)
     return fused_moe.supported(x, stacks, 1 if alone else None) and kernels.use_triton(
         x, gpu_checked=fused_moe.GPU_CHECKED)
 
@@ -161,8 +168,8 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
     experts run: see routed)."""
     ids, weights = route(x, tokens, w, cfg)
     if "shared" in w and fused_moe.CONFIG["shared_launch"] and _fused_routed(x, ids, w["experts"]) and \
-            _shared_fused(x, w["shared"]):
-        # Both kernel 1s read only x: one launch for the routed rows and the shared expert.
+            _shared_fused(x, w["shared"]) and not moe_tc.runs(x, _stacks(w["experts"])):
+        # Both kernel 1s read only x: one launch for the routed rows and the shared expert (the pair kernels').
         e, s = w["experts"], w["shared"]
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
                                                           cfg.swiglu_limit)

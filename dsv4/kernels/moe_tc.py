@@ -1,0 +1,232 @@
+"""The routed experts of a rows-alone step (decode steps, short prefill chunks) on the tensor cores.
+
+The pair kernels (dsv4.kernels.moe) run each (token, expert) pair as its own GEMV on the CUDA cores: a
+batched step of 16 tokens makes 96 GEMVs a layer over ~80 experts, and a server's prefill wave of
+16 x 63 tokens 6,048 of them, each unpacking its expert's FP4 bytes and paying its own multiply-adds
+(session 12 call 6: 89 % of that wave; session 13 call 1: grouping pairs for those kernels does not pay,
+since the multiply-adds, not the unpacking, bound them). Here the pairs are sorted by local expert and cut
+into tiles of BLOCK_M pairs of one expert (as dsv4.kernels.prefill_moe cuts a long prefill's), and a
+program multiplies its tile by a BLOCK_N slice of the expert's weight with tl.dot, each FP4 weight tile
+unpacked once for all of its rows (prefill_moe._fp4_dot).
+
+Batch invariance: one tile shape whatever the step (CONFIG, fixed for the process), so a pair's sums are
+the tensor cores' over its own row of the tile and the weight, in the K loop's order, whatever other
+pairs share its tile or where it sits in it: a sequence's bits do not depend on who shares its step
+(batched == solo), as with the pair kernels. They are not the pair kernels' bits (another summation
+order), so this is a mode chosen for the process (CONFIG on, DSV4_MOE_TC=1), never by a launch's size.
+
+Launches: the plan (one program: the pairs sorted by expert, each group's end, the tiles), gate/up with
+the SwiGLU activation (h in sorted order), down with each pair's routing weight (each pair's term, in pair
+order), and the sum of a token's terms in routing order with the shared expert's output added: the
+rounding of dsv4.kernels.moe's kernel 2 (each expert's output rounded, its product with the weight
+rounded, the fp32 sum rounded, plus the shared output rounded once). A launch of more pairs than one
+program plans (a prefill wave) plans with torch ops instead: the same plan.
+"""
+
+import os
+
+import torch
+
+from ..formats import QWeight
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from .prefill_moe import _fp4_dot, _scale, _swiglu, schedule
+from .qgemv import _destination
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+# block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a program's outputs and each K step's inputs;
+# warps and pipeline stages; plan_pairs: the most pairs the one-program plan takes (more: torch's ops).
+# on (DSV4_MOE_TC=1): off by default until its device run (benchmarks/RESULTS.md).
+CONFIG = {"on": os.environ.get("DSV4_MOE_TC", "0") == "1", "block_m": 16,
+          "block_n": int(os.environ.get("DSV4_MOE_TC_BLOCK_N", "32")),
+          "block_k": int(os.environ.get("DSV4_MOE_TC_BLOCK_K", "128")),
+          "num_warps": 4, "num_stages": int(os.environ.get("DSV4_MOE_TC_STAGES", "3")), "plan_pairs": 1024}
+
+
+@device_function
+def _count_at_most(sorted_ptr, q, n, LOG: constexpr):
+    """For each value of q: how many of sorted_ptr[0 .. n) (ascending) are <= it (a binary search by halving
+    steps, 2**LOG >= n)."""
+    lo = q * 0
+    for b in tl.static_range(LOG, -1, -1):
+        cand = lo + (1 << b)
+        inside = cand <= n
+        take = inside & (tl.load(sorted_ptr + cand - 1, mask=inside, other=0) <= q)
+        lo = tl.where(take, cand, lo)
+    return lo
+
+
+def _plan_kernel(ids_ptr, order_ptr, ends_ptr, tile_expert_ptr, tile_row_ptr, scratch_ptr, P, first, n_local, TILES,
+                 P2: constexpr, N2: constexpr, T2: constexpr, BM: constexpr, LOG_P: constexpr, LOG_N: constexpr):
+    """One program: pair i (ids flat, P of them) keyed by its local expert (other ranks' last); order = the pairs
+    sorted by key, ties in pair order (unique keys key * P2 + i); ends[g] = the pairs of experts <= g; tile j of
+    BM rows: its expert (n_local past the groups' own) and first sorted row. scratch: [P2 + 3 * N2] int32, read
+    back by this program after a barrier (the sorted keys, then each group's first row, tiles and cumulative
+    tiles)."""
+    pdl_release()
+    i = tl.arange(0, P2)
+    ok = i < P
+    e = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32) - first
+    key = tl.where(ok, tl.where((e >= 0) & (e < n_local), e, n_local), n_local + 1)
+    v = tl.sort(key * P2 + i)
+    tl.store(order_ptr + i, v % P2, mask=ok)
+    tl.store(scratch_ptr + i, v // P2)
+    tl.debug_barrier()
+    g = tl.arange(0, N2)
+    mine = g < n_local
+    ends = _count_at_most(scratch_ptr, g, P, LOG_P)
+    starts = _count_at_most(scratch_ptr, g - 1, P, LOG_P)
+    tiles = tl.where(mine, (ends - starts + BM - 1) // BM, 0)
+    cum = tl.cumsum(tiles, 0)
+    tl.store(ends_ptr + g, ends, mask=mine)
+    firsts, counts, cums = scratch_ptr + P2, scratch_ptr + P2 + N2, scratch_ptr + P2 + 2 * N2
+    tl.store(firsts + g, starts)
+    tl.store(counts + g, tiles)
+    tl.store(cums + g, cum)
+    tl.debug_barrier()
+    j = tl.arange(0, T2)
+    expert = _count_at_most(cums, j, n_local, LOG_N)
+    ec = tl.minimum(expert, n_local - 1)
+    row = tl.load(firsts + ec) + (j - (tl.load(cums + ec) - tl.load(counts + ec))) * BM
+    tl.store(tile_expert_ptr + j, expert, mask=j < TILES)
+    tl.store(tile_row_ptr + j, row, mask=j < TILES)
+
+
+def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
+                    ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
+                    E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr):
+    """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
+    SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
+    w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
+    product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded."""
+    pdl_release()
+    tile = tl.program_id(0)
+    e = tl.load(tile_expert_ptr + tile)
+    if e < n_local:
+        g = e.to(tl.int64)
+        rows = tl.load(tile_row_ptr + tile) + tl.arange(0, BLOCK_M)
+        r_ok = rows < tl.load(ends_ptr + g)
+        pair = tl.load(order_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+        a_rows = pair // TOPK if SWIGLU else rows.to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        c_ok = cols < N
+        dt = a_ptr.dtype.element_ty
+        w1, s1 = w1_ptr + g * w_expert_stride, s1_ptr + g * s_expert_stride
+        w3, s3 = w3_ptr + g * w_expert_stride, s3_ptr + g * s_expert_stride
+        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=r_ok[:, None] & (kk < K)[None, :], other=0.0)
+            acc1 = _fp4_dot(acc1, a, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+            if SWIGLU:
+                acc3 = _fp4_dot(acc3, a, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+        ok = r_ok[:, None] & c_ok[None, :]
+        if SWIGLU:
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], _swiglu(acc1, acc3, dt, limit).to(dt),
+                     mask=ok)
+        else:
+            weight = tl.load(wt_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
+            term = (acc1.to(dt).to(tl.float32) * weight[:, None]).to(dt).to(tl.float32)
+            tl.store(out_ptr + pair[:, None] * N + cols[None, :], term, mask=ok)
+
+
+def _sum_kernel(terms_ptr, ids_ptr, add_ptr, y_ptr, D, first, n_local, TOPK: constexpr, ADD: constexpr,
+                BLOCK: constexpr):
+    """Grid (blocks of D, T): y[t] = token t's terms of local experts summed in routing order (fp32), rounded; with
+    ADD, plus add[t], rounded again. (dsv4.kernels.moe sums every term, 0 for another rank's expert: the same
+    bits, since adding +0.0 to a sum that starts at +0.0 changes none.)"""
+    pdl_release()
+    t = tl.program_id(1).to(tl.int64)
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    dt = y_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        e = tl.load(ids_ptr + t * TOPK + j).to(tl.int64) - first
+        if (e >= 0) & (e < n_local):
+            acc += tl.load(terms_ptr + (t * TOPK + j) * D + n, mask=n < D, other=0.0)
+    if ADD:
+        acc = acc.to(dt).to(tl.float32) + tl.load(add_ptr + t * D + n, mask=n < D, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * D + n, acc.to(dt), mask=n < D)
+
+
+def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
+    """x [T, D] of a float dtype, stacks w1, w3 [n, I, D] and w2 [n, D, I] FP4 as prefill_moe reads them."""
+    from . import prefill_moe
+
+    return x.dim() == 2 and x.shape[0] > 0 and prefill_moe.supported(x, stacks)
+
+
+def runs(x: torch.Tensor, stacks: list[QWeight]) -> bool:
+    """Whether dsv4.kernels.moe.routed runs these experts here (CONFIG on; the mode, not the launch, decides)."""
+    return CONFIG["on"] and supported(x, stacks)
+
+
+def tiles_bound(pairs: int, n_local: int) -> int:
+    """The tiles a plan lists: every real tile holds a pair, and there are at most cdiv(pairs, bm) + n_local."""
+    return min(pairs, cdiv(pairs, CONFIG["block_m"]) + n_local)
+
+
+def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...]:
+    """(order [P], ends [n_local], tile expert [tiles], tile row [tiles]), int32, for ids [T, k] (global ids; P =
+    T * k): the pairs sorted by local expert (other ranks' last), ties in pair order; each expert's end in that
+    order; each tile's expert (n_local past the real ones) and first sorted row. On the device: no host sync."""
+    P, bm = ids.numel(), CONFIG["block_m"]
+    tiles = tiles_bound(P, n_local)
+    if P > CONFIG["plan_pairs"]:
+        flat = ids.reshape(-1).long() - first
+        key = torch.where((flat >= 0) & (flat < n_local), flat, n_local)
+        key, order = torch.sort(key, stable=True)
+        ends = torch.searchsorted(key, torch.arange(n_local, device=key.device), right=True, out_int32=True)
+        expert, row = schedule(ends, P, bm, tiles)
+        return order.to(torch.int32), ends, expert, row
+    dev = ids.device
+    P2, N2, T2 = next_pow2(P), next_pow2(n_local), next_pow2(tiles)
+    order, ends = torch.empty(P, dtype=torch.int32, device=dev), torch.empty(n_local, dtype=torch.int32, device=dev)
+    expert, row = torch.empty(tiles, dtype=torch.int32, device=dev), torch.empty(tiles, dtype=torch.int32, device=dev)
+    scratch = torch.empty(P2 + 3 * N2, dtype=torch.int32, device=dev)
+    launcher(_plan_kernel, ids)[(1,)](ids.contiguous(), order, ends, expert, row, scratch, P, first, n_local, tiles,
+                                      P2=P2, N2=N2, T2=T2, BM=bm, LOG_P=P2.bit_length() - 1,
+                                      LOG_N=N2.bit_length() - 1, **({} if interpreting() else {"num_warps": 4}))
+    return order, ends, expert, row
+
+
+def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool):
+    w1, w3 = stacks
+    _, ends, expert, row = plan_
+    d1, s1 = w1.data.view(torch.uint8), _scale(w1)
+    d3, s3 = w3.data.view(torch.uint8), _scale(w3)
+    N, K = w1.shape
+    c = CONFIG
+    options = {} if interpreting() else {"num_warps": c["num_warps"]}
+    launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, c["block_n"]))](
+        a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
+        float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
+        IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], **options)
+    return out
+
+
+def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
+           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dsv4.kernels.moe.routed's result (x [T, D], ids [T, k] global, weights [T, k] in x's dtype, FP4 stacks of
+    experts first..first+n-1, add [T, D] or None, out: where the result is written) on the tensor cores."""
+    T, k = ids.shape
+    w1, w3, w2 = stacks
+    ids = ids.contiguous()
+    p = plan(ids, first, w1.data.shape[0])
+    order = p[0]
+    h = torch.empty(T * k, w1.shape[0], dtype=x.dtype, device=x.device)
+    _experts(x, order, (w1, w3), order, h, p, limit, k, True)
+    D = w2.shape[0]
+    terms = torch.empty(T * k, D, dtype=torch.float32, device=x.device)
+    _experts(h, order, (w2, w2), weights.contiguous(), terms, p, limit, 1, False)
+    y = _destination(out, T, D, x.dtype, x.device)
+    launcher(_sum_kernel, x)[(cdiv(D, 1024), T)](terms, ids, add.contiguous() if add is not None else y, y, D, first,
+                                                w1.data.shape[0], TOPK=k, ADD=add is not None, BLOCK=1024)
+    return y

@@ -1,0 +1,85 @@
+"""The routed experts on the tensor cores (dsv4.kernels.moe_tc, DSV4_MOE_TC): the plan equals torch's, the experts
+agree with the pair kernels (dsv4.kernels.moe) to the reference's tolerance, and a token's bits do not depend on the
+other tokens of its step (each token alone equals it in the batch).
+
+On CPU the kernels run through Triton's interpreter (conftest: its dots sum in float64, so there the batch test
+checks the plumbing: the sort, the gather, each term written to its own pair); on a GPU compiled, where it checks
+the tensor cores' sums too. Tolerances: quantised_cases.close_chain (fp32 within 1e-5; an expert's bf16 chain of
+roundings within 2**-6 of the largest output).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4.config import preset
+from dsv4.kernels import moe_tc
+from dsv4.model import moe as moe_mod
+from dsv4.model.rows import rows_alone
+
+pytest.importorskip("triton")
+
+from quantised_cases import DEVICES, close_chain, expert_stacks, moe_configured, per_device  # noqa: E402
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_plan_kernel_equals_torch(monkeypatch, device):
+    """The one-program plan (sort, ends, tiles) gives torch's plan (stable sort, searchsorted, prefill_moe.schedule)
+    entry for entry: pairs of other ranks' experts sorted last, an expert with more pairs than a tile holds, steps of
+    1 to 40 tokens, ids of either dtype."""
+    g = torch.Generator().manual_seed(5)
+    for T, k, n, first in ((1, 6, 16, 16), (3, 6, 16, 0), (16, 6, 256, 0), (40, 6, 128, 128), (7, 2, 5, 3)):
+        ids = torch.randint(0, 2 * n + first, (T, k), generator=g)
+        ids[: T // 2 + 1, 0] = first + 1  # one expert in many pairs (> 16 at 40 tokens)
+        ids = ids.to(device, torch.int64 if T % 2 else torch.int32)
+        monkeypatch.setitem(moe_tc.CONFIG, "plan_pairs", 1024)
+        kernel = moe_tc.plan(ids, first, n)
+        monkeypatch.setitem(moe_tc.CONFIG, "plan_pairs", 0)
+        ref = moe_tc.plan(ids, first, n)
+        assert kernel[0].shape == (T * k,) and kernel[2].shape == (moe_tc.tiles_bound(T * k, n),)
+        for name, a, b in zip(("order", "ends", "tile expert", "tile row"), kernel, ref):
+            assert torch.equal(a.cpu(), b.cpu().to(a.dtype)), (T, k, n, first, name)
+
+
+@pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)]) +
+                         [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
+def test_tensor_core_experts(monkeypatch, device, dtype):
+    """DSV4_MOE_TC: a step's routed experts against the pair kernels (close_chain), with and without the shared
+    output added; expert 17 in every token (more pairs than a tile of 16 on CUDA), remote experts skipped; each
+    token alone has its bits in the batch; the result written into `out` when given."""
+    g = torch.Generator().manual_seed(23)
+    full = device == "cuda"
+    D, I = (256, 128) if full else (64, 32)
+    T = 20 if full else 5
+    base = torch.tensor([[17, 20, 3, 25, 16, 30], [20, 17, 31, 3, 18, 19], [3, 17, 20, 22, 23, 5],
+                         [26, 27, 17, 20, 3, 28], [20, 29, 17, 24, 1, 21]])
+    ids = base.repeat(cdiv_rows(T, base.shape[0]), 1)[:T].to(device)
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(T, D, generator=g).to(dtype).to(device)
+    shared = torch.randn(T, D, generator=g).to(dtype).to(device)
+    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(dtype).to(device)
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 0.3
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch)
+    if not full:
+        monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
+
+    def run(on, rows=slice(None), add=shared, out=None):
+        monkeypatch.setitem(moe_tc.CONFIG, "on", on)
+        with rows_alone():  # a decode step's rows
+            return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg,
+                                  None if add is None else add[rows], out)
+
+    batch = run(True)
+    close_chain(batch, run(False), dtype)
+    close_chain(run(True, add=None), run(False, add=None), dtype)
+    for t in range(T):
+        assert torch.equal(run(True, slice(t, t + 1)), batch[t:t + 1]), t
+    out = torch.empty_like(batch)
+    assert run(True, out=out).data_ptr() == out.data_ptr() and torch.equal(out, batch)
+
+
+def cdiv_rows(a: int, b: int) -> int:
+    return -(-a // b)
