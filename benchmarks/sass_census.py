@@ -2,7 +2,7 @@
 instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
 per weight element is known before a device call.
 
-    python benchmarks/sass_census.py [--kernel gate_up|down|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
+    python benchmarks/sass_census.py [--kernel gate_up|down|tc|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
                                      [--rows 1] [--gemv v2|v3]
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token, or --rows rows of a batched
@@ -125,9 +125,9 @@ def census(ins) -> collections.Counter:
 
 
 def build(kernel: str, rows: int = 1):
-    from dsv4.kernels import dense, hc_boundary, moe, qgemv, route
+    from dsv4.kernels import dense, hc_boundary, moe, moe_tc, qgemv, route
     from dsv4.formats import QWeight
-    for module in (dense, hc_boundary, moe, qgemv, route):
+    for module in (dense, hc_boundary, moe, moe_tc, qgemv, route):
         module.launcher = compile_only
     x = torch.zeros(1, 4096, dtype=torch.bfloat16)
     rows_x = torch.zeros(rows, 4096, dtype=torch.bfloat16)  # the GEMVs' input
@@ -140,6 +140,10 @@ def build(kernel: str, rows: int = 1):
         moe.routed_and_shared_gate_up(x, ids, fp4[0], fp4[1], 0, shared, shared, 10.0)
     elif kernel == "down":
         moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)
+    elif kernel == "tc":  # the experts on the tensor cores (DSV4_MOE_TC), a step of `rows` tokens
+        moe_tc.CONFIG["on"] = True
+        moe.routed(rows_x, torch.zeros(rows, 6, dtype=torch.int64), torch.zeros(rows, 6, dtype=torch.bfloat16), fp4, 0,
+                   10.0, add=rows_x)
     elif kernel == "qgemv":
         qgemv.linear(rows_x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn),
                                      torch.zeros(8, 32, dtype=e8), "fp8"))
@@ -159,7 +163,7 @@ def build(kernel: str, rows: int = 1):
             route.route(torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                         tid2eid, 6, True, 1.5)
     else:
-        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, qgemv, qgemv_fp4, dense, boundary, route")
+        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, tc, qgemv, qgemv_fp4, dense, boundary, route")
 
 
 def main(argv=None):
