@@ -74,6 +74,21 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "tc_n64_k64_s4": {"tc": {"block_n": 64, "block_k": 64, "num_stages": 4}},
     "tc_n32_k128_s4_w8": {"tc": {"block_n": 32, "block_k": 128, "num_stages": 4, "num_warps": 8}},
     "tc_n128_k64_s3_w8": {"tc": {"block_n": 128, "block_k": 64, "num_stages": 3, "num_warps": 8}},
+    "tc_s1": {"tc": {"num_stages": 1}},
+    # The "planes" loop: the weight the MMA's wide operand, its nibbles two planes (moe_tc._planes_dot).
+    "tcp_n64_k128_s3": {"tc": {"loop": "planes", "block_n": 64, "block_k": 128, "num_stages": 3}},
+    "tcp_n64_k256_s2": {"tc": {"loop": "planes", "block_n": 64, "block_k": 256, "num_stages": 2}},
+    "tcp_n128_k128_s3_w8": {"tc": {"loop": "planes", "block_n": 128, "block_k": 128, "num_stages": 3,
+                                   "num_warps": 8}},
+    "tcp_n64_k128_s1": {"tc": {"loop": "planes", "block_n": 64, "block_k": 128, "num_stages": 1}},
+    # The "words" loop: the weight's int32 words, eight planes, a scale per 4 words (moe_tc._words_dot).
+    "tcw_n64_k128_s3": {"tc": {"loop": "words", "block_n": 64, "block_k": 128, "num_stages": 3}},
+    "tcw_n64_k128_s1": {"tc": {"loop": "words", "block_n": 64, "block_k": 128, "num_stages": 1}},
+    "tcw_n64_k256_s2": {"tc": {"loop": "words", "block_n": 64, "block_k": 256, "num_stages": 2}},
+    "tcw_n64_k256_s3": {"tc": {"loop": "words", "block_n": 64, "block_k": 256, "num_stages": 3}},
+    "tcw_n128_k128_s3_w8": {"tc": {"loop": "words", "block_n": 128, "block_k": 128, "num_stages": 3, "num_warps": 8}},
+    "tcw_n32_k256_s3": {"tc": {"loop": "words", "block_n": 32, "block_k": 256, "num_stages": 3}},
+    "tcw_n64_k512_s2_w8": {"tc": {"loop": "words", "block_n": 64, "block_k": 512, "num_stages": 2, "num_warps": 8}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -87,16 +102,22 @@ SHARED_VARIANTS = {
 }
 
 
-def launches(fn) -> int | None:
-    """Kernels one call of fn launches (memcpy/memset not counted); None off CUDA."""
+def launches(fn) -> tuple[int | None, dict]:
+    """(kernels one call of fn launches, memcpy/memset not counted; their device time by name in us), eager, after
+    a warm call; (None, {}) off CUDA."""
     if qb.DEVICE != "cuda":
-        return None
+        return None, {}
+    fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return sum(not (n.startswith("Memcpy") or n.startswith("Memset")) for n in names)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+              and not (e.name.startswith("Memcpy") or e.name.startswith("Memset"))]
+    times: dict = {}
+    for e in events:
+        times[e.name[:40]] = round(times.get(e.name[:40], 0.0) + e.device_time_total, 1)
+    return len(events), times
 
 
 def expert_bytes(w: QWeight) -> int:
@@ -138,7 +159,7 @@ class Bench:
                 pairs.append((moe_tc.CONFIG, {"on": True, **overrides["tc"]}))
             with qb.configured("triton", *pairs):
                 err, equal = check()
-                n_launches = launches(lambda: fn(0))
+                n_launches, kernel_us = launches(lambda: fn(0))
                 us = qb.timed(fn, self.calls)
         except Exception as e:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
             emit("MOE", op=op, T=T, variant=variant, error=f"{type(e).__name__}: {str(e)[:300]}")
@@ -147,7 +168,7 @@ class Bench:
             self.best[(op, T)] = (variant, us)
         emit("MOE", op=op, T=T, variant=variant, config=overrides, us=round(us, 2), bytes=nbytes,
              gb_s=round(nbytes / us / 1e3, 1), fraction=round(nbytes / (us * 1e-6) / self.bw, 3), launches=n_launches,
-             max_rel_err=err, bit_equal_base=equal, calls=self.calls)
+             max_rel_err=err, bit_equal_base=equal, calls=self.calls, kernel_us=kernel_us)
 
     def routed(self, T: int):
         cfg, stacks, n = self.cfg, self.stacks, self.n_local

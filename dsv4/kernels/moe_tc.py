@@ -29,8 +29,9 @@ import torch
 
 from ..formats import QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
-from .prefill_moe import _fp4_dot, _scale, _swiglu, schedule
-from .qgemv import _destination
+from .prefill_moe import _fp4_dot, _fp4_planes, _fp4_stored, _scale, _swiglu, schedule
+from .qgemv import _destination, _dot
+from .qgemv import _scale as _scale_fp32
 
 try:
     import triton.language as tl
@@ -39,12 +40,15 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 # block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a program's outputs and each K step's inputs;
-# warps and pipeline stages; plan_pairs: the most pairs the one-program plan takes (more: torch's ops).
+# warps and pipeline stages; plan_pairs: the most pairs the one-program plan takes (more: torch's ops); loop: the
+# K loop's form (_experts_kernel: "tile", the first, device-checked in session 13 call 2; "planes" and "words",
+# trials).
 # on (DSV4_MOE_TC=1): off by default until its device run (benchmarks/RESULTS.md).
 CONFIG = {"on": os.environ.get("DSV4_MOE_TC", "0") == "1", "block_m": 16,
           "block_n": int(os.environ.get("DSV4_MOE_TC_BLOCK_N", "32")),
           "block_k": int(os.environ.get("DSV4_MOE_TC_BLOCK_K", "128")),
-          "num_warps": 4, "num_stages": int(os.environ.get("DSV4_MOE_TC_STAGES", "3")), "plan_pairs": 1024}
+          "num_warps": 4, "num_stages": int(os.environ.get("DSV4_MOE_TC_STAGES", "3")), "plan_pairs": 1024,
+          "loop": os.environ.get("DSV4_MOE_TC_LOOP", "tile")}
 
 
 @device_function
@@ -96,14 +100,64 @@ def _plan_kernel(ids_ptr, order_ptr, ends_ptr, tile_expert_ptr, tile_row_ptr, sc
     tl.store(tile_row_ptr + j, row, mask=j < TILES)
 
 
+@device_function
+def _planes_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
+                E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
+    """acc [BLOCK_N, BLOCK_M] + (the FP4 weight's rows `cols`, inputs k0 .. k0 + BLOCK_K) @ (a's rows a_rows)^T: the
+    weight is the MMA's wide operand (its rows fill the tensor cores' 64, the pairs are the narrow side), and its
+    low and high nibbles (even and odd inputs) are two planes, each dotted with the inputs it multiplies, so a byte
+    is decoded where it was loaded, without an interleave."""
+    byte, sc = _fp4_stored(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, BLOCK_K)
+    lo, hi = _fp4_planes(byte, sc, E8M0)
+    kk = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+    ok = (kk < K)[:, None] & r_ok[None, :]
+    even = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None], mask=ok, other=0.0)
+    odd = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None] + 1, mask=ok, other=0.0)
+    acc = _dot(lo.to(even.dtype), even, acc, IEEE)
+    return _dot(hi.to(odd.dtype), odd, acc, IEEE)
+
+
+@device_function
+def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
+               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
+    """_planes_dot from the weight's int32 words (8 inputs each, input 8w + q in bits 4q..4q+3): eight planes, plane q
+    the inputs k0 + 8w + q, each times its scale (one per 4 words: a [BLOCK_N, G, 4] tile broadcast over the 4)
+    and dotted with the inputs it multiplies; nibbles q and q + 4, 16 bits apart, decoded by one mask-and-shift
+    (qgemv._fp4_rows's)."""
+    G: constexpr = BLOCK_K // 32
+    gi = tl.arange(0, G)
+    wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
+    rows64 = cols.to(tl.int64)
+    words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
+                    mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
+    sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
+    scale = (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
+    w8 = k0 + 8 * tl.arange(0, BLOCK_K // 8)
+    ok = (w8 < K)[:, None] & r_ok[None, :]
+    at = a_ptr + a_rows[None, :] * K + w8[:, None]
+    dt = a_ptr.dtype.element_ty
+    for q in tl.static_range(4):
+        u = words >> (4 * q)
+        t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
+        lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+        hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+        acc = _dot(tl.reshape(lo, [lo.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q, mask=ok, other=0.0), acc, IEEE)
+        acc = _dot(tl.reshape(hi, [hi.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q + 4, mask=ok, other=0.0), acc,
+                   IEEE)
+    return acc
+
+
 def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
                     ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
-                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr):
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, PLANES: constexpr,
+                    WORDS: constexpr):
     """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
-    product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded."""
+    product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded. The K loop: PLANES
+    (CONFIG loop "planes") _planes_dot's [outputs, rows] tiles, WORDS ("words") _words_dot's, else ("tile")
+    prefill_moe._fp4_dot's. w1/w3 are bytes, or int32 words (WORDS; strides in their units)."""
     pdl_release()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
@@ -118,21 +172,41 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
         dt = a_ptr.dtype.element_ty
         w1, s1 = w1_ptr + g * w_expert_stride, s1_ptr + g * s_expert_stride
         w3, s3 = w3_ptr + g * w_expert_stride, s3_ptr + g * s_expert_stride
-        acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=r_ok[:, None] & (kk < K)[None, :], other=0.0)
-            acc1 = _fp4_dot(acc1, a, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
-            if SWIGLU:
-                acc3 = _fp4_dot(acc3, a, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+        if WORDS:
+            acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+                acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+                if SWIGLU:
+                    acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                                      BLOCK_K)
+            gate, up = tl.trans(acc1), tl.trans(acc3)
+        elif PLANES:
+            acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+                acc1 = _planes_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+                if SWIGLU:
+                    acc3 = _planes_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                                       BLOCK_K)
+            gate, up = tl.trans(acc1), tl.trans(acc3)
+        else:
+            gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=r_ok[:, None] & (kk < K)[None, :],
+                            other=0.0)
+                gate = _fp4_dot(gate, a, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+                if SWIGLU:
+                    up = _fp4_dot(up, a, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
         ok = r_ok[:, None] & c_ok[None, :]
         if SWIGLU:
-            tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], _swiglu(acc1, acc3, dt, limit).to(dt),
+            tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], _swiglu(gate, up, dt, limit).to(dt),
                      mask=ok)
         else:
             weight = tl.load(wt_ptr + pair, mask=r_ok, other=0.0).to(tl.float32)
-            term = (acc1.to(dt).to(tl.float32) * weight[:, None]).to(dt).to(tl.float32)
+            term = (gate.to(dt).to(tl.float32) * weight[:, None]).to(dt).to(tl.float32)
             tl.store(out_ptr + pair[:, None] * N + cols[None, :], term, mask=ok)
 
 
@@ -199,16 +273,18 @@ def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...
 def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool):
     w1, w3 = stacks
     _, ends, expert, row = plan_
-    d1, s1 = w1.data.view(torch.uint8), _scale(w1)
-    d3, s3 = w3.data.view(torch.uint8), _scale(w3)
-    N, K = w1.shape
     c = CONFIG
+    words = c["loop"] == "words"
+    d1, s1 = w1.data.view(torch.int32 if words else torch.uint8), _scale(w1)
+    d3, s3 = w3.data.view(torch.int32 if words else torch.uint8), _scale(w3)
+    N, K = w1.shape
     options = {} if interpreting() else {"num_warps": c["num_warps"]}
     launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, c["block_n"]))](
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
         IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], **options)
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], PLANES=c["loop"] == "planes", WORDS=words,
+        **options)
     return out
 
 
