@@ -65,30 +65,13 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
                                  "down_split_tokens": 64},
     "paired_n8_down_split_n8": {"gate_up_paired": True, "gate_up_block_n": 8, "down_split_experts": True,
                                 "down_split_tokens": 64, "down_block_n": 8},
-    # The experts on the tensor cores (dsv4.kernels.moe_tc; "tc": its CONFIG overrides, on): tiles of 16 pairs of one
-    # expert, a program's outputs (n), each K step's inputs (k), pipeline stages (s), warps (w).
+    # The experts on the tensor cores (dsv4.kernels.moe_tc; "tc": its CONFIG overrides, mode "all"): tiles of 16 pairs
+    # of one expert, a program's outputs (n), each K step's inputs (k), pipeline stages (s), warps (w).
     "tc": {"tc": {}},
-    "tc_n16_k128_s3": {"tc": {"block_n": 16, "block_k": 128, "num_stages": 3}},
-    "tc_n32_k256_s2": {"tc": {"block_n": 32, "block_k": 256, "num_stages": 2}},
-    "tc_n64_k128_s3": {"tc": {"block_n": 64, "block_k": 128, "num_stages": 3}},
-    "tc_n64_k64_s4": {"tc": {"block_n": 64, "block_k": 64, "num_stages": 4}},
-    "tc_n32_k128_s4_w8": {"tc": {"block_n": 32, "block_k": 128, "num_stages": 4, "num_warps": 8}},
-    "tc_n128_k64_s3_w8": {"tc": {"block_n": 128, "block_k": 64, "num_stages": 3, "num_warps": 8}},
-    "tc_s1": {"tc": {"num_stages": 1}},
-    # The "planes" loop: the weight the MMA's wide operand, its nibbles two planes (moe_tc._planes_dot).
-    "tcp_n64_k128_s3": {"tc": {"loop": "planes", "block_n": 64, "block_k": 128, "num_stages": 3}},
-    "tcp_n64_k256_s2": {"tc": {"loop": "planes", "block_n": 64, "block_k": 256, "num_stages": 2}},
-    "tcp_n128_k128_s3_w8": {"tc": {"loop": "planes", "block_n": 128, "block_k": 128, "num_stages": 3,
-                                   "num_warps": 8}},
-    "tcp_n64_k128_s1": {"tc": {"loop": "planes", "block_n": 64, "block_k": 128, "num_stages": 1}},
-    # The "words" loop: the weight's int32 words, eight planes, a scale per 4 words (moe_tc._words_dot).
-    "tcw_n64_k128_s3": {"tc": {"loop": "words", "block_n": 64, "block_k": 128, "num_stages": 3}},
-    "tcw_n64_k128_s1": {"tc": {"loop": "words", "block_n": 64, "block_k": 128, "num_stages": 1}},
-    "tcw_n64_k256_s2": {"tc": {"loop": "words", "block_n": 64, "block_k": 256, "num_stages": 2}},
-    "tcw_n64_k256_s3": {"tc": {"loop": "words", "block_n": 64, "block_k": 256, "num_stages": 3}},
-    "tcw_n128_k128_s3_w8": {"tc": {"loop": "words", "block_n": 128, "block_k": 128, "num_stages": 3, "num_warps": 8}},
-    "tcw_n32_k256_s3": {"tc": {"loop": "words", "block_n": 32, "block_k": 256, "num_stages": 3}},
-    "tcw_n64_k512_s2_w8": {"tc": {"loop": "words", "block_n": 64, "block_k": 512, "num_stages": 2, "num_warps": 8}},
+    "tc_n64_k128_s1": {"tc": {"block_n": 64, "block_k": 128, "num_stages": 1}},
+    "tc_n64_k256_s3": {"tc": {"block_n": 64, "block_k": 256, "num_stages": 3}},
+    "tc_n128_k128_s3_w8": {"tc": {"block_n": 128, "block_k": 128, "num_stages": 3, "num_warps": 8}},
+    "tc_n32_k256_s3": {"tc": {"block_n": 32, "block_k": 256, "num_stages": 3}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -156,7 +139,7 @@ class Bench:
         try:
             pairs = [(fused_moe.CONFIG, {k: v for k, v in overrides.items() if k != "tc"})]
             if "tc" in overrides:
-                pairs.append((moe_tc.CONFIG, {"on": True, **overrides["tc"]}))
+                pairs.append((moe_tc.CONFIG, {"mode": "all", **overrides["tc"]}))
             with qb.configured("triton", *pairs):
                 err, equal = check()
                 n_launches, kernel_us = launches(lambda: fn(0))
@@ -180,7 +163,7 @@ class Bench:
             expected = moe_mod.routed(x, ids, weights, experts, 0, cfg)
         with qb.configured("triton", (fused_moe.CONFIG, VARIANTS["base"])), rows_alone():
             base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
-        with qb.configured("triton", (moe_tc.CONFIG, {"on": True})), rows_alone():
+        with qb.configured("triton", (moe_tc.CONFIG, {"mode": "all"})), rows_alone():
             tc_base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
 
         def run_routed(i):
@@ -196,7 +179,7 @@ class Bench:
         def check():  # a tensor-core variant against the tensor cores' default tiles (another summation order)
             with rows_alone():
                 got = moe_mod.routed(x, ids, weights, experts, 0, cfg)
-            return qb.rel_err(got, expected), torch.equal(got, tc_base if moe_tc.CONFIG["on"] else base)
+            return qb.rel_err(got, expected), torch.equal(got, tc_base if moe_tc.CONFIG["mode"] == "all" else base)
 
         gate_up_bytes, routed_bytes = self.local_bytes(routes, stacks[:2]), self.local_bytes(routes, stacks)
         for variant, overrides in VARIANTS.items():

@@ -141,9 +141,9 @@ def build(kernel: str, rows: int = 1):
     elif kernel == "down":
         moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)
     elif kernel == "tc":  # the experts on the tensor cores (DSV4_MOE_TC), a step of `rows` tokens
-        moe_tc.CONFIG["on"] = True
-        moe.routed(rows_x, torch.zeros(rows, 6, dtype=torch.int64), torch.zeros(rows, 6, dtype=torch.bfloat16), fp4, 0,
-                   10.0, add=rows_x)
+        moe_tc.CONFIG["mode"] = "all"
+        moe_tc.routed(rows_x, torch.zeros(rows, 6, dtype=torch.int64), torch.zeros(rows, 6, dtype=torch.bfloat16), fp4,
+                      0, 10.0, add=rows_x)
     elif kernel == "qgemv":
         qgemv.linear(rows_x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn),
                                      torch.zeros(8, 32, dtype=e8), "fp8"))

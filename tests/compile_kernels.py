@@ -460,19 +460,17 @@ for cfg in ({"shared_add": True}, {"gate_up_paired": False, "down_split_experts"
 
 
 def tensor_core_variants(dtype, scale_dtype):
-    """The routed experts on the tensor cores (DSV4_MOE_TC) at Flash's shapes: a decode step's one-program plan
-    and a prefill wave's torch plan."""
+    """The routed experts on the tensor cores (dsv4.kernels.moe_tc: a prefill chunk's) at Flash's shapes: a step's
+    one-program plan and a prefill wave's torch plan."""
     stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
               for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
     for T in (1, 200):
         x = torch.zeros(T, 4096, dtype=dtype)
-        moe.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
+        moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
 
 
-moe_tc.CONFIG["on"] = True
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
-moe_tc.CONFIG["on"] = False
 
 
 def prefill_moe_variants(dtype, scale_dtype):

@@ -45,7 +45,7 @@ def test_plan_kernel_equals_torch(monkeypatch, device):
 @pytest.mark.parametrize("device,dtype", per_device([(torch.bfloat16,)]) +
                          [pytest.param(d, torch.float32) for d in DEVICES if d == "cuda"])
 def test_tensor_core_experts(monkeypatch, device, dtype):
-    """DSV4_MOE_TC: a step's routed experts against the pair kernels (close_chain), with and without the shared
+    """A prefill chunk's routed experts on the tensor cores against the pair kernels (close_chain), with and without the shared
     output added; expert 17 in every token (more pairs than a tile of 16 on CUDA), remote experts skipped; each
     token alone has its bits in the batch; the result written into `out` when given."""
     g = torch.Generator().manual_seed(23)
@@ -67,8 +67,8 @@ def test_tensor_core_experts(monkeypatch, device, dtype):
         monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
 
     def run(on, rows=slice(None), add=shared, out=None):
-        monkeypatch.setitem(moe_tc.CONFIG, "on", on)
-        with rows_alone():  # a decode step's rows
+        # the rows of a prefill chunk (4 tokens a sequence: the tensor cores) or of a decode step (the pair kernels)
+        with rows_alone(True, tokens=4 if on else 1):
             return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg,
                                   None if add is None else add[rows], out)
 
@@ -79,6 +79,36 @@ def test_tensor_core_experts(monkeypatch, device, dtype):
         assert torch.equal(run(True, slice(t, t + 1)), batch[t:t + 1]), t
     out = torch.empty_like(batch)
     assert run(True, out=out).data_ptr() == out.data_ptr() and torch.equal(out, batch)
+
+
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+def test_the_mode_follows_the_step_kind(monkeypatch):
+    """DSV4_MOE_TC: "chunks" (the default) takes the tensor cores for a prefill chunk's rows (tokens > 1 a sequence)
+    and the pair kernels for a decode step's, whatever the rows; "all" both; "off" neither; another name is refused
+    naming the variable. The shared expert's kernel 1 then runs apart (not in the routed launch)."""
+    device = DEVICES[0]
+    g = torch.Generator().manual_seed(4)
+    D, I = (128, 128) if device == "cuda" else (64, 32)
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(3, D, generator=g).to(device)
+    ids = torch.tensor([[16, 17, 3, 20, 21, 22]] * 3, device=device)
+    weights = torch.full((3, 6), 1 / 6, device=device)
+    cfg = preset("tiny")
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch)
+    taken = []
+    kernel = moe_tc.routed
+    monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[0].shape[0]) or kernel(*a))
+    assert moe_tc.CONFIG["mode"] == "chunks"
+    for mode, tokens, expected in (("chunks", 3, [3]), ("chunks", 1, []), ("all", 1, [3]), ("off", 3, [])):
+        monkeypatch.setitem(moe_tc.CONFIG, "mode", mode)
+        taken.clear()
+        with rows_alone(True, tokens=tokens):
+            moe_mod.routed(x, ids, weights, stacks, 16, cfg)
+        assert taken == expected, (mode, tokens)
+    monkeypatch.setitem(moe_tc.CONFIG, "mode", "on")
+    with pytest.raises(ValueError, match="DSV4_MOE_TC='on'"), rows_alone(True, tokens=2):
+        moe_mod.routed(x, ids, weights, stacks, 16, cfg)
 
 
 def cdiv_rows(a: int, b: int) -> int:

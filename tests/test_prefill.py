@@ -491,7 +491,10 @@ def test_a_short_chunk_takes_the_pair_kernels_and_equals_single_steps(monkeypatc
     from dsv4.model.forward import Transformer
     from dsv4.parallel import Comm
 
+    from dsv4.kernels import moe_tc
+
     monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_tc.CONFIG, "mode", "off")  # the pair kernels (by default a chunk takes the tensor cores)
     cfg = written_config(dsv4.config.preset("tiny"), "fp8")
     dev = device
     weights = random_weights(cfg, device=dev, dtype=torch.float32, seed=3)

@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import PDL, cdiv, device_function, interpreting, launcher, moe_tc, next_pow2, pdl_release, pdl_wait
+from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -61,9 +61,9 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 # 42.8 -> 41.7 us, at 16 tokens 327.6 -> 318.3 us paired alone but 332.9 with the split: hence the token bound).
 # shared_launch (DSV4_MOE_SHARED_LAUNCH=0 turns it off; on since session 8 call 4): the shared expert's gate/up in the
 # routed kernel 1's launch (routed_and_shared_gate_up: both read only x; one launch a layer fewer, equal bits).
-# The experts of a rows-alone step can run on the tensor cores instead (dsv4.kernels.moe_tc, DSV4_MOE_TC=1): routed
-# hands them over. (Session 13 call 1 rejected grouping pairs by expert for these kernels: R pairs a group each
-# paid their own multiply-adds, 3.5 ms against 0.6 for one Flash layer's routed experts at 16 tokens.)
+# A prefill chunk's experts run on the tensor cores instead (dsv4.kernels.moe_tc, chosen in dsv4.model.moe). (Session
+# 13 call 1 rejected grouping pairs by expert for these kernels: R pairs a group each paid their own multiply-adds,
+# 3.5 ms against 0.6 for one Flash layer's routed experts at 16 tokens.)
 CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16, "shared_block_n": 4,
           "block_k_fp4": 1024, "block_k_fp8": 512, "num_warps": 4, "gate_up_split_k": 1, "shared_split_k": 4, "fused_sum": True, "compact": False,
           "shared_add": os.environ.get("DSV4_SHARED_ADD", "1") == "1",
@@ -426,8 +426,6 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
-    if h is None and moe_tc.runs(x, stacks):
-        return moe_tc.routed(x, ids, weights, stacks, first, limit, add, out)
     if h is None:
         h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     d2, s2 = _operands(w2, words=True)

@@ -1,19 +1,19 @@
-"""The routed experts of a rows-alone step (decode steps, short prefill chunks) on the tensor cores.
+"""The routed experts of a rows-alone step on the tensor cores: a prefill chunk's, by default.
 
-The pair kernels (dsv4.kernels.moe) run each (token, expert) pair as its own GEMV on the CUDA cores: a
-batched step of 16 tokens makes 96 GEMVs a layer over ~80 experts, and a server's prefill wave of
-16 x 63 tokens 6,048 of them, each unpacking its expert's FP4 bytes and paying its own multiply-adds
-(session 12 call 6: 89 % of that wave; session 13 call 1: grouping pairs for those kernels does not pay,
-since the multiply-adds, not the unpacking, bound them). Here the pairs are sorted by local expert and cut
-into tiles of BLOCK_M pairs of one expert (as dsv4.kernels.prefill_moe cuts a long prefill's), and a
-program multiplies its tile by a BLOCK_N slice of the expert's weight with tl.dot, each FP4 weight tile
-unpacked once for all of its rows (prefill_moe._fp4_dot).
+The pair kernels (dsv4.kernels.moe) run each (token, expert) pair as its own GEMV on the CUDA cores.
+A server's prefill wave of 16 prompts of 63 tokens makes 6,048 of them a layer (~24 an expert), each
+unpacking its expert's FP4 bytes and paying its own multiply-adds: 89 % of the wave (session 12 call
+6). Here the pairs are sorted by local expert and cut into tiles of BLOCK_M pairs of one expert (as
+dsv4.kernels.prefill_moe cuts a long prefill's), and a program multiplies its tile by a BLOCK_N slice
+of the expert's weight on the tensor cores, each weight word unpacked once for all of its rows
+(_words_dot). At one token a sequence (a decode step, ~1.2 pairs an expert at 16 sequences) the pair
+kernels stay faster, so by default only prefill chunks come here (CONFIG mode).
 
 Batch invariance: one tile shape whatever the step (CONFIG, fixed for the process), so a pair's sums are
 the tensor cores' over its own row of the tile and the weight, in the K loop's order, whatever other
 pairs share its tile or where it sits in it: a sequence's bits do not depend on who shares its step
 (batched == solo), as with the pair kernels. They are not the pair kernels' bits (another summation
-order), so this is a mode chosen for the process (CONFIG on, DSV4_MOE_TC=1), never by a launch's size.
+order), so the choice follows the step's kind (tokens a sequence), never a launch's size.
 
 Launches: the plan (one program: the pairs sorted by expert, each group's end, the tiles), gate/up with
 the SwiGLU activation (h in sorted order), down with each pair's routing weight (each pair's term, in pair
@@ -29,7 +29,7 @@ import torch
 
 from ..formats import QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
-from .prefill_moe import _fp4_dot, _fp4_planes, _fp4_stored, _scale, _swiglu, schedule
+from .prefill_moe import _scale, _swiglu, schedule
 from .qgemv import _destination, _dot
 from .qgemv import _scale as _scale_fp32
 
@@ -39,16 +39,16 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-# block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a program's outputs and each K step's inputs;
-# warps and pipeline stages; plan_pairs: the most pairs the one-program plan takes (more: torch's ops); loop: the
-# K loop's form (_experts_kernel: "tile", the first, device-checked in session 13 call 2; "planes" and "words",
-# trials).
-# on (DSV4_MOE_TC=1): off by default until its device run (benchmarks/RESULTS.md).
-CONFIG = {"on": os.environ.get("DSV4_MOE_TC", "0") == "1", "block_m": 16,
-          "block_n": int(os.environ.get("DSV4_MOE_TC_BLOCK_N", "32")),
-          "block_k": int(os.environ.get("DSV4_MOE_TC_BLOCK_K", "128")),
-          "num_warps": 4, "num_stages": int(os.environ.get("DSV4_MOE_TC_STAGES", "3")), "plan_pairs": 1024,
-          "loop": os.environ.get("DSV4_MOE_TC_LOOP", "tile")}
+# mode (DSV4_MOE_TC): "chunks", a prefill chunk's experts (more than one token a sequence: dsv4.model.moe); "all",
+# every rows-alone step's, decode too; "off". block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a
+# program's outputs and each K step's inputs (block_k / 8 >= 16: a plane's dot); warps and pipeline stages;
+# plan_pairs: the most pairs the one-program plan takes (more: torch's ops). Session 13 call 3 (moe_bench, one
+# Flash layer's routed experts): 1 token 108-152 us (pair kernels 47), 16 tokens 865-960 us (pair kernels 602), a
+# 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (The bits do not depend on block_n,
+# warps or stages; other block_k sum in other groups.)
+CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
+          "num_warps": 4, "num_stages": 3, "plan_pairs": 1024}
+MODES = ("off", "chunks", "all")
 
 
 @device_function
@@ -101,29 +101,14 @@ def _plan_kernel(ids_ptr, order_ptr, ends_ptr, tile_expert_ptr, tile_row_ptr, sc
 
 
 @device_function
-def _planes_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-                E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
-    """acc [BLOCK_N, BLOCK_M] + (the FP4 weight's rows `cols`, inputs k0 .. k0 + BLOCK_K) @ (a's rows a_rows)^T: the
-    weight is the MMA's wide operand (its rows fill the tensor cores' 64, the pairs are the narrow side), and its
-    low and high nibbles (even and odd inputs) are two planes, each dotted with the inputs it multiplies, so a byte
-    is decoded where it was loaded, without an interleave."""
-    byte, sc = _fp4_stored(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, BLOCK_K)
-    lo, hi = _fp4_planes(byte, sc, E8M0)
-    kk = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-    ok = (kk < K)[:, None] & r_ok[None, :]
-    even = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None], mask=ok, other=0.0)
-    odd = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None] + 1, mask=ok, other=0.0)
-    acc = _dot(lo.to(even.dtype), even, acc, IEEE)
-    return _dot(hi.to(odd.dtype), odd, acc, IEEE)
-
-
-@device_function
 def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
                E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
-    """_planes_dot from the weight's int32 words (8 inputs each, input 8w + q in bits 4q..4q+3): eight planes, plane q
-    the inputs k0 + 8w + q, each times its scale (one per 4 words: a [BLOCK_N, G, 4] tile broadcast over the 4)
-    and dotted with the inputs it multiplies; nibbles q and q + 4, 16 bits apart, decoded by one mask-and-shift
-    (qgemv._fp4_rows's)."""
+    """acc [BLOCK_N, BLOCK_M] + (the FP4 weight's rows `cols`, inputs k0 .. k0 + BLOCK_K) @ (a's rows a_rows)^T on the
+    tensor cores. The weight is the MMA's wide operand (its rows fill the tensor cores' 64, the pairs are the narrow
+    side), read as int32 words (8 inputs each, input 8w + q in bits 4q..4q+3) and taken apart into eight planes,
+    plane q the inputs k0 + 8w + q, each times its scale (one per 4 words: a [BLOCK_N, G, 4] tile broadcast over
+    the 4) and dotted with the inputs it multiplies: a word is decoded in the registers it was loaded into, with
+    no interleave (nibbles q and q + 4, 16 bits apart, by one mask-and-shift: qgemv._fp4_rows's decode)."""
     G: constexpr = BLOCK_K // 32
     gi = tl.arange(0, G)
     wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -150,14 +135,12 @@ def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: conste
 def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
                     ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
-                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, PLANES: constexpr,
-                    WORDS: constexpr):
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr):
     """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
-    product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded. The K loop: PLANES
-    (CONFIG loop "planes") _planes_dot's [outputs, rows] tiles, WORDS ("words") _words_dot's, else ("tile")
-    prefill_moe._fp4_dot's. w1/w3 are bytes, or int32 words (WORDS; strides in their units)."""
+    product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded. w1/w3: int32 words
+    (strides in words); the K loop's tiles are [outputs, rows] (_words_dot)."""
     pdl_release()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
@@ -172,34 +155,13 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
         dt = a_ptr.dtype.element_ty
         w1, s1 = w1_ptr + g * w_expert_stride, s1_ptr + g * s_expert_stride
         w3, s3 = w3_ptr + g * w_expert_stride, s3_ptr + g * s_expert_stride
-        if WORDS:
-            acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-                acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
-                if SWIGLU:
-                    acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                                      BLOCK_K)
-            gate, up = tl.trans(acc1), tl.trans(acc3)
-        elif PLANES:
-            acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-                acc1 = _planes_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
-                if SWIGLU:
-                    acc3 = _planes_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                                       BLOCK_K)
-            gate, up = tl.trans(acc1), tl.trans(acc3)
-        else:
-            gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-                kk = k0 + tl.arange(0, BLOCK_K)
-                a = tl.load(a_ptr + a_rows[:, None] * K + kk[None, :], mask=r_ok[:, None] & (kk < K)[None, :],
-                            other=0.0)
-                gate = _fp4_dot(gate, a, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
-                if SWIGLU:
-                    up = _fp4_dot(up, a, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+            if SWIGLU:
+                acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+        gate, up = tl.trans(acc1), tl.trans(acc3)
         ok = r_ok[:, None] & c_ok[None, :]
         if SWIGLU:
             tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], _swiglu(gate, up, dt, limit).to(dt),
@@ -230,15 +192,22 @@ def _sum_kernel(terms_ptr, ids_ptr, add_ptr, y_ptr, D, first, n_local, TOPK: con
 
 
 def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
-    """x [T, D] of a float dtype, stacks w1, w3 [n, I, D] and w2 [n, D, I] FP4 as prefill_moe reads them."""
+    """x [T, D] of a float dtype, stacks w1, w3 [n, I, D] and w2 [n, D, I] FP4 as prefill_moe reads them, D and I
+    at least a K step (compiled, a plane's dot needs 16 words)."""
     from . import prefill_moe
 
-    return x.dim() == 2 and x.shape[0] > 0 and prefill_moe.supported(x, stacks)
+    w1 = stacks[0]
+    return (x.dim() == 2 and x.shape[0] > 0 and prefill_moe.supported(x, stacks)
+            and (interpreting() or min(w1.shape) >= CONFIG["block_k"]))
 
 
-def runs(x: torch.Tensor, stacks: list[QWeight]) -> bool:
-    """Whether dsv4.kernels.moe.routed runs these experts here (CONFIG on; the mode, not the launch, decides)."""
-    return CONFIG["on"] and supported(x, stacks)
+def chosen(x: torch.Tensor, stacks: list[QWeight], tokens: int) -> bool:
+    """Whether a rows-alone step of `tokens` tokens a sequence runs these experts here (CONFIG mode: the step's kind
+    decides, never how many sequences share it)."""
+    mode = CONFIG["mode"]
+    if mode not in MODES:
+        raise ValueError(f"DSV4_MOE_TC={mode!r}: allowed {list(MODES)}")
+    return (mode == "all" or (mode == "chunks" and tokens > 1)) and supported(x, stacks)
 
 
 def tiles_bound(pairs: int, n_local: int) -> int:
@@ -274,17 +243,15 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
     w1, w3 = stacks
     _, ends, expert, row = plan_
     c = CONFIG
-    words = c["loop"] == "words"
-    d1, s1 = w1.data.view(torch.int32 if words else torch.uint8), _scale(w1)
-    d3, s3 = w3.data.view(torch.int32 if words else torch.uint8), _scale(w3)
+    d1, s1 = w1.data.view(torch.int32), _scale(w1)
+    d3, s3 = w3.data.view(torch.int32), _scale(w3)
     N, K = w1.shape
     options = {} if interpreting() else {"num_warps": c["num_warps"]}
     launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, c["block_n"]))](
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
         IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], PLANES=c["loop"] == "planes", WORDS=words,
-        **options)
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], **options)
     return out
 
 

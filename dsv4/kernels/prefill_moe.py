@@ -60,9 +60,8 @@ def _fp4_stored(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
 
 
 @device_function
-def _fp4_planes(byte, sc, E8M0: constexpr):
-    """_fp4_tile's values apart: (the low nibbles' [.., BLOCK_K // 2], inputs k0, k0 + 2, ..; the high nibbles',
-    inputs k0 + 1, k0 + 3, ..), fp32, each times its scale."""
+def _fp4_values(byte, sc, E8M0: constexpr):
+    """_fp4_tile from its stored operands (_fp4_stored)."""
     byte = byte.to(tl.int32) & 0xFF
     if E8M0:
         sc = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)
@@ -71,14 +70,7 @@ def _fp4_planes(byte, sc, E8M0: constexpr):
     # a scale byte of 0, 2**-127, reads as 0.)
     lo = (((byte & 7) << 9) | ((byte & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (((byte & 0x70) << 5) | ((byte & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    return lo * 16384.0 * sc, hi * 16384.0 * sc
-
-
-@device_function
-def _fp4_values(byte, sc, E8M0: constexpr):
-    """_fp4_tile from its stored operands (_fp4_stored)."""
-    lo, hi = _fp4_planes(byte, sc, E8M0)
-    return tl.interleave(lo, hi)
+    return tl.interleave(lo * 16384.0 * sc, hi * 16384.0 * sc)
 
 
 @device_function

@@ -156,7 +156,7 @@ class Transformer:
         writes: list[Write] = []
         alone = short_chunk(T)
         comm = self.comm
-        with rows_alone(alone):
+        with rows_alone(alone, T):
             h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone, (0, "attention"))
             for i, L in enumerate(self.layers):
                 with phase("attention"):

@@ -25,7 +25,7 @@ from ..kernels import moe_tc
 from ..kernels import route as fused_route
 from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
-from .rows import per_row, rows_per_weight
+from .rows import per_row, rows_per_weight, tokens_per_sequence
 from ..formats import QWeight
 from .moe_prefill import fused_runs, grouped_experts
 
@@ -95,8 +95,9 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
     step. For a short chunk that is also the fast path: the decode kernels, one GEMV row per pair, read each
     pair's expert once, where the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
-    (With dsv4.kernels.moe_tc on, the fused path runs them on the tensor cores, in tiles of one fixed shape: each
-    row's bits still its own.)"""
+    A prefill chunk's rows (more than one token a sequence) run on the tensor cores instead (dsv4.kernels.moe_tc,
+    DSV4_MOE_TC), in tiles of one fixed shape: each row's bits still its own, and the choice follows the step's
+    kind, never the sequences in it."""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
     limit = cfg.swiglu_limit
@@ -105,6 +106,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     # A chunk past the decode kernels' rows takes the grouped path when its FP4 kernel runs: that reads
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
+        if h is None and _tensor_cores(x, ids, experts):
+            return moe_tc.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out)
         if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
@@ -120,6 +123,12 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     local, weights = _local(ids, weights, first, n, x.dtype)
     return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
                  shared)
+
+
+def _tensor_cores(x, ids, experts: dict) -> bool:
+    """Whether routed() runs these rows' experts on the tensor cores (dsv4.kernels.moe_tc): where the fused kernels
+    would, and the step's kind is the one moe_tc's mode names (a prefill chunk's, or every step's)."""
+    return _fused_routed(x, ids, experts) and moe_tc.chosen(x, _stacks(experts), tokens_per_sequence())
 
 
 def _stacks(experts: dict) -> list[QWeight]:
@@ -168,7 +177,7 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
     experts run: see routed)."""
     ids, weights = route(x, tokens, w, cfg)
     if "shared" in w and fused_moe.CONFIG["shared_launch"] and _fused_routed(x, ids, w["experts"]) and \
-            _shared_fused(x, w["shared"]) and not moe_tc.runs(x, _stacks(w["experts"])):
+            _shared_fused(x, w["shared"]) and not _tensor_cores(x, ids, w["experts"]):
         # Both kernel 1s read only x: one launch for the routed rows and the shared expert (the pair kernels').
         e, s = w["experts"], w["shared"]
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],

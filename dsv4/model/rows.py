@@ -31,16 +31,25 @@ from ..kernels import dense as dense_kernel
 from ..kernels import moe as fused_moe
 
 _ROWS_ALONE = contextvars.ContextVar("dsv4_rows_alone", default=False)
+_TOKENS = contextvars.ContextVar("dsv4_tokens_per_sequence", default=1)
 
 
 @contextlib.contextmanager
-def rows_alone(on: bool = True):
-    """Within: every product over rows gives each row what it gives that row alone."""
-    token = _ROWS_ALONE.set(on)
+def rows_alone(on: bool = True, tokens: int = 1):
+    """Within: every product over rows gives each row what it gives that row alone; the step holds `tokens`
+    tokens of each sequence (1: a decode step; more: a prefill chunk), which a kernel choice may follow (the
+    choice then depends on the step's kind, never on the sequences in it)."""
+    token, count = _ROWS_ALONE.set(on), _TOKENS.set(tokens)
     try:
         yield
     finally:
         _ROWS_ALONE.reset(token)
+        _TOKENS.reset(count)
+
+
+def tokens_per_sequence() -> int:
+    """The tokens of each sequence in the step being computed (rows_alone's `tokens`)."""
+    return _TOKENS.get()
 
 
 def short_chunk(T: int) -> bool:
