@@ -51,6 +51,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd += ["--ranks", str(args.ranks)] + (["--device", args.device] if args.device else [])
     cmd += ["--no-precapture"] if args.no_precapture else []
     cmd += ["--gemv", args.gemv] if args.gemv else []
+    cmd += ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in proc.stderr:
@@ -199,6 +200,7 @@ def main():
     ap.add_argument("--no-precapture", action="store_true",
                     help="start the server with --no-precapture (each bucket's graph captured at its first use)")
     ap.add_argument("--gemv", choices=["v2", "v3"], help="start the server with --gemv (its decode GEMVs' kernels)")
+    ap.add_argument("--prefill-chunk", type=int, help="start the server with --prefill-chunk (its prefill chunks' tokens)")
     ap.add_argument("--warmup", type=int, default=0,
                     help="untimed passes of every level first (the kernels' first compiles for the prefill shapes a "
                          "level makes stay out of its figures: the steady state of a server that has run a while)")
