@@ -166,10 +166,10 @@ class Bench:
         with qb.configured("triton", (moe_tc.CONFIG, {"mode": "all"})), rows_alone():
             tc_base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
 
-        def run_routed(i):
+        def run_routed(i):  # the tensor-core arms (moe_tc mode "all") through moe_tc, as dsv4.model.moe chooses
             ids, weights = routes[i]
-            return fused_moe.routed(x, ids, torch.where((ids >= 0) & (ids < n), weights, 0), stacks, 0,
-                                    cfg.swiglu_limit)
+            kernel = moe_tc.routed if moe_tc.CONFIG["mode"] == "all" else fused_moe.routed
+            return kernel(x, ids, torch.where((ids >= 0) & (ids < n), weights, 0), stacks, 0, cfg.swiglu_limit)
 
         def run_gate_up(i):
             return fused_moe._gate_up(x, stacks[0], stacks[1], routes[i][0], 0, n, cfg.num_experts_per_tok,
