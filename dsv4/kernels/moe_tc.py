@@ -39,6 +39,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
+GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tests, graph == eager, the gate on mini
 # mode (DSV4_MOE_TC): "chunks", a prefill chunk's experts (more than one token a sequence: dsv4.model.moe); "all",
 # every rows-alone step's, decode too; "off". block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a
 # program's outputs and each K step's inputs (block_k / 8 >= 16: a plane's dot); warps and pipeline stages;

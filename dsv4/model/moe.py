@@ -128,7 +128,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
 def _tensor_cores(x, ids, experts: dict) -> bool:
     """Whether routed() runs these rows' experts on the tensor cores (dsv4.kernels.moe_tc): where the fused kernels
     would, and the step's kind is the one moe_tc's mode names (a prefill chunk's, or every step's)."""
-    return _fused_routed(x, ids, experts) and moe_tc.chosen(x, _stacks(experts), tokens_per_sequence())
+    return (_fused_routed(x, ids, experts) and kernels.enabled(moe_tc, x)
+            and moe_tc.chosen(x, _stacks(experts), tokens_per_sequence()))
 
 
 def _stacks(experts: dict) -> list[QWeight]:
