@@ -45,8 +45,8 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # program's outputs and each K step's inputs (block_k / 8 >= 16: a plane's dot); warps and pipeline stages;
 # plan_pairs: the most pairs the one-program plan takes (more: torch's ops). Session 13 call 3 (moe_bench, one
 # Flash layer's routed experts): 1 token 108-152 us (pair kernels 47), 16 tokens 865-960 us (pair kernels 602), a
-# 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (The bits do not depend on block_n,
-# warps or stages; other block_k sum in other groups.)
+# 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (block_n, warps and stages leave each sum's
+# order as it is, as call 2 found bit for bit in the first loop form; block_k changes each plane's dot.)
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024}
 MODES = ("off", "chunks", "all")
