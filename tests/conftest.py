@@ -1,6 +1,15 @@
 import os
 
-import torch
+# One pytest-xdist worker per core (the README's `-n 2` on CI's 2 cores): each worker's torch on one thread, and the
+# ranks and servers it spawns too (they inherit the variable), so the workers do not fight over the cores. Set before
+# torch starts its thread pool; a run without xdist keeps torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Triton's interpreter runs the fused kernels on CPU tensors (tests/test_kernels.py). It has to be
 # chosen before triton is first imported; on a GPU machine the kernels compile for the device instead.
