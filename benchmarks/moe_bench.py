@@ -12,7 +12,7 @@ Ops: "gate_up" (kernel 1 on the routed experts), "routed" (kernels 1 and 2: the 
 "shared_gate_up" (kernel 1 on the shared expert's rows). Before timing, each variant's routed output is
 compared with the torch reference (max_rel_err, as benchmarks/qgemv_bench.py) and with the "base"
 variant's (bit_equal_base: variants of the same summation order must be equal; a tensor-core "tc*" variant with
-the "tc" variant's: whether its tile shape changes a sum); launches: kernels one
+the "tc" variant's, a Gluon "gl*" variant with the "gl" variant's: whether its tile shape changes a sum); launches: kernels one
 eager call launches (torch profiler).
 
 Prints:
@@ -34,7 +34,7 @@ from benchmarks import qgemv_bench as qb
 from dsv4.config import preset
 from dsv4.formats import QWeight
 from dsv4.kernels import moe as fused_moe
-from dsv4.kernels import moe_tc
+from dsv4.kernels import moe_gl, moe_tc
 from dsv4.model import moe as moe_mod
 from dsv4.model.rows import rows_alone
 from dsv4.receipts import emit
@@ -72,6 +72,13 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "tc_n64_k256_s3": {"tc": {"block_n": 64, "block_k": 256, "num_stages": 3}},
     "tc_n128_k128_s3_w8": {"tc": {"block_n": 128, "block_k": 128, "num_stages": 3, "num_warps": 8}},
     "tc_n32_k256_s3": {"tc": {"block_n": 32, "block_k": 256, "num_stages": 3}},
+    # The pair kernels with the registers laid out by hand (dsv4.kernels.moe_gl; "gl": its CONFIG overrides, on): rows
+    # a thread (rn), warps (w). A row's sums do not depend on either (bit_equal_base: against "gl").
+    "gl": {"gl": {}},
+    "gl_rn2": {"gl": {"rows_per_thread": 2}},
+    "gl_rn8": {"gl": {"rows_per_thread": 8}},
+    "gl_rn2_w8": {"gl": {"rows_per_thread": 2, "num_warps": 8}},
+    "gl_rn4_w8": {"gl": {"rows_per_thread": 4, "num_warps": 8}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -137,9 +144,11 @@ class Bench:
         if not self.arms.search(variant):
             return
         try:
-            pairs = [(fused_moe.CONFIG, {k: v for k, v in overrides.items() if k != "tc"})]
+            pairs = [(fused_moe.CONFIG, {k: v for k, v in overrides.items() if k not in ("tc", "gl")})]
             if "tc" in overrides:
                 pairs.append((moe_tc.CONFIG, {"mode": "all", **overrides["tc"]}))
+            if "gl" in overrides:
+                pairs.append((moe_gl.CONFIG, {"on": True, **overrides["gl"]}))
             with qb.configured("triton", *pairs):
                 err, equal = check()
                 n_launches, kernel_us = launches(lambda: fn(0))
@@ -165,6 +174,10 @@ class Bench:
             base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
         with qb.configured("triton", (moe_tc.CONFIG, {"mode": "all"})), rows_alone():
             tc_base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
+        gl_base = None
+        if qb.DEVICE == "cuda" and moe_gl.gl is not None:
+            with qb.configured("triton", (moe_gl.CONFIG, {"on": True})), rows_alone():
+                gl_base = moe_mod.routed(x, ids, weights, experts, 0, cfg)
 
         def run_routed(i):  # the tensor-core arms (moe_tc mode "all") through moe_tc, as dsv4.model.moe chooses
             ids, weights = routes[i]
@@ -179,7 +192,8 @@ class Bench:
         def check():  # a tensor-core variant against the tensor cores' default tiles (another summation order)
             with rows_alone():
                 got = moe_mod.routed(x, ids, weights, experts, 0, cfg)
-            return qb.rel_err(got, expected), torch.equal(got, tc_base if moe_tc.CONFIG["mode"] == "all" else base)
+            against = tc_base if moe_tc.CONFIG["mode"] == "all" else gl_base if moe_gl.CONFIG["on"] else base
+            return qb.rel_err(got, expected), torch.equal(got, against)
 
         gate_up_bytes, routed_bytes = self.local_bytes(routes, stacks[:2]), self.local_bytes(routes, stacks)
         for variant, overrides in VARIANTS.items():

@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -471,6 +471,66 @@ def tensor_core_variants(dtype, scale_dtype):
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
+
+
+def gluon_compile_only(kernel):
+    """compile_only for a Gluon kernel (dsv4.kernels.moe_gl: already jitted, its source a GluonASTSource)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    class Launch:
+        def __getitem__(self, grid):
+            def run(*args, **constexprs):
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
+                names = kernel.arg_names
+                sig, key, attrs = {}, [], {}
+                for i, (name, a) in enumerate(zip(names, args)):
+                    if type(a) is int and a == 1:
+                        constexprs[name] = 1
+                        continue
+                    sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (
+                        "fp32" if isinstance(a, float) else "i32")
+                    key.append(sig[name])
+                    if aligned(a):
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                        key.append("D")
+                for name, v in constexprs.items():
+                    sig[name] = "constexpr"
+                    key.append((name, v))
+                k = (kernel.fn.__name__, tuple(key), tuple(sorted(options.items())))
+                if k in compiled:
+                    return
+                src = GluonASTSource(fn=kernel, signature=sig,
+                                     constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
+                compiled.add(k)
+                params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]
+                pending.append((k, src, options, params))
+            return run
+    return Launch()
+
+
+def gluon_variants():
+    """dsv4.kernels.moe_gl (DSV4_MOE_GLUON) at Flash's shapes: kernel 1 of a 1- and a 16-token step, kernel 2 with
+    the shared output added and without, its ticketed sum and the second launch's."""
+    from dsv4.kernels import qgemv as _qgemv
+
+    moe_gl._launch = gluon_compile_only
+    stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=torch.float8_e8m0fnu),
+                      "fp4") for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    for dtype in (torch.bfloat16, torch.float16):
+        for T in (1, 16):
+            x = torch.zeros(T, 4096, dtype=dtype)
+            ids, weights = torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype)
+            h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0)
+            for add in (x, None):
+                moe_gl.down(h, ids, weights, stacks[2], 0, add, torch.empty_like(x))
+    tickets = _qgemv.tickets_for
+    _qgemv.tickets_for = lambda count, device: None  # the sum in a second launch
+    moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))
+    _qgemv.tickets_for = tickets
+
+
+if moe_gl.gl is not None:
+    gluon_variants()
 
 
 def prefill_moe_variants(dtype, scale_dtype):

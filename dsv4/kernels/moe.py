@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import PDL, cdiv, device_function, interpreting, launcher, moe_gl, next_pow2, pdl_release, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -353,6 +353,8 @@ def _row_skew(w: QWeight) -> int:
 
 def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int,
              split_k: int):
+    if ids is not None and moe_gl.chosen_gate_up(x, w1, w3):
+        return moe_gl.gate_up(x, ids, w1, w3, first, limit)
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
     routed = ids is not None
@@ -391,7 +393,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
                                                                 CONFIG["shared_split_k"])
     tickets = tickets_for(rows * blocks + T * s_blocks, x.device) if CONFIG["fused_sum"] else None
-    if tickets is None or not CONFIG["shared_launch"]:
+    if tickets is None or not CONFIG["shared_launch"] or moe_gl.chosen_gate_up(x, w1, w3):
         return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
@@ -428,10 +430,13 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     ids = ids.contiguous()
     if h is None:
         h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
-    d2, s2 = _operands(w2, words=True)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
+    if moe_gl.chosen_down(x, h, w2):
+        moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y)
+        return y if add is None or fold else y + add
+    d2, s2 = _operands(w2, words=True)
     add_or_y = add.contiguous() if fold else y
     consts = dict(I=w2.shape[1], S_STRIDE=s2.shape[-1], FP4=w2.fmt == "fp4", E8M0=s2.dtype == torch.uint8, TOPK=k,
                   ADD=fold, BLOCK_N=block_n, BLOCK_K=_block_k(w2))

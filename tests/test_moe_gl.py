@@ -1,0 +1,107 @@
+"""The routed experts of a decode step with the registers laid out by hand (dsv4.kernels.moe_gl, DSV4_MOE_GLUON):
+the experts agree with the pair kernels (dsv4.kernels.moe) and with the torch reference to the reference's tolerance
+(quantised_cases.close_chain: an expert's bf16 chain of roundings within 2**-6 of the largest output), a token's bits
+do not depend on the other tokens of its step (each token alone equals it in the batch), remote experts are skipped
+unread, the ticketless sum (a second launch) has the ticketed sum's bits.
+
+Gluon compiles for the GPU only: on CPU the choice is never made (the CPU test checks that: the same bytes with the
+switch on as off), and the kernels' tests run on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4.config import preset
+from dsv4.kernels import moe as fused_moe
+from dsv4.kernels import moe_gl, qgemv
+from dsv4.model import moe as moe_mod
+from dsv4.model.rows import rows_alone
+
+pytest.importorskip("triton")
+
+from quantised_cases import DEVICES, close_chain, expert_stacks, poisoned  # noqa: E402
+
+CUDA = torch.cuda.is_available() and moe_gl.gl is not None
+
+
+def _case(device, dtype, T, D=2048, I=1024, seed=31):
+    """(stacks of 16 local FP4 experts (ids 16..31), x, shared output, ids with remote experts, weights)."""
+    g = torch.Generator().manual_seed(seed)
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    x = torch.randn(T, D, generator=g).to(dtype).to(device)
+    shared = torch.randn(T, D, generator=g).to(dtype).to(device) * 0.1
+    ids = torch.randint(0, 48, (T, 6), generator=g)
+    ids[:, 0] = 17  # every token has a local expert; ids < 16 or > 31 are another rank's
+    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(dtype)
+    return stacks, x, shared, ids.to(device), weights.to(device)
+
+
+def _routed(stacks, x, shared, ids, weights, rows=slice(None), shared_on=True):
+    cfg = preset("tiny")
+    cfg.swiglu_limit = 7.0
+    with rows_alone(True, tokens=1):  # a decode step's rows: the pair kernels' (moe_tc stays on prefill chunks)
+        return moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg,
+                              shared[rows] if shared_on else None)
+
+
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+def test_never_chosen_without_the_compiler(monkeypatch):
+    """With DSV4_MOE_GLUON on, a CPU step (the interpreter) keeps moe's kernels: the same bytes as with it off."""
+    if "cpu" not in DEVICES:
+        pytest.skip("the interpreter is not on")
+    stacks, x, shared, ids, weights = _case("cpu", torch.bfloat16, 2, D=64, I=32)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(fused_moe.CONFIG, "block_k_fp4", 32)
+    monkeypatch.setitem(moe_gl.CONFIG, "on", False)
+    off = _routed(stacks, x, shared, ids, weights)
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    assert not moe_gl.chosen_gate_up(x, stacks["w1"], stacks["w3"])
+    assert torch.equal(_routed(stacks, x, shared, ids, weights), off)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gluon_experts(monkeypatch, dtype):
+    """20 tokens of a decode step: against the pair kernels and the torch reference (close_chain), with the shared
+    output added and without; each token alone has its bits in the batch; the kernels ran (both launches)."""
+    stacks, x, shared, ids, weights = _case("cuda", dtype, 20)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", False)
+    pairs = _routed(stacks, x, shared, ids, weights)
+    pairs_plain = _routed(stacks, x, shared, ids, weights, shared_on=False)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = _routed(stacks, x, shared, ids, weights)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    calls = []
+    for name in ("gate_up", "down"):
+        fn = getattr(moe_gl, name)
+        monkeypatch.setattr(moe_gl, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+    batch = _routed(stacks, x, shared, ids, weights)
+    assert calls[:2] == ["gate_up", "down"], calls
+    close_chain(batch, pairs, dtype)
+    close_chain(batch, ref, dtype)
+    close_chain(_routed(stacks, x, shared, ids, weights, shared_on=False), pairs_plain, dtype)
+    for t in range(x.shape[0]):
+        assert torch.equal(_routed(stacks, x, shared, ids, weights, slice(t, t + 1)), batch[t:t + 1]), t
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+def test_remote_experts_unread_and_the_second_launch_sum(monkeypatch):
+    """Another rank's experts poisoned (NaN scales) change nothing: they are skipped before any load; the sum in a
+    second launch (no tickets: a capture before any eager launch) has the ticketed sum's bits."""
+    stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, 4)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    ids = ids.clone()
+    ids[:, 1:] = torch.tensor([3, 40, 20, 47, 0], device="cuda")  # local: 17 and 20 (slots 1 and 4)
+    clean = _routed(stacks, x, shared, ids, weights)
+    assert torch.isfinite(clean.float()).all()
+    bad = poisoned(stacks, [e for e in range(16) if e not in (1, 4)])
+    assert torch.equal(_routed(bad, x, shared, ids, weights), clean)
+    monkeypatch.setattr(qgemv, "tickets_for", lambda count, device: None)
+    assert torch.equal(_routed(stacks, x, shared, ids, weights), clean)
