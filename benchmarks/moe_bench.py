@@ -79,6 +79,8 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_rn8": {"gl": {"rows_per_thread": 8}},
     "gl_rn2_w8": {"gl": {"rows_per_thread": 2, "num_warps": 8}},
     "gl_rn4_w8": {"gl": {"rows_per_thread": 4, "num_warps": 8}},
+    "gl_pf": {"gl": {"prefetch": True}},
+    "gl_rn2_pf": {"gl": {"rows_per_thread": 2, "prefetch": True}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -222,6 +224,25 @@ class Bench:
 
         for variant, overrides in SHARED_VARIANTS.items():
             self.arm("shared_gate_up", T, variant, overrides, run, w1.nbytes + w3.nbytes, check)
+
+        # Kernel 1 of a layer as dsv4.model.moe runs it: the routed rows and the shared expert's in one launch
+        # (routed_and_shared_gate_up), the pair kernels' ("base") and the Gluon kernels' ("gl*": the shared rows
+        # FP8 in the routed launch). Checked: the shared rows against the torch reference.
+        stacks, routes = self.stacks, self.routes(T)
+
+        def run_both(i):
+            a, b = pairs[i % copies]
+            return fused_moe.routed_and_shared_gate_up(x, routes[i][0], stacks[0], stacks[1], 0, a, b,
+                                                       cfg.swiglu_limit)
+
+        def check_both():
+            got = run_both(0)[1]
+            return qb.rel_err(got, expected), torch.equal(got, base)
+
+        both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
+        for variant in ("base", "gl", "gl_pf"):
+            if variant in VARIANTS:
+                self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 
 
 def main():

@@ -509,24 +509,32 @@ def gluon_compile_only(kernel):
 
 
 def gluon_variants():
-    """dsv4.kernels.moe_gl (DSV4_MOE_GLUON) at Flash's shapes: kernel 1 of a 1- and a 16-token step, kernel 2 with
-    the shared output added and without, its ticketed sum and the second launch's."""
+    """dsv4.kernels.moe_gl (DSV4_MOE_GLUON) at Flash's shapes: kernel 1 of a 1-, 3- and 16-token step, alone and with
+    the shared expert's rows (rank 1 of 2's), kernel 2 with the shared output added and without, its ticketed sum and
+    the second launch's; the K loop with its prefetch."""
     from dsv4.kernels import qgemv as _qgemv
 
     moe_gl._launch = gluon_compile_only
     stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=torch.float8_e8m0fnu),
                       "fp4") for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
+    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=torch.float8_e8m0fnu),
+                     "fp8", 1024, 0)
     for dtype in (torch.bfloat16, torch.float16):
-        for T in (1, 16):
+        for T in (1, 3, 16):
             x = torch.zeros(T, 4096, dtype=dtype)
             ids, weights = torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype)
             h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0)
+            moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0)
             for add in (x, None):
                 moe_gl.down(h, ids, weights, stacks[2], 0, add, torch.empty_like(x))
     tickets = _qgemv.tickets_for
     _qgemv.tickets_for = lambda count, device: None  # the sum in a second launch
     moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))
     _qgemv.tickets_for = tickets
+    moe_gl.CONFIG["prefetch"] = True
+    h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0)
+    moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))
+    moe_gl.CONFIG["prefetch"] = False
 
 
 if moe_gl.gl is not None:

@@ -105,3 +105,30 @@ def test_remote_experts_unread_and_the_second_launch_sum(monkeypatch):
     assert torch.equal(_routed(bad, x, shared, ids, weights), clean)
     monkeypatch.setattr(qgemv, "tickets_for", lambda count, device: None)
     assert torch.equal(_routed(stacks, x, shared, ids, weights), clean)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+def test_shared_expert_in_the_routed_launch(monkeypatch):
+    """Kernel 1 with the shared expert's FP8 gate/up in the routed launch (a rank's rows starting 64 into a scale
+    block): the routed rows' bytes are the routed launch's alone; the shared rows agree with the pair kernels' within
+    the bf16 activation's rounding (close); each token alone (1 token a shared program) equals it in steps of 20
+    tokens (8 a program, the last 4)."""
+    from quantised_cases import close, quantised
+
+    stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 20)
+    g = torch.Generator().manual_seed(8)
+    full = [quantised("fp8", 2048 + 128, x.shape[1], g) for _ in range(2)]
+    sw1, sw3 = (moe_gl.QWeight(w.data[64:64 + 2048].contiguous(), w.scale.contiguous(), "fp8", 64, 0).to("cuda")
+                for w in full)
+    args = (stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", False)
+    _, sh_pairs = fused_moe.routed_and_shared_gate_up(x, ids, *args)
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    h, sh = fused_moe.routed_and_shared_gate_up(x, ids, *args)
+    assert torch.equal(h, moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0))
+    close(sh, sh_pairs, torch.bfloat16)
+    for t in range(x.shape[0]):
+        h_t, sh_t = fused_moe.routed_and_shared_gate_up(x[t:t + 1], ids[t:t + 1], *args)
+        assert torch.equal(sh_t, sh[t:t + 1]) and torch.equal(h_t, h[6 * t:6 * t + 6]), t

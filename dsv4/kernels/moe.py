@@ -392,8 +392,12 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
                                                           CONFIG["gate_up_split_k"])
     SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
                                                                 CONFIG["shared_split_k"])
+    if moe_gl.chosen_gate_up(x, w1, w3):  # the Gluon kernels (DSV4_MOE_GLUON): the shared expert's in one launch
+        if CONFIG["shared_launch"] and moe_gl.shared_fits(x, sw1, sw3):
+            return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit)
+        return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
     tickets = tickets_for(rows * blocks + T * s_blocks, x.device) if CONFIG["fused_sum"] else None
-    if tickets is None or not CONFIG["shared_launch"] or moe_gl.chosen_gate_up(x, w1, w3):
+    if tickets is None or not CONFIG["shared_launch"]:
         return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
@@ -434,7 +438,10 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
     if moe_gl.chosen_down(x, h, w2):
-        moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y)
+        terms = moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y)
+        if terms is not None:  # no tickets: the terms summed by a second launch
+            launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add if fold else y, y, D, TOPK=k, ADD=fold,
+                                                              BLOCK=1024)
         return y if add is None or fold else y + add
     d2, s2 = _operands(w2, words=True)
     add_or_y = add.contiguous() if fold else y

@@ -28,12 +28,10 @@ and tests/test_moe_gl.py checks these against moe's on the GPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..formats import QWeight
-from . import cdiv, getenv, launcher
+from . import cdiv, getenv
 
 try:
     from triton.experimental import gluon
@@ -43,8 +41,13 @@ except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
 
 GPU_CHECKED = False  # not yet run on a GPU
 # on: DSV4_MOE_GLUON=1 takes a decode step's routed experts here (FP4 experts, bf16/fp16 activations).
-# rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32).
-CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num_warps": 4}
+# rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). prefetch: the next K
+# step's weight tiles loaded before this step's sums (the same sums, bits). Session 14 call 1 (benchmarks/moe_bench.py,
+# one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and 4 / 8 warps.
+# shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
+# launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
+CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num_warps": 4, "prefetch": False,
+          "shared_rows_per_thread": 1, "shared_tokens": 8}
 
 
 def _jit(fn):
@@ -132,17 +135,97 @@ def _fp4_sum(acc, words, sc, xq):
 
 @_jit
 def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
+                       s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
+                       RN: gl.constexpr, PREFETCH: gl.constexpr):
+    """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r)."""
+    _routed_program(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
+                    h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, PREFETCH)
+
+
+@_jit
+def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
+                              ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
+                              limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
+                              PREFETCH: gl.constexpr, SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
+                              S_ROWS: gl.constexpr):
+    """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
+    programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
+    its FP8 gate/up for S_ROWS tokens at a time)."""
+    pid = gl.program_id(0)
+    blocks = I // (RN * gl.num_warps())
+    routed = blocks * T * TOPK
+    if pid < routed:
+        _routed_program(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
+                        h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN,
+                        PREFETCH)
+    else:
+        q = pid - routed
+        s_blocks = SI // (S_RN * gl.num_warps())
+        _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
+                        s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
+
+
+@_jit
+def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, SI, row_skew, limit,
+                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr):
+    """Outputs nb * BLOCK_N.. of the shared expert's gate and up (FP8 e4m3 [SI, K], 128 x 128 block scales; the
+    rank's rows start row_skew into their first scale block) for tokens chunk * ROWS.. (fewer at the end), then the
+    activation into h [T, SI]. A thread holds RN rows x 16 consecutive inputs of its lane's 512-input slice; each
+    K step's tile is read and widened once for all ROWS tokens, and each token's sums are the operations it gets
+    alone (its own products, in the same order): its bits do not depend on the others."""
+    G: gl.constexpr = 32
+    LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 16], threads_per_warp=[1, 32, 1],
+                                        warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, LF)
+    LN: gl.constexpr = gl.SliceLayout(1, L2)
+    BLOCK_N: gl.constexpr = RN * gl.num_warps()
+    n1 = nb * BLOCK_N + gl.arange(0, BLOCK_N, layout=LN)
+    g1 = gl.arange(0, G, layout=gl.SliceLayout(0, L2))
+    j1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, LF)))
+    n3 = gl.expand_dims(gl.expand_dims(n1, 1), 2).to(gl.int64)
+    k3 = gl.expand_dims(gl.expand_dims(g1, 0), 2) * 16 + gl.expand_dims(gl.expand_dims(j1, 0), 1)  # [1, G, 16]
+    s_rows = gl.expand_dims(((n1 + row_skew) // 128).to(gl.int64), 1) * S_STRIDE  # [BLOCK_N, 1]
+    g2 = gl.expand_dims(g1, 0)
+    t0 = chunk * ROWS
+    acc_g = ()
+    acc_u = ()
+    for i in gl.static_range(ROWS):
+        acc_g = acc_g + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
+        acc_u = acc_u + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
+    for k0 in range(0, K, 512):
+        wg = gl.load(w1_ptr + n3 * K + k0 + k3).to(gl.float32)
+        wu = gl.load(w3_ptr + n3 * K + k0 + k3).to(gl.float32)
+        blk = (k0 + g2 * 16) // 128
+        sg = (gl.load(s1_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        su = (gl.load(s3_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        new_g = ()
+        new_u = ()
+        for i in gl.static_range(ROWS):
+            t = t0 + i
+            xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
+            new_g = new_g + (acc_g[i] + gl.sum(wg * xv, axis=2) * sg,)
+            new_u = new_u + (acc_u[i] + gl.sum(wu * xv, axis=2) * su,)
+        acc_g = new_g
+        acc_u = new_u
+    dt: gl.constexpr = h_ptr.dtype.element_ty
+    for i in gl.static_range(ROWS):
+        t = t0 + i
+        gate = gl.minimum(gl.sum(acc_g[i], axis=1).to(dt).to(gl.float32), limit)
+        up = gl.minimum(gl.maximum(gl.sum(acc_u[i], axis=1).to(dt).to(gl.float32), -limit), limit)
+        act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
+        gl.store(h_ptr + t.to(gl.int64) * SI + n1, (act * up).to(dt), mask=(n1 >= 0) & (t < T))
+
+
+@_jit
+def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
                     s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                    RN: gl.constexpr):
-    """Grid (I / BLOCK_N, T * TOPK): program (nb, r) the gate and up sums of outputs nb * BLOCK_N.. of pair r
-    (token r // TOPK, local expert ids[r] - first; another rank's expert: nothing), then moe's activation into
-    h [T * TOPK, I]."""
+                    RN: gl.constexpr, PREFETCH: gl.constexpr):
+    """Program (nb, r): the gate and up sums of outputs nb * BLOCK_N.. of pair r (token r // TOPK, local expert
+    ids[r] - first; another rank's expert: nothing), then moe's activation into h [T * TOPK, I]."""
     G: gl.constexpr = 32
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 4], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])  # see the docstring
     BLOCK_N: gl.constexpr = RN * gl.num_warps()
-    nb = gl.program_id(0)
-    r = gl.program_id(1).to(gl.int64)
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         L2: gl.constexpr = gl.SliceLayout(2, L3)
@@ -154,18 +237,31 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
         w3 = gl.expand_dims(gl.expand_dims(w1d, 0), 1)
         ng = gl.expand_dims(n1, 1).to(gl.int64)
         gg = gl.expand_dims(g1, 0)
-        xg = g3 * 32 + w3 * 8
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3p, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         x_row = x_ptr + (r // TOPK) * K
         acc_g = gl.zeros([BLOCK_N, G], gl.float32, L2)
         acc_u = gl.zeros([BLOCK_N, G], gl.float32, L2)
-        for kg in range(0, K // 32, G):
-            wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-            wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-            xq = _x_step(x_row, kg, G, L3)
+        if PREFETCH:  # the next K step's tiles in flight while this one's are summed (the last step peeled)
+            wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, 0, K, S_STRIDE)
+            wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, 0, K, S_STRIDE)
+            for kg in range(G, K // 32, G):
+                ng_w, ng_s = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+                nu_w, nu_s = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+                xq = _x_step(x_row, kg - G, G, L3)
+                acc_g = _fp4_sum(acc_g, wg, sg, xq)
+                acc_u = _fp4_sum(acc_u, wu, su, xq)
+                wg, sg, wu, su = ng_w, ng_s, nu_w, nu_s
+            xq = _x_step(x_row, K // 32 - G, G, L3)
             acc_g = _fp4_sum(acc_g, wg, sg, xq)
             acc_u = _fp4_sum(acc_u, wu, su, xq)
+        else:
+            for kg in range(0, K // 32, G):
+                wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+                wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+                xq = _x_step(x_row, kg, G, L3)
+                acc_g = _fp4_sum(acc_g, wg, sg, xq)
+                acc_u = _fp4_sum(acc_u, wu, su, xq)
         gate = gl.sum(acc_g, axis=1)
         up = gl.sum(acc_u, axis=1)
         dt: gl.constexpr = h_ptr.dtype.element_ty
@@ -178,12 +274,13 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
 @_jit
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr):
+                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, PREFETCH: gl.constexpr):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
-    FUSED_SUM no tickets: moe._down_sum_kernel sums the terms in a second launch (the same operations, bits)."""
+    FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
+    bits)."""
     G: gl.constexpr = 32
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 4], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])  # see the docstring
@@ -209,9 +306,17 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
         w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
         h_row = h_ptr + r * I
         acc = gl.zeros([BLOCK_N, G], gl.float32, L2)
-        for kg in range(0, I // 32, G):
-            wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
-            acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg, G, L3))
+        if PREFETCH:
+            wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, 0, I, S_STRIDE)
+            for kg in range(G, I // 32, G):
+                nw, ns = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
+                acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg - G, G, L3))
+                wv, sv = nw, ns
+            acc = _fp4_sum(acc, wv, sv, _x_step(h_row, I // 32 - G, G, L3))
+        else:
+            for kg in range(0, I // 32, G):
+                wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
+                acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg, G, L3))
         out = gl.sum(acc, axis=1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
         term = (out.to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
@@ -300,14 +405,51 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     block_n = _rows_per_program()
     _launch(_gate_up_gl_kernel)[(I // block_n, T * k)](
         x, d1, s1, d3, s3, ids.contiguous(), h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **_options())
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"],
+        PREFETCH=CONFIG["prefetch"], **_options())
     return h
 
 
+def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
+    """The shared expert's gate/up ([SI, D] each, this rank's rows) in _gate_up_shared_gl_kernel: FP8 with e8m0
+    block scales, D a multiple of 512, SI of the program's rows."""
+    def fits(w):
+        return (w.fmt == "fp8" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 2
+                and w.data.is_contiguous() and w.scale.is_contiguous() and w.col0 == 0 and w.shape[1] == x.shape[1]
+                and x.shape[1] % 512 == 0 and w.scale.shape[-1] == x.shape[1] // 128
+                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * CONFIG["num_warps"]) == 0)
+    return fits(w1) and fits(w3) and w1.shape == w3.shape and w1.row0 == w3.row0
+
+
+def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, sw1: QWeight,
+                   sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert) in one launch (see
+    _gate_up_shared_gl_kernel)."""
+    T, k = ids.shape
+    I, SI = w1.shape[0], sw1.shape[0]
+    d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
+    d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
+    t1, t3 = sw1.scale.view(torch.uint8), sw3.scale.view(torch.uint8)
+    h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
+    sh = torch.empty(T, SI, dtype=x.dtype, device=x.device)
+    # tokens a shared program takes (a token's bits are its own whatever the others), at most shared_tokens
+    rows = min(1 << (T - 1).bit_length(), CONFIG["shared_tokens"])
+    s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
+    programs = I // _rows_per_program() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
+    _launch(_gate_up_shared_gl_kernel)[(programs,)](
+        x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
+        d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
+        RN=CONFIG["rows_per_thread"], PREFETCH=CONFIG["prefetch"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows,
+        **_options())
+    return h, sh
+
+
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
-         add: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+         add: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
-    as moe's). Where no tickets can be had (a capture before any eager launch) the sum is a second launch."""
+    as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
+    eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
+    the same operations)."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
@@ -317,13 +459,8 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     _launch(_down_gl_kernel)[(D // block_n, T, k)](
-        h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms, tickets,
-        D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None,
+        h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms,
+        terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
+        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, PREFETCH=CONFIG["prefetch"],
         **_options())
-    if tickets is None:
-        from .moe import _down_sum_kernel
-
-        launcher(_down_sum_kernel, h)[(cdiv(D, 1024), T)](terms, y if add is None else add.contiguous(), y, D, TOPK=k,
-                                                         ADD=add is not None, BLOCK=1024)
-    return y
+    return terms if tickets is None else None
