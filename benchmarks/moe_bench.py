@@ -79,8 +79,7 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_rn8": {"gl": {"rows_per_thread": 8}},
     "gl_rn2_w8": {"gl": {"rows_per_thread": 2, "num_warps": 8}},
     "gl_rn4_w8": {"gl": {"rows_per_thread": 4, "num_warps": 8}},
-    "gl_pf": {"gl": {"prefetch": True}},
-    "gl_rn2_pf": {"gl": {"rows_per_thread": 2, "prefetch": True}},
+    "gl_s4": {"gl": {"shared_tokens": 4}},  # the shared expert's tokens a program (gate_up_and_shared)
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -240,7 +239,7 @@ class Bench:
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_pf"):
+        for variant in ("base", "gl", "gl_s4"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

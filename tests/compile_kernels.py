@@ -511,7 +511,7 @@ def gluon_compile_only(kernel):
 def gluon_variants():
     """dsv4.kernels.moe_gl (DSV4_MOE_GLUON) at Flash's shapes: kernel 1 of a 1-, 3- and 16-token step, alone and with
     the shared expert's rows (rank 1 of 2's), kernel 2 with the shared output added and without, its ticketed sum and
-    the second launch's; the K loop with its prefetch."""
+    the second launch's."""
     from dsv4.kernels import qgemv as _qgemv
 
     moe_gl._launch = gluon_compile_only
@@ -531,10 +531,6 @@ def gluon_variants():
     _qgemv.tickets_for = lambda count, device: None  # the sum in a second launch
     moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))
     _qgemv.tickets_for = tickets
-    moe_gl.CONFIG["prefetch"] = True
-    h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0)
-    moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))
-    moe_gl.CONFIG["prefetch"] = False
 
 
 if moe_gl.gl is not None:

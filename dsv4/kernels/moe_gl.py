@@ -41,12 +41,13 @@ except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
 
 GPU_CHECKED = False  # not yet run on a GPU
 # on: DSV4_MOE_GLUON=1 takes a decode step's routed experts here (FP4 experts, bf16/fp16 activations).
-# rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). prefetch: the next K
-# step's weight tiles loaded before this step's sums (the same sums, bits). Session 14 call 1 (benchmarks/moe_bench.py,
-# one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and 4 / 8 warps.
+# rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
+# (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
+# 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
+# and is not kept.
 # shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
 # launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
-CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num_warps": 4, "prefetch": False,
+CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8}
 
 
@@ -136,17 +137,17 @@ def _fp4_sum(acc, words, sc, xq):
 @_jit
 def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
                        s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                       RN: gl.constexpr, PREFETCH: gl.constexpr):
+                       RN: gl.constexpr):
     """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r)."""
     _routed_program(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
-                    h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, PREFETCH)
+                    h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
 
 @_jit
 def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
-                              PREFETCH: gl.constexpr, SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
+                              SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
                               S_ROWS: gl.constexpr):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
@@ -156,8 +157,7 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
     routed = blocks * T * TOPK
     if pid < routed:
         _routed_program(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
-                        h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN,
-                        PREFETCH)
+                        h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
     else:
         q = pid - routed
         s_blocks = SI // (S_RN * gl.num_warps())
@@ -219,7 +219,7 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
 @_jit
 def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
                     s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                    RN: gl.constexpr, PREFETCH: gl.constexpr):
+                    RN: gl.constexpr):
     """Program (nb, r): the gate and up sums of outputs nb * BLOCK_N.. of pair r (token r // TOPK, local expert
     ids[r] - first; another rank's expert: nothing), then moe's activation into h [T * TOPK, I]."""
     G: gl.constexpr = 32
@@ -242,26 +242,12 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
         x_row = x_ptr + (r // TOPK) * K
         acc_g = gl.zeros([BLOCK_N, G], gl.float32, L2)
         acc_u = gl.zeros([BLOCK_N, G], gl.float32, L2)
-        if PREFETCH:  # the next K step's tiles in flight while this one's are summed (the last step peeled)
-            wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, 0, K, S_STRIDE)
-            wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, 0, K, S_STRIDE)
-            for kg in range(G, K // 32, G):
-                ng_w, ng_s = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-                nu_w, nu_s = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-                xq = _x_step(x_row, kg - G, G, L3)
-                acc_g = _fp4_sum(acc_g, wg, sg, xq)
-                acc_u = _fp4_sum(acc_u, wu, su, xq)
-                wg, sg, wu, su = ng_w, ng_s, nu_w, nu_s
-            xq = _x_step(x_row, K // 32 - G, G, L3)
+        for kg in range(0, K // 32, G):
+            wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+            wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
+            xq = _x_step(x_row, kg, G, L3)
             acc_g = _fp4_sum(acc_g, wg, sg, xq)
             acc_u = _fp4_sum(acc_u, wu, su, xq)
-        else:
-            for kg in range(0, K // 32, G):
-                wg, sg = _fp4_tile(w1, s1, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-                wu, su = _fp4_tile(w3p, s3, n3, g3, w3, ng, gg, kg, K, S_STRIDE)
-                xq = _x_step(x_row, kg, G, L3)
-                acc_g = _fp4_sum(acc_g, wg, sg, xq)
-                acc_u = _fp4_sum(acc_u, wu, su, xq)
         gate = gl.sum(acc_g, axis=1)
         up = gl.sum(acc_u, axis=1)
         dt: gl.constexpr = h_ptr.dtype.element_ty
@@ -274,7 +260,7 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
 @_jit
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, PREFETCH: gl.constexpr):
+                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
@@ -306,17 +292,9 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
         w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
         h_row = h_ptr + r * I
         acc = gl.zeros([BLOCK_N, G], gl.float32, L2)
-        if PREFETCH:
-            wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, 0, I, S_STRIDE)
-            for kg in range(G, I // 32, G):
-                nw, ns = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
-                acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg - G, G, L3))
-                wv, sv = nw, ns
-            acc = _fp4_sum(acc, wv, sv, _x_step(h_row, I // 32 - G, G, L3))
-        else:
-            for kg in range(0, I // 32, G):
-                wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
-                acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg, G, L3))
+        for kg in range(0, I // 32, G):
+            wv, sv = _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, I, S_STRIDE)
+            acc = _fp4_sum(acc, wv, sv, _x_step(h_row, kg, G, L3))
         out = gl.sum(acc, axis=1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
         term = (out.to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
@@ -405,8 +383,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     block_n = _rows_per_program()
     _launch(_gate_up_gl_kernel)[(I // block_n, T * k)](
         x, d1, s1, d3, s3, ids.contiguous(), h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"],
-        PREFETCH=CONFIG["prefetch"], **_options())
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **_options())
     return h
 
 
@@ -432,14 +409,16 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     t1, t3 = sw1.scale.view(torch.uint8), sw3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
     sh = torch.empty(T, SI, dtype=x.dtype, device=x.device)
-    # tokens a shared program takes (a token's bits are its own whatever the others), at most shared_tokens
-    rows = min(1 << (T - 1).bit_length(), CONFIG["shared_tokens"])
+    # Tokens a shared program takes: always shared_tokens (masked past T), one compiled kernel for every step, so a
+    # token's bits are its own whatever the others (session 14 call 2: a kernel compiled per step size, 1 to 8
+    # tokens a program, gave the batched graph other bits than the solo one).
+    rows = CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     programs = I // _rows_per_program() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
-        RN=CONFIG["rows_per_thread"], PREFETCH=CONFIG["prefetch"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows,
+        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows,
         **_options())
     return h, sh
 
@@ -461,6 +440,5 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     _launch(_down_gl_kernel)[(D // block_n, T, k)](
         h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, PREFETCH=CONFIG["prefetch"],
-        **_options())
+        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, **_options())
     return terms if tickets is None else None
