@@ -484,7 +484,7 @@ def gluon_compile_only(kernel):
                 names = kernel.arg_names
                 sig, key, attrs = {}, [], {}
                 for i, (name, a) in enumerate(zip(names, args)):
-                    if type(a) is int and a == 1:
+                    if type(a) is int and a == 1 and name not in kernel.do_not_specialize:
                         constexprs[name] = 1
                         continue
                     sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (

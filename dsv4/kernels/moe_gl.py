@@ -51,8 +51,10 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num
           "shared_rows_per_thread": 1, "shared_tokens": 8}
 
 
-def _jit(fn):
-    return fn if gluon is None else gluon.jit(fn)
+def _jit(fn=None, **options):
+    if fn is None:
+        return lambda f: _jit(f, **options)
+    return fn if gluon is None else gluon.jit(fn, **options)
 
 
 # Nibbles q and q + 4 of an int32 word as an fp16 pair: magnitude (bits 4q..4q+2) to fp16 bits 9-11, sign (bit
@@ -143,7 +145,7 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                     h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
 
-@_jit
+@_jit(do_not_specialize=["T"])  # one compiled kernel for every step size (T == 1 would be a constant): see shared_tokens
 def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
