@@ -95,6 +95,22 @@ def test_a_row_alone_equals_it_among_others_and_all_kept_equals_no_set(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_kept_set_of_every_token_leaves_the_sums_bit_equal(device, dtype):
+    """Kernel 1's chunk maxima and weight sums with a kept set of every token equal those without a set, bit for bit
+    (a row's sums must not depend on whether another row of its step keeps a subset: the kept set's width once set
+    their summation order on the GPU). 64 rows of Flash's vocabulary on CUDA."""
+    vocab = 129280 if device == "cuda" else 2 * sample.CHUNK + 5
+    rows = 64 if device == "cuda" else 2
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(14)) * 4).to(dtype).to(device)
+    temperature = torch.full((rows,), 0.8, device=device)
+    every = torch.ones(rows, vocab, dtype=torch.bool, device=device)
+    none_ws, none_top = sample.chunk_sums(logits, temperature, None)
+    all_ws, all_top = sample.chunk_sums(logits, temperature, every)
+    assert torch.equal(all_ws, none_ws) and torch.equal(all_top, none_top)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_greedy_takes_the_lowest_id_among_maxima_across_chunks(device):
     vocab = 3 * sample.CHUNK
     logits = torch.zeros(2, vocab)

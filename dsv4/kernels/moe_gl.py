@@ -39,15 +39,16 @@ try:
 except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
     gluon, gl = None, None
 
-GPU_CHECKED = False  # not yet run on a GPU
-# on: DSV4_MOE_GLUON=1 takes a decode step's routed experts here (FP4 experts, bf16/fp16 activations).
+GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
+# on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
+# (DSV4_MOE_GLUON=0: moe's pair kernels); not under DSV4_PDL=1 (these kernels neither release nor wait).
 # rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
 # (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
 # and is not kept.
 # shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
 # launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
-CONFIG = {"on": getenv("DSV4_MOE_GLUON", "0") == "1", "rows_per_thread": 4, "num_warps": 4,
+CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8}
 
 
@@ -337,10 +338,10 @@ def _fits(w: QWeight, x_width: int) -> bool:
 
 
 def _compiled(x: torch.Tensor) -> bool:
-    from . import interpreting
+    from . import PDL, interpreting
 
     return (CONFIG["on"] and gl is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and x.dim() == 2 and x.is_contiguous() and not interpreting())
+            and x.dim() == 2 and x.is_contiguous() and not interpreting() and not PDL)
 
 
 def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:

@@ -118,24 +118,48 @@ def supported(logits: torch.Tensor, kept: torch.Tensor | None) -> bool:
             and (kept is None or (kept.shape == logits.shape and kept.dtype == torch.bool)))
 
 
+def _kept_arg(logits: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """The kept set as the kernels read it: int32, 4 bytes like an fp32 logit. Triton lays a kernel's tensors out
+    by its loads' widths (16 bytes a thread: 4 fp32 logits, 16 one-byte flags), and the layout sets the order of
+    the chunk's sum and running sums: with one-byte flags a row's sums, so its token, depended on whether another
+    row of its step kept a subset (session 14 call 4: a batched row drew one token past its solo draw). int32 flags
+    keep the layout of a step without a kept set (sm_90 TTGIR: sizePerThread 4 for fp32 logits, 8 for bf16, either
+    way), so the sums are the same. Without a set: the logits (never read)."""
+    return logits if kept is None else kept.contiguous().to(torch.int32)
+
+
+def chunk_sums(logits: torch.Tensor, temperature: torch.Tensor, kept: torch.Tensor | None):
+    """Kernel 1: (ws [3, B, C]: each chunk's max m_c, weight sum s_c and largest logit; top_id [B, C]: that
+    logit's lowest id) for logits [B, V] contiguous."""
+    return _chunk_sums(logits, temperature.contiguous(), _kept_arg(logits, kept), kept is not None)
+
+
+def _chunk_sums(logits, temperature, kept_arg, has_kept: bool):
+    B, V = logits.shape
+    block = next_pow2(chunk(V))
+    C = cdiv(V, block)
+    ws = torch.empty(3, B, C, dtype=torch.float32, device=logits.device)
+    top_id = torch.empty(B, C, dtype=torch.int32, device=logits.device)
+    extra = {} if interpreting() else {"num_warps": _NUM_WARPS}
+    launcher(_chunk_kernel, logits)[(B, C)](logits, kept_arg, temperature, ws[0], ws[1], ws[2], top_id, V, C,
+                                             BLOCK=block, HAS_KEPT=has_kept, **extra)
+    return ws, top_id
+
+
 def token(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, pos: torch.Tensor,
           kept: torch.Tensor | None) -> torch.Tensor:
     """logits [B, V] (fp32 or bf16), temperature [B] fp32, key [B] / pos [B] int64 (the draw's), kept [B, V] bool
     or None (all) -> int64 [B]."""
     logits = logits.contiguous()
-    kept = None if kept is None else kept.contiguous()
     B, V = logits.shape
     block = next_pow2(chunk(V))
     C = cdiv(V, block)
-    ws = torch.empty(3, B, C, dtype=torch.float32, device=logits.device)  # m_c, s_c, the largest logit
-    top_id = torch.empty(B, C, dtype=torch.int32, device=logits.device)
+    kept_arg = _kept_arg(logits, kept)
+    temperature = temperature.contiguous()
+    ws, top_id = _chunk_sums(logits, temperature, kept_arg, kept is not None)
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
-    has_kept = kept is not None
-    kept_arg = kept.view(torch.uint8) if has_kept else logits
-    pos, temperature, key = pos.contiguous(), temperature.contiguous(), key.contiguous()
     extra = {} if interpreting() else {"num_warps": _NUM_WARPS}
-    launcher(_chunk_kernel, logits)[(B, C)](logits, kept_arg, temperature, ws[0], ws[1], ws[2], top_id, V, C,
-                                             BLOCK=block, HAS_KEPT=has_kept, **extra)
-    launcher(_pick_kernel, logits)[(B,)](logits, kept_arg, temperature, key, pos, ws[0], ws[1], ws[2], top_id, out,
-                                         V, C, BLOCK=block, C_PAD=next_pow2(C), HAS_KEPT=has_kept, **extra)
+    launcher(_pick_kernel, logits)[(B,)](logits, kept_arg, temperature, key.contiguous(), pos.contiguous(), ws[0],
+                                         ws[1], ws[2], top_id, out, V, C, BLOCK=block, C_PAD=next_pow2(C),
+                                         HAS_KEPT=kept is not None, **extra)
     return out
