@@ -146,7 +146,7 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                     h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
 
-@_jit(do_not_specialize=["T"])  # one compiled kernel for every step size (T == 1 would be a constant): see shared_tokens
+@_jit(do_not_specialize=["T"])  # one compiled kernel for every step size (Triton compiles an int 1 as a constant)
 def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
@@ -412,9 +412,9 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     t1, t3 = sw1.scale.view(torch.uint8), sw3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
     sh = torch.empty(T, SI, dtype=x.dtype, device=x.device)
-    # Tokens a shared program takes: always shared_tokens (masked past T), one compiled kernel for every step, so a
-    # token's bits are its own whatever the others (session 14 call 2: a kernel compiled per step size, 1 to 8
-    # tokens a program, gave the batched graph other bits than the solo one).
+    # Tokens a shared program takes: always shared_tokens (masked past T), so every step size runs one compiled
+    # kernel and a token's bits are its own by construction (a kernel compiled per step size would have to be proved
+    # to sum each token alike; session 14 call 2's batched != solo, first blamed on that, was the sampler's).
     rows = CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     programs = I // _rows_per_program() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
