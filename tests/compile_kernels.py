@@ -59,14 +59,19 @@ def aligned(a) -> bool:
 
 
 def compile_only(fn, t):
-    jit = triton.jit(fn)
+    return _recorder(triton.jit(fn), fn.__name__, ASTSource)
 
+
+def _recorder(jit, kernel_name: str, source):
+    """A launcher that records the launch's specialisation (its signature, constants and options) in `pending`, to
+    be compiled for sm_90 by compile_pending: as Triton's launcher specialises it on a GPU (an integer 1 a constant
+    unless the kernel says otherwise, 16-byte aligned pointers and multiples of 16 marked divisible)."""
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
                 options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
                 if PDL:  # one variant per kernel and kind of launch (and FP4's other loop, the boundary's door)
-                    variant = (fn.__name__, options.get("launch_pdl", False), constexprs.get("FP4"),
+                    variant = (kernel_name, options.get("launch_pdl", False), constexprs.get("FP4"),
                                constexprs.get("DOOR"))
                     if variant in pdl_variants:
                         return
@@ -74,7 +79,7 @@ def compile_only(fn, t):
                 names = jit.arg_names
                 sig, key, attrs = {}, [], {}
                 for i, (name, a) in enumerate(zip(names, args)):
-                    if type(a) is int and a == 1:  # the launcher makes an integer 1 a constant
+                    if type(a) is int and a == 1 and name not in jit.do_not_specialize:  # the launcher's constant 1
                         constexprs[name] = 1
                         continue
                     sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (
@@ -86,11 +91,11 @@ def compile_only(fn, t):
                 for name, v in constexprs.items():
                     sig[name] = "constexpr"
                     key.append((name, v))
-                k = (fn.__name__, tuple(key), tuple(sorted(options.items())))
+                k = (kernel_name, tuple(key), tuple(sorted(options.items())))
                 if k in compiled:
                     return
-                src = ASTSource(fn=jit, signature=sig,
-                                constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
+                src = source(fn=jit, signature=sig, constexprs={(names.index(n),): v for n, v in constexprs.items()},
+                             attrs=attrs)
                 compiled.add(k)
                 params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]  # the PTX's, in order
                 pending.append((k, src, options, params))  # compiled at the end, on every core (compile_pending)
@@ -477,35 +482,7 @@ def gluon_compile_only(kernel):
     """compile_only for a Gluon kernel (dsv4.kernels.moe_gl: already jitted, its source a GluonASTSource)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    class Launch:
-        def __getitem__(self, grid):
-            def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages") if k in constexprs}
-                names = kernel.arg_names
-                sig, key, attrs = {}, [], {}
-                for i, (name, a) in enumerate(zip(names, args)):
-                    if type(a) is int and a == 1 and name not in kernel.do_not_specialize:
-                        constexprs[name] = 1
-                        continue
-                    sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (
-                        "fp32" if isinstance(a, float) else "i32")
-                    key.append(sig[name])
-                    if aligned(a):
-                        attrs[(i,)] = [["tt.divisibility", 16]]
-                        key.append("D")
-                for name, v in constexprs.items():
-                    sig[name] = "constexpr"
-                    key.append((name, v))
-                k = (kernel.fn.__name__, tuple(key), tuple(sorted(options.items())))
-                if k in compiled:
-                    return
-                src = GluonASTSource(fn=kernel, signature=sig,
-                                     constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
-                compiled.add(k)
-                params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]
-                pending.append((k, src, options, params))
-            return run
-    return Launch()
+    return _recorder(kernel, kernel.fn.__name__, GluonASTSource)
 
 
 def gluon_variants():

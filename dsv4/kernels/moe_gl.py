@@ -84,6 +84,16 @@ def _decode(words):
 
 
 @_jit
+def _tile_index(n1, G: gl.constexpr, L3: gl.constexpr):
+    """The tile's indices, broadcastable in its layout: rows n [BLOCK_N, 1, 1] (int64), groups g [1, G, 1], words
+    w [1, 1, 4], and for the scales rows [BLOCK_N, 1] (int64) and groups [1, G]."""
+    g1 = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    w1d = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    return (gl.expand_dims(gl.expand_dims(n1, 1), 2).to(gl.int64), gl.expand_dims(gl.expand_dims(g1, 0), 2),
+            gl.expand_dims(gl.expand_dims(w1d, 0), 1), gl.expand_dims(n1, 1).to(gl.int64), gl.expand_dims(g1, 0))
+
+
+@_jit
 def _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, K: gl.constexpr, S_STRIDE: gl.constexpr):
     """A K step's int32 words [BLOCK_N, G, 4] and scales [BLOCK_N, G] (fp32, times 2**14) of rows n of an FP4
     weight, from group kg on. A row past the weight's (masked by the caller's n) reads nothing."""
@@ -233,13 +243,7 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
     if (e >= 0) & (e < n_local):
         L2: gl.constexpr = gl.SliceLayout(2, L3)
         n1 = nb * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-        g1 = gl.arange(0, G, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        w1d = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        n3 = gl.expand_dims(gl.expand_dims(n1, 1), 2).to(gl.int64)
-        g3 = gl.expand_dims(gl.expand_dims(g1, 0), 2)
-        w3 = gl.expand_dims(gl.expand_dims(w1d, 0), 1)
-        ng = gl.expand_dims(n1, 1).to(gl.int64)
-        gg = gl.expand_dims(g1, 0)
+        n3, g3, w3, ng, gg = _tile_index(n1, G, L3)
         w1, s1 = w1_ptr + e * w_expert_stride, s1_ptr + e * s_expert_stride
         w3p, s3 = w3_ptr + e * w_expert_stride, s3_ptr + e * s_expert_stride
         x_row = x_ptr + (r // TOPK) * K
@@ -285,13 +289,7 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     term = gl.zeros([BLOCK_N], gl.float32, LN)
     if (e >= 0) & (e < n_local):
-        g1 = gl.arange(0, G, layout=gl.SliceLayout(0, L2))
-        w1d = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        n3 = gl.expand_dims(gl.expand_dims(n1, 1), 2).to(gl.int64)
-        g3 = gl.expand_dims(gl.expand_dims(g1, 0), 2)
-        w3 = gl.expand_dims(gl.expand_dims(w1d, 0), 1)
-        ng = gl.expand_dims(n1, 1).to(gl.int64)
-        gg = gl.expand_dims(g1, 0)
+        n3, g3, w3, ng, gg = _tile_index(n1, G, L3)
         w, s = w_ptr + e * w_expert_stride, s_ptr + e * s_expert_stride
         h_row = h_ptr + r * I
         acc = gl.zeros([BLOCK_N, G], gl.float32, L2)
