@@ -16,6 +16,8 @@ tile is laid out so that nothing but the weights moves:
   each half widens to fp32 in one instruction (HADD2.F32), no byte permutes.
 - no shared memory and no barrier in the K loop: Triton's own layout for moe's tile (sass_census: 20 barriers
   and 8 shared-memory round trips a K step for the broadcast of x) is what this module replaces.
+- the shared expert's FP8 gate/up runs in kernel 1's launch (after the routed programs), a program taking 8 of
+  the step's tokens for its rows: its tile is read and widened once for them (moe's kernels: once a token).
 
 The sums are fp32 in a fixed order (per word the nibbles 0, 4, 1, 5, 2, 6, 3, 7; a group's four words; the
 group's scale; the groups of a lane in K order; then the lanes' sums by a fixed butterfly): a pair's bits
@@ -96,7 +98,7 @@ def _tile_index(n1, G: gl.constexpr, L3: gl.constexpr):
 @_jit
 def _fp4_tile(w, s, n3, g3, w3, ng, gg, kg, K: gl.constexpr, S_STRIDE: gl.constexpr):
     """A K step's int32 words [BLOCK_N, G, 4] and scales [BLOCK_N, G] (fp32, times 2**14) of rows n of an FP4
-    weight, from group kg on. A row past the weight's (masked by the caller's n) reads nothing."""
+    weight, from group kg on (every row inside the weight: _fits holds N a multiple of a program's rows)."""
     words = gl.load(w + n3 * (K // 8) + (kg + g3) * 4 + w3)
     sc = gl.load(s + ng * S_STRIDE + kg + gg)
     return words, (sc.to(gl.int32) << 23).to(gl.float32, bitcast=True) * 16384.0
