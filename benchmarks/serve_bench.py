@@ -16,6 +16,8 @@ seconds. Prints one record per line, `TAG {json}`:
   IDENTITY request i has the same prompt and seed at every level: its token ids must be the same alone
            and among others (exit 1 when not)
   WARMUP   with --warmup N: each level run N times first, untimed (its requests are not REQUEST records)
+  COMPILE  with DSV4_LOG_COMPILES=1 in the environment: each kernel the server compiled after it answered
+           (dsv4/kernels/compile_log.py), printed when it happened, between the levels' records
 
 CPU smoke (seconds):  python benchmarks/serve_bench.py --preset tiny --device cpu --concurrency 1,4 \\
                       --prompt-tokens 32 --max-tokens 8
@@ -57,7 +59,9 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     for line in proc.stderr:
         found = re.search(r"at (http://\S+/v1)", line)
         if found:
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # keep it drained
+            # keep it drained; the server's COMPILE lines (DSV4_LOG_COMPILES=1) join this output
+            threading.Thread(target=lambda: [print(x, end="", flush=True) for x in proc.stderr
+                                             if x.startswith("COMPILE ")], daemon=True).start()
             emit("BUILD", cmd=" ".join(cmd[1:]), ready_s=round(time.perf_counter() - start, 2), banner=line.strip())
             return proc, found.group(1)
         sys.stderr.write(line)

@@ -131,6 +131,10 @@ def interpreting() -> bool:
 
 
 PDL = getenv("DSV4_PDL", "0") == "1" and not interpreting()  # read once: a process compiles its kernels one way
+if getenv("DSV4_LOG_COMPILES", "0") == "1" and not interpreting():  # a line a compile (kernels/compile_log.py)
+    from . import compile_log
+
+    compile_log.install()
 
 
 def launcher(fn, t: torch.Tensor):
