@@ -60,8 +60,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         found = re.search(r"at (http://\S+/v1)", line)
         if found:
             # keep it drained; the server's COMPILE lines (DSV4_LOG_COMPILES=1) join this output
-            threading.Thread(target=lambda: [print(x, end="", flush=True) for x in proc.stderr
-                                             if x.startswith("COMPILE ")], daemon=True).start()
+            threading.Thread(target=lambda: [sys.stdout.write(x) for x in proc.stderr if x.startswith("COMPILE ")],
+                             daemon=True).start()
             emit("BUILD", cmd=" ".join(cmd[1:]), ready_s=round(time.perf_counter() - start, 2), banner=line.strip())
             return proc, found.group(1)
         sys.stderr.write(line)

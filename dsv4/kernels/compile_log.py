@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+GPU_CHECKED = False  # no kernel here (dsv4.kernels declares it per module): the hooks have not yet run on a GPU
 _started: dict = {}
 
 
