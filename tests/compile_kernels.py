@@ -751,7 +751,39 @@ def compile_pending() -> list[str]:
         return [m for m in pool.map(_compile, range(len(pending)), chunksize=4) if m]
 
 
-failures = compile_pending()
+def sampler_layouts() -> list[str]:
+    """The sampler's kernels must lay a chunk out alike with and without a kept set (kernels/sample.py _kept_arg):
+    Triton picks a layout from its loads' widths, the layout the order of the chunk's sums, and a row's token must
+    not depend on whether another row of its step keeps a subset (session 14). Compares the sm_90 TTGIR's blocked
+    layouts of each kernel, fp32 and bf16 logits, without a set and with one as the kernels read it (checked to fail
+    with one-byte flags)."""
+    problems = []
+    for fn, extra in ((sample._chunk_kernel, {}), (sample._pick_kernel, {"C_PAD": 32})):
+        jit = triton.jit(fn)
+        names = jit.arg_names
+        for logits in (torch.float32, torch.bfloat16):
+            kept_arg = sample._kept_arg(torch.zeros(1, 8, dtype=logits), torch.ones(1, 8, dtype=torch.bool))
+            layouts = []
+            for kept_type in (TYPES[logits], TYPES[kept_arg.dtype]):
+                sig = {n: ("*" + kept_type if n == "kept_ptr" else "*fp32" if n.endswith("_ptr") else "i32")
+                       for n in names}
+                sig.update(logits_ptr="*" + TYPES[logits], key_ptr="*i64", pos_ptr="*i64", token_ptr="*i64",
+                           top_id_ptr="*i32")
+                consts = {"BLOCK": 4096, "HAS_KEPT": kept_type != TYPES[logits], **extra}
+                sig = {n: ("constexpr" if n in consts else t) for n, t in sig.items() if n in names}
+                # as the launcher marks them for Flash's vocabulary (V 129,280 and C 32: multiples of 16)
+                attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                         if sig[n].startswith("*") or n in ("V", "C")}
+                src = ASTSource(fn=jit, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()},
+                                attrs=attrs)
+                ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ttgir"]
+                layouts.append([line.split(" = ", 1)[1] for line in ttgir.splitlines() if line.startswith("#blocked")])
+            if layouts[0] != layouts[1]:
+                problems.append(f"{fn.__name__} {logits}: layout {layouts[0]} without a kept set, {layouts[1]} with")
+    return problems
+
+
+failures = compile_pending() + sampler_layouts()
 for message in failures:
     print("FAILED", message)
 names = sorted({k[0] for k in compiled})
