@@ -59,13 +59,13 @@ def aligned(a) -> bool:
 
 
 def compile_only(fn, t):
-    return _recorder(triton.jit(fn), fn.__name__, ASTSource)
+    return _recorder(triton.jit(fn, do_not_specialize=getattr(fn, "do_not_specialize", None)), fn.__name__, ASTSource)
 
 
 def _recorder(jit, kernel_name: str, source):
     """A launcher that records the launch's specialisation (its signature, constants and options) in `pending`, to
-    be compiled for sm_90 by compile_pending: as Triton's launcher specialises it on a GPU (an integer 1 a constant
-    unless the kernel says otherwise, 16-byte aligned pointers and multiples of 16 marked divisible)."""
+    be compiled for sm_90 by compile_pending: as Triton's launcher specialises it on a GPU (an integer 1 a constant,
+    16-byte aligned pointers and multiples of 16 marked divisible; neither for the kernel's do_not_specialize)."""
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
@@ -85,7 +85,7 @@ def _recorder(jit, kernel_name: str, source):
                     sig[name] = "*" + TYPES[a.dtype] if isinstance(a, torch.Tensor) else (
                         "fp32" if isinstance(a, float) else "i32")
                     key.append(sig[name])
-                    if aligned(a):
+                    if aligned(a) and name not in jit.do_not_specialize:
                         attrs[(i,)] = [["tt.divisibility", 16]]
                         key.append("D")
                 for name, v in constexprs.items():
@@ -476,6 +476,9 @@ def tensor_core_variants(dtype, scale_dtype):
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
+moe_tc.CONFIG["plan_fixed"] = True  # DSV4_MOE_TC_PLAN_FIXED=1: the plan at plan_pairs' sizes, one variant for every wave
+moe_tc.plan(torch.zeros(3, 6, dtype=torch.int64), 0, 128)
+moe_tc.CONFIG["plan_fixed"] = False
 
 
 def gluon_compile_only(kernel):

@@ -24,10 +24,12 @@ from quantised_cases import DEVICES, close_chain, expert_stacks, moe_configured,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_plan_kernel_equals_torch(monkeypatch, device):
+@pytest.mark.parametrize("fixed", [False, True])
+def test_plan_kernel_equals_torch(monkeypatch, device, fixed):
     """The one-program plan (sort, ends, tiles) gives torch's plan (stable sort, searchsorted, prefill_moe.schedule)
     entry for entry: pairs of other ranks' experts sorted last, an expert with more pairs than a tile holds, steps of
-    1 to 40 tokens, ids of either dtype."""
+    1 to 40 tokens, ids of either dtype; the same compiled at its sizes per wave or once at plan_pairs' (fixed)."""
+    monkeypatch.setitem(moe_tc.CONFIG, "plan_fixed", fixed)
     g = torch.Generator().manual_seed(5)
     for T, k, n, first in ((1, 6, 16, 16), (3, 6, 16, 0), (16, 6, 256, 0), (40, 6, 128, 128), (7, 2, 5, 3)):
         ids = torch.randint(0, 2 * n + first, (T, k), generator=g)

@@ -152,7 +152,9 @@ def launcher(fn, t: torch.Tensor):
         elif PDL and t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < 9:
             raise RuntimeError("DSV4_PDL=1: programmatic dependent launch needs compute capability 9.0 or more")
 
-        k = _compiled[fn] = triton.jit(fn)
+        # A kernel function may name arguments Triton must not specialise (an int 1 a constant, multiples of 16
+        # marked): one compile for all their values (fn.do_not_specialize; none by default).
+        k = _compiled[fn] = triton.jit(fn, do_not_specialize=getattr(fn, "do_not_specialize", None))
     if FAST_LAUNCH and t.is_cuda:
         f = _fast.get(fn)
         if f is None:

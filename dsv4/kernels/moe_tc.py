@@ -47,8 +47,13 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # Flash layer's routed experts): 1 token 108-152 us (pair kernels 47), 16 tokens 865-960 us (pair kernels 602), a
 # 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (block_n, warps and stages leave each sum's
 # order as it is, as call 2 found bit for bit in the first loop form; block_k changes each plane's dot.)
+# plan_fixed (DSV4_MOE_TC_PLAN_FIXED=1; off: not yet run on a GPU): the one-program plan compiled once, its sort and
+# tile ranges at plan_pairs' sizes whatever a wave's pairs (the same plan, entry for entry), where each power of two
+# of a wave's pairs compiles its own (a server's first wave of a new size then waits on the compile: session 14's
+# concurrency-4 stall, most likely).
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
-          "num_warps": 4, "num_stages": 3, "plan_pairs": 1024}
+          "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
+          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "0") == "1"}
 MODES = ("off", "chunks", "all")
 
 
@@ -99,6 +104,10 @@ def _plan_kernel(ids_ptr, order_ptr, ends_ptr, tile_expert_ptr, tile_row_ptr, sc
     row = tl.load(firsts + ec) + (j - (tl.load(cums + ec) - tl.load(counts + ec))) * BM
     tl.store(tile_expert_ptr + j, expert, mask=j < TILES)
     tl.store(tile_row_ptr + j, row, mask=j < TILES)
+
+
+if CONFIG["plan_fixed"]:  # read at import, as the kernel is compiled once: its sizes must not specialise it either
+    _plan_kernel.do_not_specialize = ("P", "TILES")
 
 
 @device_function
@@ -231,6 +240,8 @@ def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...
         return order.to(torch.int32), ends, expert, row
     dev = ids.device
     P2, N2, T2 = next_pow2(P), next_pow2(n_local), next_pow2(tiles)
+    if CONFIG["plan_fixed"]:  # one compile for every wave (masked past P and tiles, as any power of two is)
+        P2, T2 = next_pow2(CONFIG["plan_pairs"]), next_pow2(tiles_bound(CONFIG["plan_pairs"], n_local))
     order, ends = torch.empty(P, dtype=torch.int32, device=dev), torch.empty(n_local, dtype=torch.int32, device=dev)
     expert, row = torch.empty(tiles, dtype=torch.int32, device=dev), torch.empty(tiles, dtype=torch.int32, device=dev)
     scratch = torch.empty(P2 + 3 * N2, dtype=torch.int32, device=dev)
