@@ -388,14 +388,14 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     ids = ids.contiguous()
     routed_args = (first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
     shared_args = (0, 1, 1, limit, CONFIG["shared_block_n"], CONFIG["shared_split_k"])
-    I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, k, CONFIG["gate_up_block_n"],
-                                                          CONFIG["gate_up_split_k"])
-    SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
-                                                                CONFIG["shared_split_k"])
     if moe_gl.chosen_gate_up(x, w1, w3):  # the Gluon kernels (DSV4_MOE_GLUON): the shared expert's in one launch
         if CONFIG["shared_launch"] and moe_gl.shared_fits(x, sw1, sw3):
             return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit)
         return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
+    I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, k, CONFIG["gate_up_block_n"],
+                                                          CONFIG["gate_up_split_k"])
+    SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
+                                                                CONFIG["shared_split_k"])
     tickets = tickets_for(rows * blocks + T * s_blocks, x.device) if CONFIG["fused_sum"] else None
     if tickets is None or not CONFIG["shared_launch"]:
         return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)

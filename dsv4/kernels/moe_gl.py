@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import QWeight
-from . import cdiv, getenv
+from . import PDL, cdiv, getenv, interpreting
 
 try:
     from triton.experimental import gluon
@@ -338,8 +338,6 @@ def _fits(w: QWeight, x_width: int) -> bool:
 
 
 def _compiled(x: torch.Tensor) -> bool:
-    from . import PDL, interpreting
-
     return (CONFIG["on"] and gl is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and x.dim() == 2 and x.is_contiguous() and not interpreting() and not PDL)
 
