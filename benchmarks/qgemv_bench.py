@@ -61,6 +61,15 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v2_n8_k1024_w8": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
                        "v2_num_warps": 8},
     "v2_programs528": {"kernel": "v2", "v2_programs": 528},
+    # session 15's sweep: wider K tiles and more warps (more bytes in flight a program)
+    "v2_k1024": {"kernel": "v2", "v2_block_k_fp8": 1024},
+    "v2_k1024_w8": {"kernel": "v2", "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+    "v2_n32_w8_k1024": {"kernel": "v2", "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+    "v2_n8_k2048_w8": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 2048, "v2_block_k_fp4": 1024,
+                       "v2_num_warps": 8},
+    "v2_n8_k1024_w8_p528": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
+                            "v2_num_warps": 8, "v2_programs": 528},
+    "v2_n16_k1024_w8_p528": {"kernel": "v2", "v2_block_k_fp8": 1024, "v2_num_warps": 8, "v2_programs": 528},
     "v2_nosplit": {"kernel": "v2", "v2_split_k": 1},
     "v2_fused_sum": {"kernel": "v2", "v2_fused_sum": True},  # the split sum in the GEMV's launch: v2_default's bits
     "v2_fused_sum_programs528": {"kernel": "v2", "v2_fused_sum": True, "v2_programs": 528},

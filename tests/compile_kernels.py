@@ -340,7 +340,11 @@ for cfg in ({"kernel": "v1", "defer": True, "block_n": 16, "block_k_fp8": 256, "
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
 # v2 (split-K and not, every weight kind) at its default tiles and at the other tiles the benchmark sweeps.
 for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
-                               "v2_num_warps": 8})[:2 if SWEEPS else 1]:
+                               "v2_num_warps": 8},
+            {"kernel": "v2", "v2_block_k_fp8": 1024}, {"kernel": "v2", "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+            {"kernel": "v2", "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+            {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 2048, "v2_block_k_fp4": 1024, "v2_num_warps": 8},
+            )[:6 if SWEEPS else 1]:
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
     qgemv.CONFIG.update(default)
