@@ -52,29 +52,29 @@ from dsv4.formats import QWeight
 from dsv4.receipts import emit
 
 V1_DEFER = {"defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4}
+FLAT = {"kernel": "v2", "v2_shape_tiles": False}  # CONFIG's tiles for every shape (main before session 15)
 QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v1_default": {},
     "v1_defer_n16_k256_w4": V1_DEFER,
-    "v2_default": {"kernel": "v2"},
-    "v2_n8": {"kernel": "v2", "v2_block_n": 8},
-    "v2_n32_w8": {"kernel": "v2", "v2_block_n": 32, "v2_num_warps": 8},
-    "v2_n8_k1024_w8": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
-                       "v2_num_warps": 8},
-    "v2_programs528": {"kernel": "v2", "v2_programs": 528},
+    "v2_default": {"kernel": "v2"},  # with qgemv.SHAPE_TILES (the tiles by the weight's shape)
+    "v2_flat": FLAT,
+    "v2_n8": {**FLAT, "v2_block_n": 8},
+    "v2_n32_w8": {**FLAT, "v2_block_n": 32, "v2_num_warps": 8},
+    "v2_n8_k1024_w8": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512, "v2_num_warps": 8},
+    "v2_programs528": {**FLAT, "v2_programs": 528},
     # session 15's sweep: wider K tiles and more warps (more bytes in flight a program)
-    "v2_k1024": {"kernel": "v2", "v2_block_k_fp8": 1024},
-    "v2_k1024_w8": {"kernel": "v2", "v2_block_k_fp8": 1024, "v2_num_warps": 8},
-    "v2_n32_w8_k1024": {"kernel": "v2", "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8},
-    "v2_n8_k2048_w8": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 2048, "v2_block_k_fp4": 1024,
-                       "v2_num_warps": 8},
-    "v2_n8_k1024_w8_p528": {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
+    "v2_k1024": {**FLAT, "v2_block_k_fp8": 1024},
+    "v2_k1024_w8": {**FLAT, "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+    "v2_n32_w8_k1024": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8},
+    "v2_n8_k2048_w8": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 2048, "v2_block_k_fp4": 1024, "v2_num_warps": 8},
+    "v2_n8_k1024_w8_p528": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_block_k_fp4": 512,
                             "v2_num_warps": 8, "v2_programs": 528},
-    "v2_n16_k1024_w8_p528": {"kernel": "v2", "v2_block_k_fp8": 1024, "v2_num_warps": 8, "v2_programs": 528},
-    "v2_nosplit": {"kernel": "v2", "v2_split_k": 1},
-    "v2_fused_sum": {"kernel": "v2", "v2_fused_sum": True},  # the split sum in the GEMV's launch: v2_default's bits
-    "v2_fused_sum_programs528": {"kernel": "v2", "v2_fused_sum": True, "v2_programs": 528},
+    "v2_n16_k1024_w8_p528": {**FLAT, "v2_block_k_fp8": 1024, "v2_num_warps": 8, "v2_programs": 528},
+    "v2_nosplit": {**FLAT, "v2_split_k": 1},
+    "v2_fused_sum": {**FLAT, "v2_fused_sum": True},  # the split sum in the GEMV's launch: v2_flat's bits
+    "v2_fused_sum_programs528": {**FLAT, "v2_fused_sum": True, "v2_programs": 528},
 }
-TWINS = {"v2_fused_sum": "v2_default", "v2_fused_sum_programs528": "v2_programs528"}  # variant -> same bits as
+TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528"}  # variant -> same bits as
 ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per row or v2_rows per program
     "v2_rows1": {"kernel": "v2", "v2_rows": 1},
     "v2_rows8": {"kernel": "v2", "v2_rows": 8},
@@ -293,14 +293,14 @@ def bench_dense(run: Runner, cfg, w: int):
 
 
 def bench_moe(run: Runner, cfg, w: int):
-    """Routed experts of one decode token on rank 0: 6 of 256 selected, 3 of them local (of 256 / w stacked),
+    """Routed experts of one decode token on rank 0: 6 of 256 selected, 3 of them local (of 256 / w stacked; w 1: 6),
     a different local triple per call; and the rank's shared-expert slice."""
     D, I, k = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     n_local = cfg.n_routed_experts // w
     stacks = {"w1": random_weight("fp4", I, D, (n_local,)), "w3": random_weight("fp4", I, D, (n_local,)),
               "w2": random_weight("fp4", D, I, (n_local,))}
     per_expert = sum(s.data[0].nbytes + s.scale[0].nbytes for s in stacks.values())
-    local = k // 2
+    local = k if w == 1 else k // 2  # one rank holds every expert
     gen = torch.Generator().manual_seed(0)
     routes = []
     for _ in range(max(50, math.ceil(L2_DEFEAT / (per_expert * local)))):

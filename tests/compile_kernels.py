@@ -480,9 +480,11 @@ def tensor_core_variants(dtype, scale_dtype):
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
-moe_tc.CONFIG["plan_fixed"] = True  # DSV4_MOE_TC_PLAN_FIXED=1: the plan at plan_pairs' sizes, one variant for every wave
-moe_tc.plan(torch.zeros(3, 6, dtype=torch.int64), 0, 128)
-moe_tc.CONFIG["plan_fixed"] = False
+plan_fixed = moe_tc.CONFIG["plan_fixed"]
+for fixed in (True, False):  # the plan at plan_pairs' sizes (default), and per wave size (DSV4_MOE_TC_PLAN_FIXED=0)
+    moe_tc.CONFIG["plan_fixed"] = fixed
+    moe_tc.plan(torch.zeros(3, 6, dtype=torch.int64), 0, 128)
+moe_tc.CONFIG["plan_fixed"] = plan_fixed
 
 
 def gluon_compile_only(kernel):

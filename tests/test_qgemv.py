@@ -26,7 +26,7 @@ from quantised_cases import DEVICES, both, close, per_device, quantised  # noqa:
 
 # ---- qgemv v2 ------------------------------------------------------------------------------------
 
-V2 = {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 256, "v2_block_k_fp4": 64}
+V2 = {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8": 256, "v2_block_k_fp4": 64, "v2_shape_tiles": False}
 
 
 @pytest.fixture(params=[0, 1, 3], ids=["split_auto", "split_1", "split_3"])
@@ -48,6 +48,37 @@ def test_v2_linear(monkeypatch, v2, device, fmt, T, N, K, dtype):
     assert got.dtype == dtype and got.shape == (T, N)
     close(got, ref, dtype)
     assert torch.equal(got, linear_mod.linear(x, w))  # deterministic, split or not
+
+
+def test_v2_shape_tiles_rule():
+    """The tiles by shape (qgemv.SHAPE_TILES) at Flash's and mini's FP8 weights: one pass over K up to 2,048 inputs,
+    the wider row blocks for the square 4,096-input slices, CONFIG's tiles elsewhere, for the routed experts and
+    FP4, and for a grouped weight whose groups would split a row block."""
+    flat = (qgemv.CONFIG["v2_block_n"], qgemv.CONFIG["v2_block_k_fp8"], qgemv.CONFIG["v2_num_warps"])
+    assert qgemv.v2_tiles(32768, 1024, False, False) == (16, 1024, 4)  # wq_b
+    assert qgemv.v2_tiles(4096, 2048, False, False) == (8, 2048, 8)  # shared w2 (mini)
+    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=1024) == (32, 1024, 8)  # wo_a (Flash rank)
+    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=16) == flat
+    assert qgemv.v2_tiles(1024, 4096, False, False) == flat  # wq_a
+    assert qgemv.v2_tiles(8192, 4096, False, False) == flat  # wo_a (mini)
+    assert qgemv.v2_tiles(4096, 512, False, False) == flat
+    assert qgemv.v2_tiles(2048, 1024, False, True)[1] == qgemv.CONFIG["v2_block_k_fp8"]  # experts: CONFIG's
+    assert qgemv.v2_tiles(2048, 1024, True, False) == (flat[0], qgemv.CONFIG["v2_block_k_fp4"], flat[2])
+
+
+@pytest.mark.parametrize("device,N,K", per_device([(48, 640), (24, 1536), (2048, 4096)], slow_on_cpu=[(2048, 4096)]))
+def test_v2_shape_tiles(monkeypatch, device, N, K):
+    """The launch at SHAPE_TILES' tiles (one pass with a masked tail, K 640 and 1,536; 32-row blocks at 2,048 x
+    4,096) against the reference, and each row of three equal to that row alone, bit for bit."""
+    monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
+    monkeypatch.setitem(qgemv.CONFIG, "v2_shape_tiles", True)
+    g = torch.Generator().manual_seed(N * K)
+    w = quantised("fp8", N, K, g).to(device)
+    x = torch.randn(3, K, generator=g).to(torch.bfloat16).to(device)
+    ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+    close(got, ref, torch.bfloat16)
+    for r in range(3):
+        assert torch.equal(linear_mod.linear(x[r:r + 1], w), got[r:r + 1]), r
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -355,7 +386,7 @@ def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "timed", lambda fn, calls: [fn(i) for i in range(2)] and 1.0)
     monkeypatch.setattr(bench, "preset", lambda name: preset("tiny"))
     monkeypatch.setattr(sys, "argv", ["qgemv_bench", "--arms", "^(torch_dequant_gemm|torch_linear|v1_default|v2_default|"
-                                      "v2_fused_sum|qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
+                                      "v2_flat|v2_fused_sum|qgemv_v2_default|fused_default|fused_default\\+v2_default_w2)$"])
     bench.main()
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV ")]

@@ -47,13 +47,15 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # Flash layer's routed experts): 1 token 108-152 us (pair kernels 47), 16 tokens 865-960 us (pair kernels 602), a
 # 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (block_n, warps and stages leave each sum's
 # order as it is, as call 2 found bit for bit in the first loop form; block_k changes each plane's dot.)
-# plan_fixed (DSV4_MOE_TC_PLAN_FIXED=1; off: not yet run on a GPU): the one-program plan compiled once, its sort and
-# tile ranges at plan_pairs' sizes whatever a wave's pairs (the same plan, entry for entry), where each power of two
-# of a wave's pairs compiles its own (a server's first wave of a new size then waits on the compile: session 14's
-# concurrency-4 stall, most likely).
+# plan_fixed (on; DSV4_MOE_TC_PLAN_FIXED=0 turns it off): the one-program plan compiled once, its sort and tile ranges
+# at plan_pairs' sizes whatever a wave's pairs (the same plan, entry for entry), where each power of two of a wave's
+# pairs would compile its own: a server's first wave of a new size then waits on that compile (3-5 s on an H200),
+# and so does every request behind it (session 15 call 1: with 64-token prompts the plan compiled at 512 pairs, 2.99 s,
+# and at 1,024, 4.86 s; session 14's concurrency-4 stall of ~3.8 s between two waves). On: one compile, 4.4 s, at the
+# first prefill wave.
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
-          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "0") == "1"}
+          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1"}
 MODES = ("off", "chunks", "all")
 
 

@@ -145,6 +145,15 @@ def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
             and sink.is_contiguous() and sink.numel() == H)
 
 
+def tiles(n: int, block: int) -> int:
+    """The key tiles a loop runs over n keys: cdiv(n, block) rounded up to a power of two. The count is a compiled
+    constant (the interpreter takes no runtime loop bound), and the picks (up to index_topk) and the compressed
+    rows grow with a sequence: rounded, a server compiles one variant per doubling instead of one per tile count,
+    each ~2 s on an H200 while every request waits (session 15 call 1). A tile past n is all masked: it changes
+    no running max, sum or output (exp(-inf) = 0, alpha = 1), and HCA's skips it whole (SKIP_ROWS)."""
+    return next_pow2(cdiv(n, block)) if n > 0 else 0
+
+
 def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
               new_visible=None) -> torch.Tensor:
     """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
@@ -162,7 +171,7 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_prefill_attn_kernel, q)[(T, cdiv(H, block_h))](
         q, win, kv, visible, *rows, *masks, sink, cos, sin, out, T, K, NS, NW, sel.stride(0) if picks else 0,
         valid.stride(0) if picks else 0, float(hd ** -0.5), H=H, HD=hd, W=W, NOPE=hd - 2 * half, HALF=half,
-        PICKS=picks, ALL_ROWS=all_rows, K_TILES=cdiv(K, block_n), ROW_TILES=cdiv(NS + NW, block_n),
+        PICKS=picks, ALL_ROWS=all_rows, K_TILES=tiles(K, block_n), ROW_TILES=tiles(NS + NW, block_n),
         SKIP_PICKS=c["skip_picks"], SKIP_ROWS=c["skip_rows"], BLOCK_H=block_h, BLOCK_N=block_n,
         DOT_F32=interpreting() and q.dtype != torch.float32, **options)
     return out

@@ -82,7 +82,29 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
-          "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4}
+          "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
+          "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1"}
+# v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
+# shape): (rule, BLOCK_N, BLOCK_K, warps), the first rule that holds. A decode GEMV of one row is bound by its
+# DRAM round trips, so a K that fits one tile (<= 2,048 inputs) is read in one pass, and the square 4,096-input
+# weights of a Flash rank take wider row blocks. Session 15 call 1 (qgemv_bench, copy bandwidth measured in the
+# call): mini's wq_b 16.77 -> 11.59 us, shared w2 6.72 -> 4.88; Flash rank slices wq_b 9.86 -> 7.42, wo_a 10.32 ->
+# 9.14, wo_b 10.20 -> 9.29, indexer wq_b 6.06 -> 5.34; the other shapes are fastest at CONFIG's tiles. The tiles
+# depend on the weight alone: a row's bits are the same whatever the batch.
+SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4),
+               (lambda N, K: 1024 < K <= 2048, 8, 2048, 8),
+               (lambda N, K: K == 4096 and 2048 <= N <= 4096, 32, 1024, 8))
+
+
+def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) of a v2 launch on a weight [N, K]: SHAPE_TILES' for a stored FP8 weight (a grouped
+    one's groups holding whole row blocks), else CONFIG's."""
+    c = CONFIG
+    if c["v2_shape_tiles"] and not fp4 and not experts:
+        for holds, block_n, block_k, warps in SHAPE_TILES:
+            if holds(N, K) and (not group_n or group_n % block_n == 0):
+                return block_n, block_k, warps
+    return c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"], c["v2_num_warps"]
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -605,7 +627,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     data, scale = _operands(w, words=True)
     lead = data.dim() - 2
     c = CONFIG
-    block_n, block_k = c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"]
+    block_n, block_k, warps = v2_tiles(N, K, fp4, experts is not None, group_n)
     tiles = cdiv(K, block_k)
     # The split depends on the weight alone, never on the rows: each row is then summed in one order
     # whatever the batch (a sequence's tokens do not depend on who shares its step).
@@ -619,7 +641,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     # A stored weight's first tile is loaded before the kernel waits for the previous one (DSV4_PDL); the routed
     # experts' weights depend on the step's ids.
     early = experts is None
-    extra = {} if interpreting() else {"num_warps": c["v2_num_warps"], "launch_pdl": PDL and early}
+    extra = {} if interpreting() else {"num_warps": warps, "launch_pdl": PDL and early}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
