@@ -7,14 +7,15 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_s15_call2.sh
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
-step 150 "$OUT/pytest_kernels.txt" python -m pytest -q -p no:cacheprovider tests/test_qgemv.py \
+step 120 "$OUT/pytest_kernels.txt" python -m pytest -q -p no:cacheprovider tests/test_qgemv.py \
   tests/test_prefill_attention.py tests/test_moe_tc.py -x
-step 110 "$OUT/pytest_replay_pool.txt" python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py \
+step 100 "$OUT/pytest_replay_pool.txt" python -m pytest -q -p no:cacheprovider tests/test_replay_gpu.py \
   tests/test_pool.py
 for tiles in 0 1; do
-  DSV4_QGEMV_SHAPE_TILES=$tiles step 60 "$OUT/bench_mini_tiles$tiles.txt" python -m dsv4.cli bench --preset mini \
+  DSV4_QGEMV_SHAPE_TILES=$tiles step 55 "$OUT/bench_mini_tiles$tiles.txt" python -m dsv4.cli bench --preset mini \
     --device cuda --ranks 1 --prime 64 --steps 64 --rows 3
 done
-step 50 "$OUT/qgemv_world2.txt" python benchmarks/qgemv_bench.py --world 2 --arms '^v2_(default|flat)$'
-DSV4_LOG_COMPILES=1 step 90 "$OUT/serve_mini_v3.txt" python benchmarks/serve_bench.py --preset mini --device cuda \
+step 45 "$OUT/qgemv_world2.txt" python benchmarks/qgemv_bench.py --world 2 --arms '^v2_(default|flat)$'
+DSV4_LOG_COMPILES=1 step 80 "$OUT/serve_mini_v3.txt" python benchmarks/serve_bench.py --preset mini --device cuda \
   --gemv v3 --concurrency 1,4,16,32 --prompt-tokens 64 --max-tokens 64 --warmup 1
+step 75 "$OUT/pytest_prefill_batch.txt" python -m pytest -q -p no:cacheprovider tests/test_prefill_batch.py
