@@ -206,6 +206,33 @@ def test_short_chunks_of_one_length_prefill_together_and_equal_alone(model, monk
     assert sizes == [3, 2, 1, 1, 1, 1]
 
 
+def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch):
+    """warm_prefill (the server's compile warm-up, before it listens) runs a grouped and a single prefill forward
+    on the slots, then leaves every slot's committed bytes those of before (a fresh state's), and sequences served
+    after give the tokens they give on a scheduler that never warmed."""
+    jobs = grouped_jobs(model)
+    cold = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
+    cold.start()
+    try:
+        expected, _ = run(cold, jobs)
+    finally:
+        cold.stop()
+    sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
+    before = [[t.clone() for _, t in slot.committed()] for slot in sched.slots]
+    sizes = counted_prefills(model, monkeypatch)
+    sched.warm_prefill()
+    assert sizes == [2, 1]  # two slots in one forward, then one alone
+    assert all(torch.equal(a, b) for slot, old in zip(sched.slots, before)
+               for (_, a), b in zip(slot.committed(), old))
+    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
+    sched.start()
+    try:
+        got, _ = run(sched, jobs)
+    finally:
+        sched.stop()
+    assert got == expected
+
+
 def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):
     """The first round's grouped prefill (three sequences) is refused: those three end with an error, nothing
     committed, their slots zeroed; the one-token prompt decoding beside them finishes as it does alone, and

@@ -167,6 +167,21 @@ class Scheduler:
             for sampling in (None, SamplingParams(top_p=0.5)):
                 self.model.step_batch(self.slots[:size], [0] * size, [sampling] * size, [False] * size, graph=True)
 
+    def warm_prefill(self, tokens: int = 16):
+        """Run one prefill forward of two slots (a short chunk each: the grouped path every short prompt takes) and
+        one of a single slot, then zero the slots: the prefill kernels compile now, before the server listens, not
+        in the first requests' time to first token (session 15 call 1: ~10 s of compiles across a server's first
+        waves, moe_tc's plan 4.4 s of it). Other chunk lengths may still compile a variant or two of their own
+        (prefill attention rounds its tile counts to powers of two). The slots' bytes are a fresh state's after."""
+        chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 1)]
+        pair = self.slots[:min(2, len(self.slots))]
+        try:
+            self.model.prefill_batch(pair, [chunk] * len(pair))
+            self.model.prefill_batch(pair[:1], [chunk[:tokens // 2 + 1]])
+        finally:
+            for state in pair:
+                state.discard()
+
     def stop(self, timeout: float = 30.0):
         with self.cond:
             self.stopping = True

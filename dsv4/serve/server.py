@@ -67,6 +67,8 @@ class Server:
                                    self.metrics)
         if precapture:  # on CUDA: every bucket's graph now, not in a request's first step (GPU-checked, session 5)
             self.scheduler.capture_buckets()
+            if model.device.type == "cuda":  # and the prefill kernels' compiles
+                self.scheduler.warm_prefill()
         self.started = now()
         try:
             self.socket = socket.create_server((host, port))
