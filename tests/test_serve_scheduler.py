@@ -207,8 +207,8 @@ def test_short_chunks_of_one_length_prefill_together_and_equal_alone(model, monk
 
 
 def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch):
-    """warm_prefill (the server's compile warm-up, before it listens) runs a grouped and a single prefill forward
-    on the slots, then leaves every slot's committed bytes those of before (a fresh state's), and sequences served
+    """warm_prefill (the server's compile warm-up, before it listens) runs prefill forwards of every slot, of two
+    and of one, then leaves every slot's committed bytes those of before (a fresh state's), and sequences served
     after give the tokens they give on a scheduler that never warmed."""
     jobs = grouped_jobs(model)
     cold = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
@@ -221,7 +221,7 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
     before = [[t.clone() for _, t in slot.committed()] for slot in sched.slots]
     sizes = counted_prefills(model, monkeypatch)
     sched.warm_prefill()
-    assert sizes == [2, 1]  # two slots in one forward, then one alone
+    assert sizes == [4, 2, 1]  # every slot in one forward, then two, then one alone
     assert all(torch.equal(a, b) for slot, old in zip(sched.slots, before)
                for (_, a), b in zip(slot.committed(), old))
     assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)

@@ -168,18 +168,19 @@ class Scheduler:
                 self.model.step_batch(self.slots[:size], [0] * size, [sampling] * size, [False] * size, graph=True)
 
     def warm_prefill(self, tokens: int = 16):
-        """Run one prefill forward of two slots (a short chunk each: the grouped path every short prompt takes) and
-        one of a single slot, then zero the slots: the prefill kernels compile now, before the server listens, not
-        in the first requests' time to first token (session 15 call 1: ~10 s of compiles across a server's first
-        waves, moe_tc's plan 4.4 s of it). Other chunk lengths may still compile a variant or two of their own
-        (prefill attention rounds its tile counts to powers of two). The slots' bytes are a fresh state's after."""
+        """Run prefill forwards of every slot, of two and of one (a short chunk each: the grouped path every short
+        prompt takes; a wave of many rows also sums the shared expert's splits in a launch of its own), then zero
+        the slots: the prefill kernels compile now, before the server listens, not in the first requests' time to
+        first token (session 15 call 1: ~10 s of compiles across a server's first waves, moe_tc's plan 4.4 s of
+        it). Other chunk lengths may still compile a variant or two (prefill attention rounds its tile counts to
+        powers of two). The slots' bytes are a fresh state's after."""
         chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 1)]
-        pair = self.slots[:min(2, len(self.slots))]
+        most = self.slots[:max(1, PREFILL_GROUP_TOKENS // tokens)]
         try:
-            self.model.prefill_batch(pair, [chunk] * len(pair))
-            self.model.prefill_batch(pair[:1], [chunk[:tokens // 2 + 1]])
+            for size in sorted({len(most), min(2, len(most)), 1}, reverse=True):
+                self.model.prefill_batch(most[:size], [chunk] * size)
         finally:
-            for state in pair:
+            for state in most:
                 state.discard()
 
     def stop(self, timeout: float = 30.0):
