@@ -43,7 +43,10 @@ except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
 
 GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
-# (DSV4_MOE_GLUON=0: moe's pair kernels); not under DSV4_PDL=1 (these kernels neither release nor wait).
+# (DSV4_MOE_GLUON=0: moe's pair kernels). Under DSV4_PDL=1 (since session 15) they keep its contract (dsv4.kernels'
+# doc): kernel 1 with the shared expert is launched with launch_pdl, its routed programs wait first (their weights
+# depend on the step's ids), its shared programs once their first weight tile is in flight; the other two release
+# the next kernel first. Without DSV4_PDL the compiled kernels are the ones before (the same PTX).
 # rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
 # (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
@@ -76,6 +79,26 @@ cvt.f32.f16 ${2 * q + 1}, hi;
 """ for q in range(4)) + "}"
 if gl is not None:
     _DECODE_PTX = gl.constexpr(_DECODE_PTX)
+_PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
+
+
+@_jit
+def _pdl_release():
+    """dsv4.kernels.pdl_release: under DSV4_PDL the next kernel in the stream may start (griddepcontrol)."""
+    if _PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@_jit
+def _pdl_wait():
+    """dsv4.kernels.pdl_wait, in a kernel launched with launch_pdl: the previous kernel complete and its writes
+    visible, then the next one released."""
+    if _PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 @_jit
@@ -154,6 +177,7 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                        s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                        RN: gl.constexpr):
     """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r)."""
+    _pdl_release()
     _routed_program(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
                     h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
@@ -171,6 +195,7 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
     blocks = I // (RN * gl.num_warps())
     routed = blocks * T * TOPK
     if pid < routed:
+        _pdl_wait()
         _routed_program(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
                         h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
     else:
@@ -207,12 +232,25 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
     for i in gl.static_range(ROWS):
         acc_g = acc_g + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
         acc_u = acc_u + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
+    if _PDL:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
+        wq0, uq0, sq0, tq0 = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, 0, K)
+        _pdl_wait()
     for k0 in range(0, K, 512):
-        wg = gl.load(w1_ptr + n3 * K + k0 + k3).to(gl.float32)
-        wu = gl.load(w3_ptr + n3 * K + k0 + k3).to(gl.float32)
-        blk = (k0 + g2 * 16) // 128
-        sg = (gl.load(s1_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
-        su = (gl.load(s3_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        if _PDL:
+            if k0 == 0:
+                wq, uq, sq, tq = wq0, uq0, sq0, tq0
+            else:
+                wq, uq, sq, tq = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K)
+            wg = wq.to(gl.float32)
+            wu = uq.to(gl.float32)
+            sg = (sq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+            su = (tq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        else:  # main's loads as they were (the kernel without DSV4_PDL compiles as before)
+            wg = gl.load(w1_ptr + n3 * K + k0 + k3).to(gl.float32)
+            wu = gl.load(w3_ptr + n3 * K + k0 + k3).to(gl.float32)
+            blk = (k0 + g2 * 16) // 128
+            sg = (gl.load(s1_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+            su = (gl.load(s3_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
         new_g = ()
         new_u = ()
         for i in gl.static_range(ROWS):
@@ -229,6 +267,15 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
         up = gl.minimum(gl.maximum(gl.sum(acc_u[i], axis=1).to(dt).to(gl.float32), -limit), limit)
         act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
         gl.store(h_ptr + t.to(gl.int64) * SI + n1, (act * up).to(dt), mask=(n1 >= 0) & (t < T))
+
+
+@_jit
+def _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K: gl.constexpr):
+    """A K step of the shared expert's gate and up as stored: e4m3 tiles [BLOCK_N, G, 16] and their block scales'
+    bytes [BLOCK_N, G]."""
+    blk = (k0 + g2 * 16) // 128
+    return (gl.load(w1_ptr + n3 * K + k0 + k3), gl.load(w3_ptr + n3 * K + k0 + k3), gl.load(s1_ptr + s_rows + blk),
+            gl.load(s3_ptr + s_rows + blk))
 
 
 @_jit
@@ -276,6 +323,7 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
     bits)."""
+    _pdl_release()
     G: gl.constexpr = 32
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 4], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])  # see the docstring
@@ -339,7 +387,7 @@ def _fits(w: QWeight, x_width: int) -> bool:
 
 def _compiled(x: torch.Tensor) -> bool:
     return (CONFIG["on"] and gl is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and x.dim() == 2 and x.is_contiguous() and not interpreting() and not PDL)
+            and x.dim() == 2 and x.is_contiguous() and not interpreting())
 
 
 def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
@@ -420,7 +468,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows,
-        **_options())
+        **_options(), **({"launch_pdl": True} if PDL else {}))
     return h, sh
 
 

@@ -167,18 +167,20 @@ class Scheduler:
             for sampling in (None, SamplingParams(top_p=0.5)):
                 self.model.step_batch(self.slots[:size], [0] * size, [sampling] * size, [False] * size, graph=True)
 
-    def warm_prefill(self, tokens: int = 16):
+    def warm_prefill(self, tokens: int = 15):
         """Run prefill forwards of every slot, of two and of one (a short chunk each: the grouped path every short
         prompt takes; a wave of many rows also sums the shared expert's splits in a launch of its own), then zero
         the slots: the prefill kernels compile now, before the server listens, not in the first requests' time to
         first token (session 15 call 1: ~10 s of compiles across a server's first waves, moe_tc's plan 4.4 s of
         it). Other chunk lengths may still compile a variant or two (prefill attention rounds its tile counts to
-        powers of two). The slots' bytes are a fresh state's after."""
-        chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 1)]
+        powers of two). Triton compiles a variant per integer argument divisible by 16 or not (a chunk's length, its
+        rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. The slots'
+        bytes are a fresh state's after."""
+        chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 2)]
         most = self.slots[:max(1, PREFILL_GROUP_TOKENS // tokens)]
         try:
             for size in sorted({len(most), min(2, len(most)), 1}, reverse=True):
-                self.model.prefill_batch(most[:size], [chunk] * size)
+                self.model.prefill_batch(most[:size], [chunk[:tokens + (size == 1)]] * size)
         finally:
             for state in most:
                 state.discard()
