@@ -51,6 +51,15 @@ def run(sched, seqs, timeout=120):
     return out, log
 
 
+def served(sched, seqs):
+    """run() on a scheduler started for it and stopped after: each sequence's tokens."""
+    sched.start()
+    try:
+        return run(sched, seqs)[0]
+    finally:
+        sched.stop()
+
+
 def solo(model, ids, n, sampling):
     out = []
     for t in model.sample_tokens(ids, n, sampling):
@@ -151,13 +160,7 @@ def test_slots_are_one_pool_and_two_ranks_equal_alone(model):
         jobs = [(tok.encode("a small river"), 6, dsv4.SamplingParams(seed=4)),
                 (tok.encode("hello there"), 8, dsv4.SamplingParams(temperature=0.9, seed=5))]
         expected = [solo(two, *j) for j in jobs]
-        sched = Scheduler(two, max_num_seqs=2, max_model_len=64)
-        sched.start()
-        try:
-            got, _ = run(sched, jobs)
-        finally:
-            sched.stop()
-        assert got == expected
+        assert served(Scheduler(two, max_num_seqs=2, max_model_len=64), jobs) == expected
     finally:
         two.close()
 
@@ -211,12 +214,7 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
     and of one, then leaves every slot's committed bytes those of before (a fresh state's), and sequences served
     after give the tokens they give on a scheduler that never warmed."""
     jobs = grouped_jobs(model)
-    cold = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
-    cold.start()
-    try:
-        expected, _ = run(cold, jobs)
-    finally:
-        cold.stop()
+    expected = served(Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8), jobs)
     sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=8)
     before = [[t.clone() for _, t in slot.committed()] for slot in sched.slots]
     sizes = counted_prefills(model, monkeypatch)
@@ -225,12 +223,7 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
     assert all(torch.equal(a, b) for slot, old in zip(sched.slots, before)
                for (_, a), b in zip(slot.committed(), old))
     assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
-    sched.start()
-    try:
-        got, _ = run(sched, jobs)
-    finally:
-        sched.stop()
-    assert got == expected
+    assert served(sched, jobs) == expected
 
 
 def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):
