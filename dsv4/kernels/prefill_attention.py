@@ -171,7 +171,8 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_prefill_attn_kernel, q)[(T, cdiv(H, block_h))](
         q, win, kv, visible, *rows, *masks, sink, cos, sin, out, T, K, NS, NW, sel.stride(0) if picks else 0,
         valid.stride(0) if picks else 0, float(hd ** -0.5), H=H, HD=hd, W=W, NOPE=hd - 2 * half, HALF=half,
-        PICKS=picks, ALL_ROWS=all_rows, K_TILES=tiles(K, block_n), ROW_TILES=tiles(NS + NW, block_n) if all_rows else 0,
+        PICKS=picks, ALL_ROWS=all_rows, K_TILES=tiles(K, block_n),
+        ROW_TILES=tiles(NS + NW, block_n) if all_rows else 0,
         SKIP_PICKS=c["skip_picks"], SKIP_ROWS=c["skip_rows"], BLOCK_H=block_h, BLOCK_N=block_n,
         DOT_F32=interpreting() and q.dtype != torch.float32, **options)
     return out
