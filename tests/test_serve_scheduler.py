@@ -148,7 +148,8 @@ def test_text_stream_releases_the_whole_text(model):
 
 def test_slots_are_one_pool_and_two_ranks_equal_alone(model):
     """The slots are the rows of one StatePool (so a batched step runs the pooled kernels where they run),
-    and on two ranks (gloo) sequences together equal each alone, as on one."""
+    and on two ranks (gloo) sequences together equal each alone, as on one, after the server's warm-up too (its
+    forwards and zeroing on every rank's slots)."""
     from dsv4.state import pool_of
 
     sched = Scheduler(model, max_num_seqs=3, max_model_len=64)
@@ -161,6 +162,9 @@ def test_slots_are_one_pool_and_two_ranks_equal_alone(model):
                 (tok.encode("hello there"), 8, dsv4.SamplingParams(temperature=0.9, seed=5))]
         expected = [solo(two, *j) for j in jobs]
         assert served(Scheduler(two, max_num_seqs=2, max_model_len=64), jobs) == expected
+        warmed = Scheduler(two, max_num_seqs=2, max_model_len=64)
+        warmed.warm_prefill()
+        assert served(warmed, jobs) == expected
     finally:
         two.close()
 
