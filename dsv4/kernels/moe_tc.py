@@ -52,10 +52,11 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # pairs would compile its own: a server's first wave of a new size then waits on that compile (3-5 s on an H200),
 # and so does every request behind it (session 15 call 1: with 64-token prompts the plan compiled at 512 pairs, 2.99 s,
 # and at 1,024, 4.86 s; session 14's concurrency-4 stall of ~3.8 s between two waves). On: one compile, 4.4 s, at the
-# first prefill wave.
+# first prefill wave. Not under Triton's interpreter (CPU), which compiles nothing: there a plan at its wave's sizes
+# is the same plan, where one sized for 1,024 pairs sorts them all in numpy (the CPU suite's prefills: ~2 minutes).
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
-          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1"}
+          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting()}
 MODES = ("off", "chunks", "all")
 
 
