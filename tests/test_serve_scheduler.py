@@ -228,6 +228,9 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
                for (_, a), b in zip(slot.committed(), old))
     assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
     assert served(sched, jobs) == expected
+    short = Scheduler(model, max_num_seqs=2, max_model_len=8)  # fewer tokens a sequence than the warm-up's chunks
+    short.warm_prefill()
+    assert all(slot.host_pos == 0 for slot in short.slots)
 
 
 def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):

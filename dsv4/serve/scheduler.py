@@ -176,6 +176,11 @@ class Scheduler:
         powers of two). Triton compiles a variant per integer argument divisible by 16 or not (a chunk's length, its
         rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. The slots'
         bytes are a fresh state's after."""
+        # The first slot takes the three forwards in turn (3 * tokens + 1 positions): a server of fewer tokens a
+        # sequence warms with shorter chunks (none below 1).
+        tokens = min(tokens, (self.slots[0].capacity - 1) // 3)
+        if tokens < 1:
+            return
         chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 2)]
         most = self.slots[:max(1, PREFILL_GROUP_TOKENS // tokens)]
         try:
