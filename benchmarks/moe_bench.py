@@ -80,6 +80,8 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_rn2_w8": {"gl": {"rows_per_thread": 2, "num_warps": 8}},
     "gl_rn4_w8": {"gl": {"rows_per_thread": 4, "num_warps": 8}},
     "gl_s4": {"gl": {"shared_tokens": 4}},  # the shared expert's tokens a program (gate_up_and_shared)
+    "gl_solo8": {"gl": {"shared_tokens_solo": 8}},  # a one-token step's shared programs of 8 (before session 16)
+    "gl_srn2": {"gl": {"shared_rows_per_thread": 2}},  # the shared expert's rows a thread
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -239,7 +241,7 @@ class Bench:
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_s4"):
+        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

@@ -113,7 +113,8 @@ def test_shared_expert_in_the_routed_launch(monkeypatch):
     """Kernel 1 with the shared expert's FP8 gate/up in the routed launch (a rank's rows starting 64 into a scale
     block): the routed rows' bytes are the routed launch's alone; the shared rows agree with the pair kernels' within
     the bf16 activation's rounding (close); each token alone equals it in a step of 20 tokens (at another place of
-    its shared program: 8 tokens a program, one compiled kernel for every step size)."""
+    its shared program, 8 tokens a program; alone, a step of one token, a program of shared_tokens_solo tokens: 1
+    and 8 both checked, the one-token kernel is another compiled size)."""
     from quantised_cases import close, quantised
 
     stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 20)
@@ -130,7 +131,9 @@ def test_shared_expert_in_the_routed_launch(monkeypatch):
     mine = ((ids >= 16) & (ids < 32)).flatten()  # the rows kernel 1 writes (another rank's stay unwritten)
     assert torch.equal(h[mine], moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)[mine])
     close(sh, sh_pairs, torch.bfloat16)
-    for t in range(x.shape[0]):
-        h_t, sh_t = fused_moe.routed_and_shared_gate_up(x[t:t + 1], ids[t:t + 1], *args)
-        rows = mine[6 * t:6 * t + 6]
-        assert torch.equal(sh_t, sh[t:t + 1]) and torch.equal(h_t[rows], h[6 * t:6 * t + 6][rows]), t
+    for solo in (1, 8):
+        monkeypatch.setitem(moe_gl.CONFIG, "shared_tokens_solo", solo)
+        for t in range(x.shape[0]):
+            h_t, sh_t = fused_moe.routed_and_shared_gate_up(x[t:t + 1], ids[t:t + 1], *args)
+            rows = mine[6 * t:6 * t + 6]
+            assert torch.equal(sh_t, sh[t:t + 1]) and torch.equal(h_t[rows], h[6 * t:6 * t + 6][rows]), (solo, t)

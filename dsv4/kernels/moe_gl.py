@@ -53,8 +53,12 @@ GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
 # and is not kept.
 # shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
 # launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
+# shared_tokens_solo: the tokens a shared program takes in a step of one token (a solo decode step): 8 there computes
+# 7 masked tokens' products for nothing (session 14 call 2: a layer's kernel 1 at one token 29.0 us with 1 token a
+# program, 38.2 with 8). DSV4_MOE_GL_SOLO_SHARED=8 keeps one compiled size for every step.
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
-          "shared_rows_per_thread": 1, "shared_tokens": 8}
+          "shared_rows_per_thread": 1, "shared_tokens": 8,
+          "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1"))}
 
 
 def _jit(fn=None, **options):
@@ -458,10 +462,10 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     t1, t3 = sw1.scale.view(torch.uint8), sw3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
     sh = torch.empty(T, SI, dtype=x.dtype, device=x.device)
-    # Tokens a shared program takes: always shared_tokens (masked past T), so every step size runs one compiled
-    # kernel and a token's bits are its own by construction (a kernel compiled per step size would have to be proved
-    # to sum each token alike; session 14 call 2's batched != solo, first blamed on that, was the sampler's).
-    rows = CONFIG["shared_tokens"]
+    # Tokens a shared program takes: shared_tokens (masked past T), or shared_tokens_solo in a step of one token.
+    # A token's sums are the same operations in either size (its own products in its own order, _shared_program);
+    # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
+    rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     programs = I // _rows_per_program() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
