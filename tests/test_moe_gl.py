@@ -64,10 +64,16 @@ def test_never_chosen_without_the_compiler(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gluon_experts(monkeypatch, dtype):
+@pytest.mark.parametrize("mma", [None, (1, 4), (2, 2), (1, 8)], ids=["cuda_cores", "mma1x4", "mma2x2", "mma1x8"])
+def test_gluon_experts(monkeypatch, dtype, mma):
     """20 tokens of a decode step: against the pair kernels and the torch reference (close_chain), with the shared
-    output added and without; each token alone has its bits in the batch; the kernels ran (both launches)."""
+    output added and without; each token alone has its bits in the batch; the kernels ran (both launches). mma:
+    kernel 1's routed programs on the tensor cores (CONFIG mma, (mma_tiles, mma_unroll))."""
     stacks, x, shared, ids, weights = _case("cuda", dtype, 20)
+    if mma:
+        monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+        monkeypatch.setitem(moe_gl.CONFIG, "mma_tiles", mma[0])
+        monkeypatch.setitem(moe_gl.CONFIG, "mma_unroll", mma[1])
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(moe_gl.CONFIG, "on", False)
     pairs = _routed(stacks, x, shared, ids, weights)
@@ -109,7 +115,8 @@ def test_remote_experts_unread_and_the_second_launch_sum(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
-def test_shared_expert_in_the_routed_launch(monkeypatch):
+@pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "mma"])
+def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
     """Kernel 1 with the shared expert's FP8 gate/up in the routed launch (a rank's rows starting 64 into a scale
     block): the routed rows' bytes are the routed launch's alone; the shared rows agree with the pair kernels' within
     the bf16 activation's rounding (close); each token alone equals it in a step of 20 tokens (at another place of
@@ -118,6 +125,7 @@ def test_shared_expert_in_the_routed_launch(monkeypatch):
     from quantised_cases import close, quantised
 
     stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 20)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", mma)
     g = torch.Generator().manual_seed(8)
     full = [quantised("fp8", 2048 + 128, x.shape[1], g) for _ in range(2)]
     sw1, sw3 = (moe_gl.QWeight(w.data[64:64 + 2048].contiguous(), w.scale.contiguous(), "fp8", 64, 0).to("cuda")

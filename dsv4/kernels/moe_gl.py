@@ -58,7 +58,12 @@ GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
 # program, 38.2 with 8). DSV4_MOE_GL_SOLO_SHARED=8 keeps one compiled size for every step.
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8,
-          "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1"))}
+          "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
+          "mma": getenv("DSV4_MOE_MMA", "0") == "1", "mma_tiles": 1, "mma_unroll": 4}
+# mma (DSV4_MOE_MMA=1, off by default: another summation order, not yet measured to pay): the routed programs of
+# kernel 1 on the tensor cores (_routed_mma_program): fewer instructions a weight (the fp16 pairs go straight into
+# mma.sync: no widening to fp32, no fp32 multiply-add a weight). mma_tiles: 16-row tiles a program; mma_unroll: the
+# scale groups whose words a warp loads before their products.
 
 
 def _jit(fn=None, **options):
@@ -81,8 +86,39 @@ mov.b32 {{lo, hi}}, t;
 cvt.f32.f16 ${2 * q}, lo;
 cvt.f32.f16 ${2 * q + 1}, hi;
 """ for q in range(4)) + "}"
+
+
+def _pair_ptx(reg: str, src: str, q: int) -> str:
+    """PTX placing nibbles q and q + 4 of word src as an fp16 pair (e2m1 times 2**-14) in reg (_DECODE_PTX's bits)."""
+    return (f"{'shl' if q < 3 else 'shr'}.b32 m, {src}, {abs(9 - 4 * q)};\nand.b32 m, m, 0x0E000E00;\n"
+            + (f"shl.b32 s, {src}, {12 - 4 * q};\n" if q < 3 else f"mov.b32 s, {src};\n")
+            + f"and.b32 s, s, 0x80008000;\nor.b32 {reg}, m, s;\n")
+
+
+# One scale group (32 inputs) of a 16-row tile on the tensor cores: $4 the word of row g, $5 of row g + 8 (lane
+# 4 g + t holds word t of the group), $6-$9 the fp16 pairs of x (_X_PAIRS_PTX); two m16n8k16 products, nibbles
+# (0, 4) and (1, 5) then (2, 6) and (3, 7), from zero: $0-$3 the fp32 sums of rows (g, g, g + 8, g + 8) and
+# columns (2 t, 2 t + 1) (the tile's accumulator fragment: column n is x's token in lanes t = n / 2).
+_MMA_GROUP_PTX = ("{\n.reg .b32 m, s, a0, a1, a2, a3, a4, a5, a6, a7;\n.reg .f32 z;\n"
+                  + "".join(_pair_ptx(f"a{q}", "$4", q) + _pair_ptx(f"a{q + 4}", "$5", q) for q in range(4))
+                  + "mov.f32 z, 0f00000000;\n"
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a4, a1, a5}, {$6, $7}, "
+                  "{z, z, z, z};\n"
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a2, a6, a3, a7}, {$8, $9}, "
+                  "{$0, $1, $2, $3};\n}")
+# x[j] (j = 0..7: the group's inputs 8 t + j) as _MMA_GROUP_PTX's fp16 pairs (x[q], x[q + 4]), q = 0..3, from
+# four words of bf16 pairs (x[2 i], x[2 i + 1]): each value widened exactly (a shift) and rounded to fp16.
+_X_PAIRS_BF16_PTX = ("{\n.reg .b32 l0, h0, l1, h1, l2, h2, l3, h3;\n"
+                     + "".join(f"shl.b32 l{i}, ${4 + i}, 16;\nand.b32 h{i}, ${4 + i}, 0xFFFF0000;\n" for i in range(4))
+                     + "cvt.rn.f16x2.f32 $0, l2, l0;\ncvt.rn.f16x2.f32 $1, h2, h0;\n"
+                     "cvt.rn.f16x2.f32 $2, l3, l1;\ncvt.rn.f16x2.f32 $3, h3, h1;\n}")
+_X_PAIRS_F16_PTX = ("prmt.b32 $0, $4, $6, 0x5410;\nprmt.b32 $1, $4, $6, 0x7632;\n"
+                    "prmt.b32 $2, $5, $7, 0x5410;\nprmt.b32 $3, $5, $7, 0x7632;")
 if gl is not None:
     _DECODE_PTX = gl.constexpr(_DECODE_PTX)
+    _MMA_GROUP_PTX = gl.constexpr(_MMA_GROUP_PTX)
+    _X_PAIRS_BF16_PTX = gl.constexpr(_X_PAIRS_BF16_PTX)
+    _X_PAIRS_F16_PTX = gl.constexpr(_X_PAIRS_F16_PTX)
 _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
 
 
@@ -179,11 +215,23 @@ def _fp4_sum(acc, words, sc, xq):
 @_jit
 def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
                        s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                       RN: gl.constexpr):
-    """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r)."""
+                       RN: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
+    """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r), or with MMA (tiles a program) _routed_mma_program."""
     _pdl_release()
-    _routed_program(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
-                    h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
+    _routed(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr,
+            I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+
+
+@_jit
+def _routed(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
+            s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
+            MMA: gl.constexpr, U: gl.constexpr):
+    if MMA:
+        _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
+                            w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, MMA, U)
+    else:
+        _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
+                        w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
 
 @_jit(do_not_specialize=["T"])  # one compiled kernel for every step size (Triton compiles an int 1 as a constant)
@@ -191,17 +239,17 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
-                              S_ROWS: gl.constexpr):
+                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
     its FP8 gate/up for S_ROWS tokens at a time)."""
     pid = gl.program_id(0)
-    blocks = I // (RN * gl.num_warps())
+    blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
     routed = blocks * T * TOPK
     if pid < routed:
         _pdl_wait()
-        _routed_program(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr,
-                        h_ptr, I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
+        _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
+                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
     else:
         q = pid - routed
         s_blocks = SI // (S_RN * gl.num_warps())
@@ -318,6 +366,101 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
 
 
 @_jit
+def _arange4(n: gl.constexpr, dim: gl.constexpr, L4: gl.constexpr):
+    """arange(n) along dim of a 4-d layout L4, as a tensor broadcastable in L4 (size 1 on the other dims)."""
+    if dim == 0:
+        v = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 1), 2), 3)
+    elif dim == 1:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 2), 3)
+    elif dim == 2:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 3)
+    else:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2)
+
+
+@_jit
+def _scale(s_ptr):
+    """A group's e8m0 scale byte as fp32 (the decode's 2**-14 is put back once, on the finished sums)."""
+    return (gl.load(s_ptr).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+
+
+@_jit
+def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
+                        w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
+                        TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+    """Program (nb, r) as _routed_program's, its sums on the tensor cores: RT tiles of 16 rows (outputs nb * 16 RT..),
+    the K axis split over the warps (warp w takes the scale groups w, w + W, ..., U of them a step), the warps' sums
+    added at the end. Lane 4 g + t of a tile holds word t of a group of rows g and g + 8 (a group's 16 bytes a row
+    are one quad's load); a group's two m16n8k16 products (_MMA_GROUP_PTX) take the pair's token as column 0 (x in
+    lanes g = 0, zeros elsewhere), then times the rows' scales into fp32 sums. A row's sum is its own products in an
+    order fixed by the shapes (never by the batch); column 0 lands in lanes t = 0."""
+    W: gl.constexpr = gl.num_warps()
+    L4: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1], threads_per_warp=[1, 1, 8, 4],
+                                        warps_per_cta=[W, 1, 1, 1], order=[3, 2, 1, 0])
+    e = gl.load(ids_ptr + r).to(gl.int64) - first
+    if (e >= 0) & (e < n_local):
+        kw = _arange4(W, 0, L4)
+        g = _arange4(8, 2, L4)
+        t = _arange4(4, 3, L4)
+        m0 = (nb * (16 * RT) + _arange4(RT, 1, L4) * 16 + g).to(gl.int64)  # [1, RT, 8, 1]
+        w0 = e * w_expert_stride + m0 * (K // 8) + t  # word t of group 0 of row m0 (int32 words)
+        sc0 = e * s_expert_stride + m0 * S_STRIDE
+        x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (r // TOPK) * (K // 2) + t * 4
+        x_live = (g == 0) & (kw >= 0)  # column 0 only: the pair's token
+        acc_g0 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+        acc_g1 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+        acc_u0 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+        acc_u1 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+        for a0 in range(0, K // 32, W * U):
+            loads = ()
+            for j in gl.static_range(U):
+                a = a0 + j * W + kw  # this warp's group
+                at = w0 + a * 4
+                loads = loads + ((gl.load(w1_ptr + at), gl.load(w1_ptr + at + 8 * (K // 8)),
+                                  gl.load(w3_ptr + at), gl.load(w3_ptr + at + 8 * (K // 8)),
+                                  _scale(s1_ptr + sc0 + a), _scale(s1_ptr + sc0 + 8 * S_STRIDE + a),
+                                  _scale(s3_ptr + sc0 + a), _scale(s3_ptr + sc0 + 8 * S_STRIDE + a),
+                                  gl.load(x_words + a * 16, mask=x_live, other=0),
+                                  gl.load(x_words + a * 16 + 1, mask=x_live, other=0),
+                                  gl.load(x_words + a * 16 + 2, mask=x_live, other=0),
+                                  gl.load(x_words + a * 16 + 3, mask=x_live, other=0)),)
+            for j in gl.static_range(U):
+                wg0, wg1, wu0, wu1, sg0, sg1, su0, su1, x0, x1, x2, x3 = loads[j]
+                if x_ptr.dtype.element_ty == gl.float16:
+                    b = gl.inline_asm_elementwise(_X_PAIRS_F16_PTX, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
+                                                  dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+                else:
+                    b = gl.inline_asm_elementwise(_X_PAIRS_BF16_PTX, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
+                                                  dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+                d = gl.inline_asm_elementwise(_MMA_GROUP_PTX, "=f,=f,=f,=f,r,r,r,r,r,r",
+                                              [wg0, wg1, b[0], b[1], b[2], b[3]], dtype=(gl.float32,) * 4,
+                                              is_pure=True, pack=1)
+                acc_g0 = acc_g0 + d[0] * sg0
+                acc_g1 = acc_g1 + d[2] * sg1
+                d = gl.inline_asm_elementwise(_MMA_GROUP_PTX, "=f,=f,=f,=f,r,r,r,r,r,r",
+                                              [wu0, wu1, b[0], b[1], b[2], b[3]], dtype=(gl.float32,) * 4,
+                                              is_pure=True, pack=1)
+                acc_u0 = acc_u0 + d[0] * su0
+                acc_u1 = acc_u1 + d[2] * su1
+        dt: gl.constexpr = h_ptr.dtype.element_ty
+        L3: gl.constexpr = gl.SliceLayout(0, L4)  # the warps' sums [RT, 8, 4]
+        tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
+        g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
+        t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
+        row = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64)
+        sums = ((acc_g0, acc_u0), (acc_g1, acc_u1))  # rows g, then g + 8
+        for i in gl.static_range(2):
+            gate = gl.minimum((gl.sum(sums[i][0], axis=0) * 16384.0).to(dt).to(gl.float32), limit)
+            up = gl.minimum(gl.maximum((gl.sum(sums[i][1], axis=0) * 16384.0).to(dt).to(gl.float32), -limit), limit)
+            act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
+            gl.store(h_ptr + r * I + row + 8 * i + 0 * t3, (act * up).to(dt), mask=(t3 == 0) & (row >= 0))  # column 0: t = 0
+
+
+@_jit
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr):
@@ -380,13 +523,25 @@ def _rows_per_program() -> int:
     return CONFIG["rows_per_thread"] * CONFIG["num_warps"]
 
 
+def _mma() -> dict:
+    """Kernel 1's routed programs: on the tensor cores (MMA: 16-row tiles a program, U) under CONFIG["mma"]."""
+    return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]} if CONFIG["mma"] else {}
+
+
+def _gate_up_rows() -> int:
+    """Outputs a routed program of kernel 1 computes."""
+    return 16 * CONFIG["mma_tiles"] if CONFIG["mma"] else _rows_per_program()
+
+
 def _fits(w: QWeight, x_width: int) -> bool:
     """An FP4 stack [E, N, K] with e8m0 scales whose shape the kernels take unmasked: K (= x's width) a multiple
     of 1,024, N of the program's rows."""
+    mma = ((w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
+            and x_width % (32 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0) if CONFIG["mma"] else True)
     return (w.fmt == "fp4" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 3
             and w.data.is_contiguous() and w.scale.is_contiguous() and w.row0 == 0 and w.col0 == 0
             and w.shape[1] == x_width and x_width % 1024 == 0 and w.shape[0] % _rows_per_program() == 0
-            and w.scale.shape[-1] == x_width // 32)
+            and w.scale.shape[-1] == x_width // 32 and mma)
 
 
 def _compiled(x: torch.Tensor) -> bool:
@@ -433,10 +588,9 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
-    block_n = _rows_per_program()
-    _launch(_gate_up_gl_kernel)[(I // block_n, T * k)](
+    _launch(_gate_up_gl_kernel)[(I // _gate_up_rows(), T * k)](
         x, d1, s1, d3, s3, ids.contiguous(), h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **_options())
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **_mma(), **_options())
     return h
 
 
@@ -467,11 +621,11 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
-    programs = I // _rows_per_program() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
+    programs = I // _gate_up_rows() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
-        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows,
+        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **_mma(),
         **_options(), **({"launch_pdl": True} if PDL else {}))
     return h, sh
 
