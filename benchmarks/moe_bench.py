@@ -85,8 +85,7 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     # kernel 1's routed programs on the tensor cores (moe_gl CONFIG mma): 16-row tiles a program x groups a step
     "gl_mma1x4": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4}},
     "gl_mma1x8": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 8}},
-    "gl_mma2x2": {"gl": {"mma": True, "mma_tiles": 2, "mma_unroll": 2}},
-    "gl_mma2x4": {"gl": {"mma": True, "mma_tiles": 2, "mma_unroll": 4}},
+    "gl_mma1x2": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 2}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -246,7 +245,7 @@ class Bench:
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x4", "gl_mma1x8", "gl_mma2x2", "gl_mma2x4"):
+        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

@@ -522,7 +522,7 @@ def gluon_variants():
 
 if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX checked as every kernel's
     gluon_variants()
-    for tiles, unroll in ((1, 4), (2, 2), (1, 8), (2, 4)):  # kernel 1's routed programs on the tensor cores (DSV4_MOE_MMA)
+    for tiles, unroll in ((1, 2), (1, 4), (1, 8)):  # kernel 1's routed programs on the tensor cores (DSV4_MOE_MMA)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
     moe_gl.CONFIG["mma"] = False

@@ -64,7 +64,7 @@ def test_never_chosen_without_the_compiler(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mma", [None, (1, 4), (2, 2), (1, 8)], ids=["cuda_cores", "mma1x4", "mma2x2", "mma1x8"])
+@pytest.mark.parametrize("mma", [None, (1, 4), (1, 2)], ids=["cuda_cores", "mma1x4", "mma1x2"])
 def test_gluon_experts(monkeypatch, dtype, mma):
     """20 tokens of a decode step: against the pair kernels and the torch reference (close_chain), with the shared
     output added and without; each token alone has its bits in the batch; the kernels ran (both launches). mma:
@@ -74,6 +74,7 @@ def test_gluon_experts(monkeypatch, dtype, mma):
         monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
         monkeypatch.setitem(moe_gl.CONFIG, "mma_tiles", mma[0])
         monkeypatch.setitem(moe_gl.CONFIG, "mma_unroll", mma[1])
+        assert moe_gl.chosen_gate_up(x, stacks["w1"], stacks["w3"])  # the case's scales fit the tensor cores' fp16
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(moe_gl.CONFIG, "on", False)
     pairs = _routed(stacks, x, shared, ids, weights)

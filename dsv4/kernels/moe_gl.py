@@ -61,9 +61,10 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "0") == "1", "mma_tiles": 1, "mma_unroll": 4}
 # mma (DSV4_MOE_MMA=1, off by default: another summation order, not yet measured to pay): the routed programs of
-# kernel 1 on the tensor cores (_routed_mma_program): fewer instructions a weight (the fp16 pairs go straight into
-# mma.sync: no widening to fp32, no fp32 multiply-add a weight). mma_tiles: 16-row tiles a program; mma_unroll: the
-# scale groups whose words a warp loads before their products.
+# kernel 1 on the tensor cores (_routed_mma_program): fewer instructions a weight (the fp16 pairs, times their
+# group's scale, go straight into mma.sync: no widening to fp32, no fp32 multiply-add a weight). mma_tiles: 16-row
+# tiles a warp (1: 2 fails to compile in Triton 3.6, "error encountered during parsing"); mma_unroll: the 128-input
+# chunks whose bytes a warp loads before their products.
 
 
 def _jit(fn=None, **options):
@@ -95,30 +96,39 @@ def _pair_ptx(reg: str, src: str, q: int) -> str:
             + f"and.b32 s, s, 0x80008000;\nor.b32 {reg}, m, s;\n")
 
 
-# One scale group (32 inputs) of a 16-row tile on the tensor cores: $4 the word of row g, $5 of row g + 8 (lane
-# 4 g + t holds word t of the group), $6-$9 the fp16 pairs of x (_X_PAIRS_PTX); two m16n8k16 products, nibbles
-# (0, 4) and (1, 5) then (2, 6) and (3, 7), from zero: $0-$3 the fp32 sums of rows (g, g, g + 8, g + 8) and
-# columns (2 t, 2 t + 1) (the tile's accumulator fragment: column n is x's token in lanes t = n / 2).
-_MMA_GROUP_PTX = ("{\n.reg .b32 m, s, a0, a1, a2, a3, a4, a5, a6, a7;\n.reg .f32 z;\n"
-                  + "".join(_pair_ptx(f"a{q}", "$4", q) + _pair_ptx(f"a{q + 4}", "$5", q) for q in range(4))
-                  + "mov.f32 z, 0f00000000;\n"
-                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a0, a4, a1, a5}, {$6, $7}, "
-                  "{z, z, z, z};\n"
-                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {a2, a6, a3, a7}, {$8, $9}, "
-                  "{$0, $1, $2, $3};\n}")
-# x[j] (j = 0..7: the group's inputs 8 t + j) as _MMA_GROUP_PTX's fp16 pairs (x[q], x[q + 4]), q = 0..3, from
-# four words of bf16 pairs (x[2 i], x[2 i + 1]): each value widened exactly (a shift) and rounded to fp16.
-_X_PAIRS_BF16_PTX = ("{\n.reg .b32 l0, h0, l1, h1, l2, h2, l3, h3;\n"
-                     + "".join(f"shl.b32 l{i}, ${4 + i}, 16;\nand.b32 h{i}, ${4 + i}, 0xFFFF0000;\n" for i in range(4))
-                     + "cvt.rn.f16x2.f32 $0, l2, l0;\ncvt.rn.f16x2.f32 $1, h2, h0;\n"
-                     "cvt.rn.f16x2.f32 $2, l3, l1;\ncvt.rn.f16x2.f32 $3, h3, h1;\n}")
-_X_PAIRS_F16_PTX = ("prmt.b32 $0, $4, $6, 0x5410;\nprmt.b32 $1, $4, $6, 0x7632;\n"
-                    "prmt.b32 $2, $5, $7, 0x5410;\nprmt.b32 $3, $5, $7, 0x7632;")
+# One word of each of two rows on the tensor cores: $4 the word of row g, $5 of row g + 8, $6 and $7 their rows'
+# multipliers (_multiplier), $8-$11 x's pairs for the word's inputs (_X_PAIRS_*), $12-$15 the accumulator in: the
+# words' nibbles as pairs of x's type (bf16: e2m1 * 2**-126, its bits 6-8 and 15; fp16: e2m1 * 2**-14, bits 9-11
+# and 15), times the multipliers (exact: _mma_fits), then two m16n8k16 products, nibbles (0, 4) and (1, 5) then
+# (2, 6) and (3, 7): $0-$3 the accumulator out, rows (g, g, g + 8, g + 8), columns (2 t, 2 t + 1) (token n: column n).
+def _mma_word_ptx(bf16: bool) -> str:
+    kind, place = ("bf16", 6) if bf16 else ("f16", 9)
+    mask = "0x01C001C0" if bf16 else "0x0E000E00"
+
+    def pair(reg, src, q):
+        shift = place - 4 * q
+        return (f"{'shl' if shift >= 0 else 'shr'}.b32 m, {src}, {abs(shift)};\nand.b32 m, m, {mask};\n"
+                + (f"shl.b32 s, {src}, {12 - 4 * q};\n" if q < 3 else f"mov.b32 s, {src};\n")
+                + f"and.b32 s, s, 0x80008000;\nor.b32 {reg}, m, s;\nmul.rn.{kind}x2 {reg}, {reg}, $"
+                + ("6" if src == "$4" else "7") + ";\n")
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"
+    return ("{\n.reg .b32 m, s, a0, a1, a2, a3, a4, a5, a6, a7;\n"
+            + "".join(pair(f"a{q}", "$4", q) + pair(f"a{q + 4}", "$5", q) for q in range(4))
+            + f"{mma} {{$0, $1, $2, $3}}, {{a0, a4, a1, a5}}, {{$8, $9}}, {{$12, $13, $14, $15}};\n"
+            f"{mma} {{$0, $1, $2, $3}}, {{a2, a6, a3, a7}}, {{$10, $11}}, {{$0, $1, $2, $3}};\n}}")
+
+
+_MMA_WORD_BF16_PTX = _mma_word_ptx(True)
+_MMA_WORD_F16_PTX = _mma_word_ptx(False)
+# x[j] (j = 0..7: a word's inputs) as _MMA_WORD's pairs (x[q], x[q + 4]), q = 0..3, from four words of pairs
+# (x[2 i], x[2 i + 1]) of x's type: byte permutes, no conversion.
+_X_PAIRS_PTX = ("prmt.b32 $0, $4, $6, 0x5410;\nprmt.b32 $1, $4, $6, 0x7632;\n"
+                "prmt.b32 $2, $5, $7, 0x5410;\nprmt.b32 $3, $5, $7, 0x7632;")
 if gl is not None:
     _DECODE_PTX = gl.constexpr(_DECODE_PTX)
-    _MMA_GROUP_PTX = gl.constexpr(_MMA_GROUP_PTX)
-    _X_PAIRS_BF16_PTX = gl.constexpr(_X_PAIRS_BF16_PTX)
-    _X_PAIRS_F16_PTX = gl.constexpr(_X_PAIRS_F16_PTX)
+    _MMA_WORD_BF16_PTX = gl.constexpr(_MMA_WORD_BF16_PTX)
+    _MMA_WORD_F16_PTX = gl.constexpr(_MMA_WORD_F16_PTX)
+    _X_PAIRS_PTX = gl.constexpr(_X_PAIRS_PTX)
 _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
 
 
@@ -366,98 +376,132 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
 
 
 @_jit
-def _arange4(n: gl.constexpr, dim: gl.constexpr, L4: gl.constexpr):
-    """arange(n) along dim of a 4-d layout L4, as a tensor broadcastable in L4 (size 1 on the other dims)."""
+def _arange5(n: gl.constexpr, dim: gl.constexpr, L5: gl.constexpr):
+    """arange(n) along dim of a 5-d layout L5, broadcastable in L5 (size 1 on the other dims)."""
     if dim == 0:
-        v = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 1), 2), 3)
+        v = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 1), 2), 3), 4)
     elif dim == 1:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 2), 3)
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 2), 3), 4)
     elif dim == 2:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 3)
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 3), 4)
+    elif dim == 3:
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L5)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2), 4)
     else:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2)
+        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5)))))
+        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2), 3)
 
 
 @_jit
-def _scale(s_ptr):
-    """A group's e8m0 scale byte as fp32 (the decode's 2**-14 is put back once, on the finished sums)."""
-    return (gl.load(s_ptr).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+def _split4(v, L4: gl.constexpr):
+    """A thread's 4 consecutive values v [a, b, c, d, 4] -> the 4 slices [a, b, c, d] in L4 (the same registers)."""
+    s0, s1 = gl.split(gl.reshape(v, [v.shape[0], v.shape[1], v.shape[2], v.shape[3], 2, 2]))  # i = 2 i1 + i2
+    v0, v2 = gl.split(s0)
+    v1, v3 = gl.split(s1)
+    return (gl.convert_layout(v0, L4), gl.convert_layout(v1, L4), gl.convert_layout(v2, L4),
+            gl.convert_layout(v3, L4))
+
+
+@_jit
+def _multiplier(s_ptr, F16: gl.constexpr):
+    """A group's e8m0 scale byte e as the pair of x's type 2**(e - 127) / the decode's factor, twice: bf16
+    2**(e - 1) (exponent field e + 126), fp16 2**(e - 113) (field e - 98); in range by _mma_fits."""
+    e = gl.load(s_ptr).to(gl.int32)
+    return (e - 98) * 0x04000400 if F16 else (e + 126) * 0x00800080
+
+
+@_jit
+def _x_pairs(x0, x1, x2, x3):
+    return gl.inline_asm_elementwise(_X_PAIRS_PTX, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3], dtype=(gl.int32,) * 4,
+                                     is_pure=True, pack=1)
+
+
+@_jit
+def _mma_word(wg, wh, mg, mh, b, c, F16: gl.constexpr):
+    args = [wg, wh, mg, mh, b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3]]
+    if F16:
+        return gl.inline_asm_elementwise(_MMA_WORD_F16_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f", args,
+                                         dtype=(gl.float32,) * 4, is_pure=True, pack=1)
+    else:
+        return gl.inline_asm_elementwise(_MMA_WORD_BF16_PTX, "=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f", args,
+                                         dtype=(gl.float32,) * 4, is_pure=True, pack=1)
 
 
 @_jit
 def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
                         w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
                         TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
-    """Program (nb, r) as _routed_program's, its sums on the tensor cores: RT tiles of 16 rows (outputs nb * 16 RT..),
-    the K axis split over the warps (warp w takes the scale groups w, w + W, ..., U of them a step), the warps' sums
-    added at the end. Lane 4 g + t of a tile holds word t of a group of rows g and g + 8 (a group's 16 bytes a row
-    are one quad's load); a group's two m16n8k16 products (_MMA_GROUP_PTX) take the pair's token as column 0 (x in
-    lanes g = 0, zeros elsewhere), then times the rows' scales into fp32 sums. A row's sum is its own products in an
-    order fixed by the shapes (never by the batch); column 0 lands in lanes t = 0."""
+    """Program (nb, r) as _routed_program's, its sums on the tensor cores: RT tiles of 16 rows (outputs nb * 16 RT..)
+    a warp, the K axis split over the warps (chunks of 128 inputs, 64 bytes a row: warp w takes chunks w, w + W, ...,
+    U of them a step), the warps' sums added at the end. Lane 4 g + t of a tile loads group t of a chunk of rows g and
+    g + 8 (16 bytes each), the group's scale as a multiplier of its fp16 weights, and x's 32 inputs of that group
+    (lanes g = 0: the pair's token is column 0 of the products, the other columns zero); each word is two m16n8k16
+    products (_MMA_WORD_PTX) into an fp32 accumulator. A row's sum is its own products in an order fixed by the shapes
+    (never by the batch); column 0 lands in lanes t = 0."""
     W: gl.constexpr = gl.num_warps()
-    L4: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1], threads_per_warp=[1, 1, 8, 4],
-                                        warps_per_cta=[W, 1, 1, 1], order=[3, 2, 1, 0])
+    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
+                                        warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
+    L4: gl.constexpr = gl.SliceLayout(4, L5)
+    F16: gl.constexpr = x_ptr.dtype.element_ty == gl.float16
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
-        kw = _arange4(W, 0, L4)
-        g = _arange4(8, 2, L4)
-        t = _arange4(4, 3, L4)
-        m0 = (nb * (16 * RT) + _arange4(RT, 1, L4) * 16 + g).to(gl.int64)  # [1, RT, 8, 1]
-        w0 = e * w_expert_stride + m0 * (K // 8) + t  # word t of group 0 of row m0 (int32 words)
-        sc0 = e * s_expert_stride + m0 * S_STRIDE
-        x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + (r // TOPK) * (K // 2) + t * 4
-        x_live = (g == 0) & (kw >= 0)  # column 0 only: the pair's token
-        acc_g0 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-        acc_g1 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-        acc_u0 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-        acc_u1 = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-        for a0 in range(0, K // 32, W * U):
+        kw = _arange5(W, 0, L5)
+        g = _arange5(8, 2, L5)
+        t = _arange5(4, 3, L5)
+        i = _arange5(4, 4, L5)
+        m0 = (nb * (16 * RT) + _arange5(RT, 1, L5) * 16 + g).to(gl.int64)  # [1, RT, 8, 1, 1]
+        w0 = e * w_expert_stride + m0 * (K // 8) + t * 4 + i  # the 4 words of group t of chunk 0, row m0
+        sc0 = e * s_expert_stride + m0 * S_STRIDE + t  # its scale
+        x0 = (r // TOPK) * (K // 2) + t * 16 + i  # x's words (bf16 pairs) of group t of chunk 0, 4 at a time
+        x_live = (g == 0) & (kw >= 0) & (i >= 0)  # column 0 only: the pair's token
+        x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+        zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+        acc_g = (zero, zero, zero, zero)
+        acc_u = (zero, zero, zero, zero)
+        for c0 in range(0, K // 128, W * U):
             loads = ()
             for j in gl.static_range(U):
-                a = a0 + j * W + kw  # this warp's group
-                at = w0 + a * 4
+                c = c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
+                at = w0 + c * 16
+                xs = x0 + c * 64
+                scs = sc0 + c * 4
                 loads = loads + ((gl.load(w1_ptr + at), gl.load(w1_ptr + at + 8 * (K // 8)),
                                   gl.load(w3_ptr + at), gl.load(w3_ptr + at + 8 * (K // 8)),
-                                  _scale(s1_ptr + sc0 + a), _scale(s1_ptr + sc0 + 8 * S_STRIDE + a),
-                                  _scale(s3_ptr + sc0 + a), _scale(s3_ptr + sc0 + 8 * S_STRIDE + a),
-                                  gl.load(x_words + a * 16, mask=x_live, other=0),
-                                  gl.load(x_words + a * 16 + 1, mask=x_live, other=0),
-                                  gl.load(x_words + a * 16 + 2, mask=x_live, other=0),
-                                  gl.load(x_words + a * 16 + 3, mask=x_live, other=0)),)
+                                  _multiplier(s1_ptr + scs, F16), _multiplier(s1_ptr + scs + 8 * S_STRIDE, F16),
+                                  _multiplier(s3_ptr + scs, F16), _multiplier(s3_ptr + scs + 8 * S_STRIDE, F16),
+                                  gl.load(x_words + xs, mask=x_live, other=0),
+                                  gl.load(x_words + xs + 4, mask=x_live, other=0),
+                                  gl.load(x_words + xs + 8, mask=x_live, other=0),
+                                  gl.load(x_words + xs + 12, mask=x_live, other=0)),)
             for j in gl.static_range(U):
-                wg0, wg1, wu0, wu1, sg0, sg1, su0, su1, x0, x1, x2, x3 = loads[j]
-                if x_ptr.dtype.element_ty == gl.float16:
-                    b = gl.inline_asm_elementwise(_X_PAIRS_F16_PTX, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
-                                                  dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-                else:
-                    b = gl.inline_asm_elementwise(_X_PAIRS_BF16_PTX, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
-                                                  dtype=(gl.int32,) * 4, is_pure=True, pack=1)
-                d = gl.inline_asm_elementwise(_MMA_GROUP_PTX, "=f,=f,=f,=f,r,r,r,r,r,r",
-                                              [wg0, wg1, b[0], b[1], b[2], b[3]], dtype=(gl.float32,) * 4,
-                                              is_pure=True, pack=1)
-                acc_g0 = acc_g0 + d[0] * sg0
-                acc_g1 = acc_g1 + d[2] * sg1
-                d = gl.inline_asm_elementwise(_MMA_GROUP_PTX, "=f,=f,=f,=f,r,r,r,r,r,r",
-                                              [wu0, wu1, b[0], b[1], b[2], b[3]], dtype=(gl.float32,) * 4,
-                                              is_pure=True, pack=1)
-                acc_u0 = acc_u0 + d[0] * su0
-                acc_u1 = acc_u1 + d[2] * su1
+                wg0, wg1, wu0, wu1, mg0, mg1, mu0, mu1, xa, xb, xc, xd = loads[j]
+                wg0 = _split4(wg0, L4)
+                wg1 = _split4(wg1, L4)
+                wu0 = _split4(wu0, L4)
+                wu1 = _split4(wu1, L4)
+                mg0 = gl.convert_layout(gl.sum(mg0, axis=4), L4)  # [.., 1] -> [..]: the same value
+                mg1 = gl.convert_layout(gl.sum(mg1, axis=4), L4)
+                mu0 = gl.convert_layout(gl.sum(mu0, axis=4), L4)
+                mu1 = gl.convert_layout(gl.sum(mu1, axis=4), L4)
+                xw = (_split4(xa, L4), _split4(xb, L4), _split4(xc, L4), _split4(xd, L4))  # 16 words: 4 a word
+                for q in gl.static_range(4):  # the group's 4 words
+                    b = _x_pairs(xw[q][0], xw[q][1], xw[q][2], xw[q][3])
+                    acc_g = _mma_word(wg0[q], wg1[q], mg0, mg1, b, acc_g, F16)
+                    acc_u = _mma_word(wu0[q], wu1[q], mu0, mu1, b, acc_u, F16)
         dt: gl.constexpr = h_ptr.dtype.element_ty
         L3: gl.constexpr = gl.SliceLayout(0, L4)  # the warps' sums [RT, 8, 4]
         tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
         g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
         t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-        row = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64)
-        sums = ((acc_g0, acc_u0), (acc_g1, acc_u1))  # rows g, then g + 8
-        for i in gl.static_range(2):
-            gate = gl.minimum((gl.sum(sums[i][0], axis=0) * 16384.0).to(dt).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum((gl.sum(sums[i][1], axis=0) * 16384.0).to(dt).to(gl.float32), -limit), limit)
+        row = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3
+        for h in gl.static_range(2):  # rows g (accumulator value 0), then g + 8 (value 2)
+            gate = gl.minimum(gl.sum(acc_g[2 * h], axis=0).to(dt).to(gl.float32), limit)
+            up = gl.minimum(gl.maximum(gl.sum(acc_u[2 * h], axis=0).to(dt).to(gl.float32), -limit), limit)
             act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
-            gl.store(h_ptr + r * I + row + 8 * i + 0 * t3, (act * up).to(dt), mask=(t3 == 0) & (row >= 0))  # column 0: t = 0
+            gl.store(h_ptr + r * I + row + 8 * h, (act * up).to(dt), mask=t3 == 0)  # column 0: lanes t = 0
 
 
 @_jit
@@ -537,7 +581,7 @@ def _fits(w: QWeight, x_width: int) -> bool:
     """An FP4 stack [E, N, K] with e8m0 scales whose shape the kernels take unmasked: K (= x's width) a multiple
     of 1,024, N of the program's rows."""
     mma = ((w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
-            and x_width % (32 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0) if CONFIG["mma"] else True)
+            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0) if CONFIG["mma"] else True)
     return (w.fmt == "fp4" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 3
             and w.data.is_contiguous() and w.scale.is_contiguous() and w.row0 == 0 and w.col0 == 0
             and w.shape[1] == x_width and x_width % 1024 == 0 and w.shape[0] % _rows_per_program() == 0
@@ -549,12 +593,32 @@ def _compiled(x: torch.Tensor) -> bool:
             and x.dim() == 2 and x.is_contiguous() and not interpreting())
 
 
+_MMA_SCALES: dict = {}
+
+
+def _mma_fits(w: QWeight, dtype: torch.dtype) -> bool:
+    """Whether every e8m0 scale byte e of w lets _MMA_WORD's products be exact: an e2m1 value times 2**(e - 127)
+    exact in x's type and the multiplier a normal number of it: bf16 e <= 128; fp16 e in [104, 128] (the smallest
+    value, 0.5, >= 2**-24; the largest, 6, <= 65504). Read once a stack (a host read, cached by the scales' storage):
+    the first step must not be a capture."""
+    key = (w.scale.data_ptr(), tuple(w.scale.shape))
+    if key not in _MMA_SCALES:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("moe_gl mma: the expert scales' range check (a host read) would run inside a graph "
+                               "capture; run one eager step first")
+        e = w.scale.view(torch.uint8)
+        _MMA_SCALES[key] = (int(e.min()), int(e.max()))
+    low, high = _MMA_SCALES[key]
+    return high <= 128 and (dtype == torch.bfloat16 or low >= 104)
+
+
 def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
     """Whether moe's kernel 1 for routed rows runs here: CONFIG["on"], a CUDA x [T, D] in bf16/fp16, FP4 experts
-    of shapes the kernels take (see _fits). It depends on nothing else (never on T): a row's bits are one
-    kernel's, whatever the batch."""
+    of shapes the kernels take (see _fits), with CONFIG["mma"] scales the tensor cores' fp16 holds exactly
+    (_mma_fits). It depends on nothing else (never on T): a row's bits are one kernel's, whatever the batch."""
     return (_compiled(x) and _fits(w1, x.shape[1]) and _fits(w3, x.shape[1])
-            and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride())
+            and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride()
+            and (not CONFIG["mma"] or (_mma_fits(w1, x.dtype) and _mma_fits(w3, x.dtype))))
 
 
 def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
