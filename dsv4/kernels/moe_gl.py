@@ -580,12 +580,17 @@ def _gate_up_rows() -> int:
 def _fits(w: QWeight, x_width: int) -> bool:
     """An FP4 stack [E, N, K] with e8m0 scales whose shape the kernels take unmasked: K (= x's width) a multiple
     of 1,024, N of the program's rows."""
-    mma = ((w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
-            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0) if CONFIG["mma"] else True)
     return (w.fmt == "fp4" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 3
             and w.data.is_contiguous() and w.scale.is_contiguous() and w.row0 == 0 and w.col0 == 0
             and w.shape[1] == x_width and x_width % 1024 == 0 and w.shape[0] % _rows_per_program() == 0
-            and w.scale.shape[-1] == x_width // 32 and mma)
+            and w.scale.shape[-1] == x_width // 32)
+
+
+def _mma_shape(w: QWeight, x_width: int) -> bool:
+    """Kernel 1's weights in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's steps
+    (kernel 2 keeps the CUDA cores: its shapes are not asked for this)."""
+    return (w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
+            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0)
 
 
 def _compiled(x: torch.Tensor) -> bool:
@@ -618,7 +623,8 @@ def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
     (_mma_fits). It depends on nothing else (never on T): a row's bits are one kernel's, whatever the batch."""
     return (_compiled(x) and _fits(w1, x.shape[1]) and _fits(w3, x.shape[1])
             and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride()
-            and (not CONFIG["mma"] or (_mma_fits(w1, x.dtype) and _mma_fits(w3, x.dtype))))
+            and (not CONFIG["mma"] or (_mma_shape(w1, x.shape[1]) and _mma_fits(w1, x.dtype)
+                                       and _mma_fits(w3, x.dtype))))
 
 
 def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
