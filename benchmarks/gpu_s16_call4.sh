@@ -6,5 +6,5 @@
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=30
 step 90 "$OUT/pytest_moe_gl.txt" python -m pytest -q -p no:cacheprovider tests/test_moe_gl.py
-step 300 "$OUT/gate_mini_batch4.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 \
-  --prime 64 --output 64
+step 200 "$OUT/gate_mini_batch4.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 \
+  --prime 64 --output 64 --out "$OUT/receipts_gate_mini_64.txt"
