@@ -86,6 +86,7 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_mma1x4": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4}},
     "gl_mma1x8": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 8}},
     "gl_mma1x2": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 2}},
+    "gl_mma1x4_up": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4, "mma_down": False}},  # kernel 1 only
 }
 SHARED_VARIANTS = {
     "base": {},

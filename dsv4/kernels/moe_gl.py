@@ -59,7 +59,7 @@ GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8,
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
-          "mma": getenv("DSV4_MOE_MMA", "0") == "1", "mma_tiles": 1, "mma_unroll": 4}
+          "mma": getenv("DSV4_MOE_MMA", "0") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True}
 # mma (DSV4_MOE_MMA=1, off by default: another summation order, not yet measured to pay): the routed programs of
 # kernel 1 on the tensor cores (_routed_mma_program): fewer instructions a weight (the fp16 pairs, times their
 # group's scale, go straight into mma.sync: no widening to fp32, no fp32 multiply-add a weight). mma_tiles: 16-row
@@ -431,75 +431,102 @@ def _mma_word(wg, wh, mg, mh, b, c, F16: gl.constexpr):
 
 
 @_jit
-def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
-                        w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
-                        TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
-    """Program (nb, r) as _routed_program's, its sums on the tensor cores: RT tiles of 16 rows (outputs nb * 16 RT..)
-    a warp, the K axis split over the warps (chunks of 128 inputs, 64 bytes a row: warp w takes chunks w, w + W, ...,
-    U of them a step), the warps' sums added at the end. Lane 4 g + t of a tile loads group t of a chunk of rows g and
-    g + 8 (16 bytes each), the group's scale as a multiplier of its fp16 weights, and x's 32 inputs of that group
-    (lanes g = 0: the pair's token is column 0 of the products, the other columns zero); each word is two m16n8k16
-    products (_MMA_WORD_PTX) into an fp32 accumulator. A row's sum is its own products in an order fixed by the shapes
-    (never by the batch); column 0 lands in lanes t = 0."""
+def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, s_expert_stride, K: gl.constexpr,
+              S_STRIDE: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, PAIR: gl.constexpr):
+    """The sums of rows nb * 16 RT.. of expert e's FP4 weight a (and, with PAIR, of b: gate and up read one x) with
+    row r of x [*, K], on the tensor cores: RT tiles of 16 rows a warp, the K axis split over the warps (chunks of 128
+    inputs, 64 bytes a row: warp w takes chunks w, w + W, ..., U of them a step), summed over the warps at the end.
+    Lane 4 g + t of a tile loads group t of a chunk of rows g and g + 8 (16 bytes each), the group's scale as a
+    multiplier of its weights' pairs, and x's 32 inputs of that group (lanes g = 0: x's row is column 0 of the
+    products, the other columns zero); each word is two m16n8k16 products (_MMA_WORD_*) into an fp32 accumulator.
+    A row's sum is its own products in an order fixed by the shapes (never by the batch). Returns the sums [RT, 8, 4]
+    (tile, g, t; column 0 in lanes t = 0) of rows g and g + 8 for a, then for b (a's again without PAIR)."""
     W: gl.constexpr = gl.num_warps()
     L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
                                         warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
     L4: gl.constexpr = gl.SliceLayout(4, L5)
     F16: gl.constexpr = x_ptr.dtype.element_ty == gl.float16
+    kw = _arange5(W, 0, L5)
+    g = _arange5(8, 2, L5)
+    t = _arange5(4, 3, L5)
+    i = _arange5(4, 4, L5)
+    m0 = (nb * (16 * RT) + _arange5(RT, 1, L5) * 16 + g).to(gl.int64)  # [1, RT, 8, 1, 1]
+    w0 = e * w_expert_stride + m0 * (K // 8) + t * 4 + i  # the 4 words of group t of chunk 0, row m0
+    sc0 = e * s_expert_stride + m0 * S_STRIDE + t  # its scale
+    x0 = r * (K // 2) + t * 16 + i  # x's words (pairs) of group t of chunk 0, 4 at a time
+    x_live = (g == 0) & (kw >= 0) & (i >= 0)  # column 0 only: x's row
+    x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
+    acc_a = (zero, zero, zero, zero)
+    acc_b = (zero, zero, zero, zero)
+    for c0 in range(0, K // 128, W * U):
+        loads = ()
+        for j in gl.static_range(U):
+            c = c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
+            at = w0 + c * 16
+            xs = x0 + c * 64
+            scs = sc0 + c * 4
+            step = (gl.load(wa_ptr + at), gl.load(wa_ptr + at + 8 * (K // 8)),
+                    _multiplier(sa_ptr + scs, F16), _multiplier(sa_ptr + scs + 8 * S_STRIDE, F16),
+                    gl.load(x_words + xs, mask=x_live, other=0), gl.load(x_words + xs + 4, mask=x_live, other=0),
+                    gl.load(x_words + xs + 8, mask=x_live, other=0), gl.load(x_words + xs + 12, mask=x_live, other=0))
+            if PAIR:
+                step = step + (gl.load(wb_ptr + at), gl.load(wb_ptr + at + 8 * (K // 8)),
+                               _multiplier(sb_ptr + scs, F16), _multiplier(sb_ptr + scs + 8 * S_STRIDE, F16))
+            loads = loads + (step,)
+        for j in gl.static_range(U):
+            step = loads[j]
+            wa0 = _split4(step[0], L4)
+            wa1 = _split4(step[1], L4)
+            ma0 = gl.convert_layout(gl.sum(step[2], axis=4), L4)  # [.., 1] -> [..]: the same value
+            ma1 = gl.convert_layout(gl.sum(step[3], axis=4), L4)
+            xw = (_split4(step[4], L4), _split4(step[5], L4), _split4(step[6], L4), _split4(step[7], L4))
+            if PAIR:
+                wb0 = _split4(step[8], L4)
+                wb1 = _split4(step[9], L4)
+                mb0 = gl.convert_layout(gl.sum(step[10], axis=4), L4)
+                mb1 = gl.convert_layout(gl.sum(step[11], axis=4), L4)
+            for q in gl.static_range(4):  # the group's 4 words
+                b = _x_pairs(xw[q][0], xw[q][1], xw[q][2], xw[q][3])
+                acc_a = _mma_word(wa0[q], wa1[q], ma0, ma1, b, acc_a, F16)
+                if PAIR:
+                    acc_b = _mma_word(wb0[q], wb1[q], mb0, mb1, b, acc_b, F16)
+    if PAIR:
+        return (gl.sum(acc_a[0], axis=0), gl.sum(acc_a[2], axis=0), gl.sum(acc_b[0], axis=0),
+                gl.sum(acc_b[2], axis=0))
+    else:
+        sum_g = gl.sum(acc_a[0], axis=0)
+        sum_h = gl.sum(acc_a[2], axis=0)
+        return (sum_g, sum_h, sum_g, sum_h)
+
+
+@_jit
+def _mma_out_rows(nb, RT: gl.constexpr, L5: gl.constexpr):
+    """The rows (tile * 16 + g, int64) and lanes t of _mma_rows' sums, [RT, 8, 4] in their layout."""
+    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
+    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
+    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
+    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
+    return (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3, t3
+
+
+@_jit
+def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
+                        w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
+                        TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+    """Program (nb, r) as _routed_program's, its gate and up sums on the tensor cores (_mma_rows: outputs
+    nb * 16 RT..), then moe's activation from lanes t = 0 (column 0)."""
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
-        kw = _arange5(W, 0, L5)
-        g = _arange5(8, 2, L5)
-        t = _arange5(4, 3, L5)
-        i = _arange5(4, 4, L5)
-        m0 = (nb * (16 * RT) + _arange5(RT, 1, L5) * 16 + g).to(gl.int64)  # [1, RT, 8, 1, 1]
-        w0 = e * w_expert_stride + m0 * (K // 8) + t * 4 + i  # the 4 words of group t of chunk 0, row m0
-        sc0 = e * s_expert_stride + m0 * S_STRIDE + t  # its scale
-        x0 = (r // TOPK) * (K // 2) + t * 16 + i  # x's words (bf16 pairs) of group t of chunk 0, 4 at a time
-        x_live = (g == 0) & (kw >= 0) & (i >= 0)  # column 0 only: the pair's token
-        x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-        zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-        acc_g = (zero, zero, zero, zero)
-        acc_u = (zero, zero, zero, zero)
-        for c0 in range(0, K // 128, W * U):
-            loads = ()
-            for j in gl.static_range(U):
-                c = c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
-                at = w0 + c * 16
-                xs = x0 + c * 64
-                scs = sc0 + c * 4
-                loads = loads + ((gl.load(w1_ptr + at), gl.load(w1_ptr + at + 8 * (K // 8)),
-                                  gl.load(w3_ptr + at), gl.load(w3_ptr + at + 8 * (K // 8)),
-                                  _multiplier(s1_ptr + scs, F16), _multiplier(s1_ptr + scs + 8 * S_STRIDE, F16),
-                                  _multiplier(s3_ptr + scs, F16), _multiplier(s3_ptr + scs + 8 * S_STRIDE, F16),
-                                  gl.load(x_words + xs, mask=x_live, other=0),
-                                  gl.load(x_words + xs + 4, mask=x_live, other=0),
-                                  gl.load(x_words + xs + 8, mask=x_live, other=0),
-                                  gl.load(x_words + xs + 12, mask=x_live, other=0)),)
-            for j in gl.static_range(U):
-                wg0, wg1, wu0, wu1, mg0, mg1, mu0, mu1, xa, xb, xc, xd = loads[j]
-                wg0 = _split4(wg0, L4)
-                wg1 = _split4(wg1, L4)
-                wu0 = _split4(wu0, L4)
-                wu1 = _split4(wu1, L4)
-                mg0 = gl.convert_layout(gl.sum(mg0, axis=4), L4)  # [.., 1] -> [..]: the same value
-                mg1 = gl.convert_layout(gl.sum(mg1, axis=4), L4)
-                mu0 = gl.convert_layout(gl.sum(mu0, axis=4), L4)
-                mu1 = gl.convert_layout(gl.sum(mu1, axis=4), L4)
-                xw = (_split4(xa, L4), _split4(xb, L4), _split4(xc, L4), _split4(xd, L4))  # 16 words: 4 a word
-                for q in gl.static_range(4):  # the group's 4 words
-                    b = _x_pairs(xw[q][0], xw[q][1], xw[q][2], xw[q][3])
-                    acc_g = _mma_word(wg0[q], wg1[q], mg0, mg1, b, acc_g, F16)
-                    acc_u = _mma_word(wu0[q], wu1[q], mu0, mu1, b, acc_u, F16)
+        sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
+                         K, S_STRIDE, RT, U, True)
         dt: gl.constexpr = h_ptr.dtype.element_ty
-        L3: gl.constexpr = gl.SliceLayout(0, L4)  # the warps' sums [RT, 8, 4]
-        tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
-        g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
-        t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-        row = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3
-        for h in gl.static_range(2):  # rows g (accumulator value 0), then g + 8 (value 2)
-            gate = gl.minimum(gl.sum(acc_g[2 * h], axis=0).to(dt).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum(gl.sum(acc_u[2 * h], axis=0).to(dt).to(gl.float32), -limit), limit)
+        L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
+                                            warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
+        row, t3 = _mma_out_rows(nb, RT, L5)
+        for h in gl.static_range(2):  # rows g, then g + 8
+            gate = gl.minimum(sums[h].to(dt).to(gl.float32), limit)
+            up = gl.minimum(gl.maximum(sums[2 + h].to(dt).to(gl.float32), -limit), limit)
             act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
             gl.store(h_ptr + r * I + row + 8 * h, (act * up).to(dt), mask=t3 == 0)  # column 0: lanes t = 0
 
@@ -507,14 +534,27 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
 @_jit
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr):
+                 ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
+                 U: gl.constexpr = 4):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
-    bits)."""
+    bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows)."""
     _pdl_release()
+    if MMA:
+        _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first,
+                          n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
+    else:
+        _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                         w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, RN, FUSED_SUM)
+
+
+@_jit
+def _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                     w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
+                     ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr):
     G: gl.constexpr = 32
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 4], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])  # see the docstring
@@ -546,6 +586,39 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
 
 
 @_jit
+def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                      w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
+                      ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+    """_down_gl_kernel's program (nb, t, j), the term's sums on the tensor cores (_mma_rows, rows nb * 16 RT..):
+    the same rounding of the term and the same ticketed sum."""
+    nb = gl.program_id(0)
+    t = gl.program_id(1).to(gl.int64)
+    j = gl.program_id(2)
+    r = t * TOPK + j
+    dt: gl.constexpr = y_ptr.dtype.element_ty
+    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
+                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
+    row, t3 = _mma_out_rows(nb, RT, L5)
+    e = gl.load(ids_ptr + r).to(gl.int64) - first
+    if (e >= 0) & (e < n_local):
+        sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
+                         RT, U, False)
+        weight = gl.load(wt_ptr + r).to(gl.float32)
+        for h in gl.static_range(2):  # rows g, then g + 8
+            term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
+            gl.store(p_ptr + r * D + row + 8 * h, term, mask=t3 == 0)
+    else:
+        for h in gl.static_range(2):
+            gl.store(p_ptr + r * D + row + 8 * h, gl.zeros([RT, 8, 4], gl.float32, gl.SliceLayout(0, gl.SliceLayout(4, L5))),
+                     mask=t3 == 0)
+    if FUSED_SUM:
+        LN: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[gl.num_warps()],
+                                            order=[0])
+        n1 = nb * (16 * RT) + gl.arange(0, 16 * RT, layout=LN)
+        _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK, ADD, 16 * RT, LN)
+
+
+@_jit
 def _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK: gl.constexpr, ADD: gl.constexpr,
                 BLOCK_N: gl.constexpr, LN: gl.constexpr):
     """The last of (t, nb)'s TOPK programs sums their terms in routing order and stores y (moe._down_sum_store's
@@ -567,14 +640,18 @@ def _rows_per_program() -> int:
     return CONFIG["rows_per_thread"] * CONFIG["num_warps"]
 
 
-def _mma() -> dict:
-    """Kernel 1's routed programs: on the tensor cores (MMA: 16-row tiles a program, U) under CONFIG["mma"]."""
-    return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]} if CONFIG["mma"] else {}
+def _mma(x: torch.Tensor, *ws: QWeight) -> dict:
+    """A kernel's tensor-core constants (MMA: 16-row tiles a program, U) where CONFIG["mma"] is on and its FP4
+    weights ws take them (_mma_shape, _mma_fits); {} (the CUDA-core programs) otherwise. It depends on the weights
+    and x's type only, never on the batch."""
+    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1]) and _mma_fits(w, x.dtype) for w in ws):
+        return {}
+    return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]}
 
 
-def _gate_up_rows() -> int:
-    """Outputs a routed program of kernel 1 computes."""
-    return 16 * CONFIG["mma_tiles"] if CONFIG["mma"] else _rows_per_program()
+def _block_n(mma: dict) -> int:
+    """Outputs a program of kernel 1's routed rows or kernel 2 computes."""
+    return 16 * mma["MMA"] if mma else _rows_per_program()
 
 
 def _fits(w: QWeight, x_width: int) -> bool:
@@ -587,8 +664,8 @@ def _fits(w: QWeight, x_width: int) -> bool:
 
 
 def _mma_shape(w: QWeight, x_width: int) -> bool:
-    """Kernel 1's weights in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's steps
-    (kernel 2 keeps the CUDA cores: its shapes are not asked for this)."""
+    """An FP4 stack [E, N, K] in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's
+    steps."""
     return (w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
             and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0)
 
@@ -598,33 +675,29 @@ def _compiled(x: torch.Tensor) -> bool:
             and x.dim() == 2 and x.is_contiguous() and not interpreting())
 
 
-_MMA_SCALES: dict = {}
-
-
 def _mma_fits(w: QWeight, dtype: torch.dtype) -> bool:
     """Whether every e8m0 scale byte e of w lets _MMA_WORD's products be exact: an e2m1 value times 2**(e - 127)
     exact in x's type and the multiplier a normal number of it: bf16 e <= 128; fp16 e in [104, 128] (the smallest
-    value, 0.5, >= 2**-24; the largest, 6, <= 65504). Read once a stack (a host read, cached by the scales' storage):
-    the first step must not be a capture."""
-    key = (w.scale.data_ptr(), tuple(w.scale.shape))
-    if key not in _MMA_SCALES:
-        if torch.cuda.is_current_stream_capturing():
+    value, 0.5, >= 2**-24; the largest, 6, <= 65504). The scales' range is read once (a host read, kept on the scale
+    tensor): the first step that asks must not be a graph capture (a capture's warm-up steps run eagerly first)."""
+    scales = w.scale
+    span = getattr(scales, "_dsv4_mma_span", None)
+    if span is None:
+        if scales.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("moe_gl mma: the expert scales' range check (a host read) would run inside a graph "
                                "capture; run one eager step first")
-        e = w.scale.view(torch.uint8)
-        _MMA_SCALES[key] = (int(e.min()), int(e.max()))
-    low, high = _MMA_SCALES[key]
+        e = scales.view(torch.uint8)
+        span = scales._dsv4_mma_span = (int(e.min()), int(e.max()))
+    low, high = span
     return high <= 128 and (dtype == torch.bfloat16 or low >= 104)
 
 
 def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
     """Whether moe's kernel 1 for routed rows runs here: CONFIG["on"], a CUDA x [T, D] in bf16/fp16, FP4 experts
-    of shapes the kernels take (see _fits), with CONFIG["mma"] scales the tensor cores' fp16 holds exactly
-    (_mma_fits). It depends on nothing else (never on T): a row's bits are one kernel's, whatever the batch."""
+    of shapes the kernels take (see _fits). It depends on nothing else (never on T): a row's bits are one kernel's,
+    whatever the batch."""
     return (_compiled(x) and _fits(w1, x.shape[1]) and _fits(w3, x.shape[1])
-            and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride()
-            and (not CONFIG["mma"] or (_mma_shape(w1, x.shape[1]) and _mma_fits(w1, x.dtype)
-                                       and _mma_fits(w3, x.dtype))))
+            and w1.data.stride() == w3.data.stride() and w1.scale.stride() == w3.scale.stride())
 
 
 def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
@@ -658,9 +731,10 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
-    _launch(_gate_up_gl_kernel)[(I // _gate_up_rows(), T * k)](
+    mma = _mma(x, w1, w3)
+    _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, ids.contiguous(), h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **_mma(), **_options())
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **_options())
     return h
 
 
@@ -691,11 +765,12 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
-    programs = I // _gate_up_rows() * T * k + SI // (s_rn * warps) * cdiv(T, rows)
+    mma = _mma(x, w1, w3)
+    programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
-        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **_mma(),
+        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma,
         **_options(), **({"launch_pdl": True} if PDL else {}))
     return h, sh
 
@@ -710,12 +785,13 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
 
     T, k = ids.shape
     D, I = w2.shape
-    block_n = _rows_per_program()
+    mma = _mma(h, w2) if CONFIG["mma_down"] else {}
+    block_n = _block_n(mma)
     tickets = tickets_for(T * (D // block_n), h.device)
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     _launch(_down_gl_kernel)[(D // block_n, T, k)](
         h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, **_options())
+        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, **mma, **_options())
     return terms if tickets is None else None
