@@ -521,11 +521,13 @@ def gluon_variants():
 
 
 if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX checked as every kernel's
+    _mma = dict(moe_gl.CONFIG)
+    moe_gl.CONFIG["mma"] = False  # the CUDA-core programs (DSV4_MOE_MMA=0)
     gluon_variants()
-    for tiles, unroll in ((1, 2), (1, 4), (1, 8)):  # kernel 1's routed programs on the tensor cores (DSV4_MOE_MMA)
+    for tiles, unroll in ((1, 2), (1, 4), (1, 8)) if SWEEPS else ((1, 4),):  # the tensor-core programs (default 1 x 4)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
-    moe_gl.CONFIG["mma"] = False
+    moe_gl.CONFIG.update(_mma)
 
 
 def prefill_moe_variants(dtype, scale_dtype):

@@ -24,6 +24,12 @@ group's scale; the groups of a lane in K order; then the lanes' sums by a fixed 
 depend on its own row only, never on the batch, but they are not moe's bits (another summation order). So
 the choice is the process's (CONFIG["on"], DSV4_MOE_GLUON), like the GEMVs' v2 / v3.
 
+On the tensor cores (CONFIG["mma"], by default where the weights allow it: _mma_rows) a program's rows are 16-row
+tiles of mma.sync m16n8k16 products: a lane loads one scale group (16 bytes) of two rows, decodes each word's
+nibbles into bf16 pairs (fp16 for fp16 x) by the same shifts and masks, multiplies them by the group's scale (exact:
+the scales' range is checked once), and the pair's token is column 0 of the products (x's pairs go in unconverted).
+No fp32 widening and no fp32 multiply-add a weight: ~3 instructions a weight in the loop against ~4.4.
+
 Gluon compiles for the GPU only (Triton's interpreter does not run it): on CPU the model keeps moe's kernels,
 and tests/test_moe_gl.py checks these against moe's on the GPU.
 """
@@ -41,7 +47,7 @@ try:
 except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
     gluon, gl = None, None
 
-GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
+GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 calls 3-5 (benchmarks/RESULTS.md)
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
 # (DSV4_MOE_GLUON=0: moe's pair kernels). Under DSV4_PDL=1 (since session 15) they keep its contract (dsv4.kernels'
 # doc): kernel 1 with the shared expert is launched with launch_pdl, its routed programs wait first (their weights
@@ -59,12 +65,16 @@ GPU_CHECKED = True  # session 14 calls 1-5 (benchmarks/RESULTS.md)
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8,
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
-          "mma": getenv("DSV4_MOE_MMA", "0") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True}
-# mma (DSV4_MOE_MMA=1, off by default: another summation order, not yet measured to pay): the routed programs of
-# kernel 1 on the tensor cores (_routed_mma_program): fewer instructions a weight (the fp16 pairs, times their
-# group's scale, go straight into mma.sync: no widening to fp32, no fp32 multiply-add a weight). mma_tiles: 16-row
+          "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True}
+# mma (on by default since session 16, call 5; DSV4_MOE_MMA=0 for the CUDA-core programs): the routed programs of
+# both kernels on the tensor cores (_mma_rows), where the weights' shapes and scales allow it (_mma_shape,
+# _mma_fits; else the CUDA-core programs): fewer instructions a weight (the weights' pairs, times their group's
+# scale, go straight into mma.sync: no widening to fp32, no fp32 multiply-add a weight). Another summation order
+# than the CUDA-core programs' (within the same tolerances; a row's bits still never depend on the batch). Session
+# 16 (benchmarks/RESULTS.md): one Flash layer's kernel 1 with the shared expert 28.6 -> 23.9 us at 1 token, 334 ->
+# 310 us at 16; kernel 2 at 16 tokens 186 -> 174 us; mini's pooled 16-row step 5.42 -> 4.85 ms. mma_tiles: 16-row
 # tiles a warp (1: 2 fails to compile in Triton 3.6, "error encountered during parsing"); mma_unroll: the 128-input
-# chunks whose bytes a warp loads before their products.
+# chunks whose bytes a warp loads before their products; mma_down: kernel 2 too.
 
 
 def _jit(fn=None, **options):
