@@ -18,6 +18,24 @@ def dsv4_cli(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "dsv4.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def dsv4_main(*args):
+    """dsv4.cli.main(args) in this process, as dsv4_cli runs it in a new one but without its ~3 s of interpreter and
+    torch start-up (the cases that fail before a model runs): (returncode, stdout, stderr) as a CompletedProcess.
+    The worker's torch threads stay (conftest sets OMP_NUM_THREADS, which the command then keeps)."""
+    import contextlib
+    import io
+
+    from dsv4.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def test_quick_start_generate():
     proc = dsv4_cli("generate", "--preset", "tiny", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "8")
     assert proc.returncode == 0, proc.stderr
@@ -34,7 +52,7 @@ def test_synth_then_load(tmp_path):
     model = dsv4.load(out, device="cpu")
     state = model.new_state(8)
     assert torch.isfinite(model.prefill(state, [5, 6, 7])).all()
-    again = dsv4_cli("synth", "--preset", "tiny", "--out", str(out))
+    again = dsv4_main("synth", "--preset", "tiny", "--out", str(out))
     assert again.returncode == 2 and str(out) in again.stderr  # never overwrites
 
 
@@ -43,12 +61,12 @@ def test_synth_from_config_and_bad_args(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**cfg, "num_hidden_layers": 3, "layer_types": cfg["layer_types"][:3],
                                 "mlp_layer_types": ["hash_moe", "moe", "moe"]}))
-    assert dsv4_cli("synth", "--config", str(path), "--out", str(tmp_path / "c")).returncode == 0
+    assert dsv4_main("synth", "--config", str(path), "--out", str(tmp_path / "c")).returncode == 0
     assert dsv4.load(tmp_path / "c", device="cpu").cfg.num_hidden_layers == 3
-    neither = dsv4_cli("synth", "--out", str(tmp_path / "d"))
+    neither = dsv4_main("synth", "--out", str(tmp_path / "d"))
     assert neither.returncode == 2 and "exactly one of" in neither.stderr
     path.write_text(json.dumps({**cfg, "scoring_func": "relu"}))
-    bad = dsv4_cli("synth", "--config", str(path), "--out", str(tmp_path / "e"))
+    bad = dsv4_main("synth", "--config", str(path), "--out", str(tmp_path / "e"))
     assert bad.returncode == 2 and "scoring_func" in bad.stderr and not (tmp_path / "e").exists()
 
 
@@ -243,11 +261,11 @@ def test_damaged_checkpoints_are_one_line(tiny_ckpt, tmp_path):
     data = shard.read_bytes()
     run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
     shard.write_bytes(data[:-100])
-    assert _one_line(dsv4_cli(*run)) .startswith(f"dsv4 generate: {shard}: truncated")
+    assert _one_line(dsv4_cli(*run)) .startswith(f"dsv4 generate: {shard}: truncated")  # one run end to end
     shard.write_bytes(bytes(range(256)) * (len(data) // 256))
-    assert f"{shard}: not a safetensors file" in _one_line(dsv4_cli(*run))
+    assert f"{shard}: not a safetensors file" in _one_line(dsv4_main(*run))
     shard.unlink()
-    assert f"{shard}: tensor " in _one_line(dsv4_cli(*run))  # named by the index, the file is gone
+    assert f"{shard}: tensor " in _one_line(dsv4_main(*run))  # named by the index, the file is gone
 
 
 def test_missing_tokenizer_needs_the_stand_in_flag(tiny_ckpt, tmp_path):
@@ -257,7 +275,7 @@ def test_missing_tokenizer_needs_the_stand_in_flag(tiny_ckpt, tmp_path):
     shutil.copytree(tiny_ckpt, path)
     (path / "tokenizer.json").unlink()
     run = ("generate", "--model", str(path), "--device", "cpu", "--max-tokens", "2")
-    assert f"{path / 'tokenizer.json'}: no such file" in _one_line(dsv4_cli(*run))
+    assert f"{path / 'tokenizer.json'}: no such file" in _one_line(dsv4_main(*run))
     ok = dsv4_cli(*run, "--stand-in-tokenizer")
     assert ok.returncode == 0 and "stand-in tokenizer" in ok.stderr, ok.stderr
 
@@ -285,7 +303,7 @@ def test_presets_and_directories_are_explicit(tiny_ckpt, tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=240,
                           env={**os.environ, "PYTHONPATH": str(_ROOT)})
     assert "--preset tiny" in _one_line(proc)
-    assert dsv4_cli("generate", "--device", "cpu").returncode == 2  # a source is required: no silent default
+    assert dsv4_main("generate", "--device", "cpu").returncode == 2  # a source is required: no silent default
 
 
 def test_not_enough_memory_is_one_line(capsys, monkeypatch):
