@@ -387,22 +387,23 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
 
 @_jit
 def _arange5(n: gl.constexpr, dim: gl.constexpr, L5: gl.constexpr):
-    """arange(n) along dim of a 5-d layout L5, broadcastable in L5 (size 1 on the other dims)."""
-    if dim == 0:
-        v = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 1), 2), 3), 4)
-    elif dim == 1:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 2), 3), 4)
-    elif dim == 2:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L5)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 3), 4)
-    elif dim == 3:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, L5)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2), 4)
-    else:
-        v = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5)))))
-        return gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(v, 0), 1), 2), 3)
+    """arange(n) along dim of a 5-d layout L5, broadcastable in L5 (size 1 on the other dims): laid out as L5 sliced
+    on every other dim (the last first: a slice's dims are its parent's less one), then expanded back."""
+    S: gl.constexpr = gl.SliceLayout
+    L4: gl.constexpr = S(4, L5)
+    layout: gl.constexpr = (S(1, S(2, S(3, L4))) if dim == 0 else S(0, S(2, S(3, L4))) if dim == 1 else
+                            S(0, S(1, S(3, L4))) if dim == 2 else S(0, S(1, S(2, L4))) if dim == 3 else
+                            S(0, S(1, S(2, S(3, L5)))))
+    return _expanded(gl.arange(0, n, layout=layout), dim)
+
+
+@_jit
+def _expanded(v, dim: gl.constexpr):
+    """v [n] -> 5 dims, n on dim (its layout is a slice of the 5-d layout on the others)."""
+    for d in gl.static_range(5):
+        if d != dim:
+            v = gl.expand_dims(v, d)
+    return v
 
 
 @_jit
