@@ -83,47 +83,34 @@ def _jit(fn=None, **options):
     return fn if gluon is None else gluon.jit(fn, **options)
 
 
-# Nibbles q and q + 4 of an int32 word as an fp16 pair: magnitude (bits 4q..4q+2) to fp16 bits 9-11, sign (bit
-# 4q+3) to bit 15; the high nibble lands 16 bits up. Shifts left by (9 - 4q, 12 - 4q); q = 3 shifts right by 3.
-_DECODE_PTX = """{
-.reg .b32 m, s, t;
-.reg .b16 lo, hi;
-""" + "".join(f"""{"shl" if q < 3 else "shr"}.b32 m, $8, {abs(9 - 4 * q)};
-and.b32 m, m, 0x0E000E00;
-{"shl.b32 s, $8, " + str(12 - 4 * q) + ";" if q < 3 else "mov.b32 s, $8;"}
-and.b32 s, s, 0x80008000;
-or.b32 t, m, s;
-mov.b32 {{lo, hi}}, t;
-cvt.f32.f16 ${2 * q}, lo;
-cvt.f32.f16 ${2 * q + 1}, hi;
-""" for q in range(4)) + "}"
-
-
-def _pair_ptx(reg: str, src: str, q: int) -> str:
-    """PTX placing nibbles q and q + 4 of word src as an fp16 pair (e2m1 times 2**-14) in reg (_DECODE_PTX's bits)."""
-    return (f"{'shl' if q < 3 else 'shr'}.b32 m, {src}, {abs(9 - 4 * q)};\nand.b32 m, m, 0x0E000E00;\n"
+def _pair_ptx(reg: str, src: str, q: int, bf16: bool = False) -> str:
+    """PTX placing nibbles q and q + 4 of int32 word src as a pair in reg (registers m and s scratch): magnitude (bits
+    4q..4q+2) to fp16 bits 9-11 (e2m1 times 2**-14) or bf16 bits 6-8 (times 2**-126), sign (bit 4q+3) to bit 15; the
+    high nibble lands 16 bits up. Exact, the subnormal 0.5 included: two shifts and two masks, no byte permutes."""
+    shift, mask = (6 - 4 * q, "0x01C001C0") if bf16 else (9 - 4 * q, "0x0E000E00")
+    return (f"{'shl' if shift >= 0 else 'shr'}.b32 m, {src}, {abs(shift)};\nand.b32 m, m, {mask};\n"
             + (f"shl.b32 s, {src}, {12 - 4 * q};\n" if q < 3 else f"mov.b32 s, {src};\n")
             + f"and.b32 s, s, 0x80008000;\nor.b32 {reg}, m, s;\n")
 
 
+# A word's 8 nibbles as fp32 values (e2m1 times 2**-14), in the order 0, 4, 1, 5, 2, 6, 3, 7: each fp16 pair widened.
+_DECODE_PTX = ("{\n.reg .b32 m, s, t;\n.reg .b16 lo, hi;\n"
+               + "".join(_pair_ptx("t", "$8", q) + f"mov.b32 {{lo, hi}}, t;\ncvt.f32.f16 ${2 * q}, lo;\n"
+                         f"cvt.f32.f16 ${2 * q + 1}, hi;\n" for q in range(4)) + "}")
+
+
 # One word of each of two rows on the tensor cores: $4 the word of row g, $5 of row g + 8, $6 and $7 their rows'
 # multipliers (_multiplier), $8-$11 x's pairs for the word's inputs (_X_PAIRS_*), $12-$15 the accumulator in: the
-# words' nibbles as pairs of x's type (bf16: e2m1 * 2**-126, its bits 6-8 and 15; fp16: e2m1 * 2**-14, bits 9-11
-# and 15), times the multipliers (exact: _mma_fits), then two m16n8k16 products, nibbles (0, 4) and (1, 5) then
-# (2, 6) and (3, 7): $0-$3 the accumulator out, rows (g, g, g + 8, g + 8), columns (2 t, 2 t + 1) (token n: column n).
+# words' nibbles as pairs of x's type (_pair_ptx: bf16 for bf16 x, fp16 for fp16 x), times the multipliers (exact:
+# _mma_fits), then two m16n8k16 products, nibbles (0, 4) and (1, 5) then (2, 6) and (3, 7): $0-$3 the accumulator
+# out, rows (g, g, g + 8, g + 8), columns (2 t, 2 t + 1) (token n: column n).
 def _mma_word_ptx(bf16: bool) -> str:
-    kind, place = ("bf16", 6) if bf16 else ("f16", 9)
-    mask = "0x01C001C0" if bf16 else "0x0E000E00"
-
-    def pair(reg, src, q):
-        shift = place - 4 * q
-        return (f"{'shl' if shift >= 0 else 'shr'}.b32 m, {src}, {abs(shift)};\nand.b32 m, m, {mask};\n"
-                + (f"shl.b32 s, {src}, {12 - 4 * q};\n" if q < 3 else f"mov.b32 s, {src};\n")
-                + f"and.b32 s, s, 0x80008000;\nor.b32 {reg}, m, s;\nmul.rn.{kind}x2 {reg}, {reg}, $"
-                + ("6" if src == "$4" else "7") + ";\n")
+    kind = "bf16" if bf16 else "f16"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"
     return ("{\n.reg .b32 m, s, a0, a1, a2, a3, a4, a5, a6, a7;\n"
-            + "".join(pair(f"a{q}", "$4", q) + pair(f"a{q + 4}", "$5", q) for q in range(4))
+            + "".join(_pair_ptx(f"a{q}", "$4", q, bf16) + f"mul.rn.{kind}x2 a{q}, a{q}, $6;\n"
+                      + _pair_ptx(f"a{q + 4}", "$5", q, bf16) + f"mul.rn.{kind}x2 a{q + 4}, a{q + 4}, $7;\n"
+                      for q in range(4))
             + f"{mma} {{$0, $1, $2, $3}}, {{a0, a4, a1, a5}}, {{$8, $9}}, {{$12, $13, $14, $15}};\n"
             f"{mma} {{$0, $1, $2, $3}}, {{a2, a6, a3, a7}}, {{$10, $11}}, {{$0, $1, $2, $3}};\n}}")
 
