@@ -499,8 +499,11 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
 
 
 @_jit
-def _mma_out_rows(nb, RT: gl.constexpr, L5: gl.constexpr):
-    """The rows (tile * 16 + g, int64) and lanes t of _mma_rows' sums, [RT, 8, 4] in their layout."""
+def _mma_out_rows(nb, RT: gl.constexpr):
+    """The rows (tile * 16 + g, int64) and lanes t of _mma_rows' sums, [RT, 8, 4] in their layout (its L5's less
+    the warps and the 4 values)."""
+    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
+                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
     L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
     tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
     g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
@@ -519,9 +522,7 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
                          K, S_STRIDE, RT, U, True)
         dt: gl.constexpr = h_ptr.dtype.element_ty
-        L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                            warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-        row, t3 = _mma_out_rows(nb, RT, L5)
+        row, t3 = _mma_out_rows(nb, RT)
         for h in gl.static_range(2):  # rows g, then g + 8
             gate = gl.minimum(sums[h].to(dt).to(gl.float32), limit)
             up = gl.minimum(gl.maximum(sums[2 + h].to(dt).to(gl.float32), -limit), limit)
@@ -594,9 +595,7 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
     j = gl.program_id(2)
     r = t * TOPK + j
     dt: gl.constexpr = y_ptr.dtype.element_ty
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-    row, t3 = _mma_out_rows(nb, RT, L5)
+    row, t3 = _mma_out_rows(nb, RT)
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
@@ -606,9 +605,8 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
             term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
             gl.store(p_ptr + r * D + row + 8 * h, term, mask=t3 == 0)
     else:
-        for h in gl.static_range(2):
-            gl.store(p_ptr + r * D + row + 8 * h, gl.zeros([RT, 8, 4], gl.float32, gl.SliceLayout(0, gl.SliceLayout(4, L5))),
-                     mask=t3 == 0)
+        for h in gl.static_range(2):  # another rank's expert: a zero term
+            gl.store(p_ptr + r * D + row + 8 * h, (row * 0).to(gl.float32), mask=t3 == 0)
     if FUSED_SUM:
         LN: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[gl.num_warps()],
                                             order=[0])
