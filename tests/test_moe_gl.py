@@ -68,13 +68,16 @@ def test_never_chosen_without_the_compiler(monkeypatch):
 def test_gluon_experts(monkeypatch, dtype, mma):
     """20 tokens of a decode step: against the pair kernels and the torch reference (close_chain), with the shared
     output added and without; each token alone has its bits in the batch; the kernels ran (both launches). mma:
-    kernel 1's routed programs on the tensor cores (CONFIG mma, (mma_tiles, mma_unroll))."""
+    the routed programs on the tensor cores (CONFIG mma, (mma_tiles, mma_unroll)), None the CUDA cores."""
     stacks, x, shared, ids, weights = _case("cuda", dtype, 20)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", mma is not None)
     if mma:
-        monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
         monkeypatch.setitem(moe_gl.CONFIG, "mma_tiles", mma[0])
         monkeypatch.setitem(moe_gl.CONFIG, "mma_unroll", mma[1])
-        assert moe_gl.chosen_gate_up(x, stacks["w1"], stacks["w3"])  # the case's scales fit the tensor cores' fp16
+    # which kernels take the tensor cores: kernel 1 in both mma cases (the case's scales fit bf16 and fp16), kernel 2
+    # (I = 1,024 inputs) at 2 chunks a step only (4 x 4 warps x 128 inputs do not divide it: the CUDA cores)
+    assert bool(moe_gl._mma(x, stacks["w1"], stacks["w3"])) == (mma is not None)
+    assert bool(moe_gl._mma(x, stacks["w2"])) == (mma == (1, 2))
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(moe_gl.CONFIG, "on", False)
     pairs = _routed(stacks, x, shared, ids, weights)
