@@ -58,15 +58,16 @@ def expert_stacks(fmt: str, n: int, D: int, I: int, g) -> dict:
             "w2": quantised(fmt, D, I, g, experts=n)}
 
 
-def poisoned(stacks: dict, experts: list[int]) -> dict:
+def poisoned(stacks: dict, experts: list[int], scale_byte: int = 0xFF) -> dict:
     """The same stacks with the given experts' weights unreadable: scales 0xFF (NaN in e8m0, inf in the
     kernels), FP8 data NaN (on a GPU; the interpreter converts it to a number): any read of them
-    reaches the output as NaN or inf."""
+    reaches the output as NaN or inf. Another scale_byte (a kernel that takes only finite scales) makes
+    a read change the output instead."""
     out = {}
     for name, w in stacks.items():
         data, scale = w.data.clone(), w.scale.clone()
         for e in experts:
-            scale[e].view(torch.uint8).fill_(0xFF)
+            scale[e].view(torch.uint8).fill_(scale_byte)
             if w.fmt == "fp8":
                 data[e].view(torch.uint8).fill_(0x7F)
         out[name] = QWeight(data, scale, w.fmt)

@@ -101,17 +101,21 @@ def test_gluon_experts(monkeypatch, dtype, mma):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
-def test_remote_experts_unread_and_the_second_launch_sum(monkeypatch):
-    """Another rank's experts poisoned (NaN scales) change nothing: they are skipped before any load; the sum in a
-    second launch (no tickets: a capture before any eager launch) has the ticketed sum's bits."""
+@pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "mma"])
+def test_remote_experts_unread_and_the_second_launch_sum(monkeypatch, mma):
+    """Another rank's experts poisoned (NaN scales; on the tensor cores, which take only finite scales, scales of
+    2**1, some 2**8 times the case's) change nothing: they are skipped before any load; the sum in a second launch
+    (no tickets: a capture before any eager launch) has the ticketed sum's bits."""
     stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, 4)
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", mma)
     ids = ids.clone()
     ids[:, 1:] = torch.tensor([3, 40, 20, 47, 0], device="cuda")  # local: 17 and 20 (slots 1 and 4)
     clean = _routed(stacks, x, shared, ids, weights)
     assert torch.isfinite(clean.float()).all()
-    bad = poisoned(stacks, [e for e in range(16) if e not in (1, 4)])
+    bad = poisoned(stacks, [e for e in range(16) if e not in (1, 4)], 128 if mma else 0xFF)
+    assert bool(moe_gl._mma(x, bad["w1"], bad["w3"])) == mma  # the poisoned stacks take the same kernels
     assert torch.equal(_routed(bad, x, shared, ids, weights), clean)
     monkeypatch.setattr(qgemv, "tickets_for", lambda count, device: None)
     assert torch.equal(_routed(stacks, x, shared, ids, weights), clean)
