@@ -73,8 +73,25 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v2_nosplit": {**FLAT, "v2_split_k": 1},
     "v2_fused_sum": {**FLAT, "v2_fused_sum": True},  # the split sum in the GEMV's launch: v2_flat's bits
     "v2_fused_sum_programs528": {**FLAT, "v2_fused_sum": True, "v2_programs": 528},
+    # session 17: the tile loop unrolled (v2_unroll: the same products in the same order, the twin's bits), splits
+    # enough that each program reads one or two tiles, and wider row blocks (x's bf16 -> fp32 shared by 2-4 rows a
+    # thread)
+    "v2_unroll": {"kernel": "v2", "v2_unroll": True},
+    "v2_flat_unroll": {**FLAT, "v2_unroll": True},
+    "v2_k1024_unroll": {**FLAT, "v2_block_k_fp8": 1024, "v2_unroll": True},
+    "v2_k1024_p2048": {**FLAT, "v2_block_k_fp8": 1024, "v2_programs": 2048},
+    "v2_k1024_p4096": {**FLAT, "v2_block_k_fp8": 1024, "v2_programs": 4096},
+    "v2_k512_p2048": {**FLAT, "v2_programs": 2048},
+    "v2_k512_p4096": {**FLAT, "v2_programs": 4096},
+    "v2_n32_k512_p2048": {**FLAT, "v2_block_n": 32, "v2_programs": 2048},
+    "v2_n32_k1024_p2048": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_programs": 2048},
+    "v2_n64_k512_p2048": {**FLAT, "v2_block_n": 64, "v2_programs": 2048},
+    "v2_n32_k1024_w8_p2048": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8,
+                              "v2_programs": 2048},
+    "v2_n32_k1024_unroll": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_unroll": True},
 }
-TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528"}  # variant -> same bits as
+TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528",  # variant -> same bits as
+         "v2_unroll": "v2_default", "v2_flat_unroll": "v2_flat", "v2_k1024_unroll": "v2_k1024"}
 ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per row or v2_rows per program
     "v2_rows1": {"kernel": "v2", "v2_rows": 1},
     "v2_rows8": {"kernel": "v2", "v2_rows": 8},
@@ -257,9 +274,11 @@ def l2_defeating_weights(fmt: str, n: int, k: int):
     return weights, one.nbytes, copies, max(50, copies)
 
 
-def bench_dense(run: Runner, cfg, w: int):
+def bench_dense(run: Runner, cfg, w: int, shapes: re.Pattern):
     groups = cfg.o_groups // w
     for name, fmt, n, k, kind in dense_shapes(cfg, w):
+        if not shapes.search(name):
+            continue
         weights, nbytes, copies, calls = l2_defeating_weights(fmt, n, k)
         gx = groups if kind == "grouped" else 1
         x = torch.randn(1, k * gx, device=DEVICE, dtype=torch.bfloat16)
@@ -439,6 +458,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--arms", default=".", help="regex over variant names (e.g. 'torch|default')")
+    ap.add_argument("--shapes", default="", help="regex over the dense shapes' names: only those, no MoE part")
     ap.add_argument("--rows", default="", help="row counts (e.g. 1,4,16,32): only the batched-step arms (ROWS_VARIANTS)")
     args = ap.parse_args()
     cfg, w = preset("flash"), args.world
@@ -451,8 +471,9 @@ def main():
         bench_rows(run, cfg, w, rows_list)
         summarise_rows(run, cfg, w, rows_list)
         return
-    bench_dense(run, cfg, w)
-    bench_moe(run, cfg, w)
+    bench_dense(run, cfg, w, re.compile(args.shapes or "."))
+    if not args.shapes:
+        bench_moe(run, cfg, w)
     summarise(run, w)
 
 

@@ -349,6 +349,11 @@ for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8"
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
     qgemv.CONFIG.update(default)
+# v2's FP8 tile loop unrolled (v2_unroll)
+for cfg in ({"kernel": "v2", "v2_unroll": True},):
+    qgemv.CONFIG.update(cfg)
+    qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
+    qgemv.CONFIG.update(default)
 qgemv.CONFIG.update(kernel="v2")
 qgemv_variants(torch.float32, torch.float32)
 # the splits summed in a second launch (DSV4_FUSED_SPLIT_SUM=0) and in the GEMV's own (the ticket reduce)

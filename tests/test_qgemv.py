@@ -349,6 +349,51 @@ def test_v3_slices_grouped_and_experts(monkeypatch, device):
     assert torch.equal(v3, qgemv.expert_linear(x, stack, ids, 2))
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
+def test_v2_tile_loop_forms_keep_the_bits(monkeypatch, device, K, split_k):
+    """v2's FP8 tile loop in its forms: the first tile summed before the loop (EARLY, every stored weight's launch)
+    or in it, the loop unrolled (v2_unroll) or not: the same bits. Two tiles a program, the second masked; two
+    splits of two and three tiles (summed by the ticket), the last running past K; 1 and 9 rows (v2_rows groups of
+    8 with a repeated last row), bf16 and fp32 x, and the grouped wo_a; against the torch reference too."""
+    for key, value in {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256, "v2_split_k": split_k}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K + 5)
+    w = quantised("fp8", 40, K, g).to(device)
+    grouped = quantised("fp8", 2 * 32, K, g).to(device)
+    launcher = qgemv.launcher
+
+    def forced_early(early):
+        def launch(fn, t):
+            grid = launcher(fn, t)
+
+            class Forced:
+                def __getitem__(self, shape):
+                    return lambda *args, **kw: grid[shape](*args, **{**kw, "EARLY": early})
+            return Forced()
+        return launch
+
+    def forms(fn):
+        outs = []
+        for early in (True, False):
+            monkeypatch.setattr(qgemv, "launcher", forced_early(early))
+            for unroll in (False, True):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", unroll)
+                outs.append(fn())
+        monkeypatch.setattr(qgemv, "launcher", launcher)
+        monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", False)
+        return outs
+
+    for rows, dtype in ((1, torch.bfloat16), (9, torch.float32)):
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        first, *others = forms(lambda: qgemv.linear(x, w))
+        assert all(torch.equal(first, o) for o in others), (rows, dtype)
+        close(first, torch.nn.functional.linear(x.double(), w.dequant(torch.float64)).to(dtype), dtype)
+        x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
+        first, *others = forms(lambda: qgemv.grouped_linear(x2, grouped, 2))
+        assert all(torch.equal(first, o) for o in others), ("grouped", rows, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,K,split_k", [("fp8", 256, 1), ("fp8", 200, 1), ("fp8", 640, 1), ("fp8", 1024, 2),
                                            ("fp4", 64, 1), ("fp4", 160, 1), ("fp4", 256, 2)],
                          ids=["fp8-one_tile", "fp8-one_masked_tile", "fp8-masked_tail", "fp8-split", "fp4-one_tile",

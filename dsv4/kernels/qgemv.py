@@ -73,6 +73,7 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # "v2_rows": at most this many rows that share a weight (not the routed experts') are computed by one program,
 # which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way
 # (DSV4_GEMV_ROWS sets it and dense's "rows").
+# "v2_unroll": the FP8 tile loop unrolled at compile time (the same bits; DSV4_QGEMV_UNROLL=1, off by default).
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -83,7 +84,8 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
-          "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1"}
+          "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "0") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps), the first rule that holds. A decode GEMV of one row is bound by its
 # DRAM round trips, so a K that fits one tile (<= 2,048 inputs) is read in one pass, and the square 4,096-input
@@ -194,15 +196,18 @@ def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
 
 @device_function
 def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False, UNROLL: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
     scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
     inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
     sum is the one it gets alone: the same operations on the same tile layout, in the same order.
 
-    EARLY (a weight no step writes): the first tile is loaded before the loop (SPAN > 0: a split always has
-    inputs) and pdl_wait runs while it is in flight, before x is read; the loop loads from the second tile on.
-    Each tile stays in its stored bytes until it is used. The sums are the same either way."""
+    EARLY (a weight no step writes): the first tile is loaded and summed before the loop (SPAN > 0: a split always
+    has inputs), with pdl_wait while its loads are in flight, before x is read. The loop never carries a tile
+    from one iteration to the next: a carried FP8 tile cost ~3 byte permutes a weight on sm_90 (SASS counted: the
+    loop of wo_b's tiles 768 -> 504 instructions a tile without the carry). UNROLL: the tile loop unrolled at
+    compile time, so the compiler may issue later tiles' loads before earlier tiles' products (more bytes in flight
+    a program). The sums are the same in every form: the same products, in the same order."""
     ROWS: constexpr = len(xs)
     KB: constexpr = BLOCK_K // 128
     blocks = tl.arange(0, KB)
@@ -211,24 +216,34 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
     w_rows = w + n.to(tl.int64)[:, None, None] * K
     s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
     accs = (tl.zeros([BLOCK_N, KB], dtype=tl.float32),) * ROWS
+    FIRST: constexpr = BLOCK_K if EARLY else 0
     if EARLY:
         wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo, col, blocks, K)
         pdl_wait()
-    for k0 in range(0, SPAN, BLOCK_K):
-        kk = k_lo + k0 + col
-        ok = kk < K
-        if not EARLY:
+        accs = _fp8_products(accs, xs, wq, sq, k_lo, col, K, E8M0)
+    if UNROLL:
+        for k0 in tl.static_range(FIRST, SPAN, BLOCK_K):
             wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
-        elif k0 > 0:
+            accs = _fp8_products(accs, xs, wq, sq, k_lo + k0, col, K, E8M0)
+    else:
+        for k0 in range(FIRST, SPAN, BLOCK_K):
             wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
-        wv = wq.to(tl.float32)
-        sc = _scale(sq, E8M0)
-        summed = ()
-        for i in tl.static_range(ROWS):
-            xv = tl.load(xs[i] + kk, mask=ok, other=0.0).to(tl.float32)
-            summed = summed + (accs[i] + tl.sum(wv * xv[None, :, :], axis=2) * sc,)
-        accs = summed
+            accs = _fp8_products(accs, xs, wq, sq, k_lo + k0, col, K, E8M0)
     return [tl.sum(acc, axis=1) for acc in accs]
+
+
+@device_function
+def _fp8_products(accs, xs, wq, sq, k, col, K: constexpr, E8M0: constexpr):
+    """accs (one per x row) plus the tile at input k times each row's x: each scale block's sum times its scale."""
+    kk = k + col
+    ok = kk < K
+    wv = wq.to(tl.float32)
+    sc = _scale(sq, E8M0)
+    summed = ()
+    for i in tl.static_range(len(xs)):
+        xv = tl.load(xs[i] + kk, mask=ok, other=0.0).to(tl.float32)
+        summed = summed + (accs[i] + tl.sum(wv * xv[None, :, :], axis=2) * sc,)
+    return summed
 
 
 @device_function
@@ -365,7 +380,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
-                   EARLY: constexpr):
+                   EARLY: constexpr, UNROLL: constexpr = False):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
@@ -391,7 +406,8 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
     if FP4:
         accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     else:
-        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
+        accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY,
+                         UNROLL)
     if SPLITS == 1:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
@@ -649,7 +665,8 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early, **extra)
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
+        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k, **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
