@@ -52,24 +52,32 @@ def test_v2_linear(monkeypatch, v2, device, fmt, T, N, K, dtype):
 
 def test_v2_shape_tiles_rule():
     """The tiles by shape (qgemv.SHAPE_TILES) at Flash's and mini's FP8 weights: one pass over K up to 2,048 inputs,
-    the wider row blocks for the square 4,096-input slices, CONFIG's tiles elsewhere, for the routed experts and
-    FP4, and for a grouped weight whose groups would split a row block."""
-    flat = (qgemv.CONFIG["v2_block_n"], qgemv.CONFIG["v2_block_k_fp8"], qgemv.CONFIG["v2_num_warps"])
-    assert qgemv.v2_tiles(32768, 1024, False, False) == (16, 1024, 4)  # wq_b
-    assert qgemv.v2_tiles(4096, 2048, False, False) == (8, 2048, 8)  # shared w2 (mini)
-    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=1024) == (32, 1024, 8)  # wo_a (Flash rank)
+    64-row blocks split to one tile a program for the square 4,096-input slices, 32-row blocks for 8,192 inputs,
+    CONFIG's tiles elsewhere, for the routed experts and FP4, and for a grouped weight whose groups would split a
+    row block."""
+    c = qgemv.CONFIG
+    flat = (c["v2_block_n"], c["v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"])
+    assert qgemv.v2_tiles(32768, 1024, False, False) == (16, 1024, 4, c["v2_programs"])  # wq_b
+    assert qgemv.v2_tiles(4096, 2048, False, False) == (8, 2048, 8, c["v2_programs"])  # shared w2 (mini)
+    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=1024) == (64, 512, 4, 2048)  # wo_a (Flash rank)
+    assert qgemv.v2_tiles(4096, 4096, False, False) == (64, 512, 4, 2048)  # wo_b (Flash rank)
+    assert qgemv.v2_tiles(4096, 8192, False, False) == (32, 1024, 4, c["v2_programs"])  # wo_b (mini)
     assert qgemv.v2_tiles(4096, 4096, False, False, group_n=16) == flat
     assert qgemv.v2_tiles(1024, 4096, False, False) == flat  # wq_a
     assert qgemv.v2_tiles(8192, 4096, False, False) == flat  # wo_a (mini)
     assert qgemv.v2_tiles(4096, 512, False, False) == flat
     assert qgemv.v2_tiles(2048, 1024, False, True)[1] == qgemv.CONFIG["v2_block_k_fp8"]  # experts: CONFIG's
-    assert qgemv.v2_tiles(2048, 1024, True, False) == (flat[0], qgemv.CONFIG["v2_block_k_fp4"], flat[2])
+    assert qgemv.v2_tiles(2048, 1024, True, False) == (flat[0], c["v2_block_k_fp4"], flat[2], flat[3])
+    # the split's target: one 512-input tile a program at a Flash rank's wo_b (64 row blocks x 8 splits)
+    assert qgemv.splits_for(4096 // 64, 4096 // 512, 2048) == 8
 
 
-@pytest.mark.parametrize("device,N,K", per_device([(48, 640), (24, 1536), (2048, 4096)], slow_on_cpu=[(2048, 4096)]))
+@pytest.mark.parametrize("device,N,K", per_device([(48, 640), (24, 1536), (2048, 4096), (64, 8192)],
+                                                  slow_on_cpu=[(2048, 4096), (64, 8192)]))
 def test_v2_shape_tiles(monkeypatch, device, N, K):
-    """The launch at SHAPE_TILES' tiles (one pass with a masked tail, K 640 and 1,536; 32-row blocks at 2,048 x
-    4,096) against the reference, and each row of three equal to that row alone, bit for bit."""
+    """The launch at SHAPE_TILES' tiles (one pass with a masked tail, K 640 and 1,536; 64-row blocks split to one
+    tile a program at 2,048 x 4,096; 32-row blocks at 8,192 inputs) against the reference, and each row of three
+    equal to that row alone, bit for bit."""
     monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
     monkeypatch.setitem(qgemv.CONFIG, "v2_shape_tiles", True)
     g = torch.Generator().manual_seed(N * K)
@@ -350,37 +358,22 @@ def test_v3_slices_grouped_and_experts(monkeypatch, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
-def test_v2_tile_loop_forms_keep_the_bits(monkeypatch, device, K, split_k):
-    """v2's FP8 tile loop in its forms: the first tile summed before the loop (EARLY, every stored weight's launch)
-    or in it, the loop unrolled (v2_unroll) or not: the same bits. Two tiles a program, the second masked; two
-    splits of two and three tiles (summed by the ticket), the last running past K; 1 and 9 rows (v2_rows groups of
-    8 with a repeated last row), bf16 and fp32 x, and the grouped wo_a; against the torch reference too."""
+def test_v2_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
+    """v2's FP8 tile loop unrolled (v2_unroll) or not: the same bits (test_v2_early_tile_keeps_the_bits holds the
+    first tile summed before the loop to the plain loop). Two tiles a program, the second masked; two splits of two
+    and three tiles (summed by the ticket), the last running past K; 1 and 9 rows (v2_rows groups of 8 with a
+    repeated last row), bf16 and fp32 x, and the grouped wo_a; against the float64 product too."""
     for key, value in {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256, "v2_split_k": split_k}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
     g = torch.Generator().manual_seed(K + 5)
     w = quantised("fp8", 40, K, g).to(device)
     grouped = quantised("fp8", 2 * 32, K, g).to(device)
-    launcher = qgemv.launcher
-
-    def forced_early(early):
-        def launch(fn, t):
-            grid = launcher(fn, t)
-
-            class Forced:
-                def __getitem__(self, shape):
-                    return lambda *args, **kw: grid[shape](*args, **{**kw, "EARLY": early})
-            return Forced()
-        return launch
 
     def forms(fn):
         outs = []
-        for early in (True, False):
-            monkeypatch.setattr(qgemv, "launcher", forced_early(early))
-            for unroll in (False, True):
-                monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", unroll)
-                outs.append(fn())
-        monkeypatch.setattr(qgemv, "launcher", launcher)
-        monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", False)
+        for unroll in (False, True):
+            monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", unroll)
+            outs.append(fn())
         return outs
 
     for rows, dtype in ((1, torch.bfloat16), (9, torch.float32)):

@@ -73,7 +73,9 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # "v2_rows": at most this many rows that share a weight (not the routed experts') are computed by one program,
 # which reads each weight tile once for all of them (1: a program per row); a row's bits are the same either way
 # (DSV4_GEMV_ROWS sets it and dense's "rows").
-# "v2_unroll": the FP8 tile loop unrolled at compile time (the same bits; DSV4_QGEMV_UNROLL=1, off by default).
+# "v2_unroll": the FP8 tile loop unrolled at compile time, so later tiles' loads may be issued before earlier tiles'
+# products (the same bits; session 17 call 1, mini's shapes: wo_a 13.99 -> 11.73 us, wo_b 13.94 -> 12.87;
+# DSV4_QGEMV_UNROLL=0 for the loop).
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -85,28 +87,32 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
-          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "0") == "1"}
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
-# shape): (rule, BLOCK_N, BLOCK_K, warps), the first rule that holds. A decode GEMV of one row is bound by its
-# DRAM round trips, so a K that fits one tile (<= 2,048 inputs) is read in one pass, and the square 4,096-input
-# weights of a Flash rank take wider row blocks. Session 15 call 1 (qgemv_bench, copy bandwidth measured in the
-# call): mini's wq_b 16.77 -> 11.59 us, shared w2 6.72 -> 4.88; Flash rank slices wq_b 9.86 -> 7.42, wo_a 10.32 ->
-# 9.14, wo_b 10.20 -> 9.29, indexer wq_b 6.06 -> 5.34; the other shapes are fastest at CONFIG's tiles. The tiles
-# depend on the weight alone: a row's bits are the same whatever the batch.
-SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4),
-               (lambda N, K: 1024 < K <= 2048, 8, 2048, 8),
-               (lambda N, K: K == 4096 and 2048 <= N <= 4096, 32, 1024, 8))
+# shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
+# (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
+# instructions a weight takes, so a K that fits one tile (<= 2,048 inputs) is read in one pass, and wider row blocks
+# (x's inputs converted once for 2 or 4 rows a thread) split along K for the 4,096- and 8,192-input weights.
+# Session 15 call 1 (qgemv_bench, copy bandwidth measured in the call): mini's wq_b 16.77 -> 11.59 us, shared w2
+# 6.72 -> 4.88. Session 17 call 1 (the tile loop unrolled, no carried tile): a Flash rank's wo_a 9.61 -> 8.02 us,
+# wo_b 9.72 -> 8.24 (64-row blocks, one 512-input tile a program); mini's wo_b 12.87 -> 12.08 (32-row blocks of
+# 1,024 inputs); the other shapes are fastest at CONFIG's tiles. The tiles depend on the weight alone: a row's bits
+# are the same whatever the batch.
+SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4, None),
+               (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None),
+               (lambda N, K: K == 4096 and 2048 <= N <= 4096, 64, 512, 4, 2048),
+               (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
 
 
-def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) of a v2 launch on a weight [N, K]: SHAPE_TILES' for a stored FP8 weight (a grouped
-    one's groups holding whole row blocks), else CONFIG's."""
+def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, programs) of a v2 launch on a weight [N, K]: SHAPE_TILES' for a stored FP8 weight
+    (a grouped one's groups holding whole row blocks), else CONFIG's."""
     c = CONFIG
     if c["v2_shape_tiles"] and not fp4 and not experts:
-        for holds, block_n, block_k, warps in SHAPE_TILES:
+        for holds, block_n, block_k, warps, programs in SHAPE_TILES:
             if holds(N, K) and (not group_n or group_n % block_n == 0):
-                return block_n, block_k, warps
-    return c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"], c["v2_num_warps"]
+                return block_n, block_k, warps, programs or c["v2_programs"]
+    return c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"]
 
 
 def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_stride, s_expert_stride, row_skew,
@@ -621,12 +627,14 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
     return y
 
 
-def splits_for(programs: int, tiles: int) -> int:
-    """v2's split-K: CONFIG's, or doubled from 1 while the launch is short of CONFIG["v2_programs"]."""
+def splits_for(programs: int, tiles: int, target: int | None = None) -> int:
+    """v2's split-K: CONFIG's, or doubled from 1 while the launch is short of `target` programs (CONFIG's
+    "v2_programs" by default)."""
     splits = CONFIG["v2_split_k"]
+    target = target or CONFIG["v2_programs"]
     if not splits:
         splits = 1
-        while programs * splits < CONFIG["v2_programs"] and splits * 2 <= tiles:
+        while programs * splits < target and splits * 2 <= tiles:
             splits *= 2
     return max(1, min(splits, tiles))
 
@@ -643,11 +651,11 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     data, scale = _operands(w, words=True)
     lead = data.dim() - 2
     c = CONFIG
-    block_n, block_k, warps = v2_tiles(N, K, fp4, experts is not None, group_n)
+    block_n, block_k, warps, programs = v2_tiles(N, K, fp4, experts is not None, group_n)
     tiles = cdiv(K, block_k)
     # The split depends on the weight alone, never on the rows: each row is then summed in one order
     # whatever the batch (a sequence's tokens do not depend on who shares its step).
-    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles)) * block_k
+    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles, programs)) * block_k
     splits = cdiv(K, k_chunk)  # no split left without inputs
     blocks = cdiv(N, block_n)
     per_program = 1 if experts is not None else rows_per_program(rows, c["v2_rows"])
