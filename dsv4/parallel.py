@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from . import kernels
-from .kernels import door
+from .kernels import bookkeeping, door
 
 SITES = ("attention", "moe")
 
@@ -81,10 +81,13 @@ class Comm:
         return SITES.index(site)
 
     def begin_step(self):
-        self.verdict.zero_()
         self._unseen = None  # the last door's reduced flag, not yet in the verdict (the next pack adds it)
         self._open = None
         # Which doors refuse this step, as the payload's flag (one op per step, not per door).
+        if kernels.use_triton(self.verdict, gpu_checked=bookkeeping.GPU_CHECKED):
+            bookkeeping.begin(self.armed, self.refusing, self.verdict)  # one launch, the same values
+            return
+        self.verdict.zero_()
         self.refusing.copy_(self.armed != 0)
 
     def all_reduce(self, x: torch.Tensor, layer: int, site: str) -> torch.Tensor:
@@ -164,6 +167,10 @@ class Comm:
     def end_step(self):
         """Consume this step's armed codes (every door ran: the census says so) and record the last
         one that fired, in door order (layer, then attention before moe), as this rank's word."""
+        if kernels.use_triton(self.verdict, gpu_checked=bookkeeping.GPU_CHECKED):  # one launch, the same values
+            bookkeeping.end(self.armed, self.word, self.fired, self.verdict, self._unseen)
+            self._unseen = None
+            return
         self._see()
         flat = self.armed.flatten()
         fired = flat != 0

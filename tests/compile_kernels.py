@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -123,6 +123,17 @@ def qgemv_variants(dtype, scale_dtype):
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
 
 
+rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
+rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts
+# a step's bookkeeping: Comm's begin / end (with and without the last door's unseen flag) and one state's settle
+i64 = dict(dtype=torch.int64)
+bookkeeping.begin(torch.zeros(43, 2, **i64), torch.zeros(43, 2), torch.zeros(()))
+for unseen in (None, torch.zeros((), dtype=torch.bfloat16)):
+    bookkeeping.end(torch.zeros(43, 2, **i64), torch.zeros((), **i64), torch.zeros(3, **i64), torch.zeros(()), unseen)
+for dtype in (torch.float32, torch.bfloat16):
+    bookkeeping.settle(torch.zeros((), dtype=torch.bool), torch.zeros(4, 4096, dtype=dtype),
+                       torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280), torch.zeros(129280),
+                       torch.zeros((), **i64), torch.zeros((), **i64), 1)
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
     hc.hc_pre(h, torch.zeros(1, 24), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)
@@ -349,8 +360,8 @@ for cfg in ({"kernel": "v2"}, {"kernel": "v2", "v2_block_n": 8, "v2_block_k_fp8"
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
     qgemv.CONFIG.update(default)
-# v2's FP8 tile loop unrolled (v2_unroll)
-for cfg in ({"kernel": "v2", "v2_unroll": True},):
+# v2's FP8 tile loop not unrolled (DSV4_QGEMV_UNROLL=0)
+for cfg in ({"kernel": "v2", "v2_unroll": False},):
     qgemv.CONFIG.update(cfg)
     qgemv_variants(torch.bfloat16, torch.float8_e8m0fnu)
     qgemv.CONFIG.update(default)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import os
+
 import pytest
 import torch
 
@@ -441,7 +443,11 @@ def test_each_kernel_module_declares_whether_it_is_gpu_checked(monkeypatch):
                 for m in pkgutil.iter_modules(kernels.__path__)}
     # every module declares it; since session 6 every one is through a GPU run but those still pending one
     pending = {"compile_log"}  # topk through session 8's calls 1-2; compile_log (DSV4_LOG_COMPILES, off) since session 14
-    assert declared == {name: name not in pending for name in declared}, declared
+    # session 17's, checked on the GPU under their switches (DSV4_ROPE_TABLE, DSV4_STEP_BOOKKEEPING: GPU_CHECKED)
+    switched = {"rope_table": "DSV4_ROPE_TABLE", "bookkeeping": "DSV4_STEP_BOOKKEEPING"}
+    expected = {name: name not in pending for name in declared}
+    expected.update({name: os.environ.get(env, "0") == "1" for name, env in switched.items()})
+    assert declared == expected, declared
     checked, unchecked = types.SimpleNamespace(GPU_CHECKED=True), types.SimpleNamespace(GPU_CHECKED=False)
     t = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")
     monkeypatch.setenv("DSV4_KERNELS", "auto")

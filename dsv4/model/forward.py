@@ -14,6 +14,7 @@ import torch
 from .. import kernels
 from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight, stack_rows
+from ..kernels import bookkeeping
 from ..kernels import hc_boundary as fused_boundary
 from ..kernels import pooled
 from ..layout import check_split, expert_range
@@ -271,6 +272,10 @@ class _Rows:
         if self.pool is None:
             for b, s in enumerate(self.states):
                 k = keep if keep.dim() == 0 else keep[b]
+                if kernels.use_triton(k, gpu_checked=bookkeeping.GPU_CHECKED) and bookkeeping.settle_supported(
+                        k, last[b], s.hidden, logits[b], s.logits):
+                    bookkeeping.settle(k, last[b], s.hidden, logits[b], s.logits, s.pos, s.counts[1], T)
+                    continue
                 s.hidden.copy_(torch.where(k, last[b], s.hidden))
                 s.pos.add_(k.long() * T)
                 s.counts[1].add_(k.long())

@@ -85,7 +85,10 @@ class Step:
 
     def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         if kind not in self._cos_sin:
-            self._cos_sin[kind] = self.rope.cos_sin(self.positions, kind)
+            if self.rope.one_launch(self.positions):  # every kind at once
+                self._cos_sin.update(self.rope.cos_sin_kinds(self.positions))
+            else:
+                self._cos_sin[kind] = self.rope.cos_sin(self.positions, kind)
         return self._cos_sin[kind]
 
     def keep(self, n: int) -> torch.Tensor | None:
@@ -197,7 +200,10 @@ class PoolStep:
 
     def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         if kind not in self._cos_sin:
-            self._cos_sin[kind] = rows_cos_sin(self.rope, self.positions, kind)
+            if self.rope.one_launch(self.positions):  # every kind at once; each row its own bits
+                self._cos_sin.update(self.rope.cos_sin_kinds(self.positions))
+            else:
+                self._cos_sin[kind] = rows_cos_sin(self.rope, self.positions, kind)
         return self._cos_sin[kind]
 
     def keep(self) -> torch.Tensor | None:

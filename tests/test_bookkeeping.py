@@ -1,0 +1,125 @@
+"""dsv4.kernels.bookkeeping against its references, bit for bit (integer and select operations): Comm.begin_step /
+end_step's torch ops on the same armed doors (none, one, several firing; with and without the last door's unseen
+flag), and one state's settle (kept and not); then a model's refused and committed steps with the kernels on equal
+those with them off (words, fired doors, states)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4 import kernels
+from dsv4.engine import RefusalError
+from dsv4.kernels import bookkeeping
+from dsv4.parallel import SITES, Comm
+
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
+pytestmark = pytest.mark.skipif(not DEVICES, reason="the kernels need Triton's interpreter or a GPU")
+
+
+def comms(device, layers=5):
+    ref, fused = Comm(layers, device), Comm(layers, device)
+    for c in (ref, fused):
+        c.word.fill_(9)
+        c.fired.copy_(torch.tensor([9, 8, 7]))
+        c.verdict.fill_(3.0)
+    return ref, fused
+
+
+def same(a: Comm, b: Comm):
+    for name in ("armed", "word", "fired", "verdict", "refusing"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("doors", [(), ((2, "moe", 5),), ((0, "attention", -3), (4, "attention", 71), (1, "moe", 72))],
+                         ids=["none", "one", "three"])
+@pytest.mark.parametrize("unseen", [None, 1.0], ids=["seen", "unseen"])
+def test_begin_and_end_equal_the_reference(monkeypatch, device, doors, unseen):
+    ref, fused = comms(device)
+    for c in (ref, fused):
+        for layer, site, code in doors:
+            c.arm_refusal(layer, 0, code, site)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref.begin_step()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    fused.begin_step()
+    same(ref, fused)
+    assert ref.verdict.item() == 0.0 and int(ref.refusing.sum()) == len(doors)
+    for c in (ref, fused):
+        c._unseen = None if unseen is None else torch.tensor(unseen, dtype=torch.bfloat16, device=device)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref.end_step()
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    fused.end_step()
+    same(ref, fused)
+    assert fused._unseen is None and int(fused.armed.abs().sum()) == 0
+    if doors:  # the last door in order (layer, then attention before moe)
+        layer, site, code = max(doors, key=lambda d: (d[0], SITES.index(d[1])))
+        assert fused.fired.tolist() == [code, layer, SITES.index(site)] and fused.word.item() == code
+    else:
+        assert fused.fired.tolist() == [9, 8, 7] and fused.word.item() == 9
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kept", [True, False])
+def test_settle_equals_the_reference(device, kept):
+    g = torch.Generator().manual_seed(1)
+    keep = torch.tensor(kept, device=device)
+    last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
+    logits = torch.randn(5000, generator=g).to(device)
+    ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
+           torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
+    got = [t.clone() for t in ref]
+    assert bookkeeping.settle_supported(keep, last, got[0], logits, got[1])
+    bookkeeping.settle(keep, last, got[0], logits, got[1], got[2], got[3][1], 3)
+    hidden, state_logits, pos, counts = ref
+    hidden.copy_(torch.where(keep, last, hidden))
+    pos.add_(keep.long() * 3)
+    counts[1].add_(keep.long())
+    state_logits.copy_(torch.where(keep, logits, state_logits))
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    assert int(got[2]) == (20 if kept else 17) and got[3].tolist() == [30, 12 if kept else 11]
+    assert not bookkeeping.settle_supported(keep, last.float(), got[0], logits, got[1])  # a promotion: torch's
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_steps_equal_with_the_kernels(monkeypatch, device):
+    """tiny's steps, committed and refused (two doors armed in one step: the last one's word), with the kernels
+    and with the torch ops (everything else as DSV4_KERNELS=auto runs it): the same tokens, words, fired doors and
+    state digests."""
+    results, calls = [], {"begin": 0, "end": 0, "settle": 0}
+    for name in calls:
+        def counted(*args, fn=getattr(bookkeeping, name), name=name):
+            calls[name] += 1
+            return fn(*args)
+        monkeypatch.setattr(bookkeeping, name, counted)
+    use_triton = kernels.use_triton
+    for on in (False, True):  # only the bookkeeping switched: every other op as "auto" runs it
+        monkeypatch.setenv("DSV4_KERNELS", "auto")
+        monkeypatch.setattr(bookkeeping, "GPU_CHECKED", "bookkeeping")  # marks its calls below
+        monkeypatch.setattr(kernels, "use_triton", lambda t, gpu_checked=True, on=on: on if gpu_checked ==
+                            "bookkeeping" else use_triton(t, gpu_checked))
+        model = dsv4.load("tiny", device=device, dtype=torch.float32)
+        L = model.cfg.num_hidden_layers
+        state = model.new_state(16)
+        model.prefill(state, [1, 2, 3])
+        tokens = [model.step(state, 4, dsv4.SamplingParams(seed=1))]
+        model.arm_refusal(L - 1, 0, 71, "attention")
+        model.arm_refusal(1, 0, 72, "moe")
+        with pytest.raises(RefusalError, match=f"rank 0 layer {L - 1} site attention word 71"):
+            model.step(state, tokens[-1], dsv4.SamplingParams(seed=1))
+        fired = model.comm.fired.tolist()
+        model.reset_refusals()
+        state.discard()
+        state = model.new_state(16)
+        model.prefill(state, [1, 2, 3])
+        for _ in range(3):
+            tokens.append(model.step(state, tokens[-1], dsv4.SamplingParams(seed=2)))
+        results.append((tokens, fired, state.digest(),
+                         int(state.pos), state.counts.tolist()))
+    assert results[0] == results[1]
+    assert results[0][1] == [71, L - 1, 0]
+    assert calls["begin"] == calls["end"] >= 5 and calls["settle"] >= 3, calls  # the second pass's steps
