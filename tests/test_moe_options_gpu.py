@@ -1,7 +1,12 @@
 """The fused experts' launch options on `mini` (Flash widths: FP4 experts, an FP8 shared expert) on a GPU:
 kernels/moe.py CONFIG gate_up_paired, down_split_experts and shared_launch each leave every byte of a prefill and
 sampled steps as with all three off, and with all three on the replayed graph equals eager. (Their kernels' CPU
-tests are in test_moe_decode.py and test_moe_decode_options.py; the interpreter is too slow for Flash widths.)"""
+tests are in test_moe_decode.py and test_moe_decode_options.py; the interpreter is too slow for Flash widths.)
+
+These are the options of moe.py's pair kernels, so the steps run them (moe_gl off, DSV4_MOE_GLUON=0's path): with
+moe_gl's kernels on (the default since session 14), shared_launch picks between moe_gl's shared-expert programs in
+the routed launch and moe.py's own launch, two summation orders by design (each a row's own, batch-invariant; see
+kernels/moe_gl.py), which this test once compared (session 17 call 4: the stale test's failure)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch
 
 import dsv4
 from dsv4.kernels import moe as fused_moe
+from dsv4.kernels import moe_gl
 from dsv4.sampler import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="mini on a GPU")]
@@ -24,6 +30,7 @@ def mini():
 
 
 def run(model, monkeypatch, on: set, graph: bool = False):
+    monkeypatch.setitem(moe_gl.CONFIG, "on", False)  # the options are moe.py's kernels'
     for key in OPTIONS:
         monkeypatch.setitem(fused_moe.CONFIG, key, key in on)
     state = model.new_state(64)

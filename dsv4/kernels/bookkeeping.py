@@ -20,9 +20,10 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-# Not yet through the GPU checks (its CUDA test, graph == eager, the gate's refusal cells): "auto" keeps the torch
-# reference on CUDA unless DSV4_STEP_BOOKKEEPING=1.
-GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "0") == "1"
+# Through the GPU checks in session 17 call 4 (under DSV4_STEP_BOOKKEEPING=1: its CUDA tests, the reference's bits;
+# graph == eager, pooled == solo, no host sync; the gate's refusal cells in the replayed graph): "auto" runs it on
+# CUDA; DSV4_STEP_BOOKKEEPING=0 keeps torch's ops.
+GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "1") == "1"
 SETTLE_BLOCK = 4096
 
 

@@ -20,9 +20,9 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr, libdevice = None, int, None
 
-# Not yet through the GPU checks (its CUDA test against torch's bits, graph == eager, the gate): "auto" keeps the
-# torch reference on CUDA unless DSV4_ROPE_TABLE=1.
-GPU_CHECKED = os.environ.get("DSV4_ROPE_TABLE", "0") == "1"
+# Through the GPU checks in session 17 call 4 (under DSV4_ROPE_TABLE=1: its CUDA test, torch's bits; graph == eager,
+# pooled == solo; the gate): "auto" runs it on CUDA; DSV4_ROPE_TABLE=0 keeps torch's ops.
+GPU_CHECKED = os.environ.get("DSV4_ROPE_TABLE", "1") == "1"
 BLOCK_ROWS = 16
 
 
