@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The next call on nvidia-h200-x2 (<= 10 min), main's tree: what sessions 10-16 built and could not run on two ranks
+# The next call on nvidia-h200-x2 (<= 10 min), main's tree: what sessions 10-17 built and could not run on two ranks
 # (only one H200 was lent from session 10's call 3 on; the replay and pool tests ran on one GPU in session 15).
-#   1. flash decode, 3 rows of 64: the defaults (moe_gl's experts on the tensor cores, the GEMV's tiles by shape),
-#      DSV4_MOE_MMA=0 (moe_gl on the CUDA cores: what session 16's tensor-core programs give on Flash),
-#      DSV4_MOE_GLUON=0 (the pair kernels: what moe_gl gives on Flash), DSV4_QGEMV_SHAPE_TILES=0 (CONFIG's tiles:
-#      what session 15's tiles give on two ranks), DSV4_PDL=1 (issue 10: PDL on by default if it pays; moe_gl keeps
-#      its contract since session 15);
+#   1. flash decode, 3 rows of 64: the defaults (moe_gl's experts on the tensor cores, the GEMV's tiles by shape and
+#      unrolled loop, the step kernels), DSV4_MOE_MMA=0 (moe_gl on the CUDA cores: what session 16's tensor-core
+#      programs give on Flash), the step kernels off (DSV4_ROPE_TABLE=0 DSV4_STEP_BOOKKEEPING=0: what session 17's
+#      glue cut gives), the GEMV as session 14 left it (DSV4_QGEMV_SHAPE_TILES=0 DSV4_QGEMV_UNROLL=0: what sessions
+#      15 and 17's tiles give on two ranks), DSV4_PDL=1 (issue 10: PDL on by default if it pays);
 #   2. the server on flash, v3, pipelined rounds, steady state (--warmup 1), concurrency 1 and 16 (issue 12's
 #      targets: c=1 within 10 % of the solo graph of 1., c=16 >= 8 x c=1), with the identity check, its compiles
 #      logged (DSV4_LOG_COMPILES=1: a request waiting on one names it).
@@ -13,8 +13,10 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_x2_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
-for arm in "DSV4_MOE_GLUON=1" "DSV4_MOE_MMA=0" "DSV4_MOE_GLUON=0" "DSV4_QGEMV_SHAPE_TILES=0" "DSV4_PDL=1"; do
-  step 70 "$OUT/bench_flash_${arm//=/}.txt" env $arm python -m dsv4.cli bench --preset flash --device cuda \
+for arm in "DSV4_MOE_GLUON=1" "DSV4_MOE_MMA=0" "DSV4_ROPE_TABLE=0 DSV4_STEP_BOOKKEEPING=0" \
+    "DSV4_QGEMV_SHAPE_TILES=0 DSV4_QGEMV_UNROLL=0" "DSV4_PDL=1"; do
+  name=${arm//=/}
+  step 70 "$OUT/bench_flash_${name// /_}.txt" env $arm python -m dsv4.cli bench --preset flash --device cuda \
     --ranks 2 --prime 64 --steps 64 --rows 3
 done
 step 230 "$OUT/serve_flash_v3.txt" env DSV4_LOG_COMPILES=1 python benchmarks/serve_bench.py --preset flash --ranks 2 \
