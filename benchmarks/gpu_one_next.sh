@@ -7,12 +7,18 @@
 #   3. moe_gl's tensor-core experts at a Flash rank's shapes (world 2: 128 local experts) against the CUDA-core
 #      programs, 1 and 16 tokens, mma_unroll 2 / 4 / 8 (session 16 swept world 1 only).
 #   0. first, session 17's one test change not yet run on the device: tests/test_moe_options_gpu.py on moe.py's
-#      kernels (moe_gl off), alone (it builds mini; session 17 call 5 cut it at 75 s while compiling).
+#      kernels (moe_gl off), alone (it builds mini; session 17 call 5 cut it at 75 s while compiling); then mini's
+#      solo graph with DSV4_PDL 0 / 1 / 0 (session 17 took ~35 torch launches out of the chain of Triton kernels:
+#      does PDL pay more now? session 15: +1.5 %).
 # (The mHC boundary's launch configurations were swept in session 16, call 1: the defaults are the best.)
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_one_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
 step 180 "$OUT/pytest_moe_options_gpu.txt" python -m pytest -q -p no:cacheprovider tests/test_moe_options_gpu.py
+for pdl in 0 1 0; do
+  DSV4_PDL=$pdl step 70 "$OUT/bench_mini_pdl$pdl-$SECONDS.txt" python -m dsv4.cli bench --preset mini --device cuda \
+    --ranks 1 --prime 64 --steps 64 --rows 3
+done
 for world in 1 2; do
   step 100 "$OUT/dense_world$world.txt" python benchmarks/dense_bench.py --world $world --rows 1,16
 done
