@@ -444,9 +444,11 @@ def test_each_kernel_module_declares_whether_it_is_gpu_checked(monkeypatch):
     # every module declares it; since session 6 every one is through a GPU run but those still pending one
     pending = {"compile_log"}  # topk through session 8's calls 1-2; compile_log (DSV4_LOG_COMPILES, off) since session 14
     # session 17's, checked on the GPU (call 4), each with its off switch (DSV4_ROPE_TABLE, DSV4_STEP_BOOKKEEPING)
-    switched = {"rope_table": "DSV4_ROPE_TABLE", "bookkeeping": "DSV4_STEP_BOOKKEEPING"}
+    # and hc_head, written after the session's last device call: off (DSV4_HC_HEAD=1 runs it) until its GPU run
+    switched = {"rope_table": ("DSV4_ROPE_TABLE", "1"), "bookkeeping": ("DSV4_STEP_BOOKKEEPING", "1"),
+                "hc_head": ("DSV4_HC_HEAD", "0")}
     expected = {name: name not in pending for name in declared}
-    expected.update({name: os.environ.get(env, "1") == "1" for name, env in switched.items()})
+    expected.update({name: os.environ.get(env, default) == "1" for name, (env, default) in switched.items()})
     assert declared == expected, declared
     checked, unchecked = types.SimpleNamespace(GPU_CHECKED=True), types.SimpleNamespace(GPU_CHECKED=False)
     t = torch.zeros(1, device="cuda" if torch.cuda.is_available() else "cpu")

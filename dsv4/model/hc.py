@@ -13,6 +13,7 @@ import torch
 from .. import kernels
 from ..config import ModelConfig
 from ..kernels import hc as fused_pre
+from ..kernels import hc_head as fused_head
 from ..kernels import hc_post as fused_post
 from .linear import dense
 from .rows import per_row
@@ -59,9 +60,16 @@ def _hc_post(out, post, comb, h):
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), h)
 
 
-@per_row()
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """Final collapse of the streams [T, hc, D] -> [T, D]."""
+    if kernels.enabled(fused_head, h) and fused_head.supported(h, cfg.hc_mult):
+        mix = dense(h.flatten(-2).float(), fn.float(), source=fn)  # row by row in a decode step (dsv4.model.rows)
+        return fused_head.hc_head(h, mix, base, scale, cfg.rms_norm_eps, cfg.hc_eps)
+    return _hc_head(h, fn, base, scale, cfg)
+
+
+@per_row()
+def _hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     flat = unweighted_rms_norm(h.flatten(-2).float(), cfg.rms_norm_eps)
     pre = torch.sigmoid(dense(flat, fn.float(), source=fn) * scale.float() + base.float()) + cfg.hc_eps
     return (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)

@@ -1,0 +1,60 @@
+"""mHC's head collapse in one kernel (reference: dsv4.model.hc.hc_head).
+
+The streams' norm, the pre weights and the collapse of the streams into the head's input, as kernels/hc.py does
+for a layer's pre-map: the projection of the flattened streams stays a GEMV (dense's, on the un-normed rows), and
+the norm is applied after it (linear(x * r) = r * linear(x) for a per-row scalar r): the reference's sums in
+another order (within its tolerances), each row its own program (the same alone and batched). The reference
+takes a norm, three elementwise ops, a multiply, a sum and a conversion: 7 launches a step.
+"""
+
+import os
+
+import torch
+
+from . import launcher, next_pow2, pdl_release
+
+try:
+    import triton.language as tl
+    from triton.language import constexpr
+except ImportError:  # the torch reference runs without triton; the kernel is never built then
+    tl, constexpr = None, int
+
+# Not yet through the GPU checks (written in session 17 after its last device call): "auto" keeps the torch
+# reference on CUDA unless DSV4_HC_HEAD=1.
+GPU_CHECKED = os.environ.get("DSV4_HC_HEAD", "0") == "1"
+
+
+def _hc_head_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, out_ptr, norm_eps, eps, D: constexpr, HC: constexpr,
+                    BLOCK_D: constexpr):
+    pdl_release()
+    t = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, HC)
+    d = tl.arange(0, BLOCK_D)
+    rows = h_ptr + t * HC * D + k[:, None] * D
+    acc = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        m = (d0 + d) < D
+        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=1), axis=0) / (HC * D) + norm_eps)
+    pre = tl.sigmoid(tl.load(mix_ptr + t * HC + k) * rstd * tl.load(scale_ptr).to(tl.float32)
+                     + tl.load(base_ptr + k).to(tl.float32)) + eps
+    for d0 in range(0, D, BLOCK_D):
+        m = (d0 + d) < D
+        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * D + d0 + d, tl.sum(pre[:, None] * x, axis=0).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def supported(h: torch.Tensor, hc: int) -> bool:
+    return h.is_contiguous() and h.dim() == 3 and hc == next_pow2(hc) and h.shape[-2] == hc and h.shape[0] > 0
+
+
+def hc_head(h: torch.Tensor, mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+            eps: float) -> torch.Tensor:
+    """h [T, hc, D] and its un-normed projection mix [T, hc] fp32 (the caller's GEMV with hc_head_fn) ->
+    the collapsed rows [T, D] in h's dtype."""
+    T, hc, D = h.shape
+    out = torch.empty(T, D, dtype=h.dtype, device=h.device)
+    launcher(_hc_head_kernel, h)[(T,)](h, mix.contiguous(), base.contiguous(), scale.contiguous(), out,
+                                       float(norm_eps), float(eps), D=D, HC=hc, BLOCK_D=min(1024, next_pow2(D)))
+    return out
