@@ -9,7 +9,9 @@
 #   0. first, session 17's one test change not yet run on the device: tests/test_moe_options_gpu.py on moe.py's
 #      kernels (moe_gl off), alone (it builds mini; session 17 call 5 cut it at 75 s while compiling); then mini's
 #      solo graph with DSV4_PDL 0 / 1 / 0 (session 17 took ~35 torch launches out of the chain of Triton kernels:
-#      does PDL pay more now? session 15: +1.5 %).
+#      does PDL pay more now? session 15: +1.5 %); then kernels/hc_head.py under DSV4_HC_HEAD=1 (written after
+#      session 17's last call, off by default): its CUDA tests, graph == eager / pooled == solo, mini's solo graph
+#      with it (if all pass: its GPU_CHECKED on, and the gate on mini under it).
 # (The mHC boundary's launch configurations were swept in session 16, call 1: the defaults are the best.)
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_one_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
@@ -19,6 +21,10 @@ for pdl in 0 1 0; do
   DSV4_PDL=$pdl step 70 "$OUT/bench_mini_pdl$pdl-$SECONDS.txt" python -m dsv4.cli bench --preset mini --device cuda \
     --ranks 1 --prime 64 --steps 64 --rows 3
 done
+DSV4_HC_HEAD=1 step 120 "$OUT/pytest_hc_head.txt" python -m pytest -q -p no:cacheprovider -n 4 tests/test_hc_head.py \
+  tests/test_replay_gpu.py tests/test_pool.py
+DSV4_HC_HEAD=1 step 60 "$OUT/bench_mini_hc_head.txt" python -m dsv4.cli bench --preset mini --device cuda --ranks 1 \
+  --prime 64 --steps 64 --rows 3
 for world in 1 2; do
   step 100 "$OUT/dense_world$world.txt" python benchmarks/dense_bench.py --world $world --rows 1,16
 done
