@@ -139,12 +139,17 @@ def test_unsupported_shapes_take_the_reference(monkeypatch):
 
 
 def test_model_decode_takes_the_kernel(monkeypatch):
-    """Every layer of a decode step (sliding, CSA, HCA) dispatches to the kernel; a prefill of 9 does not."""
+    """Every layer of a decode step (sliding, CSA, HCA) dispatches to the kernel; a prefill of 9 does not. Only
+    dsv4.model.attention's dispatches take the kernels (the rest of the model its torch ops: on CPU the interpreter
+    would run every kernel of the step)."""
+    import types
+
     import dsv4
+    from dsv4.model import attention as model_attention
 
     calls, kernel = [], fused.attention
     monkeypatch.setattr(fused, "attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setattr(model_attention, "kernels", types.SimpleNamespace(use_triton=lambda *a, **k: True))
     model = dsv4.load("tiny", device=DEVICES[0], dtype=torch.float32)  # CPU only through the interpreter
     state = model.new_state(32)
     model.prefill(state, list(range(1, 10)))
