@@ -9,7 +9,7 @@ kernel reads the streams twice (sum of squares, then the collapse) and the
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import device_function, launcher, next_pow2, pdl_release
 
 try:
     import triton.language as tl
@@ -25,14 +25,8 @@ def _hc_pre_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, out_
     pdl_release()
     t = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, HC)
-    d = tl.arange(0, BLOCK_D)
     rows = h_ptr + t * HC * D + k[:, None] * D
-    acc = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        m = (d0 + d) < D
-        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=1), axis=0) / (HC * D) + norm_eps)
+    rstd = _streams_rstd(rows, norm_eps, D, HC, BLOCK_D)
 
     W = (2 + HC) * HC
     mix = mix_ptr + t * W
@@ -52,11 +46,30 @@ def _hc_pre_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, out_
     tl.store(post_ptr + t * HC + k, post)
     tl.store(comb_ptr + t * HC * HC + j, c)
 
+    _collapse(rows, pre, out_ptr + t * D, D, BLOCK_D)
+
+
+@device_function
+def _streams_rstd(rows, norm_eps, D: constexpr, HC: constexpr, BLOCK_D: constexpr):
+    """1 / rms of a token's HC streams [HC, D] at rows (one norm over all HC * D values), in fp32."""
+    d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        m = (d0 + d) < D
+        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
+        acc += x * x
+    return tl.rsqrt(tl.sum(tl.sum(acc, axis=1), axis=0) / (HC * D) + norm_eps)
+
+
+@device_function
+def _collapse(rows, pre, out, D: constexpr, BLOCK_D: constexpr):
+    """out [D] = sum over the streams k of pre[k] * rows[k], in out's dtype."""
+    d = tl.arange(0, BLOCK_D)
     for d0 in range(0, D, BLOCK_D):
         m = (d0 + d) < D
         x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
         y = tl.sum(pre[:, None] * x, axis=0)
-        tl.store(out_ptr + t * D + d0 + d, y.to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(out + d0 + d, y.to(out.dtype.element_ty), mask=m)
 
 
 def supported(h: torch.Tensor, hc: int) -> bool:

@@ -12,6 +12,7 @@ import os
 import torch
 
 from . import launcher, next_pow2, pdl_release
+from .hc import _collapse, _streams_rstd
 
 try:
     import triton.language as tl
@@ -29,20 +30,11 @@ def _hc_head_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, out_ptr, norm_eps, eps,
     pdl_release()
     t = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, HC)
-    d = tl.arange(0, BLOCK_D)
     rows = h_ptr + t * HC * D + k[:, None] * D
-    acc = tl.zeros([HC, BLOCK_D], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        m = (d0 + d) < D
-        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(tl.sum(acc, axis=1), axis=0) / (HC * D) + norm_eps)
+    rstd = _streams_rstd(rows, norm_eps, D, HC, BLOCK_D)
     pre = tl.sigmoid(tl.load(mix_ptr + t * HC + k) * rstd * tl.load(scale_ptr).to(tl.float32)
                      + tl.load(base_ptr + k).to(tl.float32)) + eps
-    for d0 in range(0, D, BLOCK_D):
-        m = (d0 + d) < D
-        x = tl.load(rows + d0 + d[None, :], mask=m[None, :], other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * D + d0 + d, tl.sum(pre[:, None] * x, axis=0).to(out_ptr.dtype.element_ty), mask=m)
+    _collapse(rows, pre, out_ptr + t * D, D, BLOCK_D)
 
 
 def supported(h: torch.Tensor, hc: int) -> bool:
