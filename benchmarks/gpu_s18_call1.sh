@@ -7,9 +7,9 @@ source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
 DSV4_HC_HEAD=1 step 120 "$OUT/pytest_hc_head.txt" python -m pytest -q -p no:cacheprovider -n 4 tests/test_hc_head.py \
   tests/test_replay_gpu.py tests/test_pool.py
-bench() { python -m dsv4.cli bench --preset mini --device cuda --ranks 1 --prime 64 --steps 64 --rows 3; }
-DSV4_HC_HEAD=0 step 70 "$OUT/bench_mini_a0.txt" bench
-DSV4_HC_HEAD=1 step 60 "$OUT/bench_mini_hc_head.txt" bench
-DSV4_HC_HEAD=0 step 60 "$OUT/bench_mini_a1.txt" bench
-DSV4_PDL=1 step 70 "$OUT/bench_mini_pdl1.txt" bench
+BENCH="python -m dsv4.cli bench --preset mini --device cuda --ranks 1 --prime 64 --steps 64 --rows 3"
+DSV4_HC_HEAD=0 step 70 "$OUT/bench_mini_a0.txt" $BENCH
+DSV4_HC_HEAD=1 step 60 "$OUT/bench_mini_hc_head.txt" $BENCH
+DSV4_HC_HEAD=0 step 60 "$OUT/bench_mini_a1.txt" $BENCH
+DSV4_PDL=1 step 70 "$OUT/bench_mini_pdl1.txt" $BENCH
 step 130 "$OUT/pytest_moe_options_gpu.txt" python -m pytest -q -p no:cacheprovider tests/test_moe_options_gpu.py
