@@ -6,10 +6,10 @@ CPU tests alone would not catch it. Each wrapper is called with CPU tensors; the
 compiles the launch's signature to PTX and cubin for sm_90 instead of running it.
 
 With DSV4_PDL=1 (read at import, so its own process: tests/test_kernels.py runs both) every kernel compiles with
-programmatic dependent launch, one variant of each (per launch_pdl, FP4 and DOOR), and its PTX is checked (check_pdl):
-griddepcontrol.launch_dependents before any global memory access in every kernel launched without launch_pdl; in
-those launched with it, griddepcontrol.wait before every global access but the loads of the weights the kernel
-may read early (EARLY), and the release only after the wait.
+programmatic dependent launch, one variant of each (per launch_pdl, FP4, DOOR, EARLY and HASH), and its PTX is checked
+(check_pdl): every kernel is launched with launch_pdl (the launcher's with_pdl, which compile_only keeps), and has
+griddepcontrol.wait before every global access but the loads of the weights the kernel may read early (EARLY; a
+variant that streams a stored weight must load it before the wait), and the release only after the wait.
 """
 
 import importlib
@@ -41,8 +41,11 @@ pending: list = []  # (key, source, options) of each variant, in launch order
 # DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
 # variant the model launches by default or under a DSV4_* switch compiles, in about half the time.
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
+# DSV4_COMPILE_DIGEST=1: a line `SASS kernel key options digest` a variant, the digest of its SASS (sass_digest): a
+# refactor's kernels proven unchanged by the same lines before and after.
+DIGEST = os.environ.get("DSV4_COMPILE_DIGEST", "0") == "1"
 PDL = kernels.PDL
-pdl_variants: set = set()  # (kernel, launch_pdl, FP4) compiled under PDL
+pdl_variants: set = set()  # (kernel, launch_pdl, FP4, DOOR, EARLY, HASH) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
          "_dense3_kernel": {"w_ptr"},
@@ -60,7 +63,7 @@ def aligned(a) -> bool:
 
 
 def compile_only(fn, t):
-    return _recorder(triton.jit(fn, do_not_specialize=getattr(fn, "do_not_specialize", None)), fn.__name__, ASTSource)
+    return kernels.with_pdl(_recorder(triton.jit(fn, do_not_specialize=getattr(fn, "do_not_specialize", None)), fn.__name__, ASTSource))
 
 
 def _recorder(jit, kernel_name: str, source):
@@ -73,7 +76,7 @@ def _recorder(jit, kernel_name: str, source):
                 options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
                 if PDL:  # one variant per kernel and kind of launch (and FP4's other loop, the boundary's door)
                     variant = (kernel_name, options.get("launch_pdl", False), constexprs.get("FP4"),
-                               constexprs.get("DOOR"))
+                               constexprs.get("DOOR"), constexprs.get("EARLY"), constexprs.get("HASH"))
                     if variant in pdl_variants:
                         return
                     pdl_variants.add(variant)
@@ -99,7 +102,9 @@ def _recorder(jit, kernel_name: str, source):
                              attrs=attrs)
                 compiled.add(k)
                 params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]  # the PTX's, in order
-                pending.append((k, src, options, params))  # compiled at the end, on every core (compile_pending)
+                # a variant that may stream a stored weight before its wait must (the point of the early launch)
+                early = kernel_name in EARLY and constexprs.get("EARLY", True) and not constexprs.get("HASH", False)
+                pending.append((k, src, options, params, early))  # compiled at the end, on every core (compile_pending)
             return run
     return Launch()
 
@@ -509,7 +514,7 @@ def gluon_compile_only(kernel):
     """compile_only for a Gluon kernel (dsv4.kernels.moe_gl: already jitted, its source a GluonASTSource)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    return _recorder(kernel, kernel.fn.__name__, GluonASTSource)
+    return kernels.with_pdl(_recorder(kernel, kernel.fn.__name__, GluonASTSource))
 
 
 def gluon_variants():
@@ -632,18 +637,36 @@ for per_thread in (8, 32):
     topk.CONFIG.update(default)
 
 def _compile(i: int) -> str | None:
-    k, src, options, params = pending[i]
+    k, src, options, params, early = pending[i]
     try:
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except Exception as e:  # reported with the variant's key; the parent exits 1
         return f"{k}: {type(e).__name__}: {e}"[-3000:]
     if not out.asm.get("cubin"):
         return f"{k}: no cubin"
-    problems = check_pdl(out.asm["ptx"], k[0], params, options.get("launch_pdl", False)) if PDL else \
+    problems = check_pdl(out.asm["ptx"], k[0], params, options.get("launch_pdl", False), early) if PDL else \
         ["griddepcontrol without DSV4_PDL"] * ("griddepcontrol" in out.asm["ptx"])
-    if PDL and options.get("launch_pdl") and not check_pdl(_wait_moved_to_the_end(out.asm["ptx"]), k[0], params, True):
+    if PDL and options.get("launch_pdl") and not check_pdl(_wait_moved_to_the_end(out.asm["ptx"]), k[0], params, True, early):
         problems.append("check_pdl passes the wait moved behind the kernel's reads")
+    if DIGEST:
+        print("SASS", k[0], k[1], sorted((o, v) for o, v in options.items() if o != "launch_pdl" or v),
+              sass_digest(out.asm["cubin"]))
     return f"{k[0]} {k[1]}: " + "; ".join(problems) if problems else None
+
+
+def sass_digest(cubin: bytes) -> str:
+    """The sha256 of the cubin's SASS as nvdisasm prints it (no line information: a kernel moved in its file keeps
+    its digest), 16 hex digits."""
+    import hashlib
+    import subprocess
+    import tempfile
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return hashlib.sha256(sass.encode()).hexdigest()[:16]
 
 
 def _wait_moved_to_the_end(ptx: str) -> str:
@@ -657,7 +680,7 @@ def _wait_moved_to_the_end(ptx: str) -> str:
 WAIT, RELEASE = "griddepcontrol.wait", "griddepcontrol.launch_dependents"
 
 
-def check_pdl(ptx: str, name: str, params: list, waits: bool) -> list[str]:
+def check_pdl(ptx: str, name: str, params: list, waits: bool, early_load: bool) -> list[str]:
     """The kernel's PTX against DSV4_PDL's contract (the module's doc), on every path of its control flow: what a
     global memory access or the release may find before it is what every path from the entry has passed."""
     blocks = _blocks(ptx)
@@ -680,7 +703,7 @@ def check_pdl(ptx: str, name: str, params: list, waits: bool) -> list[str]:
         else:
             problems.append(f"{instr!r} (from {sorted(params[i][0] for i in address)}) not after "
                             f"{WAIT if waits else RELEASE} on every path")
-    if waits and not before_wait:
+    if waits and early_load and not before_wait:
         problems.append(f"no weight load before {WAIT}")
     return problems[:3]
 
@@ -823,8 +846,8 @@ names = sorted({k[0] for k in compiled})
 print("COMPILED", len(compiled), names)
 waiting = sorted({v[0] for v in pdl_variants if v[1]})
 print("PDL", "waiting:", waiting) if PDL else None
-if PDL and waiting != sorted(EARLY):
-    failures.append(f"launched with launch_pdl: {waiting}, expected {sorted(EARLY)}")
+if PDL and waiting != names:
+    failures.append(f"launched without launch_pdl: {sorted(set(names) - set(waiting))}")
 # every kernel the modules define (a `_..._kernel` function) must have compiled at least once
 defined = sorted({name for m in KERNEL_MODULES for name in vars(m) if name.startswith("_") and name.endswith("_kernel")})
 if moe_gl.gl is None:

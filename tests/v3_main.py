@@ -1,14 +1,14 @@
 """The v3 GEMV kernels as main had them before DSV4_PDL's early weight tile (commit 38341b6, session 11), with the
 FP4 decode they called (prefill_moe's _fp4_tile), kept verbatim as the oracle of the peel: today's _qgemv3_kernel and
 _dense3_kernel load their first K tile before the loop (and before pdl_wait) and must give these kernels' bits.
-The tests launch them in their place (v3_main_launches), never with launch_pdl (they release first and never
-wait)."""
+The tests launch them in their place (v3_main_launches); their first statement is pdl_wait (every kernel's since
+session 18: under DSV4_PDL every launch is a launch_pdl), where main's released the next kernel."""
 
 import contextlib
 
 import pytest
 
-from dsv4.kernels import dense, device_function, pdl_release, qgemv
+from dsv4.kernels import dense, device_function, pdl_wait, qgemv
 from dsv4.kernels.qgemv import _dot, _reduce_tile, _scale
 
 try:
@@ -45,7 +45,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
-    pdl_release()
+    pdl_wait()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,7 +93,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does.
     EARLY: passed by the launch of today's kernel (dense._linear3); main's loop has no early load."""
-    pdl_release()
+    pdl_wait()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -20,16 +20,19 @@ the host work of Triton's JITFunction.run. The device runs the same kernel on th
 (session 9, call 1 on an H200: mini's eager step 12.74 -> 10.09 ms with equal tokens, logits and cache bytes).
 
 `DSV4_PDL=1` (read at import; PDL below; off by default, forced off under the interpreter; needs compute capability
-9.0+): programmatic dependent launch with the weight fetched before the wait. A decode step is ~1,100 kernels a
-rank, most of them latency-bound GEMVs; waiting for the previous kernel first (session 7's branch `pdl`) hides only
-the launch, and the GEMV's first DRAM round trip stays on the critical path. So every kernel releases its
-successor as its first statement (pdl_release), and the weight-streaming GEMVs (qgemv's linear and dense's on a stored
-weight, v2 and v3 alike, the shared expert's gate/up programs), the mHC boundary (its hc_fn slice) and a top-k layer's router
-(its bias) are launched with `launch_pdl`: they start while their
-predecessor runs, load their first weight tile (a module parameter, never written by a step), and only then wait
-(pdl_wait: griddepcontrol.wait, the predecessor complete and its memory visible) before they touch anything the
-step produces. They release their own successor after that wait, so no grid runs ahead of an unfinished one. The
-arithmetic is the same, so are the bits.
+9.0+): programmatic dependent launch. A decode step is a chain of ~150 (mini) to ~1,100 (a Flash rank) kernels, most
+of them latency-bound, and without PDL each starts only once the one before it has drained: a launch gap (~1 us in a
+graph) and, for a GEMV, its first DRAM round trip on the critical path. Under PDL every Triton kernel is launched
+with `launch_pdl` (launcher adds it) and may start while its predecessor in the stream runs; its programs wait in
+pdl_wait (griddepcontrol.wait: the predecessor complete and its memory visible) before they touch anything the step
+produces or writes, and only then release their own successor (griddepcontrol.launch_dependents), so no grid runs
+ahead of an unfinished one. pdl_wait is a kernel's first statement, except in the weight-streaming kernels (qgemv's
+linear and dense's on a stored weight, v2 and v3 alike, the shared expert's gate/up programs, the mHC boundary's hc_fn
+slice, a top-k layer's router bias), which load their first weight tile (a module parameter, never written by a step)
+before it. tests/compile_kernels.py checks the PTX of every kernel against this contract. The arithmetic is the same,
+so are the bits. A kernel after a torch op (which never releases early) starts as it would without PDL.
+(Sessions 7-17 launched only the weight-streaming kernels this way, the others releasing first; session 18 put the
+whole chain under it.)
 """
 
 from __future__ import annotations
@@ -158,9 +161,22 @@ def launcher(fn, t: torch.Tensor):
     if FAST_LAUNCH and t.is_cuda:
         f = _fast.get(fn)
         if f is None:
-            f = _fast[fn] = fast_launch(k)
+            f = _fast[fn] = with_pdl(fast_launch(k))
         return f
-    return k
+    return with_pdl(k)
+
+
+def with_pdl(k):
+    """k, whose launches under DSV4_PDL all carry launch_pdl (the module's doc: every kernel waits in pdl_wait)."""
+    return _LaunchPdl(k) if PDL else k
+
+
+class _LaunchPdl:
+    def __init__(self, k):
+        self.k = k
+
+    def __getitem__(self, grid):
+        return functools.partial(self.k[grid], launch_pdl=True)
 
 
 FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "1") == "1"
@@ -403,14 +419,8 @@ def device_function(fn):
 
 
 
-def _release():
-    """pdl_release with DSV4_PDL: a kernel's first statement. The next kernel in the stream, if launched with
-    launch_pdl, may start now; its programs wait in pdl_wait before they read what this one writes."""
-    tl.extra.cuda.gdc_launch_dependents()
-
-
 def _wait_and_release():
-    """pdl_wait with DSV4_PDL, in a kernel launched with launch_pdl: wait until the previous kernel in the stream
+    """pdl_wait with DSV4_PDL (every kernel is launched with launch_pdl): wait until the previous kernel in the stream
     has completed with its memory visible, then release the next. Before it the kernel reads only stored weights;
     releasing after it keeps every early grid behind a finished one."""
     tl.extra.cuda.gdc_wait()
@@ -418,10 +428,9 @@ def _wait_and_release():
 
 
 def _nothing():
-    """pdl_release and pdl_wait without DSV4_PDL."""
+    """pdl_wait without DSV4_PDL."""
 
 
 # Chosen at import rather than by a global constexpr read in one function: FastLaunch would check such a global on
 # every launch (JITFunction.used_global_vals).
-pdl_release = device_function(_release if PDL else _nothing)
 pdl_wait = device_function(_wait_and_release if PDL else _nothing)

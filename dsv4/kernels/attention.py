@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from . import qgemv
 
 try:
@@ -62,7 +62,7 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
                        MERGE_D: constexpr):
     """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
-    pdl_release()
+    pdl_wait()
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.program_id(2).to(tl.int64)
@@ -193,7 +193,7 @@ def _chunk(parts, live, d0, HD: constexpr, SPLITS: constexpr):
 
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, H: constexpr, HD: constexpr,
                          NOPE: constexpr, HALF: constexpr, SPLITS: constexpr, BLOCK_S: constexpr, BLOCK_D: constexpr):
-    pdl_release()
+    pdl_wait()
     h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     r = t * H + h

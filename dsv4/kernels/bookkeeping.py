@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -28,7 +28,7 @@ SETTLE_BLOCK = 4096
 
 
 def _begin_kernel(armed_ptr, refusing_ptr, verdict_ptr, N, BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     i = tl.arange(0, BLOCK)
     ok = i < N
     armed = tl.load(armed_ptr + i, mask=ok, other=0)
@@ -38,7 +38,7 @@ def _begin_kernel(armed_ptr, refusing_ptr, verdict_ptr, N, BLOCK: constexpr):
 
 def _end_kernel(armed_ptr, word_ptr, fired_ptr, verdict_ptr, unseen_ptr, N, SITES: constexpr, UNSEEN: constexpr,
                 BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     if UNSEEN:
         tl.store(verdict_ptr, tl.load(verdict_ptr) + tl.load(unseen_ptr).to(tl.float32))
     i = tl.arange(0, BLOCK)
@@ -57,7 +57,7 @@ def _end_kernel(armed_ptr, word_ptr, fired_ptr, verdict_ptr, unseen_ptr, N, SITE
 
 def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr, pos_ptr, commits_ptr, H, V, T,
                    BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     keep = tl.load(keep_ptr) != 0
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = i < H

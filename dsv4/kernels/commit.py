@@ -6,7 +6,7 @@ contiguous, the rows rows.stride(0) apart (a column view of a wider output is re
 
 import torch
 
-from . import cdiv, launcher, next_pow2, pdl_release, row_stride
+from . import cdiv, launcher, next_pow2, pdl_wait, row_stride
 
 try:
     import triton.language as tl
@@ -19,7 +19,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (
 
 def _commit_kernel(buf_ptr, index_ptr, rows_ptr, keep_ptr, verdict_ptr, rows_stride, ROW: constexpr,
                    HAS_KEEP: constexpr, BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     i = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = (tl.load(verdict_ptr) == 0).to(tl.int32)

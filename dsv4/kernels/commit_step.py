@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import launcher, next_pow2, pdl_release, row_stride
+from . import launcher, next_pow2, pdl_wait, row_stride
 
 try:
     import triton.language as tl
@@ -38,7 +38,7 @@ MAX_SPLIT = 64  # programs per write when it has many rows (a prefill chunk)
 
 
 def _commit_step_kernel(table_ptr, verdict_ptr, SPLIT: constexpr, BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     e = table_ptr + tl.program_id(0).to(tl.int64) * 8
     dst, index, src, keep = tl.load(e), tl.load(e + 1), tl.load(e + 2), tl.load(e + 3)
     n, width, codes, stride = tl.load(e + 4), tl.load(e + 5), tl.load(e + 6), tl.load(e + 7)

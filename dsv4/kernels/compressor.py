@@ -21,7 +21,7 @@ A row's program does exactly the arithmetic of the same row launched alone.
 
 import torch
 
-from . import cdiv, device_function, launcher, next_pow2, pdl_release, row_stride, use_triton
+from . import cdiv, device_function, launcher, next_pow2, pdl_wait, row_stride, use_triton
 from . import topk as topk_kernel
 
 try:
@@ -47,7 +47,7 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
     only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel.
     POOLED: window w is row w's (one each): its slot's rings, its own chunk row. The chunk's rows are kv_stride and
     gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj)."""
-    pdl_release()
+    pdl_wait()
     w = tl.program_id(0).to(tl.int64)
     if POOLED:
         slot = tl.load(ids_ptr + w)
@@ -127,7 +127,7 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
 
 def _norm_rope_kernel(pooled_ptr, norm_ptr, cos_ptr, sin_ptr, out_ptr, eps, DIM: constexpr, HALF: constexpr):
     """RMSNorm and RoPE of the channel-split pool's rows (one program per window)."""
-    pdl_release()
+    pdl_wait()
     w = tl.program_id(0).to(tl.int64)
     pooled = tl.load(pooled_ptr + w * DIM + tl.arange(0, DIM)).to(tl.float32)
     _norm_rope(pooled, norm_ptr, cos_ptr, sin_ptr, out_ptr, w, eps, DIM, HALF)
@@ -200,7 +200,7 @@ def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, committed_ptr, visible_ptr, keys_ptr,
                        ids_ptr, Ns, N, n_win, wts_stride, w_scale, q_scale, H: constexpr, H_PAD: constexpr,
                        DI: constexpr, HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     if POOLED:  # t is a row: its slot's stored keys, its own new rows and committed mask
         icomp_ptr += tl.load(ids_ptr + t) * Ns * DI

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from . import qgemv
 from .qgemv import BLOCK_M, _destination, _dot, _group_rows, _reduce_splits, _reduce_tile, rows_per_program
 
@@ -76,7 +76,7 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
     the loop and pdl_wait runs while it is in flight, before x is read; tiles stay in the weight's dtype until they
     are used. The sums are the same either way."""
     if not EARLY:
-        pdl_release()
+        pdl_wait()
     rs = _group_rows(tl.program_id(0), rows, ROWS)
     nb = tl.program_id(1)
     split = tl.program_id(2)
@@ -134,7 +134,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
     same order); EARLY (a stored weight; launched with launch_pdl under DSV4_PDL): pdl_wait runs while it is in
     flight, before x is read."""
     if not EARLY:
-        pdl_release()
+        pdl_wait()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -227,7 +227,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = qgemv.tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": PDL and stored}
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
     launcher(_dense_kernel, x2)[(groups, blocks, splits)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0,
@@ -244,7 +244,7 @@ def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stored: bo
     blocks, row_tiles = cdiv(N, block_n), cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x2.device)
     tickets = qgemv.tickets_for(row_tiles * blocks, x2.device) if splits > 1 and CONFIG["fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"], "launch_pdl": PDL and stored}
+    extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"]}
     launcher(_dense3_kernel, x2)[(blocks, splits, row_tiles)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,

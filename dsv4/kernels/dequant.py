@@ -11,7 +11,7 @@ fp32, so the output equals the reference bit for bit (for a scale byte of 0, 2**
 import torch
 
 from ..formats import QWeight
-from . import cdiv, interpreting, launcher, pdl_release
+from . import cdiv, interpreting, launcher, pdl_wait
 
 try:
     import triton.language as tl
@@ -28,7 +28,7 @@ CONFIG = {"block_r": 16, "block_b": 64, "num_warps": 4}
 def _fp4_dequant_kernel(w_ptr, s_ptr, out_ptr, ROWS, R, out_e_stride, out_r_stride,
                         KB: constexpr, S_STRIDE: constexpr, E8M0: constexpr, BLOCK_R: constexpr,
                         BLOCK_B: constexpr):
-    pdl_release()
+    pdl_wait()
     row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     ok = (row < ROWS)[:, None] & (b < KB)[None, :]

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from . import cdiv, launcher, pdl_release
+from . import cdiv, launcher, pdl_wait
 
 try:
     import triton.language as tl
@@ -34,7 +34,7 @@ CONFIG = {"in_place": os.environ.get("DSV4_DOOR_IN_PLACE", "1") == "1"}
 
 def _pack_kernel(x_ptr, out_ptr, flag_ptr, census_ptr, seen_ptr, verdict_ptr, N, SEEN: constexpr,
                  BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     pid = tl.program_id(0)
     i = pid * BLOCK + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + i, mask=i < N, other=0.0)

@@ -4,7 +4,7 @@ shifts), so every bit is the reference's."""
 
 import torch
 
-from . import cdiv, device_function, launcher, pdl_release
+from . import cdiv, device_function, launcher, pdl_wait
 
 try:
     import triton.language as tl
@@ -35,7 +35,7 @@ u_of = device_function(_u)
 
 
 def _draw_kernel(key_ptr, pos_ptr, u_ptr, n, BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     tl.store(u_ptr + i, u_of(tl.load(key_ptr + i, mask=ok, other=0), tl.load(pos_ptr + i, mask=ok, other=0)),

@@ -16,7 +16,7 @@ flattened buffers.
 
 import torch
 
-from . import cdiv, device_function, launcher, next_pow2, pdl_release
+from . import cdiv, device_function, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -32,7 +32,7 @@ def _windows_kernel(pos_ptr, ids_ptr, active_ptr, wids_ptr, starts_ptr, closed_p
                     slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T: constexpr, M: constexpr,
                     NW: constexpr, NS: constexpr, NW_P2: constexpr, M_P2: constexpr, T_P2: constexpr,
                     NS_P2: constexpr, BLOCK: constexpr, POOLED: constexpr, ACTIVE: constexpr):
-    pdl_release()
+    pdl_wait()
     b = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + b)
     r = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -78,7 +78,7 @@ def _stream_row(q, pos, R, T: constexpr):
 
 def _sliding_kernel(pos_ptr, ids_ptr, visible_ptr, slots_ptr, W, T: constexpr, NS: constexpr, BLOCK: constexpr,
                     T_P2: constexpr, NS_P2: constexpr, POOLED: constexpr):
-    pdl_release()
+    pdl_wait()
     b = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + b)
     last = pos - 1

@@ -9,7 +9,7 @@ kernel reads the streams twice (sum of squares, then the collapse) and the
 
 import torch
 
-from . import device_function, launcher, next_pow2, pdl_release
+from . import device_function, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -22,7 +22,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (
 
 def _hc_pre_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, post_ptr, comb_ptr, out_ptr, norm_eps, eps, D: constexpr,
                    HC: constexpr, ITERS: constexpr, BLOCK_D: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, HC)
     rows = h_ptr + t * HC * D + k[:, None] * D

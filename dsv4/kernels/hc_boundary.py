@@ -38,7 +38,7 @@ import os
 
 import torch
 
-from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from . import qgemv
 
 try:
@@ -299,7 +299,7 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     tickets = qgemv.tickets_for(T, out.device)
     if tickets is None:  # a capture before any eager launch made the device's tickets: a zeroed buffer of its own
         tickets = torch.zeros(T, dtype=torch.int32, device=out.device)
-    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": PDL}
+    extra = {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
     single = one_pass(hc, D)
     block_r = next_pow2(D) if single else min(CONFIG["block_r"], next_pow2(D))
     if door is None:

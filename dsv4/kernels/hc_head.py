@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import launcher, next_pow2, pdl_wait
 from .hc import _collapse, _streams_rstd
 
 try:
@@ -27,7 +27,7 @@ GPU_CHECKED = os.environ.get("DSV4_HC_HEAD", "0") == "1"
 
 def _hc_head_kernel(h_ptr, mix_ptr, base_ptr, scale_ptr, out_ptr, norm_eps, eps, D: constexpr, HC: constexpr,
                     BLOCK_D: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, HC)
     rows = h_ptr + t * HC * D + k[:, None] * D

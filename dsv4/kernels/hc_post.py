@@ -3,7 +3,7 @@
 
 import torch
 
-from . import cdiv, launcher, next_pow2, pdl_release
+from . import cdiv, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -20,7 +20,7 @@ def supported(h: torch.Tensor, hc: int) -> bool:
 
 def _hc_post_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, new_ptr, D: constexpr, HC: constexpr,
                     BLOCK_D: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     k = tl.arange(0, HC)

@@ -30,7 +30,7 @@ import os
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import PDL, cdiv, device_function, interpreting, launcher, moe_gl, next_pow2, pdl_release, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, moe_gl, next_pow2, pdl_wait
 from .qgemv import MAX_ROWS, _destination, _fp4_pair, _fp4_rows, _fp8_rows, _operands, tickets_for
 
 try:
@@ -129,7 +129,7 @@ def _gate_up_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr
                     BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
                     COMPACT: constexpr, ROWS_P2: constexpr, PAIRED: constexpr):
     """Grid (row blocks of I, SPLITS, T * TOPK): _gate_up_program."""
-    pdl_release()
+    pdl_wait()
     _gate_up_program(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0), x_ptr, w1_ptr,
                      s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, rows, I, first, n_local,
                      w_expert_stride, s_expert_stride, row_skew, limit, K, S_STRIDE, FP4, E8M0, TOPK, ROUTED,
@@ -207,7 +207,7 @@ def _sum_swiglu_store(p_row, h_row, n, I, limit, SPLITS: constexpr):
 def _gate_up_sum_kernel(p_ptr, ids_ptr, h_ptr, I, first, n_local, limit, ROUTED: constexpr, SPLITS: constexpr,
                         BLOCK: constexpr):
     """Grid (blocks of I, rows): kernel 1's split partials of the local rows summed and activated (no fused sum)."""
-    pdl_release()
+    pdl_wait()
     r = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     if ROUTED:
@@ -223,7 +223,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first,
                  ADD: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr):
     """Grid (row blocks of D, T): y[t] = sum over j < TOPK, expert ids[t, j] local, of wt[t, j] * w2 h[t * TOPK + j];
     with ADD, that sum rounded to y's dtype plus add[t], rounded again (the reference's `routed + shared`)."""
-    pdl_release()
+    pdl_wait()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -267,7 +267,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
     stores expert j's rounded, weighted term into p [T, TOPK, D] (0 where another rank owns it), and the last
     of a (t, nb)'s TOPK programs (an int32 ticket) sums them in routing order (FUSED_SUM; else _down_sum_kernel
     in a second launch). At one token the down projection's experts no longer run one after another."""
-    pdl_release()
+    pdl_wait()
     nb = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     j = tl.program_id(2)
@@ -295,7 +295,7 @@ def _down_split_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_p
 
 def _down_sum_kernel(p_ptr, add_ptr, y_ptr, D, TOPK: constexpr, ADD: constexpr, BLOCK: constexpr):
     """Grid (blocks of D, T): _down_split_kernel's terms summed without tickets."""
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(1).to(tl.int64)
     _down_sum_store(p_ptr, add_ptr, y_ptr, t, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), D, TOPK, ADD)
 
@@ -329,9 +329,8 @@ def shared_supported(x: torch.Tensor, w1: QWeight, w3: QWeight, rows: int | None
             and w1.scale.shape == w3.scale.shape and w1.row0 == w3.row0)
 
 
-def _options(launch_pdl: bool = False) -> dict:
-    """Warps, and launch_pdl for a kernel that waits in pdl_wait."""
-    return {} if interpreting() else {"num_warps": CONFIG["num_warps"], "launch_pdl": launch_pdl}
+def _options() -> dict:
+    return {} if interpreting() else {"num_warps": CONFIG["num_warps"]}
 
 
 def _block_k(w: QWeight) -> int:
@@ -416,7 +415,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
         ROWS_P2=next_pow2(rows) if compact else 1, PAIRED=CONFIG["gate_up_paired"], BLOCKS=blocks,
         SS_STRIDE=t1.shape[-1], S_FP4=sw1.fmt == "fp4", S_E8M0=t1.dtype == torch.uint8,
         S_BLOCK_N=CONFIG["shared_block_n"], S_BLOCK_K=s_block_k, S_SPLITS=s_splits, S_K_CHUNK=s_k_chunk,
-        S_BLOCKS=s_blocks, **_options(PDL))
+        S_BLOCKS=s_blocks, **_options())
     return h, sh
 
 

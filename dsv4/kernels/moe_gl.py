@@ -50,9 +50,8 @@ except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
 GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 calls 3-5 (benchmarks/RESULTS.md)
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
 # (DSV4_MOE_GLUON=0: moe's pair kernels). Under DSV4_PDL=1 (since session 15) they keep its contract (dsv4.kernels'
-# doc): kernel 1 with the shared expert is launched with launch_pdl, its routed programs wait first (their weights
-# depend on the step's ids), its shared programs once their first weight tile is in flight; the other two release
-# the next kernel first. Without DSV4_PDL the compiled kernels are the ones before (the same PTX).
+# doc): launched with launch_pdl, kernel 1's routed programs wait first (their weights depend on the step's ids), its
+# shared programs once their first weight tile is in flight; the other two wait first. Without DSV4_PDL the compiled kernels are the ones before (the same PTX).
 # rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
 # (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
@@ -127,14 +126,6 @@ if gl is not None:
     _MMA_WORD_F16_PTX = gl.constexpr(_MMA_WORD_F16_PTX)
     _X_PAIRS_PTX = gl.constexpr(_X_PAIRS_PTX)
 _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
-
-
-@_jit
-def _pdl_release():
-    """dsv4.kernels.pdl_release: under DSV4_PDL the next kernel in the stream may start (griddepcontrol)."""
-    if _PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @_jit
@@ -224,7 +215,7 @@ def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                        s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                        RN: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
     """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r), or with MMA (tiles a program) _routed_mma_program."""
-    _pdl_release()
+    _pdl_wait()
     _routed(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr,
             I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
 
@@ -541,7 +532,7 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
     bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows)."""
-    _pdl_release()
+    _pdl_wait()
     if MMA:
         _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first,
                           n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
@@ -705,14 +696,15 @@ _fast: dict = {}
 
 
 def _launch(kernel):
-    """kernel's FastLaunch (dsv4.kernels.fast_launch) under DSV4_FAST_LAUNCH, else kernel."""
-    from . import FAST_LAUNCH, fast_launch
+    """kernel's FastLaunch (dsv4.kernels.fast_launch) under DSV4_FAST_LAUNCH, else kernel; under DSV4_PDL with
+    launch_pdl (dsv4.kernels.with_pdl)."""
+    from . import FAST_LAUNCH, fast_launch, with_pdl
 
     if not FAST_LAUNCH:
-        return kernel
+        return with_pdl(kernel)
     f = _fast.get(kernel)
     if f is None:
-        f = _fast[kernel] = fast_launch(kernel)
+        f = _fast[kernel] = with_pdl(fast_launch(kernel))
     return f
 
 
@@ -767,7 +759,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma,
-        **_options(), **({"launch_pdl": True} if PDL else {}))
+        **_options())
     return h, sh
 
 

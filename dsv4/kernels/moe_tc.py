@@ -28,7 +28,7 @@ import os
 import torch
 
 from ..formats import QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from .prefill_moe import _scale, _swiglu, schedule
 from .qgemv import _destination, _dot
 from .qgemv import _scale as _scale_fp32
@@ -80,7 +80,7 @@ def _plan_kernel(ids_ptr, order_ptr, ends_ptr, tile_expert_ptr, tile_row_ptr, sc
     BM rows: its expert (n_local past the groups' own) and first sorted row. scratch: [P2 + 3 * N2] int32, read
     back by this program after a barrier (the sorted keys, then each group's first row, tiles and cumulative
     tiles)."""
-    pdl_release()
+    pdl_wait()
     i = tl.arange(0, P2)
     ok = i < P
     e = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32) - first
@@ -154,7 +154,7 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
     product rounded to h's dtype, times the pair's routing weight wt[order[r]], rounded. w1/w3: int32 words
     (strides in words); the K loop's tiles are [outputs, rows] (_words_dot)."""
-    pdl_release()
+    pdl_wait()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
     if e < n_local:
@@ -190,7 +190,7 @@ def _sum_kernel(terms_ptr, ids_ptr, add_ptr, y_ptr, D, first, n_local, TOPK: con
     """Grid (blocks of D, T): y[t] = token t's terms of local experts summed in routing order (fp32), rounded; with
     ADD, plus add[t], rounded again. (dsv4.kernels.moe sums every term, 0 for another rank's expert: the same
     bits, since adding +0.0 to a sum that starts at +0.0 changes none.)"""
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     dt = y_ptr.dtype.element_ty

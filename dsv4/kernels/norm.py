@@ -10,7 +10,7 @@ q part of its stacked wq_a/wkv projection); the output is contiguous.
 
 import torch
 
-from . import launcher, next_pow2, pdl_release, row_stride
+from . import launcher, next_pow2, pdl_wait, row_stride
 
 try:
     import triton.language as tl
@@ -23,7 +23,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (
 
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, X_STRIDE: constexpr, HAS_WEIGHT: constexpr,
                      BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     r = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     row = x_ptr + r * X_STRIDE

@@ -12,7 +12,7 @@ slice of attention's stacked wq_a/wkv output is read in place; the output is con
 
 import torch
 
-from . import device_function, launcher, next_pow2, pdl_release, row_stride
+from . import device_function, launcher, next_pow2, pdl_wait, row_stride
 
 try:
     import triton.language as tl
@@ -34,7 +34,7 @@ def _normed(x, rstd, w_ptr, offs, mask, HAS_WEIGHT: constexpr, dt: constexpr):
 
 def _attn_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, H: constexpr, DIM: constexpr, HALF: constexpr,
                       X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     r = tl.program_id(0).to(tl.int64)
     t = r // H
     dt = out_ptr.dtype.element_ty

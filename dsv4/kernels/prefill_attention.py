@@ -23,7 +23,7 @@ rope slice is rotated back at the query position and the output rounded once, to
 
 import torch
 
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -64,7 +64,7 @@ def _prefill_attn_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel
                          ALL_ROWS: constexpr, K_TILES: constexpr, ROW_TILES: constexpr,
                          SKIP_PICKS: constexpr, SKIP_ROWS: constexpr,
                          BLOCK_H: constexpr, BLOCK_N: constexpr, DOT_F32: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = h < H

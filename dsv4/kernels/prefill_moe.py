@@ -20,7 +20,7 @@ and is the same from run to run (no atomics).
 import torch
 
 from ..formats import QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -102,7 +102,7 @@ def _grouped_kernel(a_ptr, src_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, out_ptr, til
     """Grid (tiles, column blocks of N). Tile j: rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     out[r, cols] = a[src[r] if GATHER else r] @ w1[e, cols]^T, or with SWIGLU the activation of it and w3's
     (IEEE: _fp4_dot's)."""
-    pdl_release()
+    pdl_wait()
     tile = tl.program_id(0)
     e = tl.load(tile_expert_ptr + tile)
     if e < n_local:

@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import PDL, cdiv, device_function, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -119,7 +119,7 @@ def _qgemv_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, N, x_stride, w_expert_strid
                   K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, ROWS_PER_X: constexpr,
                   EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
                   DEFER: constexpr):
-    pdl_release()
+    pdl_wait()
     nb = tl.program_id(0)
     r = tl.program_id(1).to(tl.int64)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -394,7 +394,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
     EXPERTS, whose weights depend on the step's ids; launched with launch_pdl under DSV4_PDL): the first weight
     tile is loaded before pdl_wait (_fp8_rows, _fp4_rows), which releases the next kernel."""
     if not EARLY:
-        pdl_release()
+        pdl_wait()
     nb = tl.program_id(0)
     split = tl.program_id(1)
     rs = _group_rows(tl.program_id(2), rows, ROWS)
@@ -463,7 +463,7 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
 
 def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):
     """y[r, n] = sum over s of partials[r, s, n], s ascending: one order, so one result."""
-    pdl_release()
+    pdl_wait()
     r = tl.program_id(1).to(tl.int64)
     n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -665,7 +665,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     # A stored weight's first tile is loaded before the kernel waits for the previous one (DSV4_PDL); the routed
     # experts' weights depend on the step's ids.
     early = experts is None
-    extra = {} if interpreting() else {"num_warps": warps, "launch_pdl": PDL and early}
+    extra = {} if interpreting() else {"num_warps": warps}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
@@ -694,7 +694,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
-    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"], "launch_pdl": PDL}
+    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
     launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,

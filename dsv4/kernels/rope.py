@@ -7,7 +7,7 @@ row's (cos, sin); `inverse` rotates by -sin (attention's output de-rotation).
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -20,7 +20,7 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh: "auto" runs it on CUDA (
 
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, sign, H: constexpr, DIM: constexpr, NOPE: constexpr, HALF: constexpr,
                  BLOCK: constexpr):
-    pdl_release()
+    pdl_wait()
     r = tl.program_id(0).to(tl.int64)
     t = r // H
     i = tl.arange(0, BLOCK)

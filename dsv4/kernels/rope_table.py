@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import interpreting, launcher, next_pow2, pdl_release
+from . import interpreting, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -30,7 +30,7 @@ def _table_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, N, HALF: constexpr, BLOCK:
     """Grid (row blocks, kinds): rows of kind k's tables [N, HALF] at (cos|sin)_ptr + k * N * HALF. LIBDEVICE: the
     CUDA math library's cosf / sinf (tl.cos and tl.sin are the approximate instructions on a GPU); off under
     Triton's interpreter, whose tl.cos and tl.sin are numpy's and which has no libdevice."""
-    pdl_release()
+    pdl_wait()
     kind = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = rows < N

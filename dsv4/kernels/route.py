@@ -16,7 +16,7 @@ the gate's GEMV. A hash layer's row of tid2eid is picked by the step's token: it
 
 import torch
 
-from . import PDL, interpreting, launcher, next_pow2, pdl_release, pdl_wait
+from . import launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -34,7 +34,7 @@ def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr,
     e = tl.arange(0, BLOCK_E)
     ok = e < E
     if HASH:
-        pdl_release()
+        pdl_wait()
     else:
         bias = tl.load(bias_ptr + e, mask=ok, other=0.0).to(tl.float32)
         pdl_wait()
@@ -91,8 +91,7 @@ def route(logits, tokens, bias, tid2eid, k: int, norm: bool, scale: float):
     hashed = tid2eid is not None
     if not hashed and (bias is None or not bias.is_contiguous()):
         raise ValueError("route: a top-k layer needs its bias, contiguous (read in place before the wait)")
-    extra = {} if interpreting() else {"launch_pdl": PDL and not hashed}
     launcher(_route_kernel, logits)[(T,)](
         logits, logits if hashed else bias, tid2eid if hashed else ids, tokens, ids, w, float(scale), E,
-        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E), **extra)
+        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E))
     return ids, w

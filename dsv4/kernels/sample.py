@@ -16,7 +16,7 @@ the same alone or among any rows, in eager and in a replay.
 
 import torch
 
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_release
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from .draw import u_of
 
 try:
@@ -49,7 +49,7 @@ _weights = device_function(_weights)
 
 def _chunk_kernel(logits_ptr, kept_ptr, temperature_ptr, m_ptr, s_ptr, top_ptr, top_id_ptr, V, C,
                   BLOCK: constexpr, HAS_KEPT: constexpr):
-    pdl_release()
+    pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     i = c * BLOCK + tl.arange(0, BLOCK)
@@ -72,7 +72,7 @@ def _chunk_kernel(logits_ptr, kept_ptr, temperature_ptr, m_ptr, s_ptr, top_ptr, 
 
 def _pick_kernel(logits_ptr, kept_ptr, temperature_ptr, key_ptr, pos_ptr, m_ptr, s_ptr, top_ptr, top_id_ptr,
                  token_ptr, V, C, BLOCK: constexpr, C_PAD: constexpr, HAS_KEPT: constexpr):
-    pdl_release()
+    pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(temperature_ptr + row)
     greedy = t == 0

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from . import launcher, next_pow2, pdl_release
+from . import launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -43,7 +43,7 @@ CONFIG = {"keys_per_thread": 8}
 
 def _topk_kernel(keys_ptr, sel_ptr, valid_ptr, N, K, VISIBLE_BELOW: constexpr, K_PAD: constexpr,
                  N_PAD: constexpr):
-    pdl_release()
+    pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     n = tl.arange(0, N_PAD)
     keys = tl.load(keys_ptr + t * N + n, mask=n < N, other=0)
