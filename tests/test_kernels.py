@@ -294,8 +294,9 @@ def test_qgemv_experts(monkeypatch, qgemv_config, device, fmt):
 
 
 def test_pdl_switch_is_read_at_import_and_off_under_the_interpreter():
-    """DSV4_PDL=1 turns programmatic dependent launch on for a process's compiled kernels; the interpreter (CPU
-    tensors) never launches with it; off by default."""
+    """DSV4_PDL=1 turns programmatic dependent launch on for a process's compiled kernels, 0 off; unset, on where
+    every GPU is sm_90+ (off without CUDA); the interpreter (CPU tensors) never launches with it; another value is
+    refused by name."""
     import os
     import subprocess
     import sys
@@ -306,8 +307,14 @@ def test_pdl_switch_is_read_at_import_and_off_under_the_interpreter():
                               capture_output=True, text=True, check=True).stdout.strip()
 
     assert pdl(DSV4_PDL="1") == "True"
+    assert pdl(DSV4_PDL="0") == "False"
     assert pdl(DSV4_PDL="1", TRITON_INTERPRET="1") == "False"
-    assert pdl() == "False"
+    sm90 = torch.cuda.is_available() and all(torch.cuda.get_device_capability(i)[0] >= 9
+                                             for i in range(torch.cuda.device_count()))
+    assert pdl() == str(sm90)
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        pdl(DSV4_PDL="yes")
+    assert "DSV4_PDL='yes'" in refused.value.stderr
 
 
 # A chain of mHC boundaries (each reads the one before's streams, maps and normed row: the step's data after its
@@ -443,10 +450,10 @@ def test_each_kernel_module_declares_whether_it_is_gpu_checked(monkeypatch):
                 for m in pkgutil.iter_modules(kernels.__path__)}
     # every module declares it; since session 6 every one is through a GPU run but those still pending one
     pending = {"compile_log"}  # topk through session 8's calls 1-2; compile_log (DSV4_LOG_COMPILES, off) since session 14
-    # session 17's, checked on the GPU (call 4), each with its off switch (DSV4_ROPE_TABLE, DSV4_STEP_BOOKKEEPING)
-    # and hc_head, written after the session's last device call: off (DSV4_HC_HEAD=1 runs it) until its GPU run
+    # session 17's, checked on the GPU (call 4), and hc_head (session 18), each with its off switch (DSV4_ROPE_TABLE,
+    # DSV4_STEP_BOOKKEEPING, DSV4_HC_HEAD)
     switched = {"rope_table": ("DSV4_ROPE_TABLE", "1"), "bookkeeping": ("DSV4_STEP_BOOKKEEPING", "1"),
-                "hc_head": ("DSV4_HC_HEAD", "0")}
+                "hc_head": ("DSV4_HC_HEAD", "1")}
     expected = {name: name not in pending for name in declared}
     expected.update({name: os.environ.get(env, default) == "1" for name, (env, default) in switched.items()})
     assert declared == expected, declared

@@ -19,8 +19,8 @@ specialise as an earlier launch's were goes straight to that launch's compiled k
 the host work of Triton's JITFunction.run. The device runs the same kernel on the same arguments
 (session 9, call 1 on an H200: mini's eager step 12.74 -> 10.09 ms with equal tokens, logits and cache bytes).
 
-`DSV4_PDL=1` (read at import; PDL below; off by default, forced off under the interpreter; needs compute capability
-9.0+): programmatic dependent launch. A decode step is a chain of ~150 (mini) to ~1,100 (a Flash rank) kernels, most
+`DSV4_PDL` (read at import; PDL below; on by default since session 18 where every GPU has compute capability 9.0+,
+`0` turns it off, `1` forces it; off under the interpreter): programmatic dependent launch. A decode step is a chain of ~150 (mini) to ~1,100 (a Flash rank) kernels, most
 of them latency-bound, and without PDL each starts only once the one before it has drained: a launch gap (~1 us in a
 graph) and, for a GEMV, its first DRAM round trip on the critical path. Under PDL every Triton kernel is launched
 with `launch_pdl` (launcher adds it) and may start while its predecessor in the stream runs; its programs wait in
@@ -133,7 +133,21 @@ def interpreting() -> bool:
     return getenv("TRITON_INTERPRET", "0") == "1"
 
 
-PDL = getenv("DSV4_PDL", "0") == "1" and not interpreting()  # read once: a process compiles its kernels one way
+def _pdl() -> bool:
+    """DSV4_PDL: "1" on, "0" off; unset, on where CUDA has devices and all of them are sm_90 or newer (the
+    capability query initialises CUDA at import on a GPU machine). Off under the interpreter."""
+    v = getenv("DSV4_PDL", "")
+    if v not in ("", "0", "1"):
+        raise ValueError(f"DSV4_PDL={v!r}: allowed '0', '1' or unset (on where every GPU is sm_90+)")
+    if interpreting() or v == "0":
+        return False
+    if v == "1":
+        return True
+    return torch.cuda.is_available() and all(torch.cuda.get_device_capability(i)[0] >= 9
+                                             for i in range(torch.cuda.device_count()))
+
+
+PDL = _pdl()  # read once: a process compiles its kernels one way
 if getenv("DSV4_LOG_COMPILES", "0") == "1" and not interpreting():  # a line a compile (kernels/compile_log.py)
     from . import compile_log
 
