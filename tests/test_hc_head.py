@@ -37,10 +37,10 @@ def test_against_the_reference(monkeypatch, device, dtype, D):
         assert torch.equal(hc.hc_head(h[r:r + 1], fn, base, scale, cfg), got[r:r + 1]), r
 
 
-def test_off_by_default_until_its_gpu_run(monkeypatch):
+def test_on_by_default_and_its_switch(monkeypatch):
     import os
 
-    assert fused_head.GPU_CHECKED == (os.environ.get("DSV4_HC_HEAD", "0") == "1")
+    assert fused_head.GPU_CHECKED == (os.environ.get("DSV4_HC_HEAD", "1") == "1")
     t = torch.zeros(1, 4, 8)
     assert fused_head.supported(t, 4) and not fused_head.supported(t, 3)
     assert not fused_head.supported(torch.zeros(4, 8), 4)

@@ -123,11 +123,9 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
 
 @contextlib.contextmanager
 def v3_main_launches():
-    """qgemv.linear and dense.linear with main's v3 kernels (and no launch_pdl: they wait for nothing) until the
+    """qgemv.linear and dense.linear with main's v3 kernels (launched as every kernel: they wait first) until the
     block ends."""
     with pytest.MonkeyPatch.context() as m:
         m.setattr(qgemv, "_qgemv3_kernel", _qgemv3_kernel)
         m.setattr(dense, "_dense3_kernel", _dense3_kernel)
-        m.setattr(qgemv, "PDL", False)
-        m.setattr(dense, "PDL", False)
         yield
