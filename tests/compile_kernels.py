@@ -5,9 +5,8 @@ Python that the GPU compiler refuses (a plain helper function, a loop variable c
 CPU tests alone would not catch it. Each wrapper is called with CPU tensors; the patched launcher
 compiles the launch's signature to PTX and cubin for sm_90 instead of running it.
 
-With DSV4_PDL=1 (read at import, so its own process: tests/test_kernels.py runs both) every kernel compiles with
-programmatic dependent launch, one variant of each (per launch_pdl, FP4, DOOR, EARLY and HASH), and its PTX is checked
-(check_pdl): every kernel is launched with launch_pdl (the launcher's with_pdl, which compile_only keeps), and has
+With DSV4_PDL=1 (read at import, so its own process: tests/test_kernels.py runs both) every variant compiles with
+programmatic dependent launch and its PTX is checked (check_pdl): every kernel is launched with launch_pdl (the launcher's with_pdl, which compile_only keeps), and has
 griddepcontrol.wait before every global access but the loads of the weights the kernel may read early (EARLY; a
 variant that streams a stored weight must load it before the wait), and the release only after the wait.
 """
@@ -45,7 +44,7 @@ SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 # refactor's kernels proven unchanged by the same lines before and after.
 DIGEST = os.environ.get("DSV4_COMPILE_DIGEST", "0") == "1"
 PDL = kernels.PDL
-pdl_variants: set = set()  # (kernel, launch_pdl, FP4, DOOR, EARLY, HASH) compiled under PDL
+pdl_variants: set = set()  # (kernel, launch_pdl) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
          "_dense3_kernel": {"w_ptr"},
@@ -74,12 +73,8 @@ def _recorder(jit, kernel_name: str, source):
         def __getitem__(self, grid):
             def run(*args, **constexprs):
                 options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
-                if PDL:  # one variant per kernel and kind of launch (and FP4's other loop, the boundary's door)
-                    variant = (kernel_name, options.get("launch_pdl", False), constexprs.get("FP4"),
-                               constexprs.get("DOOR"), constexprs.get("EARLY"), constexprs.get("HASH"))
-                    if variant in pdl_variants:
-                        return
-                    pdl_variants.add(variant)
+                if PDL:
+                    pdl_variants.add((kernel_name, options.get("launch_pdl", False)))
                 names = jit.arg_names
                 sig, key, attrs = {}, [], {}
                 for i, (name, a) in enumerate(zip(names, args)):
