@@ -20,9 +20,10 @@ the host work of Triton's JITFunction.run. The device runs the same kernel on th
 (session 9, call 1 on an H200: mini's eager step 12.74 -> 10.09 ms with equal tokens, logits and cache bytes).
 
 `DSV4_PDL` (read at import; PDL below; on by default since session 18 where every GPU has compute capability 9.0+,
-`0` turns it off, `1` forces it; off under the interpreter): programmatic dependent launch. A decode step is a chain of ~150 (mini) to ~1,100 (a Flash rank) kernels, most
-of them latency-bound, and without PDL each starts only once the one before it has drained: a launch gap (~1 us in a
-graph) and, for a GEMV, its first DRAM round trip on the critical path. Under PDL every Triton kernel is launched
+`0` turns it off, `1` forces it; off under the interpreter): programmatic dependent launch. A decode step is a chain
+of ~150 (mini) to ~1,100 (a Flash rank) kernels, most of them latency-bound, and without PDL each starts only once
+the one before it has drained: a launch gap (~1 us in a graph) and, for a GEMV, its first DRAM round trip on the
+critical path. Under PDL every Triton kernel is launched
 with `launch_pdl` (launcher adds it) and may start while its predecessor in the stream runs; its programs wait in
 pdl_wait (griddepcontrol.wait: the predecessor complete and its memory visible) before they touch anything the step
 produces or writes, and only then release their own successor (griddepcontrol.launch_dependents), so no grid runs
@@ -156,7 +157,7 @@ if getenv("DSV4_LOG_COMPILES", "0") == "1" and not interpreting():  # a line a c
 
 def launcher(fn, t: torch.Tensor):
     """The Triton kernel for the plain function `fn` (compiled once, or interpreted on CPU); with FAST_LAUNCH
-    and a CUDA t, its FastLaunch."""
+    and a CUDA t, its FastLaunch; under PDL, launched with launch_pdl (with_pdl)."""
     if not t.is_cuda and not interpreting():
         raise RuntimeError(f"{fn.__name__}: a CPU tensor needs Triton's interpreter; set TRITON_INTERPRET=1 "
                            "before starting Python, or DSV4_KERNELS=auto|torch")

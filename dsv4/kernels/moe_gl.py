@@ -51,7 +51,8 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
 # (DSV4_MOE_GLUON=0: moe's pair kernels). Under DSV4_PDL=1 (since session 15) they keep its contract (dsv4.kernels'
 # doc): launched with launch_pdl, kernel 1's routed programs wait first (their weights depend on the step's ids), its
-# shared programs once their first weight tile is in flight; the other two wait first. Without DSV4_PDL the compiled kernels are the ones before (the same PTX).
+# shared programs once their first weight tile is in flight; the other two wait first. Without DSV4_PDL the compiled
+# kernels are the ones before (the same PTX).
 # rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
 # (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
