@@ -1,33 +1,21 @@
 #!/usr/bin/env bash
-# The next call on one H200 (<= 9 min), main's tree: the sweeps still without data, for the next tiles-by-shape rules
-# (as qgemv.SHAPE_TILES):
-#   1. the dense bf16/fp32 GEMVs of a decode step (the head, the compressors' and the router's), 1 and 16 rows,
-#      world 1 and 2 (not swept since session 7);
-#   2. the batched step's FP8 GEMVs on the tensor cores (v3) at 16 rows (world 2: a Flash rank's slices);
-#   3. moe_gl's tensor-core experts at a Flash rank's shapes (world 2: 128 local experts) against the CUDA-core
-#      programs, 1 and 16 tokens, mma_unroll 2 / 4 / 8 (session 16 swept world 1 only).
-#   0. first, session 17's one test change not yet run on the device: tests/test_moe_options_gpu.py on moe.py's
-#      kernels (moe_gl off), alone (it builds mini; session 17 call 5 cut it at 75 s while compiling); then mini's
-#      solo graph with DSV4_PDL 0 / 1 / 0 (session 17 took ~35 torch launches out of the chain of Triton kernels:
-#      does PDL pay more now? session 15: +1.5 %); then kernels/hc_head.py under DSV4_HC_HEAD=1 (written after
-#      session 17's last call, off by default): its CUDA tests, graph == eager / pooled == solo, mini's solo graph
-#      with it (if all pass: its GPU_CHECKED on, and the gate on mini under it).
-# (The mHC boundary's launch configurations were swept in session 16, call 1: the defaults are the best.)
+# The next call on one H200 (<= 9.5 min), main's tree (session 18's defaults: DSV4_PDL on, every kernel in the chain;
+# DSV4_HC_HEAD on):
+#   1. mini's solo graph interleaved: defaults / DSV4_ATTN_FUSED_COMBINE=1 (decode attention's combine in the split
+#      launch: no gain on flash at session 10 without PDL; under PDL one launch less a layer may pay) / defaults /
+#      DSV4_PDL=0 (a third A/B of session 18's default, at one host load);
+#   2. the server on mini under the new defaults (v3, pipelined rounds, steady state), concurrency 1 and 16 (issue 12;
+#      session 17: 520.0 / 2,073.1 tok/s);
+#   3. if time is left, the dense bf16/fp32 GEMVs of a decode step swept at 1 and 16 rows (not since session 7).
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_one_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
-step 180 "$OUT/pytest_moe_options_gpu.txt" python -m pytest -q -p no:cacheprovider tests/test_moe_options_gpu.py
-for pdl in 0 1 0; do
-  DSV4_PDL=$pdl step 70 "$OUT/bench_mini_pdl$pdl-$SECONDS.txt" python -m dsv4.cli bench --preset mini --device cuda \
-    --ranks 1 --prime 64 --steps 64 --rows 3
-done
-DSV4_HC_HEAD=1 step 120 "$OUT/pytest_hc_head.txt" python -m pytest -q -p no:cacheprovider -n 4 tests/test_hc_head.py \
-  tests/test_replay_gpu.py tests/test_pool.py
-DSV4_HC_HEAD=1 step 60 "$OUT/bench_mini_hc_head.txt" python -m dsv4.cli bench --preset mini --device cuda --ranks 1 \
-  --prime 64 --steps 64 --rows 3
-for world in 1 2; do
-  step 100 "$OUT/dense_world$world.txt" python benchmarks/dense_bench.py --world $world --rows 1,16
-done
-step 100 "$OUT/qgemv_rows16.txt" python benchmarks/qgemv_bench.py --world 2 --rows 1,16 --arms '^v[23]'
-step 120 "$OUT/moe_mma_world2.txt" python benchmarks/moe_bench.py --world 2 --tokens 1,16 --arms '^gl$|^gl_mma' \
-  --calls 16
+BENCH="python -m dsv4.cli bench --preset mini --device cuda --ranks 1 --prime 64 --steps 64 --rows 3"
+step 110 "$OUT/bench_mini_1_default.txt" $BENCH  # the cold machine's compiles
+DSV4_ATTN_FUSED_COMBINE=1 step 70 "$OUT/bench_mini_2_fused_combine.txt" $BENCH
+step 45 "$OUT/bench_mini_3_default.txt" $BENCH
+DSV4_PDL=0 step 75 "$OUT/bench_mini_4_pdl0.txt" $BENCH
+step 150 "$OUT/serve_mini_v3.txt" python benchmarks/serve_bench.py --preset mini --device cuda --gemv v3 \
+  --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
+left=$((560 - SECONDS))
+[ $left -gt 40 ] && step $left "$OUT/dense_world1.txt" python benchmarks/dense_bench.py --world 1 --rows 1,16
