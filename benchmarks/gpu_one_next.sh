@@ -18,8 +18,8 @@ step 110 "$OUT/bench_mini_1_default.txt" $BENCH  # the cold machine's compiles
 DSV4_ATTN_FUSED_COMBINE=1 step 70 "$OUT/bench_mini_2_fused_combine.txt" $BENCH
 step 45 "$OUT/bench_mini_3_default.txt" $BENCH
 DSV4_PDL=0 step 75 "$OUT/bench_mini_4_pdl0.txt" $BENCH
-step 150 "$OUT/serve_mini_v3.txt" python benchmarks/serve_bench.py --preset mini --device cuda --gemv v3 \
+step 130 "$OUT/serve_mini_v3.txt" python benchmarks/serve_bench.py --preset mini --device cuda --gemv v3 \
   --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
-step 90 "$OUT/moe_world1_t1.txt" python benchmarks/moe_bench.py --world 1 --tokens 1 --arms '^gl' --calls 16
+step 70 "$OUT/moe_world1_t1.txt" python benchmarks/moe_bench.py --world 1 --tokens 1 --arms '^gl' --calls 16
 left=$((560 - SECONDS))
 [ $left -gt 40 ] && step $left "$OUT/dense_world1.txt" python benchmarks/dense_bench.py --world 1 --rows 1,16
