@@ -10,6 +10,7 @@
 #      kernel reads ~25 MB in ~14.3 us a layer on mini (~0.42 of the copy bandwidth, the step's weakest big kernel;
 #      session 17's table): routed - gate_up per arm, the rows a thread / warps / mma unroll;
 #   4. if time is left, the dense bf16/fp32 GEMVs of a decode step swept at 1 and 16 rows (not since session 7).
+# benchmarks/gpu_one_hf.sh (mini against HF's generate on the same weights) is a call of its own.
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_one_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
