@@ -293,6 +293,21 @@ def test_qgemv_experts(monkeypatch, qgemv_config, device, fmt):
     close(got, ref, torch.float32, tol=1e-5)
 
 
+def test_with_pdl_adds_launch_pdl_to_every_launch():
+    """Under DSV4_PDL every Triton launch carries launch_pdl (kernels.with_pdl, in launcher and moe_gl's _launch),
+    the kernel's own arguments and options untouched; without PDL the kernel itself is returned."""
+    calls = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    k = Kernel()
+    kernels._LaunchPdl(k)[(4, 2)](1, 2.0, BLOCK=16, num_warps=4)
+    assert calls == [((4, 2), (1, 2.0), {"BLOCK": 16, "num_warps": 4, "launch_pdl": True})]
+    assert (kernels.with_pdl(k) is k) == (not kernels.PDL)
+
+
 def test_pdl_switch_is_read_at_import_and_off_under_the_interpreter():
     """DSV4_PDL=1 turns programmatic dependent launch on for a process's compiled kernels, 0 off; unset, on where
     every GPU is sm_90+ (off without CUDA); the interpreter (CPU tensors) never launches with it; another value is
