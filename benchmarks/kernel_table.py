@@ -9,7 +9,9 @@ steps timed plainly and `--steps` more under torch.profiler, first replaying the
 (captured once, outside the timed steps), then eager from the same prefix. Records (dsv4.receipts):
 
   KERNEL_ROW    arm, rank, kernel name (shortened), calls and GPU us per token, share of the arm's
-                kernel time; the `--top` largest per arm and rank
+                kernel time; on CUDA its advance (dsv4.measure.advances: the time by which it moved
+                the stream forward; additive under PDL, where durations overlap); the `--top` largest
+  KERNEL_SEQ    (--sequence, CUDA) the last token's activities in launch order: start, duration, advance
   KERNEL_TOTAL  arm, rank, kernels (nodes) per token, their summed GPU us per token, the wall ms per
                 token without the profiler, busy_fraction = kernel time / wall (the rest is launch
                 overhead and idle), the graph's census (rank 0's), provenance
@@ -52,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", default=None, help="also write the records to this file")
+    ap.add_argument("--sequence", action="store_true",
+                    help="CUDA: also the last token's activities in launch order (KERNEL_SEQ)")
     args = ap.parse_args(argv)
     receipts = Receipts(args.out)
     model = dsv4.load(args.model or args.preset, device=args.device, ranks=args.ranks, seed=0)
@@ -66,8 +70,12 @@ def main(argv=None) -> int:
         for arm, state, carry in arm_states(model, prefix, first, sp, model.device.type == "cuda"):
             for rank, table in enumerate(model.each("kernel_table", state, carry, sp, args.steps)):
                 rows = table.pop("kernels")
+                sequence = table.pop("sequence", [])
                 for row in rows[:args.top]:
                     receipts.emit("KERNEL_ROW", arm=arm, rank=rank, **row)
+                if args.sequence:
+                    for row in sequence:
+                        receipts.emit("KERNEL_SEQ", arm=arm, rank=rank, **row)
                 census = model.graph_census(state) if arm == "graph" else {}
                 receipts.emit("KERNEL_TOTAL", where, arm=arm, rank=rank, ranks=model.world, prime=args.prime,
                               steps=args.steps, **table, graph_census=census)

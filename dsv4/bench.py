@@ -3,11 +3,13 @@
 One load. Prime a deterministic prompt, then rows of `steps` sampled steps from the same restored
 prefix, alternating arms ABBA (eager, graph, graph, eager, ...), each timed end to end
 (model.step: forward, commit, head, sampling, readback) with the gate's timing
-(dsv4.gate.timing). Prints JSON records (dsv4.receipts), provenance included:
+(dsv4.gate.timing). On CUDA each graph row is followed by a pipelined row: the one-row batch graph with
+one step in flight (dsv4.generation.pipelined_tokens: the next step launched, its input token read on
+the device, before this one's token reaches the host), which is how `generate` decodes on CUDA. Prints JSON records (dsv4.receipts), provenance included:
 
   BENCH_BUILD    load wall, device, ranks, dtype, memory per rank
   BENCH_ROW      one row: arm and tok/s
-  BENCH_SUMMARY  median tok/s per arm, their ratio, whether both arms sampled the same stream,
+  BENCH_SUMMARY  median tok/s per arm, their ratios, whether every row sampled the same stream,
                  all-reduces per token per rank (census), the graph's census and captures, and
                  on CUDA the launches of one step of each arm on rank 0 (torch.profiler: CUDA
                  kernels and copies; eager launches its kernels one by one, the graph replays them)
@@ -23,10 +25,12 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 
 import torch
 
-from .gate.timing import arms, timed_steps
+from .gate.timing import arms, sync, timed_steps
+from .generation import pipelined_tokens
 from .receipts import emit, provenance
 from .sampler import SamplingParams
 
@@ -52,28 +56,44 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
         model.enable_replay(graph, sp)
         model.step(graph, first, sp)  # the capture, outside the timed rows
     launches = count_launches(model, prefix, eager, graph, first, sp) if graph_arm else {}
-    walls = {"eager": [], "graph": []}
+    walls = {"eager": [], "graph": [], "pipelined": []}
     streams = []
+    if graph_arm:  # the pipelined arm's one-row batch graph, captured outside the timed rows
+        pipelined = model.new_state(cap)
+        pipelined.restore(prefix)
+        list(pipelined_tokens(model, pipelined, first, 2, sp, keep_graph=True))
     census0 = [torch.as_tensor(c) for c in model.each("census")]
-    for row, arm in enumerate(arms(rows * 2, 1) if graph_arm else ["eager"] * (rows * 2)):
-        state = graph if arm == "graph" else eager
-        state.restore(prefix)
-        tokens, last, ns = timed_steps(model, state, first, steps, sp)
-        walls[arm].append(ns / 1e9)
-        streams.append(tokens[1:] + [last])
+    order = arms(rows * 2, 1) if graph_arm else ["eager"] * (rows * 2)
+    order = [a for arm in order for a in ((arm, "pipelined") if arm == "graph" else (arm,))]
+    for row, arm in enumerate(order):
+        if arm == "pipelined":
+            pipelined.restore(prefix)
+            drawn, ns = timed_pipelined(model, pipelined, first, steps, sp)
+            walls[arm].append(ns / 1e9)
+            streams.append(drawn)
+        else:
+            state = graph if arm == "graph" else eager
+            state.restore(prefix)
+            tokens, last, ns = timed_steps(model, state, first, steps, sp)
+            walls[arm].append(ns / 1e9)
+            streams.append(tokens[1:] + [last])
         emit("BENCH_ROW", row=row, arm=arm, graph_arm=graph_arm, tok_s=round(steps / walls[arm][-1], 3))
     census = [float((torch.as_tensor(c) - c0).sum()) for c, c0 in zip(model.each("census"), census0)]
     e = steps / statistics.median(walls["eager"])
     g = steps / statistics.median(walls["graph"]) if graph_arm else None
+    p = steps / statistics.median(walls["pipelined"]) if graph_arm else None
     same = all(s == streams[0] for s in streams)
     emit("BENCH_SUMMARY", provenance(model.device, preset), prime=prime, steps_per_row=steps,
          rows_per_arm=rows if graph_arm else 2 * rows,
          eager_tok_s=round(e, 3), graph_tok_s=round(g, 3) if graph_arm else None,
-         graph_over_eager=round(g / e, 3) if graph_arm else None, same_stream=same, graph_arm=graph_arm,
-         reductions_per_token_per_rank=[c / (2 * rows * steps) for c in census],
+         graph_over_eager=round(g / e, 3) if graph_arm else None,
+         pipelined_tok_s=round(p, 3) if graph_arm else None, pipelined_over_graph=round(p / g, 3) if graph_arm else None,
+         same_stream=same, graph_arm=graph_arm,
+         reductions_per_token_per_rank=[c / (len(order) * steps) for c in census],
          graph_census=model.graph_census(graph) if graph_arm else {},
          captures=model.captures(graph) if graph_arm else 0, **launches,
-         timing_scope="model.step: forward+commit+head+sample+readback, median row")
+         timing_scope="model.step: forward+commit+head+sample+readback, median row; pipelined: the one-row batch "
+                      "graph with one step in flight (dsv4.generation.pipelined_tokens, what generate runs on CUDA)")
     if profile:
         _profile(model, prefix, first, sp, g if graph_arm else e, preset, steps)
     if not same:
@@ -81,6 +101,16 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
               file=sys.stderr)
         return 1
     return 0
+
+
+def timed_pipelined(model, state, first: int, steps: int, sampling) -> tuple[list[int], int]:
+    """`steps` pipelined steps from `first` (dsv4.generation.pipelined_tokens, the graph kept), timed end to end:
+    (the tokens drawn, ns)."""
+    sync(model)
+    start = time.perf_counter_ns()
+    drawn = list(pipelined_tokens(model, state, first, steps, sampling, keep_graph=True))
+    sync(model)
+    return drawn, time.perf_counter_ns() - start
 
 
 def count_launches(model, prefix, eager, graph, first: int, sp) -> dict:

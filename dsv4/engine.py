@@ -33,17 +33,8 @@ from .parallel import SITES, Comm
 from .profile import phase
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
-from .state import CapacityError, DecodeState, Pools, QuarantineError
+from .state import CapacityError, DecodeState, Pools, QuarantineError, RefusalError, StepHeld  # noqa: F401
 from .tokenizer import Tokenizer, build_tokenizer
-
-
-class RefusalError(RuntimeError):
-    """A collective of the step refused: nothing was committed and the state is quarantined."""
-
-
-class StepHeld(RuntimeError):
-    """A pipelined batched step launched before an earlier step's refusal was settled: it committed nothing for
-    any row (the device's hold masked every row), its states are as before it and open; run it again."""
 
 
 def _default_dtype(device: torch.device) -> torch.dtype:
@@ -626,6 +617,13 @@ class Model(ModelCommon):
         """Forget every captured batched step (before the process group goes: NCCL cannot tear down a
         communicator that a live graph still uses)."""
         self._batches.clear()
+
+    def drop_batch(self, states: Sequence[DecodeState]) -> None:
+        """Forget the batched steps captured over exactly these states (their graphs and buffers): a one-off
+        list of states (dsv4.generation.pipelined_tokens) is not kept alive by its graph."""
+        ids = tuple(id(s) for s in states)
+        for key in [k for k in self._batches if k[0] == ids]:
+            del self._batches[key]
 
     def batch_captures(self) -> int:
         """Batch graphs captured so far (one per list of states, i.e. per bucket of a server)."""

@@ -8,6 +8,7 @@ from typing import Iterator, Sequence
 
 from .interface import DecodeModel
 from .sampler import SamplingParams
+from .state import RefusalError, StepHeld
 from .tokenizer import TextStream
 
 
@@ -39,11 +40,49 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
     if len(ids) > 1:
         prefill(model, state, ids[:-1], progress)
     token = ids[-1]
-    for _ in range(max_tokens):
+    steps = min(max_tokens, state.capacity - state.host_pos)
+    if model.device.type == "cuda":  # the step as a graph, one step in flight (graph == eager, bit for bit)
+        yield from pipelined_tokens(model, state, token, steps, sampling)
+        return
+    for _ in range(steps):
         token = model.step(state, token, sampling)
         yield token
-        if state.host_pos + 1 > state.capacity:
-            return
+
+
+def pipelined_tokens(model: DecodeModel, state, token: int, n: int, sampling: SamplingParams | None = None,
+                     graph: bool = True, keep_graph: bool = False) -> Iterator[int]:
+    """n sampled steps of `state` from `token`, one step always in flight: step i + 1 is launched, its input read
+    on the device (Model.step_batch_launch's feed: the token step i drew), before step i's token reaches the host,
+    so the readback and the host's work on each token overlap the device's next step. The tokens are
+    model.step's: a batched step of one row is the solo step, bit for bit (DESIGN.md, batched == solo).
+
+    graph: each step a replay of the state's one-row batch graph (CUDA), captured at the first step and dropped
+    when the loop ends (a new state, a new graph: nothing is kept past it; keep_graph keeps it for the next loop
+    over the same state, as `dsv4 bench`'s rows restored from one prefix). The caller may stop early (an EOS):
+    the step in flight is then settled and its token dropped, so the state ends one step past the last token
+    yielded. A refused step raises RefusalError when it settles (the state quarantined, nothing committed); the
+    step launched behind it committed nothing either (the device's hold) and is settled quietly."""
+    if n < 1:
+        return
+    samplings = [sampling]
+    launched = settled = 0
+    try:
+        model.step_batch_launch([state], [token], samplings, feed=[False], graph=graph)
+        launched = 1
+        while settled < n:
+            if launched < n:
+                model.step_batch_launch([state], [None], samplings, feed=[True], graph=graph)
+                launched += 1
+            settled += 1  # settling takes the step off the pending list, raising or not
+            yield model.step_batch_settle()[0]
+    finally:
+        for _ in range(launched - settled):
+            try:
+                model.step_batch_settle()
+            except (RefusalError, StepHeld):  # behind a refusal already raised, or after the caller stopped
+                pass
+        if graph and not keep_graph:
+            model.drop_batch([state])
 
 
 def text_deltas(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,

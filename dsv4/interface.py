@@ -25,7 +25,7 @@ RANK_CALLS = {
     "prefill": "all", "prefill_batch": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
     "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree",
-    "step_batch_launch": "all", "step_batch_settle": "agree",
+    "step_batch_launch": "all", "step_batch_settle": "agree", "drop_batch": "all",
     "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
     "logits_sha": "local", "census": "local", "memory_allocated": "local",
@@ -73,6 +73,8 @@ class DecodeModel(Protocol):
                           feed: Sequence[bool] | None = None, graph: bool = False) -> None: ...
 
     def step_batch_settle(self) -> tuple[int, ...]: ...
+
+    def drop_batch(self, states: Sequence[DecodeState]) -> None: ...
 
     def batch_captures(self) -> int: ...
 

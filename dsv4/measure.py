@@ -246,8 +246,10 @@ def kernel_table(run_step, steps: int, device) -> dict:
 
     On CUDA the rows are the device's activities (kernels, memcpy, memset): for a replayed graph its
     nodes, for an eager step its launches. kernel_us_per_token against wall_ms_per_token (timed without
-    the profiler) is the share the GPU is busy; the rest is launch overhead and idle time. On CPU (a
-    smoke run) the rows are the top-level torch ops and their host time.
+    the profiler) is the share the GPU is busy; the rest is launch overhead and idle time. On CUDA each row
+    also has its advance_us_per_token (`advances`: additive where durations overlap, as under PDL), with the
+    idle and span per token and the last token's sequence. On CPU (a smoke run) the rows are the top-level
+    torch ops and their host time.
     """
     cuda = torch.device(device).type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)  # noqa: E731
@@ -278,12 +280,53 @@ def kernel_table(run_step, steps: int, device) -> dict:
     total = sum(time_us.values())
     rows = [{"name": n, "calls_per_token": round(calls[n] / steps, 2), "us_per_token": round(us / steps, 2),
              "share": round(us / total, 4) if total else 0.0} for n, us in time_us.most_common()]
-    return {"kernels": rows, "distinct": len(rows), "kernels_per_token": round(sum(calls.values()) / steps, 2),
+    timeline = {}
+    if cuda:
+        timeline = advances([(e.time_range.start, e.time_range.end, short_kernel_name(e.name)) for e in prof.events()
+                             if e.device_type == torch.autograd.DeviceType.CUDA], steps)
+        for row in rows:
+            row["advance_us_per_token"] = timeline["advance_us_per_token"].get(row["name"], 0.0)
+        del timeline["advance_us_per_token"]
+        rows.sort(key=lambda r: -r["advance_us_per_token"])  # what the wall is made of, largest first
+    return {"kernels": rows, **timeline, "distinct": len(rows),
+            "kernels_per_token": round(sum(calls.values()) / steps, 2),
             "kernel_us_per_token": round(total / steps, 1), "wall_ms_per_token": round(wall / steps * 1e3, 3),
             "profiled_wall_ms_per_token": round(profiled_wall / steps * 1e3, 3),
             "busy_fraction": round(total / (wall * 1e6), 4) if wall > 0 else None,
             "scope": "CUDA activities (kernels, memcpy, memset) of model.step" if cuda
             else "top-level torch ops of model.step, host time (CPU smoke run)"}
+
+
+def advances(spans: list[tuple[float, float, str]], steps: int) -> dict:
+    """Where a stream's wall time went, additively, from its activities (start, end, name) in us: in launch
+    (start) order each activity is charged the time by which it moved the stream's frontier (the latest end so
+    far) forward, and a start past the frontier is idle time (the device waiting for the host). Under
+    programmatic dependent launch a kernel starts before its predecessor ends and its duration includes that
+    wait, so durations overlap and do not add up; advances do: their sum plus the idle time is the span.
+    -> advance_us_per_token by name, idle and span us per token, and `sequence`: the last token's activities
+    in order (name, start from the token's first start, duration, advance; us)."""
+    spans = sorted(spans)
+    advance: collections.Counter = collections.Counter()
+    charged = []
+    idle = 0.0
+    frontier = spans[0][0] if spans else 0.0
+    for start, end, name in spans:
+        if start > frontier:
+            idle += start - frontier
+            frontier = start
+        moved = max(0.0, end - frontier)
+        advance[name] += moved
+        charged.append(moved)
+        frontier = max(frontier, end)
+    per_step = len(spans) // steps if steps else 0
+    last = list(zip(spans, charged))[len(spans) - per_step:] if per_step else []
+    t0 = last[0][0][0] if last else 0.0
+    sequence = [{"i": i, "name": name, "start_us": round(start - t0, 2), "us": round(end - start, 2),
+                 "advance_us": round(moved, 2)} for i, ((start, end, name), moved) in enumerate(last)]
+    return {"advance_us_per_token": {n: round(us / steps, 2) for n, us in advance.items()},
+            "idle_us_per_token": round(idle / steps, 1),
+            "span_us_per_token": round((frontier - spans[0][0]) / steps, 1) if spans else 0.0,
+            "sequence": sequence}
 
 
 # ---- prefill ----------------------------------------------------------------

@@ -52,6 +52,15 @@ def _zeros(slots: int | None):
     return lambda *shape, **kw: torch.zeros((() if slots is None else (slots,)) + shape, **kw)
 
 
+class RefusalError(RuntimeError):
+    """A collective of the step refused: nothing was committed and the state is quarantined."""
+
+
+class StepHeld(RuntimeError):
+    """A pipelined batched step launched before an earlier step's refusal was settled: it committed nothing for
+    any row (the device's hold masked every row), its states are as before it and open; run it again."""
+
+
 class LayerCache:
     def __init__(self, cfg: ModelConfig, layer: int, capacity: int, device, dtype, slots: int | None = None):
         hd, W = cfg.head_dim, cfg.sliding_window

@@ -262,3 +262,53 @@ def test_two_ranks_pipelined_equals_solo(two):
     for b, i in enumerate(rows):
         assert [t for t, _ in out[b]] == expect[i], f"sequence {i}"
     assert len({d[1] for d in two.digests_all(states[0])}) == 1
+
+
+# ---- pipelined_tokens (dsv4.generation: generate's decode loop on CUDA, one step in flight) ---------------------
+def test_pipelined_tokens_equal_solo(model, solos):
+    """The loop generate runs on CUDA (here eager, graph=False): the solo stream, the state where the solo's is,
+    nothing left pending; stopping early settles the step in flight (the state one step past the last token)."""
+    from dsv4.generation import pipelined_tokens
+
+    for i in (0, 3):
+        state = prefilled(model, i)
+        assert list(pipelined_tokens(model, state, PROMPTS[i][-1], STEPS, SAMPLINGS[i], graph=False)) == solos[i][0]
+        assert state.digest() == solos[i][1][STEPS - 1] and state.host_pos == len(PROMPTS[i]) - 1 + STEPS
+    state = prefilled(model, 1)
+    loop = pipelined_tokens(model, state, PROMPTS[1][-1], STEPS, SAMPLINGS[1], graph=False)
+    assert [next(loop) for _ in range(3)] == solos[1][0][:3]
+    loop.close()
+    assert state.digest() == solos[1][1][3] and state.host_pos == len(PROMPTS[1]) - 1 + 4
+    assert model.step_batch([state], [solos[1][0][3]], [SAMPLINGS[1]])[0] == solos[1][0][4]  # nothing pending
+    assert list(pipelined_tokens(model, prefilled(model, 2), PROMPTS[2][-1], 0, SAMPLINGS[2], graph=False)) == []
+
+
+def test_pipelined_tokens_refusal_raises_and_leaves_nothing_pending(model, solos):
+    """A refused step raises RefusalError from the loop, its state quarantined and unchanged; the step launched
+    behind it (held) is settled by the loop, so the model takes the next call."""
+    from dsv4.generation import pipelined_tokens
+
+    state = prefilled(model, 4)
+    before = state.digest()
+    model.arm_refusal(1, 0, 7, "moe")
+    try:
+        with pytest.raises(RefusalError, match="layer 1 site moe"):
+            list(pipelined_tokens(model, state, PROMPTS[4][-1], STEPS, SAMPLINGS[4], graph=False))
+    finally:
+        model.reset_refusals()
+    assert state.quarantine is not None and state.digest() == before and not bool(model.hold)
+    other = prefilled(model, 6)
+    assert model.step_batch([other], [PROMPTS[6][-1]], [SAMPLINGS[6]])[0] == solos[6][0][0]
+
+
+def test_two_ranks_pipelined_tokens_equal_solo(two):
+    """pipelined_tokens over the driver (its calls forwarded to both ranks): the two ranks' solo stream."""
+    from dsv4.generation import pipelined_tokens
+
+    i = 7
+    state, token, expect = prefilled(two, i), PROMPTS[i][-1], []
+    for _ in range(5):
+        token = two.step(state, token, SAMPLINGS[i])
+        expect.append(token)
+    got = list(pipelined_tokens(two, prefilled(two, i), PROMPTS[i][-1], 5, SAMPLINGS[i], graph=False))
+    assert got == expect

@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from dsv4.measure import short_kernel_name
+from dsv4.measure import advances, short_kernel_name
 
 
 def _script():
@@ -38,3 +38,19 @@ def test_kernel_table_smoke_on_cpu(tmp_path):
     assert total["kernels_per_token"] >= sum(r["calls_per_token"] for r in rows)
     assert total["kernel_us_per_token"] >= sum(r["us_per_token"] for r in rows) - 1
     assert total["wall_ms_per_token"] > 0 and total["distinct"] >= 3
+
+
+def test_advances_charge_each_activity_what_it_moved_the_frontier():
+    """Overlapping activities (PDL: a kernel starts before its predecessor ends) are charged only their advance of
+    the latest end; a start past it is idle; advances + idle = the span; the last token's sequence in order."""
+    # token 0: a [0, 10], b [4, 12] (overlaps a: +2), c [12, 13] (+1); idle 5; token 1: a [18, 30], b [20, 25]
+    # (inside a: +0), c [31, 35] (1 idle, +4)
+    spans = [(18.0, 30.0, "a"), (0.0, 10.0, "a"), (4.0, 12.0, "b"), (12.0, 13.0, "c"), (20.0, 25.0, "b"),
+             (31.0, 35.0, "c")]
+    got = advances(spans, 2)
+    assert got["advance_us_per_token"] == {"a": 11.0, "b": 1.0, "c": 2.5}
+    assert got["idle_us_per_token"] == 3.0 and got["span_us_per_token"] == 17.5
+    assert sum(got["advance_us_per_token"].values()) + got["idle_us_per_token"] == got["span_us_per_token"]
+    assert [(r["name"], r["start_us"], r["us"], r["advance_us"]) for r in got["sequence"]] == [
+        ("a", 0.0, 12.0, 12.0), ("b", 2.0, 5.0, 0.0), ("c", 13.0, 4.0, 4.0)]
+    assert advances([], 1)["span_us_per_token"] == 0.0
