@@ -50,7 +50,9 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"},
+         # DSV4_MOE_DOWN_EARLY: besides its weights, the buffers of kernels two or more back (moe_gl.down's early)
+         "_down_loop_kernel": {"w_ptr", "s_ptr", "ids_ptr", "wt_ptr", "h_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -544,6 +546,16 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     for tiles, unroll in ((1, 2), (1, 4), (1, 8)) if SWEEPS else ((1, 4),):  # the tensor-core programs (default 1 x 4)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
+    moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, down_loop=True)  # DSV4_MOE_DOWN_LOOP=1's kernel 2
+    gluon_variants()
+    moe_gl.CONFIG.update(down_loop_early=True)  # and DSV4_MOE_DOWN_EARLY=1's, where the caller says early
+    for dtype in (torch.bfloat16, torch.float16):
+        for T in (1, 3, 16):
+            x = torch.zeros(T, 4096, dtype=dtype)
+            moe_gl.down(torch.zeros(T * 6, 2048, dtype=dtype), torch.zeros(T, 6, dtype=torch.int64),
+                        torch.zeros(T, 6, dtype=dtype), QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8),
+                                                                torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu),
+                                                                "fp4"), 0, x, torch.empty_like(x), early=True)
     moe_gl.CONFIG.update(_mma)
 
 

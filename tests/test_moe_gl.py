@@ -153,3 +153,36 @@ def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
             h_t, sh_t = fused_moe.routed_and_shared_gate_up(x[t:t + 1], ids[t:t + 1], *args)
             rows = mine[6 * t:6 * t + 6]
             assert torch.equal(sh_t, sh[t:t + 1]) and torch.equal(h_t[rows], h[6 * t:6 * t + 6][rows]), (solo, t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unroll,I", [(2, 1024), (4, 2048)], ids=["mma1x2_I1024", "mma1x4_I2048"])
+def test_down_loop_has_the_ticketed_bits(monkeypatch, dtype, unroll, I):
+    """Kernel 2 as one program a row block looping over the experts (CONFIG down_loop): the ticketed kernel's bits,
+    with the shared output added and without, over 20 tokens whose experts are partly another rank's (masked, never
+    read: poisoning every expert of the stack the tokens do not pick changes nothing); each token alone equals it in
+    the batch; the loop kernel ran."""
+    stacks, x, shared, ids, weights = _case("cuda", dtype, 20, I=I)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma_tiles", 1)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma_unroll", unroll)
+    assert bool(moe_gl._mma(x, stacks["w2"]))
+    ticketed = _routed(stacks, x, shared, ids, weights)
+    ticketed_plain = _routed(stacks, x, shared, ids, weights, shared_on=False)
+    monkeypatch.setitem(moe_gl.CONFIG, "down_loop", True)
+    launched = []
+    launch = moe_gl._launch
+    monkeypatch.setattr(moe_gl, "_launch", lambda kernel: launched.append(kernel.fn.__name__) or launch(kernel))
+    loop = _routed(stacks, x, shared, ids, weights)
+    assert "_down_loop_kernel" in launched and "_down_gl_kernel" not in launched, launched
+    assert torch.equal(loop, ticketed)
+    assert torch.equal(_routed(stacks, x, shared, ids, weights, shared_on=False), ticketed_plain)
+    picked = set((ids - 16).flatten().tolist())
+    bad = poisoned(stacks, [e for e in range(16) if e not in picked], 128)
+    assert torch.equal(_routed(bad, x, shared, ids, weights), ticketed)
+    for t in range(x.shape[0]):
+        assert torch.equal(_routed(stacks, x, shared, ids, weights, slice(t, t + 1)), loop[t:t + 1]), t
