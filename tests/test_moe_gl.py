@@ -186,3 +186,36 @@ def test_down_loop_has_the_ticketed_bits(monkeypatch, dtype, unroll, I):
     assert torch.equal(_routed(bad, x, shared, ids, weights), ticketed)
     for t in range(x.shape[0]):
         assert torch.equal(_routed(stacks, x, shared, ids, weights, slice(t, t + 1)), loop[t:t + 1]), t
+    if moe_gl.PDL:  # DSV4_MOE_DOWN_EARLY: the products before the wait (the caller's word: early), the same bits
+        monkeypatch.setitem(moe_gl.CONFIG, "down_loop_early", True)
+        stack_list = [stacks[n] for n in ("w1", "w3", "w2")]
+        with rows_alone(True, tokens=1):
+            early = fused_moe.routed(x, ids, weights, stack_list, 16, 7.0, shared, None, None, True)
+        assert torch.equal(early, ticketed)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA or not moe_gl.PDL, reason="needs a GPU (Gluon compiles for it only) under DSV4_PDL")
+@pytest.mark.parametrize("mma", [False, True], ids=["cuda_cores", "mma"])
+def test_shared_early_has_the_bits(monkeypatch, mma):
+    """Kernel 1 with the shared programs first and their sums before the wait (CONFIG shared_early, the caller's word
+    early): the same bytes as the shared programs after the routed ones, for 20 tokens and for one."""
+    from quantised_cases import quantised
+
+    stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 20)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", mma)
+    g = torch.Generator().manual_seed(8)
+    full = [quantised("fp8", 2048 + 128, x.shape[1], g) for _ in range(2)]
+    sw1, sw3 = (moe_gl.QWeight(w.data[64:64 + 2048].contiguous(), w.scale.contiguous(), "fp8", 64, 0).to("cuda")
+                for w in full)
+    args = (stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    mine = ((ids >= 16) & (ids < 32)).flatten()
+    for rows in (slice(None), slice(3, 4)):
+        h, sh = fused_moe.routed_and_shared_gate_up(x[rows], ids[rows], *args)
+        monkeypatch.setitem(moe_gl.CONFIG, "shared_early", True)
+        h_e, sh_e = fused_moe.routed_and_shared_gate_up(x[rows], ids[rows], *args, early=True)
+        monkeypatch.setitem(moe_gl.CONFIG, "shared_early", False)
+        m = mine.view(-1, 6)[rows].flatten()
+        assert torch.equal(sh_e, sh) and torch.equal(h_e[m], h[m])

@@ -67,7 +67,10 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "down_loop": getenv("DSV4_MOE_DOWN_LOOP", "0") == "1",
-          "down_loop_early": getenv("DSV4_MOE_DOWN_EARLY", "0") == "1"}
+          "down_loop_early": getenv("DSV4_MOE_DOWN_EARLY", "0") == "1",
+          "shared_early": getenv("DSV4_MOE_SHARED_EARLY", "0") == "1"}
+# shared_early (DSV4_MOE_SHARED_EARLY=1 under DSV4_PDL; off until a GPU run): kernel 1's shared programs first in its
+# grid, their sums before their wait (_gate_up_shared_gl_kernel's S_EARLY), overlapping the router's kernel.
 # down_loop (DSV4_MOE_DOWN_LOOP=1; off until a GPU run): kernel 2 on the tensor cores as one program a 16-row block
 # looping over the token's experts (_down_loop_kernel): 256 programs at Flash's D where the ticketed kernel launches
 # 1,536 of 16 KB each (one load round trip, then a store, a ticket and a reload of the terms each), its weights read
@@ -246,32 +249,53 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
-                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
+                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
+                              S_EARLY: gl.constexpr = False):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
-    its FP8 gate/up for S_ROWS tokens at a time)."""
+    its FP8 gate/up for S_ROWS tokens at a time).
+
+    S_EARLY (CONFIG["shared_early"] under DSV4_PDL, where the caller says x is two or more kernels back: the router
+    ran in between): the shared programs first in the grid, each computing its sums before its wait (x and the
+    stored weights: this kernel starts only once every program of the router's kernel has passed its own wait, so
+    the kernel that wrote x has completed; x read from L2), the wait only before its stores. They run while the
+    router finishes, where they waited behind it; the routed programs need its ids and wait first, as before."""
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
-    routed = blocks * T * TOPK
-    if pid < routed:
-        _pdl_wait()
-        _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
-                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+    if S_EARLY:
+        s_blocks_first = SI // (S_RN * gl.num_warps())
+        shared = s_blocks_first * ((T + S_ROWS - 1) // S_ROWS)
+        if pid < shared:
+            _shared_program(pid % s_blocks_first, pid // s_blocks_first, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr,
+                            sh_ptr, T, SI, s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, True)
+        else:
+            q = pid - shared
+            _pdl_wait()
+            _routed(q % blocks, (q // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
+                    first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
     else:
-        q = pid - routed
-        s_blocks = SI // (S_RN * gl.num_warps())
-        _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
-                        s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
+        routed = blocks * T * TOPK
+        if pid < routed:
+            _pdl_wait()
+            _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr,
+                    I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+        else:
+            q = pid - routed
+            s_blocks = SI // (S_RN * gl.num_warps())
+            _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
+                            s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
 
 
 @_jit
 def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, SI, row_skew, limit,
-                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr):
+                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr,
+                    EARLY: gl.constexpr = False):
     """Outputs nb * BLOCK_N.. of the shared expert's gate and up (FP8 e4m3 [SI, K], 128 x 128 block scales; the
     rank's rows start row_skew into their first scale block) for tokens chunk * ROWS.. (fewer at the end), then the
     activation into h [T, SI]. A thread holds RN rows x 16 consecutive inputs of its lane's 512-input slice; each
     K step's tile is read and widened once for all ROWS tokens, and each token's sums are the operations it gets
-    alone (its own products, in the same order): its bits do not depend on the others."""
+    alone (its own products, in the same order): its bits do not depend on the others. EARLY
+    (_gate_up_shared_gl_kernel's S_EARLY): every sum before the wait (x from L2), the wait before the stores."""
     G: gl.constexpr = 32
     LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 16], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])
@@ -291,11 +315,17 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
     for i in gl.static_range(ROWS):
         acc_g = acc_g + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
         acc_u = acc_u + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
-    if _PDL:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
+    if _PDL and not EARLY:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
         wq0, uq0, sq0, tq0 = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, 0, K)
         _pdl_wait()
     for k0 in range(0, K, 512):
-        if _PDL:
+        if EARLY:
+            wq, uq, sq, tq = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K)
+            wg = wq.to(gl.float32)
+            wu = uq.to(gl.float32)
+            sg = (sq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+            su = (tq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+        elif _PDL:
             if k0 == 0:
                 wq, uq, sq, tq = wq0, uq0, sq0, tq0
             else:
@@ -314,11 +344,17 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
         new_u = ()
         for i in gl.static_range(ROWS):
             t = t0 + i
-            xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
+            if EARLY:
+                xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0,
+                             cache_modifier=".cg").to(gl.float32)
+            else:
+                xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
             new_g = new_g + (acc_g[i] + gl.sum(wg * xv, axis=2) * sg,)
             new_u = new_u + (acc_u[i] + gl.sum(wu * xv, axis=2) * su,)
         acc_g = new_g
         acc_u = new_u
+    if EARLY:
+        _pdl_wait()
     dt: gl.constexpr = h_ptr.dtype.element_ty
     for i in gl.static_range(ROWS):
         t = t0 + i
@@ -870,9 +906,10 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
 
 
 def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, sw1: QWeight,
-                   sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   sw3: QWeight, limit: float, early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert) in one launch (see
-    _gate_up_shared_gl_kernel)."""
+    _gate_up_shared_gl_kernel). early: the caller's word that x was written two or more kernels before this launch
+    (the router's kernels in between), which lets shared_early run the shared programs before their wait."""
     T, k = ids.shape
     I, SI = w1.shape[0], sw1.shape[0]
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
@@ -891,7 +928,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma,
-        **_options())
+        **({"S_EARLY": True} if early and PDL and CONFIG["shared_early"] else {}), **_options())
     return h, sh
 
 

@@ -185,8 +185,9 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
             _shared_fused(x, w["shared"]) and not _tensor_cores(x, ids, w["experts"]):
         # Both kernel 1s read only x: one launch for the routed rows and the shared expert (the pair kernels').
         e, s = w["experts"], w["shared"]
+        # early: the router's kernels ran since the kernel that wrote x (moe_gl.gate_up_shared's early)
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
-                                                          cfg.swiglu_limit)
+                                                          cfg.swiglu_limit, early=True)
         return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, early=True)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
