@@ -87,8 +87,6 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_mma1x8": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 8}},
     "gl_mma1x2": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 2}},
     "gl_mma1x4_up": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4, "mma_down": False}},  # kernel 1 only
-    # kernel 2 as one program a row block looping over the experts (DSV4_MOE_DOWN_LOOP): the same bits as "gl"
-    "gl_down_loop": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4, "down_loop": True}},
 }
 SHARED_VARIANTS = {
     "base": {},

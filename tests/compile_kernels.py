@@ -49,11 +49,8 @@ pdl_variants: set = set()  # (kernel, launch_pdl) compiled under PDL
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
          "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
-         # and x (two or more kernels back) for DSV4_MOE_SHARED_EARLY's shared programs (moe_gl.gate_up_shared's early)
-         "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr", "x_ptr"},
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"},
-         # DSV4_MOE_DOWN_EARLY: besides its weights, the buffers of kernels two or more back (moe_gl.down's early)
-         "_down_loop_kernel": {"w_ptr", "s_ptr", "ids_ptr", "wt_ptr", "h_ptr"}}
+         "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -547,23 +544,6 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     for tiles, unroll in ((1, 2), (1, 4), (1, 8)) if SWEEPS else ((1, 4),):  # the tensor-core programs (default 1 x 4)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
-    moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, down_loop=True)  # DSV4_MOE_DOWN_LOOP=1's kernel 2
-    gluon_variants()
-    moe_gl.CONFIG.update(down_loop_early=True, shared_early=True)  # DSV4_MOE_DOWN_EARLY / SHARED_EARLY, said early
-    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=torch.float8_e8m0fnu),
-                     "fp8", 1024, 0)
-    for dtype in (torch.bfloat16, torch.float16):
-        for T in (1, 3, 16):
-            x = torch.zeros(T, 4096, dtype=dtype)
-            fp4 = [QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128,
-                                                                                  dtype=torch.float8_e8m0fnu), "fp4")
-                   for _ in range(2)]
-            moe_gl.gate_up_shared(x, torch.zeros(T, 6, dtype=torch.int64), fp4[0], fp4[1], 0, shared, shared, 10.0,
-                                  early=True)
-            moe_gl.down(torch.zeros(T * 6, 2048, dtype=dtype), torch.zeros(T, 6, dtype=torch.int64),
-                        torch.zeros(T, 6, dtype=dtype), QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8),
-                                                                torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu),
-                                                                "fp4"), 0, x, torch.empty_like(x), early=True)
     moe_gl.CONFIG.update(_mma)
 
 

@@ -65,18 +65,7 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8,
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
-          "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
-          "down_loop": getenv("DSV4_MOE_DOWN_LOOP", "0") == "1",
-          "down_loop_early": getenv("DSV4_MOE_DOWN_EARLY", "0") == "1",
-          "shared_early": getenv("DSV4_MOE_SHARED_EARLY", "0") == "1"}
-# shared_early (DSV4_MOE_SHARED_EARLY=1 under DSV4_PDL; off until a GPU run): kernel 1's shared programs first in its
-# grid, their sums before their wait (_gate_up_shared_gl_kernel's S_EARLY), overlapping the router's kernel.
-# down_loop (DSV4_MOE_DOWN_LOOP=1; off until a GPU run): kernel 2 on the tensor cores as one program a 16-row block
-# looping over the token's experts (_down_loop_kernel): 256 programs at Flash's D where the ticketed kernel launches
-# 1,536 of 16 KB each (one load round trip, then a store, a ticket and a reload of the terms each), its weights read
-# one expert ahead. The same bits as the ticketed kernel (the same operations in the same order). down_loop_early
-# (DSV4_MOE_DOWN_EARLY=1, with down_loop under DSV4_PDL; off until a GPU run): its products before its wait
-# (_down_loop_kernel's EARLY), overlapping the shared expert's down projection before it.
+          "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True}
 # mma (on by default since session 16, call 5; DSV4_MOE_MMA=0 for the CUDA-core programs): the routed programs of
 # both kernels on the tensor cores (_mma_rows), where the weights' shapes and scales allow it (_mma_shape,
 # _mma_fits; else the CUDA-core programs): fewer instructions a weight (the weights' pairs, times their group's
@@ -249,53 +238,32 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
-                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
-                              S_EARLY: gl.constexpr = False):
+                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
-    its FP8 gate/up for S_ROWS tokens at a time).
-
-    S_EARLY (CONFIG["shared_early"] under DSV4_PDL, where the caller says x is two or more kernels back: the router
-    ran in between): the shared programs first in the grid, each computing its sums before its wait (x and the
-    stored weights: this kernel starts only once every program of the router's kernel has passed its own wait, so
-    the kernel that wrote x has completed; x read from L2), the wait only before its stores. They run while the
-    router finishes, where they waited behind it; the routed programs need its ids and wait first, as before."""
+    its FP8 gate/up for S_ROWS tokens at a time)."""
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
-    if S_EARLY:
-        s_blocks_first = SI // (S_RN * gl.num_warps())
-        shared = s_blocks_first * ((T + S_ROWS - 1) // S_ROWS)
-        if pid < shared:
-            _shared_program(pid % s_blocks_first, pid // s_blocks_first, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr,
-                            sh_ptr, T, SI, s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, True)
-        else:
-            q = pid - shared
-            _pdl_wait()
-            _routed(q % blocks, (q // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
-                    first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+    routed = blocks * T * TOPK
+    if pid < routed:
+        _pdl_wait()
+        _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
+                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
     else:
-        routed = blocks * T * TOPK
-        if pid < routed:
-            _pdl_wait()
-            _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr,
-                    I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
-        else:
-            q = pid - routed
-            s_blocks = SI // (S_RN * gl.num_warps())
-            _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
-                            s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
+        q = pid - routed
+        s_blocks = SI // (S_RN * gl.num_warps())
+        _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
+                        s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
 
 
 @_jit
 def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, SI, row_skew, limit,
-                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr,
-                    EARLY: gl.constexpr = False):
+                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr):
     """Outputs nb * BLOCK_N.. of the shared expert's gate and up (FP8 e4m3 [SI, K], 128 x 128 block scales; the
     rank's rows start row_skew into their first scale block) for tokens chunk * ROWS.. (fewer at the end), then the
     activation into h [T, SI]. A thread holds RN rows x 16 consecutive inputs of its lane's 512-input slice; each
     K step's tile is read and widened once for all ROWS tokens, and each token's sums are the operations it gets
-    alone (its own products, in the same order): its bits do not depend on the others. EARLY
-    (_gate_up_shared_gl_kernel's S_EARLY): every sum before the wait (x from L2), the wait before the stores."""
+    alone (its own products, in the same order): its bits do not depend on the others."""
     G: gl.constexpr = 32
     LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 16], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])
@@ -315,17 +283,11 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
     for i in gl.static_range(ROWS):
         acc_g = acc_g + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
         acc_u = acc_u + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
-    if _PDL and not EARLY:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
+    if _PDL:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
         wq0, uq0, sq0, tq0 = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, 0, K)
         _pdl_wait()
     for k0 in range(0, K, 512):
-        if EARLY:
-            wq, uq, sq, tq = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K)
-            wg = wq.to(gl.float32)
-            wu = uq.to(gl.float32)
-            sg = (sq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
-            su = (tq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
-        elif _PDL:
+        if _PDL:
             if k0 == 0:
                 wq, uq, sq, tq = wq0, uq0, sq0, tq0
             else:
@@ -344,17 +306,11 @@ def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, 
         new_u = ()
         for i in gl.static_range(ROWS):
             t = t0 + i
-            if EARLY:
-                xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0,
-                             cache_modifier=".cg").to(gl.float32)
-            else:
-                xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
+            xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
             new_g = new_g + (acc_g[i] + gl.sum(wg * xv, axis=2) * sg,)
             new_u = new_u + (acc_u[i] + gl.sum(wu * xv, axis=2) * su,)
         acc_g = new_g
         acc_u = new_u
-    if EARLY:
-        _pdl_wait()
     dt: gl.constexpr = h_ptr.dtype.element_ty
     for i in gl.static_range(ROWS):
         t = t0 + i
@@ -440,13 +396,10 @@ def _split4(v, L4: gl.constexpr):
 
 
 @_jit
-def _multiplier(s_ptr, F16: gl.constexpr, live=None):
+def _multiplier(s_ptr, F16: gl.constexpr):
     """A group's e8m0 scale byte e as the pair of x's type 2**(e - 127) / the decode's factor, twice: bf16
     2**(e - 1) (exponent field e + 126), fp16 2**(e - 113) (field e - 98); in range by _mma_fits."""
-    if live is None:
-        e = gl.load(s_ptr).to(gl.int32)
-    else:
-        e = gl.load(s_ptr, mask=live, other=0).to(gl.int32)
+    e = gl.load(s_ptr).to(gl.int32)
     return (e - 98) * 0x04000400 if F16 else (e + 126) * 0x00800080
 
 
@@ -500,13 +453,34 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
         loads = ()
         for j in gl.static_range(U):
             c = c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
-            step = (_mma_weight_loads(wa_ptr, sa_ptr, w0, sc0, c, K, S_STRIDE, F16)
-                    + _mma_x_loads(x_words, x0, x_live, c))
+            at = w0 + c * 16
+            xs = x0 + c * 64
+            scs = sc0 + c * 4
+            step = (gl.load(wa_ptr + at), gl.load(wa_ptr + at + 8 * (K // 8)),
+                    _multiplier(sa_ptr + scs, F16), _multiplier(sa_ptr + scs + 8 * S_STRIDE, F16),
+                    gl.load(x_words + xs, mask=x_live, other=0), gl.load(x_words + xs + 4, mask=x_live, other=0),
+                    gl.load(x_words + xs + 8, mask=x_live, other=0), gl.load(x_words + xs + 12, mask=x_live, other=0))
             if PAIR:
-                step = step + _mma_weight_loads(wb_ptr, sb_ptr, w0, sc0, c, K, S_STRIDE, F16)
+                step = step + (gl.load(wb_ptr + at), gl.load(wb_ptr + at + 8 * (K // 8)),
+                               _multiplier(sb_ptr + scs, F16), _multiplier(sb_ptr + scs + 8 * S_STRIDE, F16))
             loads = loads + (step,)
         for j in gl.static_range(U):
-            acc_a, acc_b = _mma_products(loads[j], acc_a, acc_b, L4, PAIR, F16)
+            step = loads[j]
+            wa0 = _split4(step[0], L4)
+            wa1 = _split4(step[1], L4)
+            ma0 = gl.convert_layout(gl.sum(step[2], axis=4), L4)  # [.., 1] -> [..]: the same value
+            ma1 = gl.convert_layout(gl.sum(step[3], axis=4), L4)
+            xw = (_split4(step[4], L4), _split4(step[5], L4), _split4(step[6], L4), _split4(step[7], L4))
+            if PAIR:
+                wb0 = _split4(step[8], L4)
+                wb1 = _split4(step[9], L4)
+                mb0 = gl.convert_layout(gl.sum(step[10], axis=4), L4)
+                mb1 = gl.convert_layout(gl.sum(step[11], axis=4), L4)
+            for q in gl.static_range(4):  # the group's 4 words
+                b = _x_pairs(xw[q][0], xw[q][1], xw[q][2], xw[q][3])
+                acc_a = _mma_word(wa0[q], wa1[q], ma0, ma1, b, acc_a, F16)
+                if PAIR:
+                    acc_b = _mma_word(wb0[q], wb1[q], mb0, mb1, b, acc_b, F16)
     if PAIR:
         return (gl.sum(acc_a[0], axis=0), gl.sum(acc_a[2], axis=0), gl.sum(acc_b[0], axis=0),
                 gl.sum(acc_b[2], axis=0))
@@ -514,52 +488,6 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
         sum_g = gl.sum(acc_a[0], axis=0)
         sum_h = gl.sum(acc_a[2], axis=0)
         return (sum_g, sum_h, sum_g, sum_h)
-
-
-@_jit
-def _mma_weight_loads(w_ptr, s_ptr, w0, sc0, c, K: gl.constexpr, S_STRIDE: gl.constexpr, F16: gl.constexpr):
-    """_mma_rows' loads of one chunk step's weights: the 4 words of rows g and g + 8 and their groups' multipliers."""
-    at = w0 + c * 16
-    scs = sc0 + c * 4
-    return (gl.load(w_ptr + at), gl.load(w_ptr + at + 8 * (K // 8)), _multiplier(s_ptr + scs, F16),
-            _multiplier(s_ptr + scs + 8 * S_STRIDE, F16))
-
-
-@_jit
-def _mma_x_loads(x_words, x0, x_live, c, CG: gl.constexpr = False):
-    """_mma_rows' loads of one chunk step's inputs: x's 4 words of pairs (lanes g = 0; zeros elsewhere); CG: from L2
-    (.cg: a load before the kernel's wait, of a buffer an earlier kernel of the step wrote)."""
-    xs = x0 + c * 64
-    if CG:
-        return (gl.load(x_words + xs, mask=x_live, other=0, cache_modifier=".cg"),
-                gl.load(x_words + xs + 4, mask=x_live, other=0, cache_modifier=".cg"),
-                gl.load(x_words + xs + 8, mask=x_live, other=0, cache_modifier=".cg"),
-                gl.load(x_words + xs + 12, mask=x_live, other=0, cache_modifier=".cg"))
-    return (gl.load(x_words + xs, mask=x_live, other=0), gl.load(x_words + xs + 4, mask=x_live, other=0),
-            gl.load(x_words + xs + 8, mask=x_live, other=0), gl.load(x_words + xs + 12, mask=x_live, other=0))
-
-
-@_jit
-def _mma_products(step, acc_a, acc_b, L4: gl.constexpr, PAIR: gl.constexpr, F16: gl.constexpr):
-    """The accumulators plus one chunk step's products (step: a's _mma_weight_loads, _mma_x_loads, with PAIR b's
-    _mma_weight_loads): each of the group's 4 words of rows g and g + 8, times their multipliers, against x's pairs,
-    two m16n8k16 products a word (_MMA_WORD_*), a's then b's."""
-    wa0 = _split4(step[0], L4)
-    wa1 = _split4(step[1], L4)
-    ma0 = gl.convert_layout(gl.sum(step[2], axis=4), L4)  # [.., 1] -> [..]: the same value
-    ma1 = gl.convert_layout(gl.sum(step[3], axis=4), L4)
-    xw = (_split4(step[4], L4), _split4(step[5], L4), _split4(step[6], L4), _split4(step[7], L4))
-    if PAIR:
-        wb0 = _split4(step[8], L4)
-        wb1 = _split4(step[9], L4)
-        mb0 = gl.convert_layout(gl.sum(step[10], axis=4), L4)
-        mb1 = gl.convert_layout(gl.sum(step[11], axis=4), L4)
-    for q in gl.static_range(4):  # the group's 4 words
-        b = _x_pairs(xw[q][0], xw[q][1], xw[q][2], xw[q][3])
-        acc_a = _mma_word(wa0[q], wa1[q], ma0, ma1, b, acc_a, F16)
-        if PAIR:
-            acc_b = _mma_word(wb0[q], wb1[q], mb0, mb1, b, acc_b, F16)
-    return acc_a, acc_b
 
 
 @_jit
@@ -676,101 +604,6 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
                                             order=[0])
         n1 = nb * (16 * RT) + gl.arange(0, 16 * RT, layout=LN)
         _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK, ADD, 16 * RT, LN)
-
-
-@_jit
-def _down_loop_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first, n_local, w_expert_stride,
-                      s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, ADD: gl.constexpr,
-                      U: gl.constexpr, EARLY: gl.constexpr = False):
-    """Kernel 2 as one program a row block (CONFIG["down_loop"]): grid (D / 16, T), program (nb, t) computes rows
-    nb * 16.. of token t's TOPK terms one expert after the other, in routing order, each expert's weights loaded
-    while the one before multiplies (the next expert's loads in flight behind this one's products: no wave of
-    short programs waiting on one load each), and sums the terms in registers: _down_mma_program's products and
-    roundings, then _ticket_sum's sum and store, with no terms in memory and no tickets. The same operations in the
-    same order, so the same bits (tests/test_moe_gl.py). One chunk step an expert: I = 128 x warps x U.
-
-    EARLY (CONFIG["down_loop_early"], under DSV4_PDL): every product before the kernel's wait, which then guards only
-    the add (the kernel before's output) and the stores. Its reads before the wait are of the stored weights and of
-    buffers two or more kernels back (ids and routing weights from the router, h from kernel 1; the kernel before
-    is the shared expert's down projection): this kernel starts only once every program of the kernel before has
-    passed its own wait, so those kernels have completed and their writes are visible (dsv4.kernels' doc). Those
-    loads go to L2 (.cg). A program stores nothing before its wait: the buffers it writes may be the memory the
-    kernel before still reads."""
-    if not EARLY:
-        _pdl_wait()
-    nb = gl.program_id(0)
-    t = gl.program_id(1).to(gl.int64)
-    W: gl.constexpr = gl.num_warps()
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])  # _mma_rows', RT 1
-    L4: gl.constexpr = gl.SliceLayout(4, L5)
-    F16: gl.constexpr = h_ptr.dtype.element_ty == gl.float16
-    dt: gl.constexpr = y_ptr.dtype.element_ty
-    kw = _arange5(W, 0, L5)
-    g = _arange5(8, 2, L5)
-    lane_t = _arange5(4, 3, L5)
-    i = _arange5(4, 4, L5)
-    m0 = (nb * 16 + _arange5(1, 1, L5) * 16 + g).to(gl.int64)
-    c = kw  # the warp's chunks: c + u W, u < U (_mma_rows' one step)
-    x_live = (g == 0) & (kw >= 0) & (i >= 0)
-    x_words = h_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-    row, t3 = _mma_out_rows(nb, 1)
-    es = ()
-    for j in gl.static_range(TOPK):
-        es = es + (gl.load(ids_ptr + t * TOPK + j, cache_modifier=".cg").to(gl.int64) - first,)
-    acc_y = (gl.zeros([1, 8, 4], gl.float32, gl.SliceLayout(0, L4)), gl.zeros([1, 8, 4], gl.float32, gl.SliceLayout(0, L4)))
-    nxt = _down_loop_weights(w_ptr, s_ptr, es[0], m0, lane_t, i, c, n_local, w_expert_stride, s_expert_stride, I,
-                             S_STRIDE, W, U, F16)
-    for j in gl.static_range(TOPK):
-        cur = nxt
-        if j + 1 < TOPK:
-            nxt = _down_loop_weights(w_ptr, s_ptr, es[j + 1], m0, lane_t, i, c, n_local, w_expert_stride,
-                                     s_expert_stride, I, S_STRIDE, W, U, F16)
-        r = t * TOPK + j
-        zero = gl.zeros([W, 1, 8, 4], gl.float32, L4)
-        acc = (zero, zero, zero, zero)
-        for u in gl.static_range(U):
-            step = cur[u] + _mma_x_loads(x_words, r * (I // 2) + lane_t * 16 + i, x_live, c + u * W, True)
-            acc, _ = _mma_products(step, acc, acc, L4, False, F16)
-        ok = (es[j] >= 0) & (es[j] < n_local)
-        weight = gl.load(wt_ptr + r, cache_modifier=".cg").to(gl.float32)
-        sums = (gl.sum(acc[0], axis=0), gl.sum(acc[2], axis=0))  # rows g, then g + 8
-        for h in gl.static_range(2):
-            term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
-            acc_y = _tuple_set(acc_y, h, acc_y[h] + gl.where(ok, term, 0.0))
-    if EARLY:
-        _pdl_wait()
-    for h in gl.static_range(2):
-        out = acc_y[h]
-        if ADD:
-            out = out.to(dt).to(gl.float32) + gl.load(add_ptr + t * D + row + 8 * h, mask=t3 == 0,
-                                                      other=0.0).to(gl.float32)
-        gl.store(y_ptr + t * D + row + 8 * h, out.to(dt), mask=t3 == 0)
-
-
-@_jit
-def _tuple_set(values, k: gl.constexpr, v):
-    """values with item k replaced by v (a pair)."""
-    return (v, values[1]) if k == 0 else (values[0], v)
-
-
-@_jit
-def _down_loop_weights(w_ptr, s_ptr, e, m0, lane_t, i, c, n_local, w_expert_stride, s_expert_stride,
-                       I: gl.constexpr, S_STRIDE: gl.constexpr, W: gl.constexpr, U: gl.constexpr, F16: gl.constexpr):
-    """Expert e's weight loads for _down_loop_kernel's program, _mma_weight_loads' for each of its U chunks; another
-    rank's expert (e outside [0, n_local)) reads nothing (masked: zeros, whose products the caller drops)."""
-    ok = (e >= 0) & (e < n_local)
-    w0 = e * w_expert_stride + m0 * (I // 8) + lane_t * 4 + i
-    sc0 = e * s_expert_stride + m0 * S_STRIDE + lane_t
-    loads = ()
-    for u in gl.static_range(U):
-        at = w0 + (c + u * W) * 16
-        scs = sc0 + (c + u * W) * 4
-        live = (at >= 0) & ok
-        s_live = (scs >= 0) & ok
-        loads = loads + ((gl.load(w_ptr + at, mask=live, other=0), gl.load(w_ptr + at + 8 * (I // 8), mask=live, other=0),
-                          _multiplier(s_ptr + scs, F16, s_live), _multiplier(s_ptr + scs + 8 * S_STRIDE, F16, s_live)),)
-    return loads
 
 
 @_jit
@@ -906,10 +739,9 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
 
 
 def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, sw1: QWeight,
-                   sw3: QWeight, limit: float, early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert) in one launch (see
-    _gate_up_shared_gl_kernel). early: the caller's word that x was written two or more kernels before this launch
-    (the router's kernels in between), which lets shared_early run the shared programs before their wait."""
+    _gate_up_shared_gl_kernel)."""
     T, k = ids.shape
     I, SI = w1.shape[0], sw1.shape[0]
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
@@ -928,31 +760,24 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma,
-        **({"S_EARLY": True} if early and PDL and CONFIG["shared_early"] else {}), **_options())
+        **_options())
     return h, sh
 
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
-         add: torch.Tensor | None, y: torch.Tensor, early: bool = False) -> torch.Tensor | None:
+         add: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
     as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
-    the same operations). early: the caller's word that the kernel launched just before this one writes none of
-    h, ids and weights (it computes add), which lets down_loop_early multiply before its wait."""
+    the same operations)."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
     D, I = w2.shape
     mma = _mma(h, w2) if CONFIG["mma_down"] else {}
-    d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
-    if CONFIG["down_loop"] and mma and mma["MMA"] == 1 and I == 128 * CONFIG["num_warps"] * mma["U"]:
-        _launch(_down_loop_kernel)[(D // 16, T)](
-            h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, D, first,
-            d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-            U=mma["U"], EARLY=early and PDL and CONFIG["down_loop_early"], **_options())
-        return None
     block_n = _block_n(mma)
     tickets = tickets_for(T * (D // block_n), h.device)
+    d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     _launch(_down_gl_kernel)[(D // block_n, T, k)](
         h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms,
