@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefetch, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -123,10 +123,6 @@ def qgemv_variants(dtype, scale_dtype):
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
 
 
-# DSV4_L2_PREFETCH's kernel (prefetch.l2 launches it on a CUDA side stream only): a weight's bytes into L2
-prefetch.launcher(prefetch._prefetch_kernel, torch.zeros(4096, dtype=torch.uint8))[(1,)](
-    torch.zeros(4096, dtype=torch.uint8), 32, LINES=prefetch.CONFIG["lines"], LANES=32 * prefetch.CONFIG["num_warps"],
-    num_warps=prefetch.CONFIG["num_warps"])
 rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
 rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts
 # a step's bookkeeping: Comm's begin / end (with and without the last door's unseen flag) and one state's settle

@@ -28,7 +28,6 @@ from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..kernels import normrope
-from ..kernels import prefetch
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
@@ -68,7 +67,6 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    prefetch.l2(w["wo_a"])  # into L2 while the norms, rope and attention's kernels run (DSV4_L2_PREFETCH)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -100,7 +98,6 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    prefetch.l2(w["wo_a"])
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)

@@ -16,7 +16,7 @@ from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight, stack_rows
 from ..kernels import bookkeeping
 from ..kernels import hc_boundary as fused_boundary
-from ..kernels import pooled, prefetch
+from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
@@ -162,19 +162,13 @@ class Transformer:
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
-                # DSV4_L2_PREFETCH: the next GEMVs' weights into L2 while the latency-bound kernels before them run
-                # (dsv4.kernels.prefetch): the router's and the shared expert's during the mHC boundary and routing
-                prefetch.l2(*_router_and_shared(L["ffn"]))
                 h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
                                                   (i, "moe"))
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
-                if after is not None:  # the next layer's query projections during its boundary
-                    prefetch.l2(after["attn"].get("wq_a_wkv", after["attn"]["wq_a"]), after["attn"]["wq_b"])
                 h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone,
                                                   (i + 1, "attention"))
-        prefetch.join(h.device)
         return writes, h
 
     @staticmethod
@@ -253,11 +247,6 @@ class Transformer:
         logits = self.head(last)
         rows.settle(ok if active is None else ok & active, last, logits, T)
         return verdict
-
-
-def _router_and_shared(ffn: dict) -> list:
-    """The weights a MoE sublayer's first kernels read: the router's gate, the shared expert's gate and up."""
-    return [ffn["gate"], *(ffn["shared"][n] for n in ("w1", "w3") if "shared" in ffn)]
 
 
 class _Rows:
