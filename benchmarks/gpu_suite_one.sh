@@ -16,4 +16,4 @@ step ${SUITE_LIMIT:-520} "$OUT/pytest_gpu_suite.txt" python -m pytest -q -p no:c
   tests/test_prefill_attention.py tests/test_prefill_batch.py tests/test_prefill_limit.py \
   tests/test_profile.py tests/test_qgemv.py tests/test_qkvfuse.py tests/test_replay_gpu.py \
   tests/test_rope_table.py tests/test_route_kernel.py tests/test_sample_kernel.py \
-  tests/test_sampler.py tests/test_topk_kernel.py tests/test_xproj.py
+  tests/test_sampler.py tests/test_topk_kernel.py tests/test_xproj.py tests/test_generation_gpu.py
