@@ -5,7 +5,8 @@ prefix, alternating arms ABBA (eager, graph, graph, eager, ...), each timed end 
 (model.step: forward, commit, head, sampling, readback) with the gate's timing
 (dsv4.gate.timing). On CUDA each graph row is followed by a pipelined row: the one-row batch graph with
 one step in flight (dsv4.generation.pipelined_tokens: the next step launched, its input token read on
-the device, before this one's token reaches the host), which is how `generate` decodes on CUDA. Prints JSON records (dsv4.receipts), provenance included:
+the device, before this one's token reaches the host), which is how `generate` decodes on CUDA.
+Prints JSON records (dsv4.receipts), provenance included:
 
   BENCH_BUILD    load wall, device, ranks, dtype, memory per rank
   BENCH_ROW      one row: arm and tok/s
@@ -87,7 +88,8 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
          rows_per_arm=rows if graph_arm else 2 * rows,
          eager_tok_s=round(e, 3), graph_tok_s=round(g, 3) if graph_arm else None,
          graph_over_eager=round(g / e, 3) if graph_arm else None,
-         pipelined_tok_s=round(p, 3) if graph_arm else None, pipelined_over_graph=round(p / g, 3) if graph_arm else None,
+         pipelined_tok_s=round(p, 3) if graph_arm else None,
+         pipelined_over_graph=round(p / g, 3) if graph_arm else None,
          same_stream=same, graph_arm=graph_arm,
          reductions_per_token_per_rank=[c / (len(order) * steps) for c in census],
          graph_census=model.graph_census(graph) if graph_arm else {},
