@@ -103,6 +103,7 @@ class _Scripted:
 
         self.tokenizer, self.script = tok, list(script)
         self.cfg = SimpleNamespace(eos_token_id=tok.eos_id)
+        self.device = SimpleNamespace(type="cpu")  # DecodeModel's device: on CPU generation runs model.step
 
     def new_state(self, capacity):
         from types import SimpleNamespace
