@@ -41,7 +41,9 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
         prefill(model, state, ids[:-1], progress)
     token = ids[-1]
     steps = min(max_tokens, state.capacity - state.host_pos)
-    if model.device.type == "cuda":  # the step as a graph, one step in flight (graph == eager, bit for bit)
+    # On one GPU the step as a graph, one step in flight (graph == eager, bit for bit). Over several ranks the step
+    # loop until the pipelined batch graph has run on two GPUs (no 2-GPU machine since session 10).
+    if model.device.type == "cuda" and model.world == 1:
         yield from pipelined_tokens(model, state, token, steps, sampling)
         return
     for _ in range(steps):
