@@ -63,3 +63,20 @@ def test_pipelined_tokens_state_and_early_stop(model, prompt):
     loop.close()  # the step in flight (the 6th) settled: the state one step past the last token read
     assert state.host_pos == len(prompt) - 1 + 6 and not model._pending and model.batch_captures() == 0
     assert model.step(state, expect[5], SAMPLING) == expect[6]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_ranks_pipelined_graph_equals_step(prompt):
+    """The pipelined one-row batch graph over 2 ranks (not yet what sample_tokens takes there: generation.py keeps the
+    step loop over several ranks until this passes on two GPUs) samples model.step's stream."""
+    from dsv4.generation import pipelined_tokens
+
+    two = dsv4.load(PRESET, device="cuda", ranks=2, seed=0)
+    try:
+        expect, digest = eager_stream(two, prompt, 16)
+        state = two.new_state(len(prompt) + 16)
+        two.prefill(state, prompt[:-1])
+        assert list(pipelined_tokens(two, state, prompt[-1], 16, SAMPLING)) == expect
+        assert state.digest() == digest
+    finally:
+        two.close()
