@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait, qgemv_tma
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -608,8 +608,6 @@ def _operands(w: QWeight, words: bool):
 def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0):
     if CONFIG["kernel"] == "v3" and experts is None:
         return _launch3(x, w, y, rows, group_n)
-    if CONFIG["kernel"] == "v2" and qgemv_tma.chosen(x, w, experts):  # DSV4_QGEMV_TMA: v2's stored FP8 weights
-        return qgemv_tma.launch(x, w, y, rows, group_n)
     if CONFIG["kernel"] in ("v2", "v3"):
         return _launch2(x, w, y, rows, experts, rows_per_x, group_n)
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
