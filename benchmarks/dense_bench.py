@@ -41,6 +41,9 @@ from dsv4.receipts import emit
 
 VARIANTS = {  # dense_kernel.CONFIG overrides (tests/compile_kernels.py compiles each)
     "default": {},
+    "flat": {"shape_tiles": False},  # CONFIG's tiles for every shape (main before session 20's head tiles)
+    "head_k256B": {"head_block_k_bytes": 256},
+    "head_k512B_n8": {"head_block_k_bytes": 512, "block_n": 8},
     "n8": {"block_n": 8},
     "n32_w8": {"block_n": 32, "num_warps": 8},
     "k512B": {"block_k_bytes": 512},

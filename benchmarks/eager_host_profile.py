@@ -2,7 +2,10 @@
 
 The eager arm is host-bound (issue 10, target 4: flash eager >= 12 tok/s). This prints the wall per step, the
 CUDA launches per step (torch.profiler) and the functions with the most own time (cProfile), so the next cut
-is chosen from a measurement. Usage: python benchmarks/eager_host_profile.py [--preset mini] [--steps 32] [--ranks N]
+is chosen from a measurement. With --prefill N, the same for a prompt of N tokens prefilled into a fresh state
+(a server's time to first token is this prefill): PREFILL_HOST with the wall (median of 5), the CUDA kernels' own
+time summed (busy_ms: the rest of the wall is the host's), and cProfile's tables.
+Usage: python benchmarks/eager_host_profile.py [--preset mini] [--steps 32] [--ranks N] [--prefill 64]
 With --ranks N > 1 the ranks are spawned (dsv4.api.load) and this process is rank 0: cProfile sees rank 0's own
 forward and its dispatch to the other ranks, and the wall includes waiting for them in each collective.
 """
@@ -34,12 +37,15 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many prompt tokens")
     args = ap.parse_args()
     device = torch.device(args.device)
     model = load(args.preset, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                  ranks=args.ranks)
     try:
         profile(model, device, args)
+        if args.prefill:
+            profile_prefill(model, device, args)
     finally:
         close = getattr(model, "close", None)
         if close:
@@ -77,6 +83,43 @@ def profile(model, device, args) -> None:
         s = io.StringIO()
         pstats.Stats(pr, stream=s).sort_stats(key).print_stats(args.top)
         sys.stdout.write(f"== by {key} ({args.steps} steps)\n{s.getvalue()}\n")  # cProfile's own table
+
+
+def profile_prefill(model, device, args) -> None:
+    ids = [1 + i % 1000 for i in range(args.prefill)]
+    capacity = args.prefill + 8
+
+    def once():
+        state = model.new_state(capacity)
+        model.prefill(state, ids)
+        sync(device)
+        return state
+
+    once()  # every prefill kernel compiled
+    walls = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        once()
+        walls.append(time.perf_counter() - t0)
+    walls.sort()
+    busy = launches = None
+    if device.type == "cuda":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            once()
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        launches = len(events)
+        busy = round(sum(e.time_range.elapsed_us() for e in events) / 1e3, 3)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(3):
+        once()
+    pr.disable()
+    emit("PREFILL_HOST", provenance(device, args.preset), ranks=args.ranks, prompt_tokens=args.prefill,
+         wall_ms=round(walls[2] * 1e3, 2), busy_ms=busy, cuda_events=launches)
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(args.top)
+        sys.stdout.write(f"== prefill by {key} (3 prefills)\n{s.getvalue()}\n")
 
 
 if __name__ == "__main__":

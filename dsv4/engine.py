@@ -388,11 +388,12 @@ class Model(ModelCommon):
         self._settle(state, verdict, 1)
         return int(token_out)
 
-    def step_device(self, state: DecodeState, sampling) -> torch.Tensor:
-        """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64."""
+    def step_device(self, state: DecodeState, sampling, rows=None) -> torch.Tensor:
+        """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64. rows: the
+        sampling's SamplingRows when the caller holds them (a graph's, built before its capture), else built here."""
         verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):
-            state.token.copy_(sample(state.logits, sampling, state.pos))
+            state.token.copy_(sample(state.logits, sampling, state.pos, rows))
         return torch.stack([state.token.double(), verdict.double()])
 
     # ---- batched decode (continuous batching) -------------------------------

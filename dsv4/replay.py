@@ -20,6 +20,7 @@ import contextlib
 import torch
 
 from . import profile
+from .sampler import SamplingParams, SamplingRows, restricts
 
 
 class ReplayError(RuntimeError):
@@ -31,6 +32,10 @@ class FullTokenReplay:
         if state.device.type != "cuda":
             raise ReplayError("full-token replay needs a CUDA state (the graph arm does not exist on CPU)")
         self.model, self.sampling, self.warmup = model, sampling, warmup
+        # The sampling's device rows, filled once here: built inside the capture, their four fills would be graph
+        # nodes run again at every replay (~3.6 us a token on mini, session 19's kernel table) for the same values.
+        params = sampling or SamplingParams()
+        self.rows = SamplingRows(1, state.device, params, restricted=restricts(params))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         self.captures = 0
@@ -47,7 +52,7 @@ class FullTokenReplay:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(self.warmup):
-                model.step_device(scratch, self.sampling)
+                model.step_device(scratch, self.sampling, self.rows)
         torch.cuda.current_stream().wait_stream(side)
         # The warm-up's reductions are not the state's: take them back out of the census.
         model.comm.census.copy_(census_before)
@@ -57,7 +62,7 @@ class FullTokenReplay:
         model.transformer.trace = trace
         try:
             with torch.inference_mode(), self._marking(state), torch.cuda.graph(graph):
-                self.out = model.step_device(state, self.sampling)
+                self.out = model.step_device(state, self.sampling, self.rows)
         except Exception as e:  # a capture that breaks is the one unsupported thing
             self.census = {"unsupported": 1}
             raise ReplayError(f"capture failed: {e}") from e

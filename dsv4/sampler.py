@@ -236,7 +236,8 @@ def upload(dst: torch.Tensor, values: list, non_blocking: bool = False) -> None:
         dst.copy_(src)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor) -> torch.Tensor:
+def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor,
+           rows: SamplingRows | None = None) -> torch.Tensor:
     """Pick token ids from `logits` [..., vocab] with the draw u(params.seed, pos).
 
     The draw for the token at position p uses pos = p (the position that token
@@ -244,6 +245,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
     logits' device whose shape broadcasts against ``logits.shape[:-1]``;
     the result is an int64 tensor of the broadcast shape (0-dim for a
     [vocab] logits and an int / 0-dim pos). Every row is `sample_rows` with these params.
+    rows: `SamplingRows` already holding params in each of the broadcast shape's rows (a captured step's: built
+    before its capture, so that the graph holds no fills of them); None builds them here.
     """
     vocab = logits.shape[-1]
     if isinstance(pos, torch.Tensor):
@@ -253,7 +256,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, pos: int | torch.Tensor
         pos = torch.full((), pos, dtype=torch.int64, device=logits.device)  # a fill: capturable, unlike a copy
     out_shape = torch.broadcast_shapes(logits.shape[:-1], pos.shape)
     n = math.prod(out_shape)
-    rows = SamplingRows(n, logits.device, params, restricted=restricts(params))
+    if rows is None:
+        rows = SamplingRows(n, logits.device, params, restricted=restricts(params))
+    elif rows.key.shape != (n,) or rows.restricted != restricts(params):
+        raise ValueError(f"sample: SamplingRows of {rows.key.shape[0]} rows (restricted={rows.restricted}) "
+                         f"for {n} row(s) of {params}")
     flat = logits.expand(*out_shape, vocab).reshape(n, vocab)
     return sample_rows(flat, rows, pos.expand(out_shape).reshape(n)).view(out_shape)
 

@@ -126,12 +126,34 @@ def test_stored_weight_keeps_the_bits(monkeypatch, device, K, split_k):
         assert torch.equal(dense_kernel.linear(x, w, stored=True), dense_kernel.linear(x, w)), (rows, x_dtype, w_dtype)
 
 
-def test_tiling_depends_on_the_weight_alone():
-    """Flash's shapes: few outputs split K until the launch has ~264 programs per row; the head does not."""
+def test_tiling_depends_on_the_weight_alone(monkeypatch):
+    """Flash's shapes: few outputs split K until the launch has ~264 programs per row; the head does not, and takes
+    its own K tiles (CONFIG shape_tiles: 512 bytes where the others take 1,024)."""
+    assert dense_kernel.tiling(64640, 4096, BF16) == (256, 4096, 1)  # a Flash rank's head slice
+    assert dense_kernel.tiling(129280, 4096, BF16) == (256, 4096, 1)  # the whole head (one rank)
+    monkeypatch.setitem(dense_kernel.CONFIG, "shape_tiles", False)
     assert dense_kernel.tiling(64640, 4096, BF16) == (512, 4096, 1)
+    monkeypatch.setitem(dense_kernel.CONFIG, "shape_tiles", True)
     assert dense_kernel.tiling(1024, 4096, BF16) == (512, 512, 8)  # 64 N blocks x 8 splits
     assert dense_kernel.tiling(64, 4096, BF16) == (512, 512, 8)  # as many splits as K tiles
     assert dense_kernel.tiling(24, 16384, FP32) == (256, 256, 64)  # the mix
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_tiles(monkeypatch, device):
+    """A weight the head's tiles take (CONFIG head_bytes lowered so that a small one does): within the bound of
+    F.linear in float64, each of 5 rows in one launch equal to that row alone, and its own tiles (not the others')."""
+    monkeypatch.setitem(dense_kernel.CONFIG, "head_bytes", 1 << 16)
+    monkeypatch.setitem(dense_kernel.CONFIG, "head_block_k_bytes", 128)
+    g = torch.Generator().manual_seed(11)
+    N, K = 40, 1024
+    w = (torch.randn(N, K, generator=g) * 0.05).to(BF16).to(device)
+    x = torch.randn(5, K, generator=g).to(BF16).to(device)
+    assert dense_kernel.tiling(N, K, BF16)[0] == 64
+    got = dense_kernel.linear(x, w, stored=True)
+    within_bound(got, x, w)
+    for r in range(5):
+        assert torch.equal(got[r:r + 1], dense_kernel.linear(x[r:r + 1], w, stored=True)), r
 
 
 def test_program_rows():

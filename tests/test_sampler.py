@@ -345,3 +345,21 @@ def test_reference_rows_alone_equal_rows_batched():
         alone = SamplingRows(1, "cpu", restricted=False)
         alone.load([SamplingParams(temperature=0.5 + (b % 5) / 4, seed=b)])
         assert torch.equal(sample_rows(logits[b:b + 1], alone, pos[b:b + 1]), together[b:b + 1])
+
+
+def test_sample_with_rows_built_before():
+    """sample with SamplingRows built once (a captured step's, filled before its capture) draws what sample builds
+    itself, position after position; rows for another shape or another restriction are refused, naming both."""
+    g = torch.Generator().manual_seed(5)
+    for params in (SamplingParams(temperature=0.8, seed=9), SamplingParams(temperature=1.0, top_k=5, seed=2), GREEDY):
+        restricted = not params.is_greedy and (params.top_k > 0 or params.top_p < 1)
+        rows = SamplingRows(1, "cpu", params, restricted=restricted)
+        for pos in range(6):
+            logits = torch.randn(64, generator=g)
+            p = torch.tensor(pos)
+            assert int(sample(logits, params, p, rows)) == int(sample(logits, params, p))
+    with pytest.raises(ValueError, match="2 rows"):
+        sample(torch.zeros(64), GREEDY, torch.tensor(0), SamplingRows(2, "cpu", GREEDY, restricted=False))
+    with pytest.raises(ValueError, match="restricted=False"):
+        sample(torch.zeros(64), SamplingParams(top_k=3, seed=1), torch.tensor(0),
+               SamplingRows(1, "cpu", GREEDY, restricted=False))

@@ -52,10 +52,16 @@ DTYPES = (torch.bfloat16, torch.float32)
 # per row), fewer where their accumulators would pass "acc_regs" registers per thread (program_rows).
 # "kernel": "v3" for the tensor-core tiles (bf16 x and weight), with outputs per program "v3_block_n", inputs per
 # dot "v3_block_k" and "v3_num_warps"; split-K by "split_k" and "programs" as above, summed as above.
+# "shape_tiles" (DSV4_DENSE_SHAPE_TILES=0 turns it off, read at import): a weight of at least "head_bytes" (the
+# head's vocabulary slice, 0.5-1 GB at Flash's widths) takes K tiles of "head_block_k_bytes": session 20 call 1
+# (benchmarks/dense_bench.py --world 1, the head [129280, 4096] bf16 at one row): 244.4 us with 1,024-byte tiles,
+# 230.8 with 512 (270.8 at 32 rows a program, 301.0 with 2,048-byte tiles). The tiles depend on the weight alone,
+# so a row's bits are the same whatever the batch (they are not the 1,024-byte tiles' bits).
 CONFIG = {"block_n": 16, "block_k_bytes": 1024, "num_warps": 4, "split_k": 0, "programs": 264,
           "fused_sum": qgemv.CONFIG["v2_fused_sum"], "rows": qgemv.CONFIG["v2_rows"],
           "acc_regs": 128, "kernel": os.environ.get("DSV4_DENSE_GEMV", "v2"), "v3_block_n": 32, "v3_block_k": 256,
-          "v3_num_warps": 4}
+          "v3_num_warps": 4, "shape_tiles": os.environ.get("DSV4_DENSE_SHAPE_TILES", "1") == "1",
+          "head_bytes": 256 << 20, "head_block_k_bytes": 512}
 
 
 @device_function
@@ -174,7 +180,10 @@ def tiling(N: int, K: int, weight_dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_K, K_CHUNK, SPLITS) for a weight [N, K]: from the weight alone, never from the rows, so
     each row is summed in one order whatever the batch."""
     itemsize = torch.empty((), dtype=weight_dtype).element_size()
-    return _split(N, K, CONFIG["block_n"], min(CONFIG["block_k_bytes"] // itemsize, next_pow2(K)))
+    tile_bytes = CONFIG["block_k_bytes"]
+    if CONFIG["shape_tiles"] and N * K * itemsize >= CONFIG["head_bytes"]:
+        tile_bytes = CONFIG["head_block_k_bytes"]
+    return _split(N, K, CONFIG["block_n"], min(tile_bytes // itemsize, next_pow2(K)))
 
 
 def tiling3(N: int, K: int) -> tuple[int, int, int]:
