@@ -4,7 +4,8 @@ The eager arm is host-bound (issue 10, target 4: flash eager >= 12 tok/s). This 
 CUDA launches per step (torch.profiler) and the functions with the most own time (cProfile), so the next cut
 is chosen from a measurement. With --prefill N, the same for a prompt of N tokens prefilled into a fresh state
 (a server's time to first token is this prefill): PREFILL_HOST with the wall (median of 5), the CUDA kernels' own
-time summed (busy_ms: the rest of the wall is the host's), and cProfile's tables.
+time summed (busy_ms: the rest of the wall is the host's), PREFILL_KERNEL per kernel name (calls, us, share of
+busy; the --top largest) and cProfile's tables.
 Usage: python benchmarks/eager_host_profile.py [--preset mini] [--steps 32] [--ranks N] [--prefill 64]
 With --ranks N > 1 the ranks are spawned (dsv4.api.load) and this process is rank 0: cProfile sees rank 0's own
 forward and its dispatch to the other ranks, and the wall includes waiting for them in each collective.
@@ -109,6 +110,12 @@ def profile_prefill(model, device, args) -> None:
         events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         launches = len(events)
         busy = round(sum(e.time_range.elapsed_us() for e in events) / 1e3, 3)
+        by_name: dict = {}
+        for e in events:
+            calls, us = by_name.get(e.name, (0, 0.0))
+            by_name[e.name] = (calls + 1, us + e.time_range.elapsed_us())
+        for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:args.top]:
+            emit("PREFILL_KERNEL", name=name[:100], calls=calls, us=round(us, 1), share=round(us / 1e3 / busy, 4))
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(3):
