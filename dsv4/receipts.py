@@ -31,7 +31,8 @@ def commit_id() -> str:
 
 
 def provenance(device=None, preset: str | None = None) -> dict:
-    """commit, torch, device, device_name, kernels (DSV4_KERNELS), gemv (the decode GEMVs' kernels), fuse_qkv
+    """commit, torch, device, device_name, kernels (DSV4_KERNELS), gemv (the decode GEMVs' kernels), prefill_gemv
+    (DSV4_PREFILL_GEMV: a short prefill chunk's, the process's unless set), fuse_qkv
     (DSV4_FUSE_QKV: attention's wq_a and wkv in one linear), fuse_xproj (DSV4_FUSE_XPROJ: the compressors' and
     the indexer's bf16 linears of x in one), pdl (DSV4_PDL: programmatic dependent launch) and preset of a
     measurement."""
@@ -40,6 +41,7 @@ def provenance(device=None, preset: str | None = None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"commit": commit_id(), "torch": torch.__version__, "device": str(device), "device_name": name,
             "kernels": kernels.mode(), "gemv": kernels.gemv(),
+            "prefill_gemv": layout_config["prefill_gemv"] or kernels.gemv(),
             "fuse_qkv": layout_config["fuse_qkv"], "fuse_xproj": layout_config["fuse_xproj"], "pdl": kernels.PDL,
             "preset": preset}
 

@@ -241,8 +241,8 @@ def test_dispatch(monkeypatch):
     for every supported shape, under rows_alone whatever the rows; otherwise the reference."""
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
-                        stores.append(stored) or real(x, w, out, stored))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False, kernel=None:
+                        calls.append(x.shape[0]) or stores.append(stored) or real(x, w, out, stored, kernel))
     stores = []
     w, x = torch.randn(16, 32), torch.randn(12, 32)
     ref = F.linear(x, w)
@@ -282,8 +282,8 @@ def test_tiny_batched_equals_solo_through_the_kernel(monkeypatch, tiny):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     calls = []
     real = dense_kernel.linear
-    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False: calls.append(x.shape[0]) or
-                        stores.append(stored) or real(x, w, out, stored))
+    monkeypatch.setattr(dense_kernel, "linear", lambda x, w, out=None, stored=False, kernel=None:
+                        calls.append(x.shape[0]) or stores.append(stored) or real(x, w, out, stored, kernel))
     stores = []
     solos = []
     for i in range(len(PROMPTS)):

@@ -17,6 +17,8 @@ import torch
 import dsv4
 from dsv4 import RefusalError, SamplingParams
 from dsv4.kernels import moe as fused_moe
+from dsv4.layout import CONFIG as layout_config
+from dsv4.model import rows as rows_mod
 from dsv4.model.rows import short_chunk
 from dsv4.state import StatePool
 from dsv4.syncguard import NoHostSync
@@ -75,9 +77,16 @@ def solo(model, i, T):
     return after(model, state, i, T)
 
 
+# DSV4_PREFILL_GEMV: the process's GEMVs ("") and the tensor-core tiles for a chunk's rows (v3; CUDA: on CPU the
+# torch reference runs either way)
+PREFILL_GEMVS = ["", "v3"] if DEVICE == "cuda" else [""]
+
+
+@pytest.mark.parametrize("prefill_gemv", PREFILL_GEMVS)
 @pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("T", [6, 12])  # 12: past the decode attention kernel's MAX_T (the prefill kernel)
-def test_prefill_batch_equals_each_chunk_alone(model, T, pooled):
+def test_prefill_batch_equals_each_chunk_alone(model, T, pooled, prefill_gemv, monkeypatch):
+    monkeypatch.setitem(layout_config, "prefill_gemv", prefill_gemv)
     rows = [2, 0, 1]
     if pooled:  # the server's states: slots of one pool, not in slot order
         pool = StatePool(model.cfg, 4, CAPACITY, model.device, model.dtype)
@@ -153,3 +162,45 @@ def test_two_ranks_prefill_batch_equals_alone():
             assert torch.equal(got[0][1], expect[i][0][1])
     finally:
         two.close()
+
+
+def test_step_gemv_follows_the_step_kind(monkeypatch):
+    """prefill_gemv applies to a short prefill chunk's rows (rows alone, T > 1) only: never to a decode step (T 1),
+    a long chunk (not rows alone) or outside a forward; unset, every step takes the process's GEMVs."""
+    monkeypatch.setitem(layout_config, "prefill_gemv", "v3")
+    with rows_mod.rows_alone(True, 12):
+        assert rows_mod.step_gemv() == "v3"
+    for on, T in ((True, 1), (False, 300)):
+        with rows_mod.rows_alone(on, T):
+            assert rows_mod.step_gemv() is None
+    assert rows_mod.step_gemv() is None
+    monkeypatch.setitem(layout_config, "prefill_gemv", "")
+    with rows_mod.rows_alone(True, 12):
+        assert rows_mod.step_gemv() is None
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the GEMV kernels run on CUDA (CPU: the torch reference)")
+@torch.inference_mode()
+def test_prefill_gemv_v3_runs_the_chunk_on_the_tensor_cores(monkeypatch):
+    """DSV4_PREFILL_GEMV=v3 on tiny's FP8 weights: a 12-token chunk's FP8 linears launch v3 (the decode steps after
+    it v2), and its logits stay within 2 % (bf16) of the chunk prefilled on v2, as the decode steps after it do."""
+    from dsv4.kernels import qgemv
+
+    model = quantised_model()
+    kinds = []
+    launch3, launch2 = qgemv._launch3, qgemv._launch2
+    monkeypatch.setattr(qgemv, "_launch3", lambda *a, **k: kinds.append("v3") or launch3(*a, **k))
+    monkeypatch.setattr(qgemv, "_launch2", lambda *a, **k: kinds.append("v2") or launch2(*a, **k))
+    out = {}
+    for gemv in ("", "v3"):
+        monkeypatch.setitem(layout_config, "prefill_gemv", gemv)
+        state = model.new_state(CAPACITY)
+        kinds.clear()
+        out[gemv] = [model.prefill(state, prompt(0, 12), chunk_size=12).float()]
+        prefill_kinds = set(kinds)
+        kinds.clear()
+        out[gemv].append(model.decode(state, 7).float())
+        assert set(kinds) == {"v2"}, gemv  # a decode step: the process's (v2)
+        assert prefill_kinds == ({"v2"} if gemv == "" else {"v3"}), (gemv, prefill_kinds)
+    for a, b in zip(out[""], out["v3"]):
+        assert float((a - b).abs().max() / a.abs().max()) <= 0.02

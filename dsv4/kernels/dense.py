@@ -191,8 +191,8 @@ def tiling3(N: int, K: int) -> tuple[int, int, int]:
     return _split(N, K, CONFIG["v3_block_n"], min(CONFIG["v3_block_k"], max(16, next_pow2(K))))
 
 
-def uses_v3(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return CONFIG["kernel"] == "v3" and x.dtype == weight.dtype == torch.bfloat16
+def uses_v3(x: torch.Tensor, weight: torch.Tensor, kernel: str | None = None) -> bool:
+    return (kernel or CONFIG["kernel"]) == "v3" and x.dtype == weight.dtype == torch.bfloat16
 
 
 def _split(N: int, K: int, block_n: int, block_k: int) -> tuple[int, int, int]:
@@ -219,15 +219,16 @@ def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
-           stored: bool = False) -> torch.Tensor:
+           stored: bool = False, kernel: str | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype, written into out (contiguous, rows x N) when given.
     stored: weight is a model parameter, which no step writes (not a copy converted in this step): with DSV4_PDL the
-    launch then reads its first tile before it waits for the kernel before it."""
+    launch then reads its first tile before it waits for the kernel before it. kernel: "v2" or "v3" for this call
+    (dsv4.model.rows.step_gemv), CONFIG's when None."""
     N, K = weight.shape
     x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
     y = _destination(out, rows, N, x.dtype, x.device)
-    if uses_v3(x2, weight):
+    if uses_v3(x2, weight, kernel):
         return _linear3(x2, weight, y, stored).view(*x.shape[:-1], N)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]

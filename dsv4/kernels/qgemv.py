@@ -592,9 +592,9 @@ def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
     return w.col0 == 0 and w.row0 == 0 and w.shape[1] % (8 if words else 2) == 0
 
 
-def block_n() -> int:
-    """Rows per program of the configured kernel (a grouped linear's group must hold whole blocks)."""
-    return CONFIG[{"v2": "v2_block_n", "v3": "v3_block_n"}.get(CONFIG["kernel"], "block_n")]
+def block_n(kernel: str | None = None) -> int:
+    """Rows per program of the kernel (CONFIG's when None: a grouped linear's group must hold whole blocks)."""
+    return CONFIG[{"v2": "v2_block_n", "v3": "v3_block_n"}.get(kernel or CONFIG["kernel"], "block_n")]
 
 
 def _operands(w: QWeight, words: bool):
@@ -605,10 +605,12 @@ def _operands(w: QWeight, words: bool):
     return w.data.view(torch.int32 if words else torch.uint8), scale
 
 
-def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0):
-    if CONFIG["kernel"] == "v3" and experts is None:
+def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0,
+            kernel: str | None = None):
+    kind = kernel or CONFIG["kernel"]
+    if kind == "v3" and experts is None:
         return _launch3(x, w, y, rows, group_n)
-    if CONFIG["kernel"] in ("v2", "v3"):
+    if kind in ("v2", "v3"):
         return _launch2(x, w, y, rows, experts, rows_per_x, group_n)
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     data, scale = _operands(w, words=False)
@@ -730,11 +732,12 @@ def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
     return buf
 
 
-def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N], written into out (contiguous, rows x N, x's dtype) when given."""
+def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N], written into out (contiguous, rows x N, x's dtype) when given. kernel: "v2" or "v3"
+    for this call (dsv4.model.rows.step_gemv: a prefill chunk's), CONFIG's when None."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = _destination(out, x2.shape[0], w.shape[0], x.dtype, x.device)
-    return _launch(x2, w, y, x2.shape[0]).view(*x.shape[:-1], w.shape[0])
+    return _launch(x2, w, y, x2.shape[0], kernel=kernel).view(*x.shape[:-1], w.shape[0])
 
 
 def _destination(out: torch.Tensor | None, rows: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -746,11 +749,11 @@ def _destination(out: torch.Tensor | None, rows: int, N: int, dtype: torch.dtype
     return out.view(rows, N)
 
 
-def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
-    """x [T, groups * Kg], w [groups * O, Kg] (block diagonal) -> [T, groups * O]."""
+def grouped_linear(x: torch.Tensor, w: QWeight, groups: int, kernel: str | None = None) -> torch.Tensor:
+    """x [T, groups * Kg], w [groups * O, Kg] (block diagonal) -> [T, groups * O]. kernel: as linear's."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(x, w, y, x.shape[0], group_n=w.shape[0] // groups)
+    return _launch(x, w, y, x.shape[0], group_n=w.shape[0] // groups, kernel=kernel)
 
 
 def expert_linear(x: torch.Tensor, stack: QWeight, experts: torch.Tensor, rows_per_x: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 from .. import kernels
 from ..kernels import qgemv
 from ..formats import QWeight
-from .rows import dense, per_row, rows_per_weight
+from .rows import dense, per_row, rows_per_weight, step_gemv
 
 
 def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
@@ -26,15 +26,16 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torc
     """out: a contiguous [rows, N] buffer in x's dtype that the GEMV kernels write into where they run; the
     result is what is returned (the torch path's own tensor elsewhere)."""
     if _fused(x, w, rows_per_weight(x)):
-        return qgemv.linear(x, w, out)
+        return qgemv.linear(x, w, out, kernel=step_gemv())
     return dense(x, w.dequant(x.dtype), out, source=w.data)
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
     """Block-diagonal linear (attention's wo_a): x [T, groups * Kg], w [groups * O, Kg] -> [T, groups * O]."""
     T, O = x.shape[0], w.shape[0] // groups
-    if _fused(x, w, rows_per_weight(x)) and O % qgemv.block_n() == 0:
-        return qgemv.grouped_linear(x, w, groups)
+    kernel = step_gemv()
+    if _fused(x, w, rows_per_weight(x)) and O % qgemv.block_n(kernel) == 0:
+        return qgemv.grouped_linear(x, w, groups, kernel=kernel)
     return _grouped(x, w.dequant(x.dtype).view(groups, O, -1))
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..kernels import dense as dense_kernel
 from ..kernels import moe as fused_moe
+from ..layout import CONFIG as layout_config
 
 _ROWS_ALONE = contextvars.ContextVar("dsv4_rows_alone", default=False)
 _TOKENS = contextvars.ContextVar("dsv4_tokens_per_sequence", default=1)
@@ -50,6 +51,24 @@ def rows_alone(on: bool = True, tokens: int = 1):
 def tokens_per_sequence() -> int:
     """The tokens of each sequence in the step being computed (rows_alone's `tokens`)."""
     return _TOKENS.get()
+
+
+# dsv4.layout's prefill_gemv (DSV4_PREFILL_GEMV; "" by default: the process's, qgemv's and dense's CONFIG
+# "kernel"): the GEMV family of a short prefill chunk's rows (rows alone, more than one token a sequence; a decode
+# step keeps the process's). "v3", the tensor-core tiles, computes each row as alone as v2 does (a row's bits never
+# depend on the batch), on the tensor cores: session 20 calls 4-5 (benchmarks/eager_host_profile.py --prefill 64,
+# mini, one H200): the FP8 GEMVs of a 64-token prefill 14.6 ms on v2 (63 rows a weight), 1.4 ms on v3; the prefill
+# 33.3 -> 19.0 ms of device time. A prompt's tokens then take other bits than with v2 (the tolerances to single
+# decode steps hold either way); the chunks of one length still take one kernel, alone or grouped.
+if layout_config["prefill_gemv"] not in ("", *kernels.GEMVS):
+    raise ValueError(f"DSV4_PREFILL_GEMV={layout_config['prefill_gemv']!r}: allowed '' (the process's) or one of "
+                     f"{list(kernels.GEMVS)}")
+
+
+def step_gemv() -> str | None:
+    """The GEMV family for the rows being computed: prefill_gemv inside a short prefill chunk (rows alone, more
+    than one token a sequence) where it is set, else None (the process's choice). By the step's kind alone."""
+    return (layout_config["prefill_gemv"] or None) if _ROWS_ALONE.get() and _TOKENS.get() > 1 else None
 
 
 def short_chunk(T: int) -> bool:
@@ -94,7 +113,7 @@ def dense(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None
     stored)."""
     if kernels.use_triton(x, gpu_checked=dense_kernel.GPU_CHECKED) and dense_kernel.supported(
             x, weight, rows_per_weight(x)):
-        return dense_kernel.linear(x, weight, out, stored=weight is source)
+        return dense_kernel.linear(x, weight, out, stored=weight is source, kernel=step_gemv())
     return _dense_rows(x, weight)
 
 
