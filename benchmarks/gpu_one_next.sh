@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# The next call on one H200 (<= 9.5 min), main's tree: where mini's step can still lose time, each candidate swept
-# alone before any kernel is rewritten (session 19 measured the step kernel by kernel with advances: the experts
-# ~251 us a token at ~0.45 of the copy bandwidth, the mHC boundaries 92.5, attention 71.8, the compressor's small
-# kernels ~67; RESULTS.md session 19 call 1; its expert-loop kernel 2 and L2 prefetches lost and were reverted):
-#   1. mini's bench (the pipelined arm is the steady measure) and kernel_table --sequence under the defaults;
-#   2. the experts at one token, world 1 (mini's and a Flash rank's expert shapes are the same), every Gluon arm
-#      (rows a thread, warps, mma unroll: kernel 2 is 1,536 programs of 16 KB at one token);
-#   3. decode attention's launch configs (block_n, tiles, heads a program, warps) at Flash's rank shapes;
-#   4. the mHC boundary at 1 row; 5. the dense bf16/fp32 GEMVs at 1 row (the compressor's wkv/wgate ran at ~0.43).
+# The next call on one H200 (<= 9.5 min), main's tree: DSV4_PREFILL_GEMV=v3 (off by default since session 20, whose
+# call 6 ran its tests: a 64-token prefill 34.5 -> 24.0 ms on mini) through what has not run with it on, before it
+# may be the default:
+#   1. the gate on mini with it on;
+#   2. the server on mini (--gemv v2, the default process, where prefill takes v2 today) off then on: TTFT and
+#      aggregate at concurrency 1 and 16 (64-token prompts, 64 tokens out);
+#   3. mini's bench with it on (decode must not move: it changes only prefill chunks).
+# Then the GPU suite (benchmarks/gpu_suite_one.sh) with DSV4_PREFILL_GEMV=v3 exported, in the call after.
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_one_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=14
-step 120 "$OUT/bench_mini_default.txt" python -m dsv4.cli bench --preset mini --device cuda --ranks 1 --prime 64 \
-  --steps 64 --rows 3
-step 60 "$OUT/kernel_table_mini.txt" python benchmarks/kernel_table.py --preset mini --device cuda --steps 16 \
-  --top 45 --sequence
-step 90 "$OUT/moe_world1_t1.txt" python benchmarks/moe_bench.py --world 1 --tokens 1 --arms '^gl' --calls 16
-step 80 "$OUT/attention.txt" python benchmarks/attention_bench.py
-step 60 "$OUT/hc_boundary.txt" python benchmarks/hc_boundary_bench.py --rows 1
-left=$((560 - SECONDS))
-[ $left -gt 40 ] && step $left "$OUT/dense_world1.txt" python benchmarks/dense_bench.py --world 1 --rows 1
+step 150 "$OUT/gate_mini_prefill_v3.txt" env DSV4_PREFILL_GEMV=v3 python -m dsv4.cli gate --preset mini \
+  --device cuda --ranks 1 --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini-prefill-v3.txt"
+step 120 "$OUT/serve_mini_v2.txt" python benchmarks/serve_bench.py --preset mini --device cuda --gemv v2 \
+  --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
+step 120 "$OUT/serve_mini_v2_prefill_v3.txt" env DSV4_PREFILL_GEMV=v3 python benchmarks/serve_bench.py \
+  --preset mini --device cuda --gemv v2 --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
+left=$((550 - SECONDS))
+[ $left -gt 60 ] && step $left "$OUT/bench_mini_prefill_v3.txt" env DSV4_PREFILL_GEMV=v3 python -m dsv4.cli bench \
+  --preset mini --device cuda --ranks 1 --prime 64 --steps 64 --rows 3
