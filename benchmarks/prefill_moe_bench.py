@@ -1,11 +1,13 @@
 """Prefill's routed experts at Flash's per-rank shapes (one GPU): the FP4 grouped kernel's launch configurations
 against the dense path (the stacks dequantised by dsv4.kernels.dequant, then torch._grouped_mm).
 
-    python benchmarks/prefill_moe_bench.py [--tokens 64,4096,8192] [--arms REGEX]
+    python benchmarks/prefill_moe_bench.py [--tokens 64,4096,8192] [--arms REGEX] [--n-local 128]
 
 A rank of 2 holds 128 of the 256 experts (I 2048, D 4096, FP4 with ue8m0 scales); T tokens pick 6 distinct
 experts each, uniformly, so about half the T*6 pairs are local (what moe_prefill.grouped_experts sorts and
-hands on). Each arm is timed with CUDA events (median of --reps after a warm-up) and compared with the dense
+hands on). --n-local 256: one GPU holding all (mini, world 1). The "tc*" arms are dsv4.kernels.moe_tc (the
+tensor-core tiles a short chunk takes) under CONFIG overrides, the "pairs" arm the decode kernels; both return
+the weighted sum over k, compared with the dense path's. Each arm is timed with CUDA events (median of --reps after a warm-up) and compared with the dense
 path's output (max relative error). Records (dsv4.receipts):
   PMOE       T, arm, config, ms, TFLOPS (the pairs' 3 products), max_rel_err against the dense path
   PMOE_BEST  T, the fastest arm
@@ -34,6 +36,13 @@ VARIANTS = {  # prefill_moe.CONFIG overrides
     "bm128_k64_w8_s4": {"max_block_m": 128, "block_k": 64, "num_warps": 8, "num_stages": 4},
     "bm64_n128_w8": {"block_n": 128, "num_warps": 8},
     "bm128_n64_k64_w4_s4": {"max_block_m": 128, "block_k": 64, "num_stages": 4},
+}
+
+
+TC_VARIANTS = {  # moe_tc.CONFIG overrides
+    "tc": {}, "tc_n128": {"block_n": 128}, "tc_k256": {"block_k": 256}, "tc_w8": {"num_warps": 8},
+    "tc_s4": {"num_stages": 4}, "tc_bm32": {"block_m": 32}, "tc_bm64": {"block_m": 64},
+    "tc_bm64_n128_w8": {"block_m": 64, "block_n": 128, "num_warps": 8},
 }
 
 
@@ -110,16 +119,18 @@ def timed(fn, reps):
 
 
 def main():
+    global D, I, N_LOCAL, TOTAL
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="16,64,128,256,4096")
     ap.add_argument("--arms", default=".")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--n-local", type=int, default=128, help="experts this GPU holds (256: all of them)")
     ap.add_argument("--dequant", action="store_true", help="also sweep dsv4.kernels.dequant's CONFIG")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes (TRITON_INTERPRET=1)")
     args = ap.parse_args()
-    global D, I, N_LOCAL, TOTAL
+    N_LOCAL = args.n_local
     if args.small:
-        D, I, N_LOCAL, TOTAL = 64, 64, 4, 8
+        D, I, N_LOCAL, TOTAL = 128, 128, 4, 8
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     experts = stacks(device)
     act = lambda gate, up: torch.nn.functional.silu(gate.clamp(max=LIMIT)) * up.clamp(-LIMIT, LIMIT)  # noqa: E731
@@ -141,24 +152,44 @@ def main():
             results["dense"] = ms
             emit("PMOE", T=T, arm="dense", ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
                  gate_up_dequant_ms=round(ms_dq, 3), local_pairs=local_pairs, max_rel_err=0.0)
-        if re.search(args.arms, "pairs"):  # the decode kernels, a GEMV row per (token, expert) pair
-            from dsv4.kernels import moe as fused_moe
+        ids = routing(T, device)
+        w = torch.rand(T, TOPK, device=device).to(torch.bfloat16)
+        w = torch.where(ids < N_LOCAL, w, 0)
+        want = None
+        for name, over in [("pairs", None)] + list(TC_VARIANTS.items()):
+            if not re.search(args.arms, name):
+                continue
+            if want is None:  # the dense path's rows back in pair order, weighted and summed over k
+                mine = ids < N_LOCAL
+                key = torch.where(mine, ids, N_LOCAL).flatten()
+                key, order = torch.sort(key, stable=True)
+                back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
+                want = (torch.where((key < N_LOCAL).unsqueeze(-1), ref, 0.0).index_select(0, back).view(T, TOPK, -1)
+                        * w.unsqueeze(-1)).sum(dim=1)
+            experts_list = [experts[k] for k in ("w1", "w3", "w2")]
+            if over is None:  # the decode kernels, a GEMV row per (token, expert) pair
+                from dsv4.kernels import moe as fused_moe
 
-            ids = routing(T, device)
-            w = torch.rand(T, TOPK, device=device).to(torch.bfloat16)
-            w = torch.where(ids < N_LOCAL, w, 0)
-            run = lambda: fused_moe.routed(x, ids, w, [experts[k] for k in ("w1", "w3", "w2")], 0, LIMIT)  # noqa: E731
-            y = run()
-            ms = timed(run, args.reps)
-            mine = ids < N_LOCAL
-            key = torch.where(mine, ids, N_LOCAL).flatten()
-            key, order = torch.sort(key, stable=True)
-            back = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=device))
-            want = (torch.where((key < N_LOCAL).unsqueeze(-1), ref, 0.0).index_select(0, back).view(T, TOPK, -1)
-                    * w.unsqueeze(-1)).sum(dim=1)
+                run = lambda: fused_moe.routed(x, ids, w, experts_list, 0, LIMIT)  # noqa: E731
+            else:
+                from dsv4.kernels import moe_tc
+
+                tc_default = dict(moe_tc.CONFIG)
+                moe_tc.CONFIG.update(over)
+                run = lambda: moe_tc.routed(x, ids, w, experts_list, 0, LIMIT)  # noqa: E731
+            try:
+                y = run()
+                ms = timed(run, args.reps)
+            except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses is a result
+                emit("PMOE", T=T, arm=name, config=over, error=str(e)[:200])
+                continue
+            finally:
+                if over is not None:
+                    moe_tc.CONFIG.clear()
+                    moe_tc.CONFIG.update(tc_default)
             err = ((y - want).float().abs().max() / want.float().abs().max()).item()
-            results["pairs"] = ms
-            emit("PMOE", T=T, arm="pairs", ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
+            results[name] = ms
+            emit("PMOE", T=T, arm=name, config=over, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
                  max_rel_err=round(err, 5))
         for name, over in VARIANTS.items():
             if not re.search(args.arms, name):
