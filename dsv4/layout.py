@@ -31,11 +31,13 @@ from .config import CSA, HASH_MOE, ModelConfig
 # layers also the indexer's compressor's wkv and wgate and its weights_proj) into one weight, so a token's 5 (CSA) or
 # 2 (HCA) dense GEMVs are one launch; the consumers read the output's column views in place (strided rows). The bits
 # differ from the separate linears' as fuse_qkv's do (the dense GEMV's split-K follows the stacked row count).
-# prefill_gemv (DSV4_PREFILL_GEMV, read at import; "" by default: the process's GEMVs): the GEMV family of a short
-# prefill chunk's rows (dsv4.model.rows.step_gemv, which checks the name).
+# prefill_gemv (DSV4_PREFILL_GEMV, read at import; "v3" by default since session 21, call 1: the gate passed with it
+# on, and the server on mini, decode on v2, took its time to first token at concurrency 1 from 38.5 to 25.0 ms and at
+# 16 from 343 to 135 ms (p50); "" is the process's GEMVs): the GEMV family of a short prefill chunk's rows
+# (dsv4.model.rows.step_gemv, which checks the name).
 CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           "fuse_xproj": os.environ.get("DSV4_FUSE_XPROJ", "1") == "1",
-          "prefill_gemv": os.environ.get("DSV4_PREFILL_GEMV", "")}
+          "prefill_gemv": os.environ.get("DSV4_PREFILL_GEMV", "v3")}
 from .formats import QWeight
 
 

@@ -115,5 +115,57 @@ def test_the_mode_follows_the_step_kind(monkeypatch):
         moe_mod.routed(x, ids, weights, stacks, 16, cfg)
 
 
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@torch.inference_mode()
+def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
+    """A long prefill chunk (not rows alone) takes the tensor cores while its pairs per expert (tokens * k / routed
+    experts) are within CONFIG long's bounds, in the tiles of the first bound that holds them, and agrees with the
+    grouped path (the stacks dequantised: the reference) within close_chain; past the last bound, or with the mode
+    off, the grouped path runs. The tiles shape no pair's inputs: two tile shapes agree (close_chain)."""
+    device = DEVICES[0]
+    full = device == "cuda"
+    g = torch.Generator().manual_seed(31)
+    D, I = (256, 128) if full else (64, 32)
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    T, k = (48, 6) if full else (24, 6)
+    ids = torch.stack([torch.randperm(32, generator=g)[:k] for _ in range(T)])
+    ids[: T // 2, 0] = 17  # one local expert in more pairs than a tile of 16 holds
+    ids = ids.to(device)
+    x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
+    shared = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
+    weights = torch.softmax(torch.randn(T, k, generator=g), -1).to(torch.bfloat16).to(device)
+    weights = torch.where((ids >= 16) & (ids < 32), weights, 0)  # moe() zeroes other ranks' experts' weights
+    cfg = preset("tiny")
+    cfg.n_routed_experts, cfg.swiglu_limit = 32, 0.3
+    ppe = T * k / 32  # 9 (CUDA) or 4.5 pairs per expert
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch)
+    if not full:
+        monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
+    taken = []
+    kernel = moe_tc.routed
+    monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[-1]) or kernel(*a))
+
+    def run(long):
+        monkeypatch.setitem(moe_tc.CONFIG, "long", long)
+        taken.clear()
+        with rows_alone(False, tokens=T):
+            y = moe_mod.routed(x, ids, weights, stacks, 16, cfg, shared)
+        return y, list(taken)
+
+    reference, path = run(())
+    assert path == []
+    y16, path = run(((ppe / 2, 32, 64), (ppe, 16, 64), (2 * ppe, 32, 128)))
+    assert path == [(16, 64)]
+    close_chain(y16, reference, torch.bfloat16)
+    y32, path = run(((ppe, 32, 128),))
+    assert path == [(32, 128)]
+    close_chain(y32, reference, torch.bfloat16)
+    assert torch.equal(run(((ppe, 32, 128),))[0], y32)  # the same chunk, the same bits
+    assert run(((ppe / 2, 16, 64),))[1] == []  # past the last bound: the grouped path
+    monkeypatch.setitem(moe_tc.CONFIG, "mode", "off")
+    assert run(((ppe, 16, 64),))[1] == []
+
+
 def cdiv_rows(a: int, b: int) -> int:
     return -(-a // b)

@@ -54,9 +54,18 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # and at 1,024, 4.86 s; session 14's concurrency-4 stall of ~3.8 s between two waves). On: one compile, 4.4 s, at the
 # first prefill wave. Not under Triton's interpreter (CPU), which compiles nothing: there a plan at its wave's sizes
 # is the same plan, where one sized for 1,024 pairs sorts them all in numpy (the CPU suite's prefills: ~2 minutes).
+# long (DSV4_MOE_TC_LONG=0 turns it off): a long prefill chunk's experts (past a short chunk's tokens: not rows alone,
+# so one chunk's sums may follow its own size) here too, in tiles of the first entry's (block_m, block_n) whose bound
+# holds the chunk's pairs per expert (tokens * k / routed experts, the pairs each local expert gets on average on any
+# rank); past the last bound, the dense path (moe_prefill.grouped_experts: the local experts dequantised whole, one
+# grouped matmul). Session 21 call 1 (benchmarks/prefill_moe_bench.py, one H200, ms a layer; mini's 256 experts on one
+# GPU, a Flash rank's 128 of them): the dense path 12.8 / 6.55 ms whatever the chunk; here 2.8 at 128 tokens, 3.2 at
+# 256, 3.6 at 512 (16 rows, 128 columns), 4.8 at 1,024 (32 rows), 7.1 at 2,048 (64 rows), 13.1 / 6.8 at 4,096 (64
+# rows; dense 12.9 / 7.0): at most ~1/4 of the dense path's time up to 512 tokens, and none of its multi-GB stacks.
+LONG = ((12, 16, 128), (24, 32, 64), (96, 64, 64)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
-          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting()}
+          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG}
 MODES = ("off", "chunks", "all")
 
 
@@ -223,17 +232,29 @@ def chosen(x: torch.Tensor, stacks: list[QWeight], tokens: int) -> bool:
     return (mode == "all" or (mode == "chunks" and tokens > 1)) and supported(x, stacks)
 
 
-def tiles_bound(pairs: int, n_local: int) -> int:
+def long_tiles(x: torch.Tensor, stacks: list[QWeight], pairs_per_expert: float) -> tuple[int, int] | None:
+    """(block_m, block_n) for a long prefill chunk's experts (CONFIG long: the first entry whose bound holds
+    pairs_per_expert), or None: the dense path (past every bound, mode off, or stacks the kernel does not read)."""
+    if CONFIG["mode"] == "off":
+        return None
+    for bound, block_m, block_n in CONFIG["long"]:
+        if pairs_per_expert <= bound:
+            return (block_m, block_n) if supported(x, stacks) else None
+    return None
+
+
+def tiles_bound(pairs: int, n_local: int, block_m: int | None = None) -> int:
     """The tiles a plan lists: every real tile holds a pair, and there are at most cdiv(pairs, bm) + n_local."""
-    return min(pairs, cdiv(pairs, CONFIG["block_m"]) + n_local)
+    return min(pairs, cdiv(pairs, block_m or CONFIG["block_m"]) + n_local)
 
 
-def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...]:
+def plan(ids: torch.Tensor, first: int, n_local: int, block_m: int | None = None) -> tuple[torch.Tensor, ...]:
     """(order [P], ends [n_local], tile expert [tiles], tile row [tiles]), int32, for ids [T, k] (global ids; P =
     T * k): the pairs sorted by local expert (other ranks' last), ties in pair order; each expert's end in that
-    order; each tile's expert (n_local past the real ones) and first sorted row. On the device: no host sync."""
-    P, bm = ids.numel(), CONFIG["block_m"]
-    tiles = tiles_bound(P, n_local)
+    order; each tile's expert (n_local past the real ones) and first sorted row, tiles of block_m pairs (CONFIG's by
+    default). On the device: no host sync."""
+    P, bm = ids.numel(), block_m or CONFIG["block_m"]
+    tiles = tiles_bound(P, n_local, bm)
     if P > CONFIG["plan_pairs"]:
         flat = ids.reshape(-1).long() - first
         key = torch.where((flat >= 0) & (flat < n_local), flat, n_local)
@@ -244,7 +265,7 @@ def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...
     dev = ids.device
     P2, N2, T2 = next_pow2(P), next_pow2(n_local), next_pow2(tiles)
     if CONFIG["plan_fixed"]:  # one compile for every wave (masked past P and tiles, as any power of two is)
-        P2, T2 = next_pow2(CONFIG["plan_pairs"]), next_pow2(tiles_bound(CONFIG["plan_pairs"], n_local))
+        P2, T2 = next_pow2(CONFIG["plan_pairs"]), next_pow2(tiles_bound(CONFIG["plan_pairs"], n_local, bm))
     order, ends = torch.empty(P, dtype=torch.int32, device=dev), torch.empty(n_local, dtype=torch.int32, device=dev)
     expert, row = torch.empty(tiles, dtype=torch.int32, device=dev), torch.empty(tiles, dtype=torch.int32, device=dev)
     scratch = torch.empty(P2 + 3 * N2, dtype=torch.int32, device=dev)
@@ -254,36 +275,41 @@ def plan(ids: torch.Tensor, first: int, n_local: int) -> tuple[torch.Tensor, ...
     return order, ends, expert, row
 
 
-def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool):
+def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool,
+             tiles: tuple[int, int]):
     w1, w3 = stacks
     _, ends, expert, row = plan_
     c = CONFIG
+    block_m, block_n = tiles
     d1, s1 = w1.data.view(torch.int32), _scale(w1)
     d3, s3 = w3.data.view(torch.int32), _scale(w3)
     N, K = w1.shape
     options = {} if interpreting() else {"num_warps": c["num_warps"]}
-    launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, c["block_n"]))](
+    launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, block_n))](
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
-        IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
+        IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], **options)
     return out
 
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
-           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
+           tiles: tuple[int, int] | None = None) -> torch.Tensor:
     """dsv4.kernels.moe.routed's result (x [T, D], ids [T, k] global, weights [T, k] in x's dtype, FP4 stacks of
-    experts first..first+n-1, add [T, D] or None, out: where the result is written) on the tensor cores."""
+    experts first..first+n-1, add [T, D] or None, out: where the result is written) on the tensor cores. tiles:
+    (block_m, block_n), CONFIG's by default (a long chunk's: long_tiles)."""
     T, k = ids.shape
     w1, w3, w2 = stacks
+    tiles = tiles or (CONFIG["block_m"], CONFIG["block_n"])
     ids = ids.contiguous()
-    p = plan(ids, first, w1.data.shape[0])
+    p = plan(ids, first, w1.data.shape[0], tiles[0])
     order = p[0]
     h = torch.empty(T * k, w1.shape[0], dtype=x.dtype, device=x.device)
-    _experts(x, order, (w1, w3), order, h, p, limit, k, True)
+    _experts(x, order, (w1, w3), order, h, p, limit, k, True, tiles)
     D = w2.shape[0]
     terms = torch.empty(T * k, D, dtype=torch.float32, device=x.device)
-    _experts(h, order, (w2, w2), weights.contiguous(), terms, p, limit, 1, False)
+    _experts(h, order, (w2, w2), weights.contiguous(), terms, p, limit, 1, False, tiles)
     y = _destination(out, T, D, x.dtype, x.device)
     launcher(_sum_kernel, x)[(cdiv(D, 1024), T)](terms, ids, add.contiguous() if add is not None else y, y, D, first,
                                                 w1.data.shape[0], TOPK=k, ADD=add is not None, BLOCK=1024)

@@ -97,7 +97,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     pair's expert once, where the grouped paths pay for unpacking (or dequantising) the layer's experts whole.
     A prefill chunk's rows (more than one token a sequence) run on the tensor cores instead (dsv4.kernels.moe_tc,
     DSV4_MOE_TC), in tiles of one fixed shape: each row's bits still its own, and the choice follows the step's
-    kind, never the sequences in it."""
+    kind, never the sequences in it. A long chunk (not rows alone) takes them too while its pairs per expert are
+    few (moe_tc's CONFIG long: tiles by that count), else the grouped path."""
     T, k = ids.shape
     n = experts["w1"].data.shape[0]
     limit = cfg.swiglu_limit
@@ -119,6 +120,11 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
         blocks = [_pairs(x[r:r + PAIR_ROWS], e[r:r + PAIR_ROWS], weights[r:r + PAIR_ROWS], stacks, limit)
                   for r in range(0, T, PAIR_ROWS)]
         return _plus(blocks[0] if len(blocks) == 1 else torch.cat(blocks), shared)
+    tiles = _long_tiles(x, ids, experts, cfg)
+    if tiles is not None:
+        # A long chunk with few pairs an expert: the tensor-core tiles read the picked experts' stored bytes, where
+        # the grouped path below dequantises every local expert of the layer (moe_tc.CONFIG long).
+        return moe_tc.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, tiles)
     # Many tokens (prefill): each local expert runs on the rows routed to it (one grouped matmul).
     local, weights = _local(ids, weights, first, n, x.dtype)
     return _plus(grouped_experts(x, local, weights, experts, lambda gate, up: swiglu_act(gate, up, limit), limit),
@@ -130,6 +136,15 @@ def _tensor_cores(x, ids, experts: dict) -> bool:
     would, and the step's kind is the one moe_tc's mode names (a prefill chunk's, or every step's)."""
     return (_fused_routed(x, ids, experts) and kernels.enabled(moe_tc, x)
             and moe_tc.chosen(x, _stacks(experts), tokens_per_sequence()))
+
+
+def _long_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | None:
+    """moe_tc's tiles for a long prefill chunk's experts (moe_tc.long_tiles, by the chunk's pairs per expert), or
+    None: the grouped path."""
+    T, k = ids.shape
+    if not kernels.enabled(moe_tc, x):
+        return None
+    return moe_tc.long_tiles(x, _stacks(experts), T * k / cfg.n_routed_experts)
 
 
 def _stacks(experts: dict) -> list[QWeight]:

@@ -53,7 +53,7 @@ def tokens_per_sequence() -> int:
     return _TOKENS.get()
 
 
-# dsv4.layout's prefill_gemv (DSV4_PREFILL_GEMV; "" by default: the process's, qgemv's and dense's CONFIG
+# dsv4.layout's prefill_gemv (DSV4_PREFILL_GEMV; "v3" by default, "" the process's, qgemv's and dense's CONFIG
 # "kernel"): the GEMV family of a short prefill chunk's rows (rows alone, more than one token a sequence; a decode
 # step keeps the process's). "v3", the tensor-core tiles, computes each row as alone as v2 does (a row's bits never
 # depend on the batch), on the tensor cores: session 20 calls 4-5 (benchmarks/eager_host_profile.py --prefill 64,
