@@ -43,6 +43,8 @@ TC_VARIANTS = {  # moe_tc.CONFIG overrides
     "tc": {}, "tc_n128": {"block_n": 128}, "tc_k256": {"block_k": 256}, "tc_w8": {"num_warps": 8},
     "tc_s4": {"num_stages": 4}, "tc_bm32": {"block_m": 32}, "tc_bm64": {"block_m": 64},
     "tc_bm64_n128_w8": {"block_m": 64, "block_n": 128, "num_warps": 8},
+    "tc_bm32_n128": {"block_m": 32, "block_n": 128}, "tc_bm64_n128": {"block_m": 64, "block_n": 128},
+    "tc_bm128": {"block_m": 128}, "tc_bm64_s4": {"block_m": 64, "num_stages": 4},
 }
 
 

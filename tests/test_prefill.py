@@ -515,9 +515,11 @@ def test_a_short_chunk_takes_the_pair_kernels_and_equals_single_steps(monkeypatc
 def test_short_chunks_choose_the_pair_kernels(monkeypatch):
     """A chunk of at most prefill_pair_tokens tokens runs its rows alone (rows.short_chunk, by T alone), and
     moe.routed then takes the decode kernels (kernels on) or the reference's per-pair path (kernels off, "auto"
-    on CPU; PAIR_ROWS tokens a gather); more rows, outside rows_alone, the grouped path."""
+    on CPU; PAIR_ROWS tokens a gather); more rows, outside rows_alone, the tensor-core tiles (kernels on: few
+    pairs an expert, moe_tc's CONFIG long) or the grouped path."""
     pytest.importorskip("triton")
     from dsv4.kernels import moe as fused_moe
+    from dsv4.kernels import moe_tc
     from dsv4.model import moe_prefill
     from dsv4.model.rows import rows_alone, short_chunk
 
@@ -527,6 +529,7 @@ def test_short_chunks_choose_the_pair_kernels(monkeypatch):
     monkeypatch.setattr(fused_moe, "routed", lambda x, *a: taken.append(("pairs", x.shape[0])) or x)
     monkeypatch.setattr(moe, "_pairs", lambda x, *a: taken.append(("reference pairs", x.shape[0])) or x)
     monkeypatch.setattr(moe_prefill, "grouped_experts", lambda x, *a: taken.append(("grouped", x.shape[0])) or x)
+    monkeypatch.setattr(moe_tc, "routed", lambda x, *a: taken.append(("tiles", x.shape[0])) or x)
     monkeypatch.setattr(moe, "grouped_experts", moe_prefill.grouped_experts)
     monkeypatch.setitem(fused_moe.CONFIG, "prefill_pair_tokens", 16)
     for T, kernels_on in ((16, True), (17, True), (16, False), (17, False)):
@@ -535,4 +538,4 @@ def test_short_chunks_choose_the_pair_kernels(monkeypatch):
         with rows_alone(short_chunk(T)):
             moe.routed(torch.randn(T, 64), local, weights, experts, 0, cfg)
     pairs = [("reference pairs", moe.PAIR_ROWS)] * (16 // moe.PAIR_ROWS)  # a few tokens' experts dequantised at a time
-    assert taken == [("pairs", 16), ("grouped", 17), *pairs, ("grouped", 17)]
+    assert taken == [("pairs", 16), ("tiles", 17), *pairs, ("grouped", 17)]
