@@ -60,9 +60,10 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # rank); past the last bound, the dense path (moe_prefill.grouped_experts: the local experts dequantised whole, one
 # grouped matmul). Session 21 call 1 (benchmarks/prefill_moe_bench.py, one H200, ms a layer; mini's 256 experts on one
 # GPU, a Flash rank's 128 of them): the dense path 12.8 / 6.55 ms whatever the chunk; here 2.8 at 128 tokens, 3.2 at
-# 256, 3.6 at 512 (16 rows, 128 columns), 4.8 at 1,024 (32 rows), 7.1 at 2,048 (64 rows), 13.1 / 6.8 at 4,096 (64
-# rows; dense 12.9 / 7.0): at most ~1/4 of the dense path's time up to 512 tokens, and none of its multi-GB stacks.
-LONG = ((12, 16, 128), (24, 32, 64), (96, 64, 64)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
+# 256, 3.6 at 512 (16 rows, 128 columns); call 2 (mini): 4.4 at 1,024 (32 rows, 128 columns), 5.8 at 2,048 and 10.6
+# at 4,096 (64 rows, 128 columns; dense 13.0 and 12.9): at most ~1/4 of the dense path's time up to 512 tokens, and
+# none of its multi-GB stacks (mini's prefill peak 30.1 -> 22.2 GiB). 128 rows a tile lost at every size measured.
+LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG}
