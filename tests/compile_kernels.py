@@ -164,6 +164,10 @@ for dtype in (torch.float32, torch.bfloat16):
         dequant.dequant_into(QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8),
                                      torch.zeros(4, 2048, 128, dtype=scale_dtype), "fp4"),
                              torch.empty(4, 4096, 4096, dtype=dtype)[:, :2048])
+        # a long chunk's FP8 linear dequantised for its GEMM: whole blocks, and a slice inside its blocks
+        for row0 in (0, 64):
+            dequant.fp8_dequant(QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn),
+                                        torch.zeros(9, 32, dtype=scale_dtype), "fp8", row0=row0), dtype)
     for seen in (None, torch.zeros((), dtype=dtype)):  # a step's first door, then the ones adding their previous flag
         door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()),
                   torch.zeros((), dtype=torch.int64), seen, None if seen is None else torch.zeros(()))
@@ -498,6 +502,10 @@ def tensor_core_variants(dtype, scale_dtype):
     for T in (1, 200):
         x = torch.zeros(T, 4096, dtype=dtype)
         moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
+    x = torch.zeros(300, 4096, dtype=dtype)  # a long chunk's tiles (CONFIG long)
+    for _, block_m, block_n in moe_tc.CONFIG["long"]:
+        moe_tc.routed(x, torch.zeros(300, 6, dtype=torch.int64), torch.zeros(300, 6, dtype=dtype), stacks, 0, 10.0,
+                      add=x, tiles=(block_m, block_n))
 
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)

@@ -225,6 +225,51 @@ def test_fp4_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype
     assert torch.equal(got, ref) and torch.equal(ref[:, :40], w1.dequant(dtype))
 
 
+@pytest.mark.skipif(not kernels.interpreting() and not torch.cuda.is_available(),
+                    reason="needs triton's interpreter or a GPU")
+@pytest.mark.parametrize("scale_dtype", [torch.float8_e8m0fnu, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_dequant_kernel_equals_the_reference(monkeypatch, scale_dtype, dtype):
+    """dsv4.kernels.dequant's FP8 kernel against QWeight.dequant, bit for bit: whole 128 x 128 blocks (the scale
+    rounded to the dtype first) and a slice starting inside its blocks (the fp32 product rounded once), sizes that
+    fill no tile; every e4m3 byte (the subnormals, -0.0, NaN) and the ue8m0 bytes 255 (NaN) and, on CUDA, 0 (2**-127:
+    bf16 subnormal products, which Triton's interpreter flushes to 0 in its conversions) among the scales.
+    model.linear takes it for a long chunk's FP8 linear (kernels on) and gives the reference's output."""
+    pytest.importorskip("triton")
+    from dsv4.kernels import dequant
+    from dsv4.model import linear as linear_mod
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(12)
+    data = torch.randint(0, 256, (256, 384), generator=g, dtype=torch.uint8)
+    data[0, :256] = torch.arange(256, dtype=torch.uint8)  # every byte once
+    scale = torch.randint(110, 140, (2, 3), generator=g, dtype=torch.uint8)
+    scale[1, 2], scale[0, 1] = (0 if device == "cuda" and scale_dtype != torch.float32 else 100), 255
+    scale = scale.view(torch.float8_e8m0fnu).to(scale_dtype) if scale_dtype != torch.float8_e8m0fnu else \
+        scale.view(torch.float8_e8m0fnu)
+    if scale_dtype == torch.float32:  # fp32 scales that are not powers of two: the roundings show
+        scale = scale * torch.tensor([[1.3, 0.7, 1.1], [0.9, 1.7, 1.05]])
+    whole = QWeight(data.view(torch.float8_e4m3fn).to(device), scale.to(device), "fp8")
+    inside = QWeight(data[40:, 72:].contiguous().view(torch.float8_e4m3fn).to(device), scale.to(device), "fp8",
+                     row0=40, col0=72)
+    for w in (whole, inside):
+        ref = w.dequant(dtype)
+        got = dequant.fp8_dequant(w, dtype)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        nan = ref.isnan()
+        assert torch.equal(got.isnan(), nan) and nan.any()
+        assert torch.equal(got[~nan].view(bits), ref[~nan].view(bits)), (w.row0, w.col0)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    launched = []
+    kernel = dequant.fp8_dequant
+    monkeypatch.setattr(dequant, "fp8_dequant", lambda *a: launched.append(a[0].shape) or kernel(*a))
+    x = torch.randn(300, 384, generator=g).to(dtype).to(device)
+    ok = QWeight(torch.randn(256, 384, generator=g).to(torch.float8_e4m3fn).to(device),
+                 torch.full((2, 3), 2.0 ** -3).to(scale_dtype).to(device), "fp8")
+    y = linear_mod.linear(x, ok)
+    assert launched == [(256, 384)] and torch.equal(y, torch.nn.functional.linear(x, ok.dequant(dtype)))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_grouped_experts_bf16_on_cuda(monkeypatch):

@@ -1,4 +1,4 @@
-"""FP4 expert stacks to dense rows in one pass (reference: QWeight.dequant, one expert slice at a time).
+"""FP4 expert stacks, and FP8 linears, to dense rows in one pass (reference: QWeight.dequant).
 
 Prefill's grouped experts read one layer's local experts dense (dsv4.model.moe_prefill). The
 reference dequantisation makes an int64 index per stored byte, looks the byte up, then scales: about
@@ -6,12 +6,22 @@ reference dequantisation makes an int64 index per stored byte, looks the byte up
 tile of packed bytes and their ue8m0 scales and writes the values, low nibble first, straight into
 the destination rows (2.5 bytes per weight in bf16). e2m1 times a power of two is exact in bf16 and
 fp32, so the output equals the reference bit for bit (for a scale byte of 0, 2**-127, it writes 0).
+
+A long prefill chunk's FP8 linears run as one GEMM on the weight dequantised for the chunk
+(dsv4.model.linear). QWeight.dequant makes it in two torch passes, the e4m3 bytes to x's dtype then a
+broadcast multiply by the block scales (7 bytes of traffic per weight in bf16, the multiply not
+vectorised): on mini a 512-token prefill spent 5.1 of its 31.7 ms there (session 21, call 2). The FP8
+kernel reads each byte and its block's scale once and writes the value (3 bytes per weight), with the
+reference's roundings: the same bits (e4m3 decoded exactly in fp32 by integer operations, NaN
+included; scales as QWeight.dequant takes them, 2**-127 and NaN ue8m0 bytes included).
 """
+
+import os
 
 import torch
 
-from ..formats import QWeight
-from . import cdiv, interpreting, launcher, pdl_wait
+from ..formats import FP8_BLOCK, QWeight
+from . import cdiv, device_function, interpreting, launcher, pdl_wait
 
 try:
     import triton.language as tl
@@ -21,8 +31,11 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 6: prefill_moe_bench's dense path through it equals the FP4 kernel's output (max
 # relative error 0 at Flash's shapes, 4,096 and 8,192 tokens); its CUDA test in benchmarks/gpu_s6_call6.sh
-# Rows x packed bytes per program, warps (benchmarks/prefill_moe_bench.py --dequant sweeps them).
-CONFIG = {"block_r": 16, "block_b": 64, "num_warps": 4}
+# FP8 (session 21): fp8 (DSV4_DEQUANT_FP8=0 turns it off: QWeight.dequant) for a long chunk's linears.
+# Rows x packed bytes per program, warps (benchmarks/prefill_moe_bench.py --dequant sweeps them); the FP8
+# kernel's rows x columns per program.
+CONFIG = {"block_r": 16, "block_b": 64, "num_warps": 4, "fp8": os.environ.get("DSV4_DEQUANT_FP8", "1") == "1",
+          "fp8_block_r": 8, "fp8_block_c": 512}
 
 
 def _fp4_dequant_kernel(w_ptr, s_ptr, out_ptr, ROWS, R, out_e_stride, out_r_stride,
@@ -70,4 +83,63 @@ def dequant_into(w: QWeight, out: torch.Tensor) -> torch.Tensor:
         data, scale, out, n * R, R, out.stride(0), out.stride(1),
         KB=KB, S_STRIDE=scale.shape[-1], E8M0=scale.dtype == torch.uint8, BLOCK_R=c["block_r"],
         BLOCK_B=c["block_b"], **options)
+    return out
+
+
+@device_function
+def _e8m0_fp32(sc):
+    """ue8m0 bytes (int32 0..255) as fp32, as torch reads them: 2**(b - 127); 0 is 2**-127 (an fp32 subnormal),
+    255 NaN."""
+    bits = tl.where(sc == 0, 0x00400000, tl.where(sc == 255, 0x7FC00000, sc << 23))
+    return bits.to(tl.float32, bitcast=True)
+
+
+def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, ROWS, COLS, R0, C0, S_STRIDE, E8M0: constexpr,
+                        ROUND_SCALE: constexpr, BLOCK_R: constexpr, BLOCK_C: constexpr):
+    """out[r, c] = e4m3 byte w[r, c] times the scale of its 128 x 128 block (the slice starts R0 rows, C0 columns
+    into its first block). ROUND_SCALE: the scale rounded to out's dtype first (QWeight._dequant_blocks), else
+    the fp32 product rounded once (_dequant_any)."""
+    pdl_wait()
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = (r < ROWS)[:, None] & (c < COLS)[None, :]
+    r = r.to(tl.int64)
+    b = tl.load(w_ptr + r[:, None] * COLS + c[None, :], mask=ok, other=0).to(tl.int32) & 0xFF
+    e, m = (b >> 3) & 15, b & 7
+    # e4m3fn: exponent bias 7, no infinities; exponent 0 the subnormals m * 2**-9; all ones (e 15, m 7) NaN.
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
+    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+    # The sign as a bit (Triton's -x is 0 - x, which makes -0.0 a +0.0).
+    v = (mag.to(tl.int32, bitcast=True) | ((b & 128) << 24)).to(tl.float32, bitcast=True)
+    sc = tl.load(s_ptr + ((r + R0) // 128)[:, None] * S_STRIDE + ((c + C0) // 128)[None, :], mask=ok, other=1)
+    sc = _e8m0_fp32(sc.to(tl.int32) & 0xFF) if E8M0 else sc.to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    if ROUND_SCALE:
+        sc = sc.to(dt).to(tl.float32)
+    tl.store(out_ptr + r[:, None] * COLS + c[None, :], (v * sc).to(dt), mask=ok)
+
+
+def fp8_supported(w: QWeight, dtype: torch.dtype) -> bool:
+    """A 2-D FP8 weight with its block scales (ue8m0 or fp32), contiguous, to a float dtype (CONFIG fp8 on)."""
+    return (CONFIG["fp8"] and w.fmt == "fp8" and w.scale is not None and w.data.dim() == 2
+            and w.scale.dim() == 2 and w.data.is_contiguous() and w.scale.is_contiguous()
+            and w.scale.dtype in (torch.float8_e8m0fnu, torch.float32)
+            and dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def fp8_dequant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
+    """w.dequant(dtype), bit for bit, in one launch."""
+    rows, cols = w.shape
+    data = w.data.view(torch.uint8)
+    scale = w.scale.view(torch.uint8) if w.scale.dtype == torch.float8_e8m0fnu else w.scale
+    out = torch.empty(rows, cols, dtype=dtype, device=data.device)
+    whole = not (w.row0 % FP8_BLOCK or w.col0 % FP8_BLOCK or rows % FP8_BLOCK or cols % FP8_BLOCK)
+    # A ue8m0 scale is a power of two that bf16 and fp32 hold exactly: rounding it first changes nothing there.
+    exact = scale.dtype == torch.uint8 and dtype != torch.float16
+    c = CONFIG
+    options = {} if interpreting() else {"num_warps": c["num_warps"]}
+    launcher(_fp8_dequant_kernel, data)[(cdiv(rows, c["fp8_block_r"]), cdiv(cols, c["fp8_block_c"]))](
+        data, scale, out, rows, cols, w.row0 % FP8_BLOCK, w.col0 % FP8_BLOCK, scale.stride(0),
+        E8M0=scale.dtype == torch.uint8, ROUND_SCALE=whole and not exact, BLOCK_R=c["fp8_block_r"], BLOCK_C=c["fp8_block_c"],
+        **options)
     return out

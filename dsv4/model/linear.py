@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..kernels import qgemv
+from ..kernels import dequant, qgemv
 from ..formats import QWeight
 from .rows import dense, per_row, rows_per_weight, step_gemv
 
@@ -27,7 +27,14 @@ def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torc
     result is what is returned (the torch path's own tensor elsewhere)."""
     if _fused(x, w, rows_per_weight(x)):
         return qgemv.linear(x, w, out, kernel=step_gemv())
-    return dense(x, w.dequant(x.dtype), out, source=w.data)
+    return dense(x, dequantised(w, x), out, source=w.data)
+
+
+def dequantised(w: QWeight, x: torch.Tensor) -> torch.Tensor:
+    """w.dequant(x.dtype): an FP8 weight in one launch of dsv4.kernels.dequant where it runs (the same bits)."""
+    if kernels.enabled(dequant, x) and dequant.fp8_supported(w, x.dtype) and w.data.device == x.device:
+        return dequant.fp8_dequant(w, x.dtype)
+    return w.dequant(x.dtype)
 
 
 def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
@@ -36,7 +43,7 @@ def grouped_linear(x: torch.Tensor, w: QWeight, groups: int) -> torch.Tensor:
     kernel = step_gemv()
     if _fused(x, w, rows_per_weight(x)) and O % qgemv.block_n(kernel) == 0:
         return qgemv.grouped_linear(x, w, groups, kernel=kernel)
-    return _grouped(x, w.dequant(x.dtype).view(groups, O, -1))
+    return _grouped(x, dequantised(w, x).view(groups, O, -1))
 
 
 @per_row()
