@@ -141,9 +141,10 @@ class ModelCommon:
         return self.each("replay_counts", state)
 
 
-# Most tokens per default prefill chunk. The routed experts are dequantised once per chunk (on Flash
-# ~0.1 ms per token at this length), while the sliding attention's logits span the whole chunk, so
-# their cost per token grows with it; past a few thousand tokens the second outweighs the first.
+# Most tokens per default prefill chunk. A chunk reads the routed experts it picks once per tile of pairs
+# (dsv4.kernels.moe_tc's long tiles; past ~96 pairs an expert, all of them dequantised once per chunk), while
+# the sliding attention's logits span the whole chunk, so their cost per token grows with it; past a few
+# thousand tokens the second outweighs the first.
 PREFILL_CHUNK = 4096
 PREFILL_BUDGET = 16 << 30  # bytes of a default chunk's largest activations
 
