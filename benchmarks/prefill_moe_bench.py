@@ -7,7 +7,8 @@ A rank of 2 holds 128 of the 256 experts (I 2048, D 4096, FP4 with ue8m0 scales)
 experts each, uniformly, so about half the T*6 pairs are local (what moe_prefill.grouped_experts sorts and
 hands on). --n-local 256: one GPU holding all (mini, world 1). The "tc*" arms are dsv4.kernels.moe_tc (the
 tensor-core tiles a short chunk takes) under CONFIG overrides, the "pairs" arm the decode kernels; both return
-the weighted sum over k, compared with the dense path's. Each arm is timed with CUDA events (median of --reps after a warm-up) and compared with the dense
+the weighted sum over k, compared with the dense path's; each tc arm's output also with the first tc arm's, bit for
+bit (bit_equal_<arm>: whether a tile shape changes a pair's sums). Each arm is timed with CUDA events (median of --reps after a warm-up) and compared with the dense
 path's output (max relative error). Records (dsv4.receipts):
   PMOE       T, arm, config, ms, TFLOPS (the pairs' 3 products), max_rel_err against the dense path
   PMOE_BEST  T, the fastest arm
@@ -158,6 +159,7 @@ def main():
         w = torch.rand(T, TOPK, device=device).to(torch.bfloat16)
         w = torch.where(ids < N_LOCAL, w, 0)
         want = None
+        tc_first = None  # the first tc arm's output: whether a tile shape changes a pair's bits
         for name, over in [("pairs", None)] + list(TC_VARIANTS.items()):
             if not re.search(args.arms, name):
                 continue
@@ -191,8 +193,12 @@ def main():
                     moe_tc.CONFIG.update(tc_default)
             err = ((y - want).float().abs().max() / want.float().abs().max()).item()
             results[name] = ms
+            extra = {}
+            if over is not None:
+                tc_first = (name, y) if tc_first is None else tc_first
+                extra = {"bit_equal_" + tc_first[0]: bool(torch.equal(y, tc_first[1]))}
             emit("PMOE", T=T, arm=name, config=over, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
-                 max_rel_err=round(err, 5))
+                 max_rel_err=round(err, 5), **extra)
         for name, over in VARIANTS.items():
             if not re.search(args.arms, name):
                 continue
