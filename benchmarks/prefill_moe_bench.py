@@ -121,6 +121,17 @@ def timed(fn, reps):
     return statistics.median(times)
 
 
+def attempt(T, name, over, run, reps):
+    """(output, median ms) of an arm, or None once its error is printed (a configuration the compiler refuses is a
+    result)."""
+    try:
+        y = run()
+        return y, timed(run, reps)
+    except Exception as e:  # noqa: BLE001
+        emit("PMOE", T=T, arm=name, config=over, error=str(e)[:200])
+        return None
+
+
 def main():
     global D, I, N_LOCAL, TOTAL
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -182,15 +193,14 @@ def main():
                 moe_tc.CONFIG.update(over)
                 run = lambda: moe_tc.routed(x, ids, w, experts_list, 0, LIMIT)  # noqa: E731
             try:
-                y = run()
-                ms = timed(run, args.reps)
-            except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses is a result
-                emit("PMOE", T=T, arm=name, config=over, error=str(e)[:200])
-                continue
+                measured = attempt(T, name, over, run, args.reps)
             finally:
                 if over is not None:
                     moe_tc.CONFIG.clear()
                     moe_tc.CONFIG.update(tc_default)
+            if measured is None:
+                continue
+            y, ms = measured
             err = ((y - want).float().abs().max() / want.float().abs().max()).item()
             results[name] = ms
             extra = {}
@@ -205,12 +215,10 @@ def main():
             prefill_moe.CONFIG.update(default)
             prefill_moe.CONFIG.update(over)
             run = lambda: prefill_moe.experts(x, src, ends, [experts[k] for k in ("w1", "w3", "w2")], LIMIT)  # noqa: E731
-            try:
-                y = run()
-                ms = timed(run, args.reps)
-            except Exception as e:  # noqa: BLE001 - a configuration the compiler refuses is a result
-                emit("PMOE", T=T, arm=name, config=over, error=str(e)[:200])
+            measured = attempt(T, name, over, run, args.reps)
+            if measured is None:
                 continue
+            y, ms = measured
             err = ((y - ref).float().abs()[valid].max() / ref.float().abs()[valid].max()).item()
             results[name] = ms
             emit("PMOE", T=T, arm=name, config=over, ms=round(ms, 3), tflops=round(flops / ms / 1e9, 1),
