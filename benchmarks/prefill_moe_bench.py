@@ -46,6 +46,11 @@ TC_VARIANTS = {  # moe_tc.CONFIG overrides
     "tc_bm64_n128_w8": {"block_m": 64, "block_n": 128, "num_warps": 8},
     "tc_bm32_n128": {"block_m": 32, "block_n": 128}, "tc_bm64_n128": {"block_m": 64, "block_n": 128},
     "tc_bm128": {"block_m": 128}, "tc_bm64_s4": {"block_m": 64, "num_stages": 4},
+    # DSV4_MOE_TC_ORDER=natural: one dot a K step over the inputs in their order (other bits than "tc")
+    "tc_nat": {"order": "natural"}, "tc_nat_n128": {"order": "natural", "block_n": 128},
+    "tc_nat_k256": {"order": "natural", "block_k": 256}, "tc_nat_w8": {"order": "natural", "num_warps": 8},
+    "tc_nat_bm32_n128": {"order": "natural", "block_m": 32, "block_n": 128},
+    "tc_nat_bm64_n128": {"order": "natural", "block_m": 64, "block_n": 128},
 }
 
 

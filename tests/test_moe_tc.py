@@ -86,6 +86,38 @@ def test_tensor_core_experts(monkeypatch, device, dtype):
 
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@torch.inference_mode()
+def test_the_natural_order_agrees_and_keeps_rows_alone(monkeypatch):
+    """DSV4_MOE_TC_ORDER=natural (a K step's planes joined into one dot over the inputs in their order) against the
+    planes' order: within close_chain (other sums' order), each token alone equal to it in the batch, the same bits
+    run to run; an unknown order is refused naming the variable."""
+    device = DEVICES[0]
+    full = device == "cuda"
+    g = torch.Generator().manual_seed(41)
+    D, I = (256, 128) if full else (64, 32)
+    T = 20 if full else 5
+    stacks = [v.to(device) for v in expert_stacks("fp4", 16, D, I, g).values()]
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(T)]).to(device)
+    ids[:, 0] = 17
+    x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
+    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(torch.bfloat16).to(device)
+    if not full:
+        monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
+
+    def run(order, rows=slice(None)):
+        monkeypatch.setitem(moe_tc.CONFIG, "order", order)
+        return moe_tc.routed(x[rows], ids[rows], weights[rows], stacks, 16, 0.3)
+
+    natural = run("natural")
+    close_chain(natural, run("planes"), torch.bfloat16)
+    assert torch.equal(run("natural"), natural)
+    for t in range(T):
+        assert torch.equal(run("natural", slice(t, t + 1)), natural[t:t + 1]), t
+    with pytest.raises(ValueError, match="DSV4_MOE_TC_ORDER='rows'"):
+        run("rows")
+
+
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 def test_the_mode_follows_the_step_kind(monkeypatch):
     """DSV4_MOE_TC: "chunks" (the default) takes the tensor cores for a prefill chunk's rows (tokens > 1 a sequence)
     and the pair kernels for a decode step's, whatever the rows; "all" both; "off" neither; another name is refused

@@ -63,10 +63,18 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # 256, 3.6 at 512 (16 rows, 128 columns); call 2 (mini): 4.4 at 1,024 (32 rows, 128 columns), 5.8 at 2,048 and 10.6
 # at 4,096 (64 rows, 128 columns; dense 13.0 and 12.9): at most ~1/4 of the dense path's time up to 512 tokens, and
 # none of its multi-GB stacks (mini's prefill peak 30.1 -> 22.2 GiB). 128 rows a tile lost at every size measured.
+# order (DSV4_MOE_TC_ORDER; "planes" by default): how a K step's products reach the tensor cores. "planes": eight dots
+# of 16 inputs, each one nibble position of 16 words (a word decoded in the registers it was loaded into); compiled,
+# each dot's wgmma waits for the previous one (its A operand in registers), 16 issue-and-wait rounds a K step for
+# gate and up (tests/compile_kernels.py's TTGIR, session 21). "natural" (session 21, not yet run on a GPU): the planes
+# joined back into the [BLOCK_N, BLOCK_K] tile in input order and one dot a K step, over x's rows as they lie; other
+# bits (each k16 instruction sums 16 consecutive inputs), the same alone and batched.
 LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
-          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG}
+          "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
+          "order": os.environ.get("DSV4_MOE_TC_ORDER", "planes")}
+ORDERS = ("planes", "natural")
 MODES = ("off", "chunks", "all")
 
 
@@ -125,7 +133,17 @@ if CONFIG["plan_fixed"]:  # read at import, as the kernel is compiled once: its 
 
 @device_function
 def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
+               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, NATURAL: constexpr):
+    if NATURAL:
+        return _words_dot_natural(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                                  BLOCK_K)
+    return _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                             BLOCK_K)
+
+
+@device_function
+def _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
+                      E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
     """acc [BLOCK_N, BLOCK_M] + (the FP4 weight's rows `cols`, inputs k0 .. k0 + BLOCK_K) @ (a's rows a_rows)^T on the
     tensor cores. The weight is the MMA's wide operand (its rows fill the tensor cores' 64, the pairs are the narrow
     side), read as int32 words (8 inputs each, input 8w + q in bits 4q..4q+3) and taken apart into eight planes,
@@ -155,10 +173,50 @@ def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: conste
     return acc
 
 
+@device_function
+def _plane(words, q: constexpr, scale):
+    """Nibbles q and q + 4 of each word (inputs 8w + q and 8w + q + 4) times their scales: fp32 (lo, hi), as
+    _words_dot_planes decodes them."""
+    u = words >> (4 * q)
+    t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
+    lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+    hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+    return lo, hi
+
+
+@device_function
+def _words_dot_natural(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
+                       E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
+    """_words_dot_planes's products as one dot over the K step's inputs in their own order: the eight planes joined
+    back into the weight tile [BLOCK_N, BLOCK_K] (input 8w + j, nibble j of word w) and x's rows read as they lie
+    (BLOCK_K consecutive inputs a row). One tl.dot a K step, not eight: the tensor cores' instructions of a step
+    issue back to back (the eight dots wait for each other, their A operand in registers), and the activation
+    tile is one contiguous load. Each k16 instruction sums 16 consecutive inputs, not one plane's: other bits
+    than the planes' order (CONFIG order)."""
+    G: constexpr = BLOCK_K // 32
+    gi = tl.arange(0, G)
+    wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
+    rows64 = cols.to(tl.int64)
+    words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
+                    mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
+    sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
+    scale = (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
+    lo0, hi0 = _plane(words, 0, scale)
+    lo1, hi1 = _plane(words, 1, scale)
+    lo2, hi2 = _plane(words, 2, scale)
+    lo3, hi3 = _plane(words, 3, scale)
+    # [BLOCK_N, G, 4, j2, j1, j0] = nibble j = 4 j2 + 2 j1 + j0 of word (g, i): lo_q is nibble q, hi_q nibble q + 4
+    tile = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo2, hi2)), tl.join(tl.join(lo1, hi1), tl.join(lo3, hi3)))
+    dt = a_ptr.dtype.element_ty
+    kk = k0 + tl.arange(0, BLOCK_K)
+    x = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None], mask=(kk < K)[:, None] & r_ok[None, :], other=0.0)
+    return _dot(tl.reshape(tile, [tile.shape[0], BLOCK_K]).to(dt), x, acc, IEEE)
+
+
 def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
                     ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
-                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr):
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, NATURAL: constexpr):
     """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
@@ -181,9 +239,11 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
         acc1 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+            acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K,
+                              NATURAL)
             if SWIGLU:
-                acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K)
+                acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                                  BLOCK_K, NATURAL)
         gate, up = tl.trans(acc1), tl.trans(acc3)
         ok = r_ok[:, None] & c_ok[None, :]
         if SWIGLU:
@@ -282,6 +342,8 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
     _, ends, expert, row = plan_
     c = CONFIG
     block_m, block_n = tiles
+    if c["order"] not in ORDERS:
+        raise ValueError(f"DSV4_MOE_TC_ORDER={c['order']!r}: allowed {list(ORDERS)}")
     d1, s1 = w1.data.view(torch.int32), _scale(w1)
     d3, s3 = w3.data.view(torch.int32), _scale(w3)
     N, K = w1.shape
@@ -290,7 +352,8 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
         IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], **options)
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], NATURAL=c["order"] == "natural",
+        **options)
     return out
 
 
