@@ -51,6 +51,10 @@ TC_VARIANTS = {  # moe_tc.CONFIG overrides
     "tc_nat_k256": {"order": "natural", "block_k": 256}, "tc_nat_w8": {"order": "natural", "num_warps": 8},
     "tc_nat_bm32_n128": {"order": "natural", "block_m": 32, "block_n": 128},
     "tc_nat_bm64_n128": {"order": "natural", "block_m": 64, "block_n": 128},
+    # DSV4_MOE_TC_ORDER=planes_one: one dot a K step in the planes' order ("tc"'s bits: bit_equal_tc)
+    "tc_one": {"order": "planes_one"}, "tc_one_n128": {"order": "planes_one", "block_n": 128},
+    "tc_one_bm32_n128": {"order": "planes_one", "block_m": 32, "block_n": 128},
+    "tc_one_bm64_n128": {"order": "planes_one", "block_m": 64, "block_n": 128},
 }
 
 

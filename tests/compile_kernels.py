@@ -503,8 +503,9 @@ def tensor_core_variants(dtype, scale_dtype):
         x = torch.zeros(T, 4096, dtype=dtype)
         moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
     order = moe_tc.CONFIG["order"]
-    moe_tc.CONFIG["order"] = "natural"  # DSV4_MOE_TC_ORDER=natural
-    moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
+    for other in moe_tc.ORDERS:  # DSV4_MOE_TC_ORDER
+        moe_tc.CONFIG["order"] = other
+        moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
     moe_tc.CONFIG["order"] = order
     x = torch.zeros(300, 4096, dtype=dtype)  # a long chunk's tiles (CONFIG long)
     for _, block_m, block_n in moe_tc.CONFIG["long"]:

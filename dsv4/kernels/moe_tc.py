@@ -68,13 +68,14 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # each dot's wgmma waits for the previous one (its A operand in registers), 16 issue-and-wait rounds a K step for
 # gate and up (tests/compile_kernels.py's TTGIR, session 21). "natural" (session 21, not yet run on a GPU): the planes
 # joined back into the [BLOCK_N, BLOCK_K] tile in input order and one dot a K step, over x's rows as they lie; other
-# bits (each k16 instruction sums 16 consecutive inputs), the same alone and batched.
+# bits (each k16 instruction sums 16 consecutive inputs), the same alone and batched. "planes_one" (session 21, not yet
+# run on a GPU): one dot a K step too, the tile and x's inputs permuted into the planes' order: "planes"' bits.
 LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
           "order": os.environ.get("DSV4_MOE_TC_ORDER", "planes")}
-ORDERS = ("planes", "natural")
+ORDERS = ("planes", "natural", "planes_one")
 MODES = ("off", "chunks", "all")
 
 
@@ -133,10 +134,11 @@ if CONFIG["plan_fixed"]:  # read at import, as the kernel is compiled once: its 
 
 @device_function
 def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, NATURAL: constexpr):
-    if NATURAL:
-        return _words_dot_natural(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                                  BLOCK_K)
+               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, ORDER: constexpr):
+    """CONFIG order's K step (ORDER: its index in ORDERS)."""
+    if ORDER != 0:
+        return _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
+                              BLOCK_K, ORDER == 1)
     return _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
                              BLOCK_K)
 
@@ -185,14 +187,15 @@ def _plane(words, q: constexpr, scale):
 
 
 @device_function
-def _words_dot_natural(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-                       E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
-    """_words_dot_planes's products as one dot over the K step's inputs in their own order: the eight planes joined
-    back into the weight tile [BLOCK_N, BLOCK_K] (input 8w + j, nibble j of word w) and x's rows read as they lie
-    (BLOCK_K consecutive inputs a row). One tl.dot a K step, not eight: the tensor cores' instructions of a step
-    issue back to back (the eight dots wait for each other, their A operand in registers), and the activation
-    tile is one contiguous load. Each k16 instruction sums 16 consecutive inputs, not one plane's: other bits
-    than the planes' order (CONFIG order)."""
+def _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
+                   E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, NATURAL: constexpr):
+    """_words_dot_planes's products as one tl.dot a K step, not eight: the tensor cores' instructions of a step issue
+    back to back (the eight dots wait for each other, their A operand in registers). The eight planes are joined
+    back into a [BLOCK_N, BLOCK_K] weight tile. NATURAL: its inputs in their own order (input 8w + j, nibble j of
+    word w) and x's rows read as they lie, one contiguous load; each k16 instruction then sums 16 consecutive
+    inputs: other bits than the planes'. Else the planes' order (plane by plane, lo before hi, as
+    _words_dot_planes dots them) and x's inputs gathered in it: each k16 instruction sums one plane's 16 inputs
+    in _words_dot_planes's sequence, the same bits."""
     G: constexpr = BLOCK_K // 32
     gi = tl.arange(0, G)
     wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -208,15 +211,23 @@ def _words_dot_natural(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K
     # [BLOCK_N, G, 4, j2, j1, j0] = nibble j = 4 j2 + 2 j1 + j0 of word (g, i): lo_q is nibble q, hi_q nibble q + 4
     tile = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo2, hi2)), tl.join(tl.join(lo1, hi1), tl.join(lo3, hi3)))
     dt = a_ptr.dtype.element_ty
-    kk = k0 + tl.arange(0, BLOCK_K)
-    x = tl.load(a_ptr + a_rows[None, :] * K + kk[:, None], mask=(kk < K)[:, None] & r_ok[None, :], other=0.0)
+    kk = tl.arange(0, BLOCK_K)
+    if NATURAL:
+        k = k0 + kk
+    else:
+        # position p * (BLOCK_K // 8) + w holds plane p = 2q + h (lo_0, hi_0, lo_1, ...), q = j0 + 2 j1, h = j2:
+        # the tile's dims in the order (j1, j0, j2, g, i), and x's input 8w + q + 4h there
+        tile = tl.permute(tile, (0, 4, 5, 3, 1, 2))
+        p, w = kk // (BLOCK_K // 8), kk % (BLOCK_K // 8)
+        k = k0 + 8 * w + p // 2 + 4 * (p % 2)
+    x = tl.load(a_ptr + a_rows[None, :] * K + k[:, None], mask=(k < K)[:, None] & r_ok[None, :], other=0.0)
     return _dot(tl.reshape(tile, [tile.shape[0], BLOCK_K]).to(dt), x, acc, IEEE)
 
 
 def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
                     ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
-                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, NATURAL: constexpr):
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, ORDER: constexpr):
     """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
@@ -240,10 +251,10 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K,
-                              NATURAL)
+                              ORDER)
             if SWIGLU:
                 acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                                  BLOCK_K, NATURAL)
+                                  BLOCK_K, ORDER)
         gate, up = tl.trans(acc1), tl.trans(acc3)
         ok = r_ok[:, None] & c_ok[None, :]
         if SWIGLU:
@@ -352,7 +363,7 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
         IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], NATURAL=c["order"] == "natural",
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], ORDER=ORDERS.index(c["order"]),
         **options)
     return out
 
