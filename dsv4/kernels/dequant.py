@@ -31,9 +31,9 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 6: prefill_moe_bench's dense path through it equals the FP4 kernel's output (max
 # relative error 0 at Flash's shapes, 4,096 and 8,192 tokens); its CUDA test in benchmarks/gpu_s6_call6.sh
-# FP8 (session 21): fp8 (DSV4_DEQUANT_FP8=0 turns it off: QWeight.dequant) for a long chunk's linears.
-# Rows x packed bytes per program, warps (benchmarks/prefill_moe_bench.py --dequant sweeps them); the FP8
-# kernel's rows x columns per program.
+# Rows x packed bytes per program, warps (benchmarks/prefill_moe_bench.py --dequant sweeps them). fp8: the FP8
+# kernel for a long chunk's linears (session 21, calls 3-4: its CUDA test and a 512-token prefill;
+# DSV4_DEQUANT_FP8=0: QWeight.dequant's torch passes), its rows x columns per program.
 CONFIG = {"block_r": 16, "block_b": 64, "num_warps": 4, "fp8": os.environ.get("DSV4_DEQUANT_FP8", "1") == "1",
           "fp8_block_r": 8, "fp8_block_c": 512}
 
@@ -140,6 +140,6 @@ def fp8_dequant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
     options = {} if interpreting() else {"num_warps": c["num_warps"]}
     launcher(_fp8_dequant_kernel, data)[(cdiv(rows, c["fp8_block_r"]), cdiv(cols, c["fp8_block_c"]))](
         data, scale, out, rows, cols, w.row0 % FP8_BLOCK, w.col0 % FP8_BLOCK, scale.stride(0),
-        E8M0=scale.dtype == torch.uint8, ROUND_SCALE=whole and not exact, BLOCK_R=c["fp8_block_r"], BLOCK_C=c["fp8_block_c"],
-        **options)
+        E8M0=scale.dtype == torch.uint8, ROUND_SCALE=whole and not exact, BLOCK_R=c["fp8_block_r"],
+        BLOCK_C=c["fp8_block_c"], **options)
     return out
