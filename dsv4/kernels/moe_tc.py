@@ -152,6 +152,23 @@ def _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K:
     plane q the inputs k0 + 8w + q, each times its scale (one per 4 words: a [BLOCK_N, G, 4] tile broadcast over
     the 4) and dotted with the inputs it multiplies: a word is decoded in the registers it was loaded into, with
     no interleave (nibbles q and q + 4, 16 bits apart, by one mask-and-shift: qgemv._fp4_rows's decode)."""
+    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K)
+    w8 = k0 + 8 * tl.arange(0, BLOCK_K // 8)
+    ok = (w8 < K)[:, None] & r_ok[None, :]
+    at = a_ptr + a_rows[None, :] * K + w8[:, None]
+    dt = a_ptr.dtype.element_ty
+    for q in tl.static_range(4):
+        lo, hi = _plane(words, q, scale)
+        acc = _dot(tl.reshape(lo, [lo.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q, mask=ok, other=0.0), acc, IEEE)
+        acc = _dot(tl.reshape(hi, [hi.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q + 4, mask=ok, other=0.0), acc,
+                   IEEE)
+    return acc
+
+
+@device_function
+def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr, BLOCK_K: constexpr):
+    """A K step's stored weight: int32 words [BLOCK_N, G, 4] (G = BLOCK_K // 32 scale groups of 4 words) of rows
+    `cols`, and each group's scale [BLOCK_N, G, 1] times 2**14 (_plane's fp16 placement)."""
     G: constexpr = BLOCK_K // 32
     gi = tl.arange(0, G)
     wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -159,20 +176,7 @@ def _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K:
     words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
                     mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
     sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
-    scale = (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
-    w8 = k0 + 8 * tl.arange(0, BLOCK_K // 8)
-    ok = (w8 < K)[:, None] & r_ok[None, :]
-    at = a_ptr + a_rows[None, :] * K + w8[:, None]
-    dt = a_ptr.dtype.element_ty
-    for q in tl.static_range(4):
-        u = words >> (4 * q)
-        t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
-        lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
-        hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
-        acc = _dot(tl.reshape(lo, [lo.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q, mask=ok, other=0.0), acc, IEEE)
-        acc = _dot(tl.reshape(hi, [hi.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q + 4, mask=ok, other=0.0), acc,
-                   IEEE)
-    return acc
+    return words, (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
 
 
 @device_function
@@ -196,14 +200,7 @@ def _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: co
     inputs: other bits than the planes'. Else the planes' order (plane by plane, lo before hi, as
     _words_dot_planes dots them) and x's inputs gathered in it: each k16 instruction sums one plane's 16 inputs
     in _words_dot_planes's sequence, the same bits."""
-    G: constexpr = BLOCK_K // 32
-    gi = tl.arange(0, G)
-    wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
-    rows64 = cols.to(tl.int64)
-    words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
-                    mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
-    sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
-    scale = (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
+    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K)
     lo0, hi0 = _plane(words, 0, scale)
     lo1, hi1 = _plane(words, 1, scale)
     lo2, hi2 = _plane(words, 2, scale)
