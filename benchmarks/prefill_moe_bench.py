@@ -41,7 +41,8 @@ VARIANTS = {  # prefill_moe.CONFIG overrides
 
 
 TC_VARIANTS = {  # moe_tc.CONFIG overrides
-    "tc": {}, "tc_n128": {"block_n": 128}, "tc_k256": {"block_k": 256}, "tc_w8": {"num_warps": 8},
+    "tc": {}, "tc_n128": {"block_n": 128}, "tc_n64_planes": {"block_n": 64, "order": "planes"},
+    "tc_planes": {"order": "planes"}, "tc_k256": {"block_k": 256}, "tc_w8": {"num_warps": 8},
     "tc_s4": {"num_stages": 4}, "tc_bm32": {"block_m": 32}, "tc_bm64": {"block_m": 64},
     "tc_bm64_n128_w8": {"block_m": 64, "block_n": 128, "num_warps": 8},
     "tc_bm32_n128": {"block_m": 32, "block_n": 128}, "tc_bm64_n128": {"block_m": 64, "block_n": 128},

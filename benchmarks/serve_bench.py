@@ -15,6 +15,7 @@ seconds. Prints one record per line, `TAG {json}`:
            server's own means over the level (GET /metrics)
   IDENTITY request i has the same prompt and seed at every level: its token ids must be the same alone
            and among others (exit 1 when not)
+  FIRST    the server's first request (prompt_tokens, max_tokens 4): time to first token, untimed otherwise
   WARMUP   with --warmup N: each level run N times first, untimed (its requests are not REQUEST records)
   COMPILE  with DSV4_LOG_COMPILES=1 in the environment: each kernel the server compiled after it answered
            (dsv4/kernels/compile_log.py), printed when it happened, between the levels' records
@@ -222,7 +223,9 @@ def main():
         vocab_hi = 256  # random ids among the first tokens: every vocabulary has them
         rng = random.Random(0)
         prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
-        one_request(client, model, prompts[0], 4, seed=0)  # warm-up: first-call costs stay out of the levels
+        # warm-up: first-call costs stay out of the levels; FIRST shows them (kernels the server's own warm-up,
+        # before it listened, did not compile for this prompt length)
+        emit("FIRST", prompt_tokens=args.prompt_tokens, **one_request(client, model, prompts[0], 4, seed=0))
         for _ in range(args.warmup):
             for c in args.levels:
                 run_level(client, model, args, c, prompts, url, warmup=True)

@@ -87,10 +87,10 @@ def test_tensor_core_experts(monkeypatch, device, dtype):
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 @torch.inference_mode()
-@pytest.mark.parametrize("order", ["natural", "planes_one"])
+@pytest.mark.parametrize("order", ["natural", "planes_one", "auto"])
 def test_one_dot_orders_agree_and_keep_rows_alone(monkeypatch, order):
     """DSV4_MOE_TC_ORDER natural (a K step's planes joined into one dot over the inputs in their order) and planes_one
-    (one dot, the planes' order) against the planes' eight dots: within close_chain (natural: other sums' order),
+    (one dot, the planes' order; auto, the default, takes it for 16-row tiles) against the planes' eight dots: within close_chain (natural: other sums' order),
     planes_one equal to them on CUDA (each k16 instruction the same plane's inputs, in the same sequence; the
     interpreter's dots are numpy's, in another order); each token alone equal to it in the batch, the same bits run
     to run; an unknown order is refused naming the variable."""
@@ -113,7 +113,7 @@ def test_one_dot_orders_agree_and_keep_rows_alone(monkeypatch, order):
 
     one, planes = run(order), run("planes")
     close_chain(one, planes, torch.bfloat16)
-    if full and order == "planes_one":
+    if full and order in ("planes_one", "auto"):  # auto: planes_one at CONFIG's 16 rows a tile
         assert torch.equal(one, planes)
     assert torch.equal(run(order), one)
     for t in range(T):
@@ -206,3 +206,27 @@ def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
 
 def cdiv_rows(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def test_long_tile_chunks_take_each_reachable_long_tile_shape():
+    """long_tile_chunks (the server's warm-up lengths): for each longest chunk, every long tile shape some chunk
+    in (128, longest] takes (moe_tc.long_tiles' rule: the first bound holding tokens * k / routed experts) is taken
+    by two of them, one a multiple of 16 and one not, and by no chunk outside that range."""
+    from dsv4.kernels import moe as fused_moe
+
+    shortest = fused_moe.CONFIG["prefill_pair_tokens"]
+    for name in ("mini", "tiny"):
+        cfg = preset(name)
+
+        def shape(n):
+            pairs = n * cfg.num_experts_per_tok / cfg.n_routed_experts
+            return next(((m, b) for bound, m, b in moe_tc.CONFIG["long"] if pairs <= bound), None)
+
+        for longest in (100, 200, 300, 2048, 8192):
+            lengths = moe_mod.long_tile_chunks(cfg, longest)
+            assert all(shortest < n <= longest for n in lengths), (name, longest, lengths)
+            reachable = {shape(n) for n in range(shortest + 1, longest + 1)} - {None}
+            assert {shape(n) for n in lengths} == reachable, (name, longest)
+            for tiles in reachable:
+                assert sorted(n % 16 == 0 for n in lengths if shape(n) == tiles) == [False, True], (name, tiles)
+    assert moe_mod.long_tile_chunks(preset("mini"), 2048) == [512, 511, 1024, 1023, 2048, 2047]

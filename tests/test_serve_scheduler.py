@@ -233,6 +233,28 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
     assert all(slot.host_pos == 0 for slot in short.slots)
 
 
+def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
+    """A server whose prompts reach long chunks (prefill_chunk past the short chunks' 128 tokens) warms, after the
+    short forwards, one slot's long chunks (dsv4.model.moe.long_tile_chunks: tiny's 8 experts, 2 a token, reach
+    moe_tc's last long tile shape at 192 tokens); its slots are fresh after and it serves the tokens of a
+    scheduler that never warmed."""
+    from dsv4.model.moe import long_tile_chunks
+
+    jobs = grouped_jobs(model)
+    expected = served(Scheduler(model, max_num_seqs=2, max_model_len=256, prefill_chunk=200), jobs)
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=256, prefill_chunk=200)
+    lengths, real = [], model.prefill_batch
+    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: (lengths.append([len(c) for c in chunks]),
+                                                                        real(states, chunks))[1])
+    sched.warm_prefill()
+    assert long_tile_chunks(model.cfg, 200) == [192, 191]
+    assert lengths == [[15, 15], [16], [192], [191]]
+    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
+    assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
+    monkeypatch.setattr(model, "prefill_batch", real)
+    assert served(sched, jobs) == expected
+
+
 def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):
     """The first round's grouped prefill (three sequences) is refused: those three end with an error, nothing
     committed, their slots zeroed; the one-token prompt decoding beside them finishes as it does alone, and

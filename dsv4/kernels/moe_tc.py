@@ -63,19 +63,27 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # 256, 3.6 at 512 (16 rows, 128 columns); call 2 (mini): 4.4 at 1,024 (32 rows, 128 columns), 5.8 at 2,048 and 10.6
 # at 4,096 (64 rows, 128 columns; dense 13.0 and 12.9): at most ~1/4 of the dense path's time up to 512 tokens, and
 # none of its multi-GB stacks (mini's prefill peak 30.1 -> 22.2 GiB). 128 rows a tile lost at every size measured.
-# order (DSV4_MOE_TC_ORDER; "planes" by default): how a K step's products reach the tensor cores. "planes": eight dots
+# order (DSV4_MOE_TC_ORDER; "auto" by default): how a K step's products reach the tensor cores. "planes": eight dots
 # of 16 inputs, each one nibble position of 16 words (a word decoded in the registers it was loaded into); compiled,
 # each dot's wgmma waits for the previous one (its A operand in registers), 16 issue-and-wait rounds a K step for
-# gate and up (tests/compile_kernels.py's TTGIR, session 21). "natural" (session 21, not yet run on a GPU): the planes
-# joined back into the [BLOCK_N, BLOCK_K] tile in input order and one dot a K step, over x's rows as they lie; other
-# bits (each k16 instruction sums 16 consecutive inputs), the same alone and batched. "planes_one" (session 21, not yet
-# run on a GPU): one dot a K step too, the tile and x's inputs permuted into the planes' order: "planes"' bits.
+# gate and up (tests/compile_kernels.py's TTGIR, session 21). "planes_one": one dot a K step, the tile and x's inputs
+# permuted into the planes' order: "planes"' bits (tests/test_moe_tc.py on the GPU, session 22 call 1). "natural":
+# the planes joined back into the [BLOCK_N, BLOCK_K] tile in input order and one dot a K step over x's rows as they
+# lie: other bits (each k16 instruction sums 16 consecutive inputs), the same alone and batched. "auto": planes_one
+# for 16-row tiles, planes for more rows, as session 22 call 1 measured them (benchmarks/prefill_moe_bench.py, ms a
+# layer, the same bits in every arm): 16 x 128 tiles, mini's 256 experts, planes -> planes_one 2.95 -> 2.68 at 128
+# tokens, 3.92 -> 3.65 at 512, a Flash rank's 128 experts 1.68 -> 1.41 at 128; 32 x 128 tiles 4.44 -> 4.64 at 1,024
+# and 64 x 128 11.3 -> 19.3 at 4,096 (more rows a tile: the one dot's permuted operands cost more than the waits
+# they remove). natural was no faster than planes where it won at all (tc_nat arms) and changes the bits: not used.
+# block_n 128 (64 until session 22): a pair's sums do not depend on it (bit_equal_tc in every arm), and short chunks'
+# 16 x 128 tiles beat 16 x 64 at every size measured (mini 64 tokens 2.25 -> 2.20 ms, 128: 3.05 -> 2.68, with
+# planes_one; a Flash rank's 128 tokens 1.72 -> 1.41).
 LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
-CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 64, "block_k": 128,
+CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 128, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
-          "order": os.environ.get("DSV4_MOE_TC_ORDER", "planes")}
-ORDERS = ("planes", "natural", "planes_one")
+          "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto")}
+ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
 MODES = ("off", "chunks", "all")
 
 
@@ -344,14 +352,23 @@ def plan(ids: torch.Tensor, first: int, n_local: int, block_m: int | None = None
     return order, ends, expert, row
 
 
+def tile_order(block_m: int) -> str:
+    """CONFIG order for tiles of block_m rows ("auto": planes_one for 16 rows, planes past them; the same bits)."""
+    order = CONFIG["order"]
+    if order == "auto":
+        return "planes_one" if block_m == 16 else "planes"
+    if order not in ORDERS:
+        raise ValueError(f"DSV4_MOE_TC_ORDER={order!r}: allowed {['auto', *ORDERS]}")
+    return order
+
+
 def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool,
              tiles: tuple[int, int]):
     w1, w3 = stacks
     _, ends, expert, row = plan_
     c = CONFIG
     block_m, block_n = tiles
-    if c["order"] not in ORDERS:
-        raise ValueError(f"DSV4_MOE_TC_ORDER={c['order']!r}: allowed {list(ORDERS)}")
+    order_name = tile_order(block_m)
     d1, s1 = w1.data.view(torch.int32), _scale(w1)
     d3, s3 = w3.data.view(torch.int32), _scale(w3)
     N, K = w1.shape
@@ -360,7 +377,7 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
         IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], ORDER=ORDERS.index(c["order"]),
+        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], ORDER=ORDERS.index(order_name),
         **options)
     return out
 

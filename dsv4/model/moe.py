@@ -147,6 +147,19 @@ def _long_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | No
     return moe_tc.long_tiles(x, _stacks(experts), T * k / cfg.n_routed_experts)
 
 
+def long_tile_chunks(cfg: ModelConfig, longest: int) -> list[int]:
+    """Long prefill chunk lengths, at most `longest`, that between them take each of moe_tc's long tiles (CONFIG
+    long, by pairs per expert): per tile shape the longest such chunk made a multiple of 16 and one token less, the
+    two variants Triton compiles of a length. A warm-up runs them (dsv4.serve.scheduler.warm_prefill)."""
+    lengths, shortest = [], fused_moe.CONFIG["prefill_pair_tokens"]
+    for bound, _, _ in moe_tc.CONFIG["long"]:
+        top = min(longest, int(bound * cfg.n_routed_experts // cfg.num_experts_per_tok))
+        top -= top % 16
+        lengths += [n for n in (top, top - 1) if n > shortest and n not in lengths]
+        shortest = max(shortest, top)
+    return lengths
+
+
 def _stacks(experts: dict) -> list[QWeight]:
     return [experts[name] for name in ("w1", "w3", "w2")]
 

@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..engine import StepHeld
+from ..model.moe import long_tile_chunks
 from ..model.rows import short_chunk
 from ..sampler import LogitsParams, Processing, SamplingParams
 from .protocol import RequestError
@@ -174,21 +175,30 @@ class Scheduler:
         first token (session 15 call 1: ~10 s of compiles across a server's first waves, moe_tc's plan 4.4 s of
         it). Other chunk lengths may still compile a variant or two (prefill attention rounds its tile counts to
         powers of two). Triton compiles a variant per integer argument divisible by 16 or not (a chunk's length, its
-        rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. The slots'
-        bytes are a fresh state's after."""
+        rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. Then the
+        first slot's long chunks, two for each of moe_tc's long tile shapes that a chunk of this server reaches
+        (dsv4.model.moe.long_tile_chunks). The slots' bytes are a fresh state's after."""
         # The first slot takes the three forwards in turn (3 * tokens + 1 positions): a server of fewer tokens a
         # sequence warms with shorter chunks (none below 1).
         tokens = min(tokens, (self.slots[0].capacity - 1) // 3)
         if tokens < 1:
             return
-        chunk = [t % self.model.cfg.vocab_size for t in range(1, tokens + 2)]
+        ids = lambda n: [t % self.model.cfg.vocab_size for t in range(1, n + 1)]  # noqa: E731
         most = self.slots[:max(1, PREFILL_GROUP_TOKENS // tokens)]
         try:
             for size in sorted({len(most), min(2, len(most)), 1}, reverse=True):
-                self.model.prefill_batch(most[:size], [chunk[:tokens + (size == 1)]] * size)
+                self.model.prefill_batch(most[:size], [ids(tokens + (size == 1))] * size)
         finally:
             for state in most:
                 state.discard()
+        # A long prompt's chunks take moe_tc's long tiles, a shape per pairs an expert: their compiles too (session
+        # 22 call 1: a first 4,096-token prefill on mini 14.4 s, the next ones 0.17), one slot at a time.
+        first = self.slots[0]
+        for n in long_tile_chunks(self.model.cfg, min(self.prefill_chunk, first.capacity - 1)):
+            try:
+                self.model.prefill_batch([first], [ids(n)])
+            finally:
+                first.discard()
 
     def stop(self, timeout: float = 30.0):
         with self.cond:
