@@ -25,7 +25,7 @@ from ..kernels import moe_tc
 from ..kernels import route as fused_route
 from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
-from .rows import per_row, rows_per_weight, tokens_per_sequence
+from .rows import per_row, rows_per_weight, step_gemv, tokens_per_sequence
 from ..formats import QWeight
 from .moe_prefill import fused_runs, grouped_experts
 
@@ -226,6 +226,12 @@ def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
 
 
 def _shared_fused(x, s: dict) -> bool:
-    """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe)."""
+    """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe). Not in a short prefill
+    chunk whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"; dsv4.kernels.moe CONFIG
+    shared_prefill_tiles, DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off): there its gate and up are two of those
+    GEMVs, each row's bits still its own. Session 22 call 2 (prefill_batch_bench, mini, one H200): in a 16 x 63
+    grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of the wave's 95 ms."""
+    if fused_moe.CONFIG["shared_prefill_tiles"] and step_gemv() == "v3":
+        return False
     return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(
         x, gpu_checked=fused_moe.GPU_CHECKED)
