@@ -63,10 +63,12 @@ def _route(logits, tokens, w: dict, cfg: ModelConfig):
     return ids, weights * cfg.routed_scaling_factor
 
 
-@per_row(1)
-def swiglu_act(gate, up, limit: float):
+def _swiglu(gate, up, limit: float):
     """What sits between an expert's projections: silu(gate clamped above) * (up clamped both ways)."""
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+swiglu_act = per_row(1)(_swiglu)  # row by row under rows_alone: a CPU kernel's vector body and tail round apart
 
 
 def swiglu(x, w1, w3, w2, limit: float):
@@ -220,9 +222,18 @@ def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
     """This rank's slice of the shared expert (intermediate rows of w1/w3, columns of w2)."""
     if _shared_fused(x, s):
         h = fused_moe.shared_gate_up(x, s["w1"], s["w3"], limit)  # gate, up and activation in one launch
+    elif _shared_tiles(x):
+        # CUDA's elementwise kernels give each element the same bits whatever the tensor (session 22 call 3 ran
+        # it row by row: 12,096 launches a 16 x 63 wave, 0.43 s; the one-tensor form keeps its digest).
+        h = _swiglu(linear(x, s["w1"]), linear(x, s["w3"]), limit)
     else:
         h = swiglu_act(linear(x, s["w1"]), linear(x, s["w3"]), limit)
     return linear(h, s["w2"])
+
+
+def _shared_tiles(x) -> bool:
+    """Whether a short prefill chunk's shared expert takes the v3 tiles (see _shared_fused)."""
+    return fused_moe.CONFIG["shared_prefill_tiles"] and step_gemv() == "v3" and x.is_cuda
 
 
 def _shared_fused(x, s: dict) -> bool:
@@ -231,7 +242,7 @@ def _shared_fused(x, s: dict) -> bool:
     shared_prefill_tiles, DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off): there its gate and up are two of those
     GEMVs, each row's bits still its own. Session 22 call 2 (prefill_batch_bench, mini, one H200): in a 16 x 63
     grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of the wave's 95 ms."""
-    if fused_moe.CONFIG["shared_prefill_tiles"] and step_gemv() == "v3":
+    if _shared_tiles(x):
         return False
     return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(
         x, gpu_checked=fused_moe.GPU_CHECKED)
