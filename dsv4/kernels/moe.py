@@ -70,7 +70,7 @@ CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16,
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "1") == "1"}
+          "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "0") == "1"}
 
 
 @device_function

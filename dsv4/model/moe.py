@@ -237,11 +237,13 @@ def _shared_tiles(x) -> bool:
 
 
 def _shared_fused(x, s: dict) -> bool:
-    """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe). Not in a short prefill
-    chunk whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"; dsv4.kernels.moe CONFIG
-    shared_prefill_tiles, DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off): there its gate and up are two of those
-    GEMVs, each row's bits still its own. Session 22 call 2 (prefill_batch_bench, mini, one H200): in a 16 x 63
-    grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of the wave's 95 ms."""
+    """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe). With dsv4.kernels.moe
+    CONFIG shared_prefill_tiles (DSV4_MOE_SHARED_PREFILL_TILES=1; off by default) not in a short prefill chunk
+    whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"): there its gate and up are two of those GEMVs,
+    each row's bits still its own (other bits than the fused kernel's). Session 22 call 2 (prefill_batch_bench,
+    mini, one H200): in a 16 x 63 grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of
+    the wave's 95 ms; but call 5 measured a 64-token prefill 17.5 -> 23.2 ms with it on (128 tokens 23.5 -> 22.7)
+    and the wave's time was cut off: off until both pay (benchmarks/RESULTS.md, session 22)."""
     if _shared_tiles(x):
         return False
     return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(
