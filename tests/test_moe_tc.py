@@ -230,3 +230,57 @@ def test_long_tile_chunks_take_each_reachable_long_tile_shape():
             for tiles in reachable:
                 assert sorted(n % 16 == 0 for n in lengths if shape(n) == tiles) == [False, True], (name, tiles)
     assert moe_mod.long_tile_chunks(preset("mini"), 2048) == [512, 511, 1024, 1023, 2048, 2047]
+
+
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@torch.inference_mode()
+def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
+    """DSV4_MOE_TC_WAVE_TILES: a rows-alone chunk step (a grouped prefill wave) takes the long chunks' tile table by
+    the step's pairs per expert, while each token alone (fewer pairs) takes the 16-row tiles; on CUDA the wave's rows
+    equal the fixed shape's and each token's alone, bit for bit (a pair's bits do not depend on a tile's rows); under
+    the interpreter (numpy's dots, shaped by the tile) within close_chain. Off, the fixed shape whatever the pairs."""
+    device = DEVICES[0]
+    full = device == "cuda"
+    g = torch.Generator().manual_seed(37)
+    D, I = (256, 128) if full else (64, 32)
+    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
+    T, k = (48, 6) if full else (24, 6)
+    ids = torch.stack([torch.randperm(32, generator=g)[:k] for _ in range(T)])
+    ids[: T // 2, 0] = 17
+    ids = ids.to(device)
+    x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
+    weights = torch.softmax(torch.randn(T, k, generator=g), -1).to(torch.bfloat16).to(device)
+    cfg = preset("tiny")
+    cfg.n_routed_experts, cfg.swiglu_limit = 32, 0.3
+    ppe = T * k / 32
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    moe_configured(monkeypatch)
+    monkeypatch.setitem(moe_tc.CONFIG, "long", ((ppe / 8, 16, 128), (ppe, 32, 128), (4 * ppe, 64, 128)))
+    if not full:
+        monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
+    taken = []
+    kernel = moe_tc.routed
+    monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[-1]) or kernel(*a))
+
+    def run(wave, rows=slice(None)):
+        monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", wave)
+        taken.clear()
+        with rows_alone(True, tokens=4):
+            y = moe_mod.routed(x[rows], ids[rows], weights[rows], stacks, 16, cfg)
+        return y, list(taken)
+
+    fixed, path = run(False)
+    assert path == [None]
+    wave, path = run(True)
+    assert path == [(32, 128)]
+    if full:
+        assert torch.equal(wave, fixed)
+    else:
+        close_chain(wave, fixed, torch.bfloat16)
+    for t in range(T):
+        alone, path = run(True, slice(t, t + 1))
+        assert path == [(16, 128)], t
+        if full:
+            assert torch.equal(alone, wave[t:t + 1]), t
+        else:
+            close_chain(alone, wave[t:t + 1], torch.bfloat16)

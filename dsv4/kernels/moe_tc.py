@@ -82,7 +82,8 @@ LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 128, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
-          "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto")}
+          "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto"),
+          "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "0") == "1"}
 ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
 MODES = ("off", "chunks", "all")
 

@@ -110,7 +110,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
     # only the experts picked, where the gather below dequantises a copy of one per (token, expert) pair.
     if alone or (T * k <= n and not fused_runs(x, experts)):
         if h is None and _tensor_cores(x, ids, experts):
-            return moe_tc.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out)
+            return moe_tc.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out,
+                                 _wave_tiles(x, ids, experts, cfg))
         if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
@@ -147,6 +148,19 @@ def _long_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | No
     if not kernels.enabled(moe_tc, x):
         return None
     return moe_tc.long_tiles(x, _stacks(experts), T * k / cfg.n_routed_experts)
+
+
+def _wave_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | None:
+    """moe_tc's tiles for a rows-alone chunk step (short prefill chunks, one sequence's or a grouped wave's): None,
+    CONFIG's one shape; with moe_tc CONFIG wave_tiles (DSV4_MOE_TC_WAVE_TILES=1, off by default, not yet run on a
+    GPU) the long chunks' table by the step's pairs per expert. A pair's bits do not depend on a tile's rows (sm_90's
+    wgmma is 64 rows whatever BLOCK_M, and CONFIG order "auto" keeps the planes' bits at every tile; bit_equal_tc in
+    every prefill_moe_bench arm, tests/test_moe_tc.py), so a row alone keeps its bits in a wave of other tiles: a
+    concurrency-16 server's 16 x 63 wave has ~24 pairs an expert, where 32-row tiles took 4.4 ms a layer of mini's
+    experts against 16-row tiles' 6.0 (session 22 call 1, 1,024 tokens)."""
+    if not moe_tc.CONFIG["wave_tiles"]:
+        return None
+    return _long_tiles(x, ids, experts, cfg)
 
 
 def long_tile_chunks(cfg: ModelConfig, longest: int) -> list[int]:
