@@ -152,21 +152,18 @@ def test_the_mode_follows_the_step_kind(monkeypatch):
         moe_mod.routed(x, ids, weights, stacks, 16, cfg)
 
 
-@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
-@torch.inference_mode()
-def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
-    """A long prefill chunk (not rows alone) takes the tensor cores while its pairs per expert (tokens * k / routed
-    experts) are within CONFIG long's bounds, in the tiles of the first bound that holds them, and agrees with the
-    grouped path (the stacks dequantised: the reference) within close_chain; past the last bound, or with the mode
-    off, the grouped path runs. The tiles shape no pair's inputs: two tile shapes agree (close_chain)."""
+def long_case(monkeypatch, seed: int):
+    """A chunk of 48 tokens (CUDA) or 24 (interpreter), 6 experts a token among 32 (16 of them local), one local
+    expert in more pairs than a tile of 16 holds; the kernels on; moe_tc.routed's tiles recorded in `taken`.
+    Returns (full, stacks, ids, x, shared, weights, cfg, pairs per expert, taken)."""
     device = DEVICES[0]
     full = device == "cuda"
-    g = torch.Generator().manual_seed(31)
+    g = torch.Generator().manual_seed(seed)
     D, I = (256, 128) if full else (64, 32)
     stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
     T, k = (48, 6) if full else (24, 6)
     ids = torch.stack([torch.randperm(32, generator=g)[:k] for _ in range(T)])
-    ids[: T // 2, 0] = 17  # one local expert in more pairs than a tile of 16 holds
+    ids[: T // 2, 0] = 17
     ids = ids.to(device)
     x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
     shared = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
@@ -174,7 +171,6 @@ def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
     weights = torch.where((ids >= 16) & (ids < 32), weights, 0)  # moe() zeroes other ranks' experts' weights
     cfg = preset("tiny")
     cfg.n_routed_experts, cfg.swiglu_limit = 32, 0.3
-    ppe = T * k / 32  # 9 (CUDA) or 4.5 pairs per expert
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     moe_configured(monkeypatch)
     if not full:
@@ -182,6 +178,18 @@ def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
     taken = []
     kernel = moe_tc.routed
     monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[-1]) or kernel(*a))
+    return full, stacks, ids, x, shared, weights, cfg, T * k / 32, taken  # 9 (CUDA) or 4.5 pairs per expert
+
+
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@torch.inference_mode()
+def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
+    """A long prefill chunk (not rows alone) takes the tensor cores while its pairs per expert (tokens * k / routed
+    experts) are within CONFIG long's bounds, in the tiles of the first bound that holds them, and agrees with the
+    grouped path (the stacks dequantised: the reference) within close_chain; past the last bound, or with the mode
+    off, the grouped path runs. The tiles shape no pair's inputs: two tile shapes agree (close_chain)."""
+    _, stacks, ids, x, shared, weights, cfg, ppe, taken = long_case(monkeypatch, 31)
+    T = ids.shape[0]
 
     def run(long):
         monkeypatch.setitem(moe_tc.CONFIG, "long", long)
@@ -239,28 +247,9 @@ def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
     the step's pairs per expert, while each token alone (fewer pairs) takes the 16-row tiles; on CUDA the wave's rows
     equal the fixed shape's and each token's alone, bit for bit (a pair's bits do not depend on a tile's rows); under
     the interpreter (numpy's dots, shaped by the tile) within close_chain. Off, the fixed shape whatever the pairs."""
-    device = DEVICES[0]
-    full = device == "cuda"
-    g = torch.Generator().manual_seed(37)
-    D, I = (256, 128) if full else (64, 32)
-    stacks = {k: v.to(device) for k, v in expert_stacks("fp4", 16, D, I, g).items()}
-    T, k = (48, 6) if full else (24, 6)
-    ids = torch.stack([torch.randperm(32, generator=g)[:k] for _ in range(T)])
-    ids[: T // 2, 0] = 17
-    ids = ids.to(device)
-    x = torch.randn(T, D, generator=g).to(torch.bfloat16).to(device)
-    weights = torch.softmax(torch.randn(T, k, generator=g), -1).to(torch.bfloat16).to(device)
-    cfg = preset("tiny")
-    cfg.n_routed_experts, cfg.swiglu_limit = 32, 0.3
-    ppe = T * k / 32
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    moe_configured(monkeypatch)
+    full, stacks, ids, x, _, weights, cfg, ppe, taken = long_case(monkeypatch, 37)
+    T = ids.shape[0]
     monkeypatch.setitem(moe_tc.CONFIG, "long", ((ppe / 8, 16, 128), (ppe, 32, 128), (4 * ppe, 64, 128)))
-    if not full:
-        monkeypatch.setitem(moe_tc.CONFIG, "block_k", 32)
-    taken = []
-    kernel = moe_tc.routed
-    monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[-1]) or kernel(*a))
 
     def run(wave, rows=slice(None)):
         monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", wave)
