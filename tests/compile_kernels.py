@@ -515,6 +515,10 @@ def tensor_core_variants(dtype, scale_dtype):
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
+bf16_decode = moe_tc.CONFIG["bf16_decode"]
+moe_tc.CONFIG["bf16_decode"] = not bf16_decode  # DSV4_MOE_TC_BF16_DECODE's other side (bf16 x, ue8m0 scales)
+tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
+moe_tc.CONFIG["bf16_decode"] = bf16_decode
 plan_fixed = moe_tc.CONFIG["plan_fixed"]
 for fixed in (True, False):  # the plan at plan_pairs' sizes (default), and per wave size (DSV4_MOE_TC_PLAN_FIXED=0)
     moe_tc.CONFIG["plan_fixed"] = fixed

@@ -273,3 +273,35 @@ def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
             assert torch.equal(alone, wave[t:t + 1]), t
         else:
             close_chain(alone, wave[t:t + 1], torch.bfloat16)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="the bf16 decode is compiled code: a GPU (the interpreter never takes it)")
+@torch.inference_mode()
+@pytest.mark.parametrize("tiles,order", [((16, 128), "auto"), ((16, 128), "planes"), ((32, 128), "auto"),
+                                         ((64, 128), "auto"), ((16, 128), "natural")])
+def test_bf16_decode_keeps_the_bits(monkeypatch, tiles, order):
+    """DSV4_MOE_TC_BF16_DECODE (the FP4 weight decoded straight to bf16, two bf16 products: kernels/moe_tc.py
+    _plane) equals the fp16-placement decode bit for bit, at each tile shape and order: the tensor cores get the same
+    operands. Every nibble code and scale bytes over 0 .. 200 (0 reads as 0; 1 makes bf16 subnormal weights, where
+    an ftz product would differ; past 128 a single factor 2**(s - 1) would overflow bf16), the gate/up and the down
+    kernels, with the shared output added."""
+    g = torch.Generator().manual_seed(53)
+    D, I, T = 256, 128, 48
+    stacks = [v.to("cuda") for v in expert_stacks("fp4", 16, D, I, g).values()]
+    for w in stacks:  # the scale bytes spread over most of e8m0's range, group by group
+        w.scale.view(torch.uint8).copy_(torch.randint(0, 201, w.scale.shape, generator=g, dtype=torch.uint8))
+    ids = torch.stack([torch.randperm(32, generator=g)[:6] for _ in range(T)])
+    ids[: T // 2, 0] = 17
+    ids = ids.to("cuda")
+    x = (torch.randn(T, D, generator=g) * 2.0 ** -40).to(torch.bfloat16).to("cuda")  # sums stay finite
+    shared = torch.randn(T, D, generator=g).to(torch.bfloat16).to("cuda")
+    weights = torch.softmax(torch.randn(T, 6, generator=g), -1).to(torch.bfloat16).to("cuda")
+    monkeypatch.setitem(moe_tc.CONFIG, "order", order)
+
+    def run(bf16):
+        monkeypatch.setitem(moe_tc.CONFIG, "bf16_decode", bf16)
+        return moe_tc.routed(x, ids, weights, stacks, 16, 0.3, add=shared, tiles=tiles)
+
+    fp16, bf16 = run(False), run(True)
+    assert torch.isfinite(fp16).all() and fp16.abs().max() > 0
+    assert torch.equal(bf16.view(torch.int16), fp16.view(torch.int16))

@@ -83,7 +83,8 @@ CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
           "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto"),
-          "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "0") == "1"}
+          "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "0") == "1",
+          "bf16_decode": os.environ.get("DSV4_MOE_TC_BF16_DECODE", "0") == "1"}
 ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
 MODES = ("off", "chunks", "all")
 
@@ -143,31 +144,31 @@ if CONFIG["plan_fixed"]:  # read at import, as the kernel is compiled once: its 
 
 @device_function
 def _words_dot(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, ORDER: constexpr):
-    """CONFIG order's K step (ORDER: its index in ORDERS)."""
+               E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, ORDER: constexpr, BF16: constexpr):
+    """CONFIG order's K step (ORDER: its index in ORDERS; BF16: _plane's bf16 decode)."""
     if ORDER != 0:
         return _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                              BLOCK_K, ORDER == 1)
+                              BLOCK_K, ORDER == 1, BF16)
     return _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                             BLOCK_K)
+                             BLOCK_K, BF16)
 
 
 @device_function
 def _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-                      E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr):
+                      E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, BF16: constexpr):
     """acc [BLOCK_N, BLOCK_M] + (the FP4 weight's rows `cols`, inputs k0 .. k0 + BLOCK_K) @ (a's rows a_rows)^T on the
     tensor cores. The weight is the MMA's wide operand (its rows fill the tensor cores' 64, the pairs are the narrow
     side), read as int32 words (8 inputs each, input 8w + q in bits 4q..4q+3) and taken apart into eight planes,
     plane q the inputs k0 + 8w + q, each times its scale (one per 4 words: a [BLOCK_N, G, 4] tile broadcast over
     the 4) and dotted with the inputs it multiplies: a word is decoded in the registers it was loaded into, with
     no interleave (nibbles q and q + 4, 16 bits apart, by one mask-and-shift: qgemv._fp4_rows's decode)."""
-    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K)
+    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K, BF16)
     w8 = k0 + 8 * tl.arange(0, BLOCK_K // 8)
     ok = (w8 < K)[:, None] & r_ok[None, :]
     at = a_ptr + a_rows[None, :] * K + w8[:, None]
     dt = a_ptr.dtype.element_ty
     for q in tl.static_range(4):
-        lo, hi = _plane(words, q, scale)
+        lo, hi = _plane(words, q, scale, BF16)
         acc = _dot(tl.reshape(lo, [lo.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q, mask=ok, other=0.0), acc, IEEE)
         acc = _dot(tl.reshape(hi, [hi.shape[0], BLOCK_K // 8]).to(dt), tl.load(at + q + 4, mask=ok, other=0.0), acc,
                    IEEE)
@@ -175,9 +176,11 @@ def _words_dot_planes(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K:
 
 
 @device_function
-def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr, BLOCK_K: constexpr):
+def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr, BLOCK_K: constexpr,
+           BF16: constexpr):
     """A K step's stored weight: int32 words [BLOCK_N, G, 4] (G = BLOCK_K // 32 scale groups of 4 words) of rows
-    `cols`, and each group's scale [BLOCK_N, G, 1] times 2**14 (_plane's fp16 placement)."""
+    `cols`, and each group's scale [BLOCK_N, G, 1]: times 2**14 (_plane's fp16 placement), or with BF16 (ue8m0
+    scales) the bf16 of the scale itself (its byte is bf16's exponent field: exact, 0 -> 0 as _scale_fp32)."""
     G: constexpr = BLOCK_K // 32
     gi = tl.arange(0, G)
     wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -185,23 +188,47 @@ def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0
     words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
                     mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
     sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
-    return words, (_scale_fp32(sc, E8M0) * 16384.0)[:, :, None]
+    if BF16:
+        scale = (sc.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+    else:
+        scale = _scale_fp32(sc, E8M0) * 16384.0
+    return words, scale[:, :, None]
 
 
 @device_function
-def _plane(words, q: constexpr, scale):
+def _plane(words, q: constexpr, scale, BF16: constexpr):
     """Nibbles q and q + 4 of each word (inputs 8w + q and 8w + q + 4) times their scales: fp32 (lo, hi), as
-    _words_dot_planes decodes them."""
+    _words_dot_planes decodes them; with BF16, bf16 (lo, hi) of the same values (each exact in bf16, so the
+    tensor cores see the fp32 path's values rounded to bf16: the same operands, the same bits)."""
     u = words >> (4 * q)
-    t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
-    lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
-    hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+    if BF16:
+        # Magnitude bits at bf16 bits 6-8 and the sign at 15: the bf16 of e2m1 times 2**-126 (0.5 a subnormal; a
+        # bf16 product keeps subnormals: no ftz form exists). Two exact bf16 products: times 2**126, times the
+        # scale. Three integer operations and two packed multiplies a pair of inputs, where the fp16 placement's
+        # conversions to fp32, fp32 products and roundings back cost about six instructions an input (sm_90 SASS
+        # of the 16 x 128 gate/up K step, session 23): a short chunk's experts are bound by those instructions.
+        SIGNS: constexpr = -0x7FFF8000  # bits 15 and 31 (0x80008000 as an int32)
+        if q == 0:
+            t = ((words << 6) & 0x01C001C0) | ((words << 12) & SIGNS)
+        elif q == 1:
+            t = ((words << 2) & 0x01C001C0) | ((words << 8) & SIGNS)
+        elif q == 2:
+            t = ((words >> 2) & 0x01C001C0) | ((words << 4) & SIGNS)
+        else:
+            t = ((words >> 6) & 0x01C001C0) | (words & SIGNS)
+        unbias = tl.full([1, 1, 1], 2.0 ** 126, tl.bfloat16)
+        lo = t.to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
+        hi = (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
+    else:
+        t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
+        lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
+        hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
     return lo, hi
 
 
 @device_function
 def _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr,
-                   E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, NATURAL: constexpr):
+                   E8M0: constexpr, IEEE: constexpr, BLOCK_K: constexpr, NATURAL: constexpr, BF16: constexpr):
     """_words_dot_planes's products as one tl.dot a K step, not eight: the tensor cores' instructions of a step issue
     back to back (the eight dots wait for each other, their A operand in registers). The eight planes are joined
     back into a [BLOCK_N, BLOCK_K] weight tile. NATURAL: its inputs in their own order (input 8w + j, nibble j of
@@ -209,11 +236,11 @@ def _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: co
     inputs: other bits than the planes'. Else the planes' order (plane by plane, lo before hi, as
     _words_dot_planes dots them) and x's inputs gathered in it: each k16 instruction sums one plane's 16 inputs
     in _words_dot_planes's sequence, the same bits."""
-    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K)
-    lo0, hi0 = _plane(words, 0, scale)
-    lo1, hi1 = _plane(words, 1, scale)
-    lo2, hi2 = _plane(words, 2, scale)
-    lo3, hi3 = _plane(words, 3, scale)
+    words, scale = _words(w_ptr, s_ptr, cols, c_ok, k0, K, S_STRIDE, E8M0, BLOCK_K, BF16)
+    lo0, hi0 = _plane(words, 0, scale, BF16)
+    lo1, hi1 = _plane(words, 1, scale, BF16)
+    lo2, hi2 = _plane(words, 2, scale, BF16)
+    lo3, hi3 = _plane(words, 3, scale, BF16)
     # [BLOCK_N, G, 4, j2, j1, j0] = nibble j = 4 j2 + 2 j1 + j0 of word (g, i): lo_q is nibble q, hi_q nibble q + 4
     tile = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo2, hi2)), tl.join(tl.join(lo1, hi1), tl.join(lo3, hi3)))
     dt = a_ptr.dtype.element_ty
@@ -233,7 +260,8 @@ def _words_dot_one(acc, a_ptr, a_rows, r_ok, w_ptr, s_ptr, cols, c_ok, k0, K: co
 def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, out_ptr, tile_expert_ptr, tile_row_ptr,
                     ends_ptr, N, n_local, w_expert_stride, s_expert_stride, limit, K: constexpr, S_STRIDE: constexpr,
                     E8M0: constexpr, TOPK: constexpr, SWIGLU: constexpr, IEEE: constexpr, BLOCK_M: constexpr,
-                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, ORDER: constexpr):
+                    BLOCK_N: constexpr, BLOCK_K: constexpr, NUM_STAGES: constexpr, ORDER: constexpr,
+                    BF16: constexpr):
     """Grid (tiles, column blocks of N); tile j: sorted rows tile_row[j].. of expert tile_expert[j] (n_local: none).
     SWIGLU (gate/up): a = x, row r's input x[order[r] // TOPK]; out = h [P, N] at sorted row r: the activation of
     w1 and w3's products. Else (down): a = h, row r's input h[r]; out = terms [P, N] fp32 at pair order[r]: w2's
@@ -257,10 +285,10 @@ def _experts_kernel(a_ptr, order_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, wt_ptr, ou
         acc3 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             acc1 = _words_dot(acc1, a_ptr, a_rows, r_ok, w1, s1, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE, BLOCK_K,
-                              ORDER)
+                              ORDER, BF16)
             if SWIGLU:
                 acc3 = _words_dot(acc3, a_ptr, a_rows, r_ok, w3, s3, cols, c_ok, k0, K, S_STRIDE, E8M0, IEEE,
-                                  BLOCK_K, ORDER)
+                                  BLOCK_K, ORDER, BF16)
         gate, up = tl.trans(acc1), tl.trans(acc3)
         ok = r_ok[:, None] & c_ok[None, :]
         if SWIGLU:
@@ -374,11 +402,12 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
     d3, s3 = w3.data.view(torch.int32), _scale(w3)
     N, K = w1.shape
     options = {} if interpreting() else {"num_warps": c["num_warps"]}
+    ieee, e8m0 = a.dtype == torch.float32 or interpreting(), s1.dtype == torch.uint8
     launcher(_experts_kernel, a)[(expert.shape[0], cdiv(N, block_n))](
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
-        float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=s1.dtype == torch.uint8, TOPK=topk, SWIGLU=swiglu,
-        IEEE=a.dtype == torch.float32 or interpreting(), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"], ORDER=ORDERS.index(order_name),
+        float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=e8m0, TOPK=topk, SWIGLU=swiglu, IEEE=ieee, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"],
+        ORDER=ORDERS.index(order_name), BF16=c["bf16_decode"] and e8m0 and a.dtype == torch.bfloat16 and not ieee,
         **options)
     return out
 
