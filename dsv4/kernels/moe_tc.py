@@ -78,13 +78,20 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # block_n 128 (64 until session 22): a pair's sums do not depend on it (bit_equal_tc in every arm), and short chunks'
 # 16 x 128 tiles beat 16 x 64 at every size measured (mini 64 tokens 2.25 -> 2.20 ms, 128: 3.05 -> 2.68, with
 # planes_one; a Flash rank's 128 tokens 1.72 -> 1.41).
+# bf16_decode (DSV4_MOE_TC_BF16_DECODE=0 turns it off): bf16 activations with ue8m0 scales take _plane's bf16 decode
+# (a nibble placed at bf16's bits, two exact bf16 products) instead of the fp16 placement's fp32 round trip; the same
+# operands reach the tensor cores, so the same bits (tests/test_moe_tc.py on the GPU; mini's prefill logits_sha at 64
+# to 4,096 tokens unchanged). A short chunk's experts are issue-bound by the decode (sm_90 SASS of the 16 x 128
+# gate/up K step: 1,623 -> 1,165 instructions). Session 23 call 2 (prefill_moe_bench, ms a layer): mini's 256 experts
+# 2.14 / 2.72 / 3.94 -> 1.89 / 2.42 / 3.52 at 64 / 128 / 512 tokens (16 x 128), 4.72 -> 4.41 at 1,024 (32 x 128),
+# 11.86 -> 11.49 at 4,096 (64 x 128); a Flash rank's 128 experts 1.59 / 2.16 -> 1.29 / 1.87 at 128 / 512.
 LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
 CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 128, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
           "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto"),
           "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "0") == "1",
-          "bf16_decode": os.environ.get("DSV4_MOE_TC_BF16_DECODE", "0") == "1"}
+          "bf16_decode": os.environ.get("DSV4_MOE_TC_BF16_DECODE", "1") == "1"}
 ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
 MODES = ("off", "chunks", "all")
 
