@@ -57,7 +57,7 @@ TC_VARIANTS = {  # moe_tc.CONFIG overrides
     "tc_one_bm32_n128": {"order": "planes_one", "block_m": 32, "block_n": 128},
     "tc_one_bm64_n128": {"order": "planes_one", "block_m": 64, "block_n": 128},
     # DSV4_MOE_TC_BF16_DECODE: the FP4 words decoded straight to bf16 (session 23; the same bits: bit_equal_tc)
-    "tc_bf16": {"bf16_decode": True}, "tc_bf16_w8": {"bf16_decode": True, "num_warps": 8},
+    "tc_bf16": {"bf16_decode": True}, "tc_fp16": {"bf16_decode": False}, "tc_bf16_w8": {"bf16_decode": True, "num_warps": 8},
     "tc_bf16_s4": {"bf16_decode": True, "num_stages": 4}, "tc_bf16_n256": {"bf16_decode": True, "block_n": 256},
     "tc_bm32_bf16": {"block_m": 32, "block_n": 128, "bf16_decode": True},
     "tc_bm64_bf16": {"block_m": 64, "block_n": 128, "bf16_decode": True},
