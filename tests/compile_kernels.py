@@ -494,13 +494,10 @@ for cfg in ({"shared_add": True}, {"gate_up_paired": False, "down_split_experts"
     moe.CONFIG.update(default)
 
 
-def tensor_core_variants(dtype, scale_dtype, scale_byte: int = 0):
+def tensor_core_variants(dtype, scale_dtype):
     """The routed experts on the tensor cores (dsv4.kernels.moe_tc: a prefill chunk's) at Flash's shapes: a step's
-    one-program plan and a prefill wave's torch plan. scale_byte: the stacks' scales (past 128: the bf16 decode's
-    two products, moe_tc.decode_kind)."""
-    stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8),
-                      torch.full((4, n, k // 32), scale_byte, dtype=torch.uint8).view(scale_dtype)
-                      if scale_dtype == torch.float8_e8m0fnu else torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
+    one-program plan and a prefill wave's torch plan."""
+    stacks = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=scale_dtype), "fp4")
               for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
     for T in (1, 200):
         x = torch.zeros(T, 4096, dtype=dtype)
@@ -522,7 +519,6 @@ bf16_decode = moe_tc.CONFIG["bf16_decode"]
 moe_tc.CONFIG["bf16_decode"] = not bf16_decode  # DSV4_MOE_TC_BF16_DECODE's other side (bf16 x, ue8m0 scales)
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_tc.CONFIG["bf16_decode"] = bf16_decode
-tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu, 200)  # scales past 128: the bf16 decode's two products
 plan_fixed = moe_tc.CONFIG["plan_fixed"]
 for fixed in (True, False):  # the plan at plan_pairs' sizes (default), and per wave size (DSV4_MOE_TC_PLAN_FIXED=0)
     moe_tc.CONFIG["plan_fixed"] = fixed

@@ -668,25 +668,16 @@ def _mma_fits(w: QWeight, dtype: torch.dtype) -> bool:
     exact in x's type and the multiplier a normal number of it: bf16 e <= 128; fp16 e in [104, 128] (the smallest
     value, 0.5, >= 2**-24; the largest, 6, <= 65504). The scales' range is read once (a host read, kept on the scale
     tensor): the first step that asks must not be a graph capture (a capture's warm-up steps run eagerly first)."""
-    span = scale_span(w)
-    if span is None:
-        raise RuntimeError("moe_gl mma: the expert scales' range check (a host read) would run inside a graph "
-                           "capture; run one eager step first")
-    low, high = span
-    return high <= 128 and (dtype == torch.bfloat16 or low >= 104)
-
-
-def scale_span(w: QWeight) -> tuple[int, int] | None:
-    """(smallest, largest) e8m0 scale byte of w, read once (a host read) and kept on the scale tensor; None inside a
-    graph capture before that read (a capture must not sync)."""
     scales = w.scale
     span = getattr(scales, "_dsv4_mma_span", None)
     if span is None:
         if scales.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
+            raise RuntimeError("moe_gl mma: the expert scales' range check (a host read) would run inside a graph "
+                               "capture; run one eager step first")
         e = scales.view(torch.uint8)
         span = scales._dsv4_mma_span = (int(e.min()), int(e.max()))
-    return span
+    low, high = span
+    return high <= 128 and (dtype == torch.bfloat16 or low >= 104)
 
 
 def chosen_gate_up(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:

@@ -29,7 +29,6 @@ import torch
 
 from ..formats import QWeight
 from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
-from .moe_gl import scale_span
 from .prefill_moe import _scale, _swiglu, schedule
 from .qgemv import _destination, _dot
 from .qgemv import _scale as _scale_fp32
@@ -188,8 +187,7 @@ def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0
            BF16: constexpr):
     """A K step's stored weight: int32 words [BLOCK_N, G, 4] (G = BLOCK_K // 32 scale groups of 4 words) of rows
     `cols`, and each group's scale [BLOCK_N, G, 1]: times 2**14 (_plane's fp16 placement), or with BF16 (ue8m0
-    scales) as bf16: 1, the scale itself (its byte is bf16's exponent field: exact, 0 -> 0 as _scale_fp32); 2, the
-    scale times 2**126 (_plane's one product)."""
+    scales) the bf16 of the scale itself (its byte is bf16's exponent field: exact, 0 -> 0 as _scale_fp32)."""
     G: constexpr = BLOCK_K // 32
     gi = tl.arange(0, G)
     wi = k0 // 8 + gi[:, None] * 4 + tl.arange(0, 4)[None, :]
@@ -197,9 +195,7 @@ def _words(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E8M0
     words = tl.load(w_ptr + rows64[:, None, None] * (K // 8) + wi[None, :, :],
                     mask=c_ok[:, None, None] & (wi < K // 8)[None, :, :], other=0)
     sc = tl.load(s_ptr + rows64[:, None] * S_STRIDE + k0 // 32 + gi[None, :], mask=c_ok[:, None], other=0)
-    if BF16 == 2:  # 2**(e - 1), e + 126 as bf16's exponent field (e <= 128: decode_kind); e = 0 reads as 0
-        scale = tl.where(sc == 0, 0, (sc.to(tl.int16) + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif BF16 == 1:
+    if BF16:
         scale = (sc.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
     else:
         scale = _scale_fp32(sc, E8M0) * 16384.0
@@ -215,8 +211,7 @@ def _plane(words, q: constexpr, scale, BF16: constexpr):
     if BF16:
         # Magnitude bits at bf16 bits 6-8 and the sign at 15: the bf16 of e2m1 times 2**-126 (0.5 a subnormal; a
         # bf16 product keeps subnormals: no ftz form exists). Two exact bf16 products: times 2**126, times the
-        # scale (BF16 1), or one where every scale byte is at most 128 (BF16 2: the scale times 2**126, a normal
-        # bf16). Three integer operations and one or two packed multiplies a pair of inputs, where the fp16 placement's
+        # scale. Three integer operations and two packed multiplies a pair of inputs, where the fp16 placement's
         # conversions to fp32, fp32 products and roundings back cost about six instructions an input (sm_90 SASS
         # of the 16 x 128 gate/up K step, session 23): a short chunk's experts are bound by those instructions.
         SIGNS: constexpr = -0x7FFF8000  # bits 15 and 31 (0x80008000 as an int32)
@@ -228,12 +223,9 @@ def _plane(words, q: constexpr, scale, BF16: constexpr):
             t = ((words >> 2) & 0x01C001C0) | ((words << 4) & SIGNS)
         else:
             t = ((words >> 6) & 0x01C001C0) | (words & SIGNS)
-        lo = t.to(tl.int16).to(tl.bfloat16, bitcast=True)
-        hi = (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        if BF16 == 1:
-            unbias = tl.full([1, 1, 1], 2.0 ** 126, tl.bfloat16)
-            lo, hi = lo * unbias, hi * unbias
-        lo, hi = lo * scale, hi * scale
+        unbias = tl.full([1, 1, 1], 2.0 ** 126, tl.bfloat16)
+        lo = t.to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
+        hi = (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
     else:
         t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
         lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
@@ -406,17 +398,6 @@ def tile_order(block_m: int) -> str:
     return order
 
 
-def decode_kind(stacks, dtype: torch.dtype) -> int:
-    """_plane's decode for these FP4 stacks (ue8m0 scales) and activations: 0 the fp16 placement (CONFIG bf16_decode
-    off, or x not bf16), 1 bf16 with two products, 2 bf16 with one (every scale byte at most 128, so that the scale
-    times 2**126 is a bf16 number: moe_gl.scale_span, read once a weight; real checkpoints' FP4 scales are far below).
-    Every kind gives the same bits."""
-    if not CONFIG["bf16_decode"] or dtype != torch.bfloat16:
-        return 0
-    spans = [scale_span(w) for w in stacks]
-    return 2 if all(span is not None and span[1] <= 128 for span in spans) else 1
-
-
 def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: float, topk: int, swiglu: bool,
              tiles: tuple[int, int]):
     w1, w3 = stacks
@@ -433,7 +414,8 @@ def _experts(a, order, stacks: tuple[QWeight, QWeight], wt, out, plan_, limit: f
         a, order, d1, s1, d3, s3, wt, out, expert, row, ends, N, w1.data.shape[0], d1.stride(0), s1.stride(0),
         float(limit), K=K, S_STRIDE=s1.shape[-1], E8M0=e8m0, TOPK=topk, SWIGLU=swiglu, IEEE=ieee, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=min(c["block_k"], next_pow2(K)), NUM_STAGES=c["num_stages"],
-        ORDER=ORDERS.index(order_name), BF16=decode_kind(stacks, a.dtype) if e8m0 and not ieee else 0, **options)
+        ORDER=ORDERS.index(order_name), BF16=c["bf16_decode"] and e8m0 and a.dtype == torch.bfloat16 and not ieee,
+        **options)
     return out
 
 
