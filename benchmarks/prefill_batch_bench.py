@@ -10,6 +10,9 @@ logits must equal its own prefill's: exit 1 when not. One record per line:
 
   PREFILL_BATCH_BUILD  preset, ranks, device, provenance, build wall
   PREFILL_BATCH_PROFILE / _KERNEL  with --profile N (1 rank): one grouped prefill's kernels, the N largest
+  PREFILL_BATCH_HOST / _PY  with --pyprofile N (1 rank): one grouped prefill under cProfile (the host's side: where a
+                       wave bound by its launches spends them), the N Python functions of most own time, with their
+                       calls and cumulative time (a function's callees included)
   PREFILL_BATCH        states, tokens, one_by_one_s, grouped_s, speedup, grouped tok/s, equal (bytes alone ==
                        grouped), digest (of every state's bytes and logits: equal across runs that must keep the
                        bits), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV) and DSV4_KERNELS
@@ -94,6 +97,29 @@ def profile(model, slots, args) -> None:
         emit("PREFILL_BATCH_KERNEL", name=name, calls=n, us=round(us, 1), share=round(us / kernel_us, 4))
 
 
+def pyprofile(model, slots, args) -> None:
+    """The host's side of one grouped prefill: cProfile's functions by own time (PREFILL_BATCH_PY), the wall with and
+    without the profiler (PREFILL_BATCH_HOST: its overhead scales every function alike)."""
+    import cProfile
+    import pstats
+
+    chunks = prompts(args.states, args.tokens, model.cfg.vocab_size)
+    states = slots[:args.states]
+    fresh(states)
+    bare = timed(model, lambda: model.prefill_batch(states, chunks))
+    fresh(states)
+    prof = cProfile.Profile()
+    wall = timed(model, lambda: prof.runcall(model.prefill_batch, states, chunks))
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, callers)
+    own = sum(v[2] for v in stats.values())
+    emit("PREFILL_BATCH_HOST", states=args.states, tokens=args.tokens, wall_s=round(bare, 4),
+         profiled_wall_s=round(wall, 4), functions=len(stats), own_s=round(own, 4))
+    for (file, line, name), (_, calls, tt, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:args.pyprofile]:
+        where = f"{os.path.relpath(file) if file.startswith('/') else file}:{line}"
+        emit("PREFILL_BATCH_PY", function=name[:60], where=where[-70:], calls=calls, own_ms=round(tt * 1e3, 2),
+             cum_ms=round(ct * 1e3, 2), share=round(tt / own, 4))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("preset")
@@ -104,6 +130,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0,
                     help="1 rank: the --profile largest kernels of one grouped prefill of --states states (torch profiler)")
+    ap.add_argument("--pyprofile", type=int, default=0,
+                    help="1 rank: the --pyprofile Python functions of most own time in one grouped prefill (cProfile)")
     args = ap.parse_args()
     t = time.perf_counter()
     model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
@@ -119,6 +147,8 @@ def main() -> int:
         emit("PREFILL_BATCH", preset=args.preset, ranks=args.ranks, **record)
     if args.profile and args.ranks == 1:
         profile(model, slots, args)
+    if args.pyprofile and args.ranks == 1:
+        pyprofile(model, slots, args)
     if args.ranks > 1:
         model.close()
     return 0 if ok else 1
