@@ -209,6 +209,10 @@ def geometry_variants():
     geometry.sliding(pos, 1, W, ids=ids)
     for m, R in ((4, 8), (128, 128)):
         geometry.windows(pos, 1, m, R, rows, 1, ids=ids, active=torch.ones(3, dtype=torch.bool))
+    for T in (63, 128):  # DSV4_GEOMETRY_CHUNKS: a prefill chunk's, one compile per power of two of its length
+        geometry.sliding(pos[0], T, W)
+        for m, R in ((4, 8), (128, 128)):
+            geometry.windows(pos[0], T, m, R, rows, (T + m - 2) // m + 1)
 
 
 geometry_variants()

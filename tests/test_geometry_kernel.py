@@ -63,6 +63,24 @@ def test_step_geometry_kernel_is_the_reference(monkeypatch, T, active):
         _all_same(ref, got, f"pos {p}, T {T}")
 
 
+@pytest.mark.parametrize("T", [9, 16, 63, 128])
+def test_chunk_geometry_kernels_are_the_reference(monkeypatch, T):
+    """DSV4_GEOMETRY_CHUNKS: a prefill chunk's geometry (past the decode kernels' MAX_T, up to CHUNK_T tokens) from
+    the chunk kernels, whose lengths are arguments: every field the reference's, at positions around window closes
+    and ring wraps; `supported` takes such a chunk only with the switch on, and never past CHUNK_T."""
+    from dsv4.kernels import geometry
+
+    pos0 = torch.tensor(0, device=DEVICE)
+    monkeypatch.setitem(geometry.CONFIG, "chunks", False)
+    assert not geometry.supported(pos0, T)
+    monkeypatch.setitem(geometry.CONFIG, "chunks", True)
+    assert geometry.supported(pos0, T) and not geometry.supported(pos0, geometry.CHUNK_T + 1)
+    for p in (0, 3, 4, 15, 16, 127, 128, 1000):
+        pos = torch.tensor(p, device=DEVICE)
+        ref, got = _both(monkeypatch, lambda: _geometry(model_step.Step(pos, T, ROPE, W)))
+        _all_same(ref, got, f"pos {p}, T {T}")
+
+
 @pytest.mark.parametrize("active", [None, [True, False, True, True]])
 def test_pooled_geometry_kernel_is_the_reference(monkeypatch, active):
     pos = torch.tensor([0, 15, 3, 129], device=DEVICE)

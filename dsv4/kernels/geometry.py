@@ -14,6 +14,8 @@ one token, each with its own position, whose ring and store indices address its 
 flattened buffers.
 """
 
+import os
+
 import torch
 
 from . import cdiv, device_function, launcher, next_pow2, pdl_wait
@@ -26,12 +28,40 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 6, call 7: its CUDA tests, test_replay_gpu and test_pool under triton, flash decode
 COMMITTED_BLOCK = 1024  # store rows of the committed mask per program
+# chunks (DSV4_GEOMETRY_CHUNKS=1; off by default, not yet run on a GPU): a prefill chunk of up to CHUNK_T tokens (a
+# server's short chunks) takes its geometry here too, from the chunk kernels (its length an argument: one compile per
+# power of two of it, not per length), where the torch reference costs ~50 small launches a sequence (a
+# concurrency-16 wave: ~800 of its ~2,550 launches, session 23). Integers only: the reference's fields exactly.
+CONFIG = {"chunks": os.environ.get("DSV4_GEOMETRY_CHUNKS", "0") == "1"}
+CHUNK_T = 128
+VISIBLE_BLOCK = 16384  # a sliding program's [T_P2, keys] block of the visible mask at most
 
 
 def _windows_kernel(pos_ptr, ids_ptr, active_ptr, wids_ptr, starts_ptr, closed_ptr, cur_ptr, prev_ptr, live_ptr,
                     slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T: constexpr, M: constexpr,
                     NW: constexpr, NS: constexpr, NW_P2: constexpr, M_P2: constexpr, T_P2: constexpr,
                     NS_P2: constexpr, BLOCK: constexpr, POOLED: constexpr, ACTIVE: constexpr):
+    _windows_rows(pos_ptr, ids_ptr, active_ptr, wids_ptr, starts_ptr, closed_ptr, cur_ptr, prev_ptr, live_ptr,
+                  slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T, M, NW, NS, NW_P2, M_P2, T_P2,
+                  NS_P2, BLOCK, POOLED, ACTIVE)
+
+
+def _windows_chunk_kernel(pos_ptr, active_ptr, wids_ptr, starts_ptr, closed_ptr, cur_ptr, prev_ptr, live_ptr,
+                          slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T, NW, NS,
+                          M: constexpr, NW_P2: constexpr, M_P2: constexpr, T_P2: constexpr, NS_P2: constexpr,
+                          BLOCK: constexpr, ACTIVE: constexpr):
+    """_windows_kernel for a prefill chunk (CONFIG chunks): its tokens, windows and ring rows as arguments, not
+    constants, so that chunks of every length up to CHUNK_T share a compile per power of two."""
+    _windows_rows(pos_ptr, pos_ptr, active_ptr, wids_ptr, starts_ptr, closed_ptr, cur_ptr, prev_ptr, live_ptr,
+                  slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T, M, NW, NS, NW_P2, M_P2, T_P2,
+                  NS_P2, BLOCK, False, ACTIVE)
+
+
+@device_function
+def _windows_rows(pos_ptr, ids_ptr, active_ptr, wids_ptr, starts_ptr, closed_ptr, cur_ptr, prev_ptr, live_ptr,
+                  slots_ptr, index_ptr, keep_ptr, committed_ptr, visible_ptr, R, ROWS, T, M: constexpr, NW, NS,
+                  NW_P2: constexpr, M_P2: constexpr, T_P2: constexpr, NS_P2: constexpr, BLOCK: constexpr,
+                  POOLED: constexpr, ACTIVE: constexpr):
     pdl_wait()
     b = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + b)
@@ -69,7 +99,7 @@ def _windows_kernel(pos_ptr, ids_ptr, active_ptr, wids_ptr, starts_ptr, closed_p
 
 
 @device_function
-def _stream_row(q, pos, R, T: constexpr):
+def _stream_row(q, pos, R, T):
     """Where position q lives in the stream [ring | chunk] (model.step's stream_row): q mod R (Python's, q may
     be negative) before the chunk, R + q - pos within it, clamped to the stream."""
     ring = ((q % R) + R) % R
@@ -78,6 +108,18 @@ def _stream_row(q, pos, R, T: constexpr):
 
 def _sliding_kernel(pos_ptr, ids_ptr, visible_ptr, slots_ptr, W, T: constexpr, NS: constexpr, BLOCK: constexpr,
                     T_P2: constexpr, NS_P2: constexpr, POOLED: constexpr):
+    _sliding_rows(pos_ptr, ids_ptr, visible_ptr, slots_ptr, W, T, NS, BLOCK, T_P2, NS_P2, POOLED)
+
+
+def _sliding_chunk_kernel(pos_ptr, visible_ptr, slots_ptr, W, T, NS, BLOCK: constexpr, T_P2: constexpr,
+                          NS_P2: constexpr):
+    """_sliding_kernel for a prefill chunk (CONFIG chunks): T and NS arguments, as _windows_chunk_kernel's."""
+    _sliding_rows(pos_ptr, pos_ptr, visible_ptr, slots_ptr, W, T, NS, BLOCK, T_P2, NS_P2, False)
+
+
+@device_function
+def _sliding_rows(pos_ptr, ids_ptr, visible_ptr, slots_ptr, W, T, NS, BLOCK: constexpr, T_P2: constexpr,
+                  NS_P2: constexpr, POOLED: constexpr):
     pdl_wait()
     b = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + b)
@@ -96,11 +138,19 @@ def _sliding_kernel(pos_ptr, ids_ptr, visible_ptr, slots_ptr, W, T: constexpr, N
         tl.store(slots_ptr + b * NS + s, slot * W + (pos + T - NS + s) % W, mask=s < NS)
 
 
-MAX_T = 8  # tokens per sequence: decode steps (a program holds a [T, keys] block; prefill keeps the torch)
+MAX_T = 8  # tokens per sequence: decode steps (a program holds a [T, keys] block; longer chunks: CONFIG chunks)
+# the chunk kernels' lengths are arguments: one compile for every value, not one per value that is 1 or a multiple of 16
+_windows_chunk_kernel.do_not_specialize = ("T", "NW", "NS")
+_sliding_chunk_kernel.do_not_specialize = ("T", "NS")
 
 
 def supported(pos: torch.Tensor, T: int) -> bool:
-    return pos.dtype == torch.int64 and pos.dim() <= 1 and pos.is_contiguous() and 1 <= T <= MAX_T
+    return (pos.dtype == torch.int64 and pos.dim() <= 1 and pos.is_contiguous()
+            and (1 <= T <= MAX_T or (CONFIG["chunks"] and MAX_T < T <= CHUNK_T and pos.dim() == 0)))
+
+
+WINDOW_FIELDS = ("wids", "starts", "closed", "cur", "prev", "prev_live", "slots", "store_index", "store_keep",
+                 "committed", "visible")  # the kernels' output pointers, in order
 
 
 def windows(pos: torch.Tensor, T: int, m: int, R: int, rows: int, n_win: int, ids=None, active=None) -> dict:
@@ -118,12 +168,15 @@ def windows(pos: torch.Tensor, T: int, m: int, R: int, rows: int, n_win: int, id
                slots=torch.empty(B, ns, **i64), store_index=torch.empty(B, n_win, **i64),
                store_keep=torch.empty(B, n_win, **boolean), committed=torch.empty(B, rows, **boolean),
                visible=torch.empty(B, T, n_win, **boolean))
-    launcher(_windows_kernel, pos)[(B, cdiv(rows, COMMITTED_BLOCK))](
-        pos, ids if pooled else pos, active if active is not None else pos, out["wids"], out["starts"], out["closed"],
-        out["cur"], out["prev"], out["prev_live"], out["slots"], out["store_index"], out["store_keep"],
-        out["committed"], out["visible"], R, rows, T=T, M=m, NW=n_win, NS=ns, NW_P2=next_pow2(n_win),
-        M_P2=next_pow2(m), T_P2=next_pow2(T), NS_P2=next_pow2(ns), BLOCK=COMMITTED_BLOCK, POOLED=pooled,
-        ACTIVE=active is not None)
+    grid, fields = (B, cdiv(rows, COMMITTED_BLOCK)), [out[k] for k in WINDOW_FIELDS]
+    sizes = dict(M=m, NW_P2=next_pow2(n_win), M_P2=next_pow2(m), T_P2=next_pow2(T), NS_P2=next_pow2(ns),
+                 BLOCK=COMMITTED_BLOCK, ACTIVE=active is not None)
+    if T > MAX_T:  # a prefill chunk's (supported: CONFIG chunks)
+        launcher(_windows_chunk_kernel, pos)[grid](pos, active if active is not None else pos, *fields, R, rows, T,
+                                                   n_win, ns, **sizes)
+    else:
+        launcher(_windows_kernel, pos)[grid](pos, ids if pooled else pos, active if active is not None else pos,
+                                             *fields, R, rows, T=T, NW=n_win, NS=ns, POOLED=pooled, **sizes)
     if pooled:  # one window, one token and one ring row per sequence row: that axis dropped
         return {k: v if k == "committed" else (v.view(B, 1) if k == "visible" else v.squeeze(1))
                 for k, v in out.items()}
@@ -139,9 +192,14 @@ def sliding(pos: torch.Tensor, T: int, W: int, ids=None) -> tuple[torch.Tensor, 
     visible = torch.empty(B, T, W + T, dtype=torch.bool, device=pos.device)
     slots = torch.empty(B, ns, dtype=torch.int64, device=pos.device)
     block = min(1024, next_pow2(W + T))
-    launcher(_sliding_kernel, pos)[(B, cdiv(W + T, block))](
-        pos, ids if pooled else pos, visible, slots, W, T=T, NS=ns, BLOCK=block, T_P2=next_pow2(T),
-        NS_P2=next_pow2(ns), POOLED=pooled)
+    if T > MAX_T:  # a prefill chunk's (supported: CONFIG chunks)
+        block = min(block, max(16, VISIBLE_BLOCK // next_pow2(T)))
+        launcher(_sliding_chunk_kernel, pos)[(B, cdiv(W + T, block))](
+            pos, visible, slots, W, T, ns, BLOCK=block, T_P2=next_pow2(T), NS_P2=next_pow2(ns))
+    else:
+        launcher(_sliding_kernel, pos)[(B, cdiv(W + T, block))](
+            pos, ids if pooled else pos, visible, slots, W, T=T, NS=ns, BLOCK=block, T_P2=next_pow2(T),
+            NS_P2=next_pow2(ns), POOLED=pooled)
     if pooled:
         return visible.view(B, W + 1), slots.view(B)
     return visible[0], slots[0]
