@@ -207,7 +207,6 @@ def _plane(words, q: constexpr, scale, BF16: constexpr):
     """Nibbles q and q + 4 of each word (inputs 8w + q and 8w + q + 4) times their scales: fp32 (lo, hi), as
     _words_dot_planes decodes them; with BF16, bf16 (lo, hi) of the same values (each exact in bf16, so the
     tensor cores see the fp32 path's values rounded to bf16: the same operands, the same bits)."""
-    u = words >> (4 * q)
     if BF16:
         # Magnitude bits at bf16 bits 6-8 and the sign at 15: the bf16 of e2m1 times 2**-126 (0.5 a subnormal; a
         # bf16 product keeps subnormals: no ftz form exists). Two exact bf16 products: times 2**126, times the
@@ -227,6 +226,7 @@ def _plane(words, q: constexpr, scale, BF16: constexpr):
         lo = t.to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
         hi = (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * unbias * scale
     else:
+        u = words >> (4 * q)
         t = ((u & 0x70007) << 9) | ((u & 0x80008) << 12)
         lo = t.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
         hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * scale
