@@ -81,6 +81,38 @@ def test_chunk_geometry_kernels_are_the_reference(monkeypatch, T):
         _all_same(ref, got, f"pos {p}, T {T}")
 
 
+def test_chunk_geometry_compiles_once_per_power_of_two(monkeypatch):
+    """A server's prompts come in every length: the chunk kernels' constexprs (what Triton compiles a variant per)
+    depend on a chunk's length only through its power of two, so the server's warm-up (one chunk per power of two,
+    dsv4.serve.scheduler.warm_prefill) compiles every variant a prompt can take. The launches are recorded, not run
+    (test_chunk_geometry_kernels_are_the_reference runs them)."""
+    from dsv4.kernels import geometry
+
+    seen: dict = {}
+
+    def recording(kernel, _like):
+        def at(grid):
+            def launch(*args, **constexprs):
+                seen.setdefault((kernel.__name__, constexprs["T_P2"]), set()).add(tuple(sorted(constexprs.items())))
+            return launch
+        return type("Launch", (), {"__getitem__": lambda self, grid: at(grid)})()
+
+    monkeypatch.setattr(geometry, "launcher", recording)
+    monkeypatch.setitem(geometry.CONFIG, "chunks", True)
+    for T in range(geometry.MAX_T + 1, geometry.CHUNK_T + 1):
+        for p in (0, 1, 3, 127):
+            pos = torch.tensor(p)
+            geometry.sliding(pos, T, 128)
+            for m, R, _ in RATES:
+                geometry.windows(pos, T, m, R, 64, (T + m - 2) // m + 1)
+    by_kernel = {}
+    for (name, t_p2), variants in seen.items():
+        by_kernel.setdefault(name, set()).add(t_p2)
+        rates = {dict(v).get("M") for v in variants}
+        assert len(variants) == len(rates), f"{name} at T_P2 {t_p2}: {len(variants)} variants for rates {rates}"
+    assert by_kernel == {"_sliding_chunk_kernel": {16, 32, 64, 128}, "_windows_chunk_kernel": {16, 32, 64, 128}}
+
+
 @pytest.mark.parametrize("active", [None, [True, False, True, True]])
 def test_pooled_geometry_kernel_is_the_reference(monkeypatch, active):
     pos = torch.tensor([0, 15, 3, 129], device=DEVICE)

@@ -235,7 +235,7 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
 
 def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
     """A server whose prompts reach long chunks (prefill_chunk past the short chunks' 128 tokens) warms, after the
-    short forwards, one slot's long chunks (dsv4.model.moe.long_tile_chunks: tiny's 8 experts, 2 a token, reach
+    short forwards, one slot's chunks of 31 to 128 tokens (a power of two and one less), then its long chunks (dsv4.model.moe.long_tile_chunks: tiny's 8 experts, 2 a token, reach
     moe_tc's last long tile shape at 192 tokens); its slots are fresh after and it serves the tokens of a
     scheduler that never warmed."""
     from dsv4.model.moe import long_tile_chunks
@@ -248,7 +248,8 @@ def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
                                                                         real(states, chunks))[1])
     sched.warm_prefill()
     assert long_tile_chunks(model.cfg, 200) == [192, 191]
-    assert lengths == [[15, 15], [16], [192], [191]]
+    # the short forwards, then a chunk a power of two (geometry's compiles) and its length less one, then the long
+    assert lengths == [[15, 15], [16], [31], [32], [63], [64], [127], [128], [192], [191]]
     assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
     assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
     monkeypatch.setattr(model, "prefill_batch", real)

@@ -28,11 +28,12 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 6, call 7: its CUDA tests, test_replay_gpu and test_pool under triton, flash decode
 COMMITTED_BLOCK = 1024  # store rows of the committed mask per program
-# chunks (DSV4_GEOMETRY_CHUNKS=1; off by default, not yet run on a GPU): a prefill chunk of up to CHUNK_T tokens (a
-# server's short chunks) takes its geometry here too, from the chunk kernels (its length an argument: one compile per
-# power of two of it, not per length), where the torch reference costs ~50 small launches a sequence (a
-# concurrency-16 wave: ~800 of its ~2,550 launches, session 23). Integers only: the reference's fields exactly.
-CONFIG = {"chunks": os.environ.get("DSV4_GEOMETRY_CHUNKS", "0") == "1"}
+# chunks (DSV4_GEOMETRY_CHUNKS=0 turns it off): a prefill chunk of up to CHUNK_T tokens (a server's short chunks)
+# takes its geometry here too, from the chunk kernels (its length an argument: one compile per power of two of it,
+# not per length), where the torch reference costs ~50 small launches a sequence (a concurrency-16 wave: ~800 of its
+# ~2,550 launches, session 23). Integers only: the reference's fields exactly. Session 24 call 1 (mini, one H200): a
+# 16 x 63 wave 98.6 -> 86.8 ms, its digest unchanged.
+CONFIG = {"chunks": os.environ.get("DSV4_GEOMETRY_CHUNKS", "1") == "1"}
 CHUNK_T = 128
 VISIBLE_BLOCK = 16384  # a sliding program's [T_P2, keys] block of the visible mask at most
 
@@ -171,7 +172,9 @@ def windows(pos: torch.Tensor, T: int, m: int, R: int, rows: int, n_win: int, id
     grid, fields = (B, cdiv(rows, COMMITTED_BLOCK)), [out[k] for k in WINDOW_FIELDS]
     sizes = dict(M=m, NW_P2=next_pow2(n_win), M_P2=next_pow2(m), T_P2=next_pow2(T), NS_P2=next_pow2(ns),
                  BLOCK=COMMITTED_BLOCK, ACTIVE=active is not None)
-    if T > MAX_T:  # a prefill chunk's (supported: CONFIG chunks)
+    if T > MAX_T:  # a prefill chunk's (supported: CONFIG chunks): its block sizes from T_P2 alone, one compile each
+        t_p2 = sizes["T_P2"]
+        sizes.update(NW_P2=next_pow2(max(n_win, (t_p2 + m - 2) // m + 1)), NS_P2=next_pow2(min(t_p2, R)))
         launcher(_windows_chunk_kernel, pos)[grid](pos, active if active is not None else pos, *fields, R, rows, T,
                                                    n_win, ns, **sizes)
     else:
@@ -193,9 +196,10 @@ def sliding(pos: torch.Tensor, T: int, W: int, ids=None) -> tuple[torch.Tensor, 
     slots = torch.empty(B, ns, dtype=torch.int64, device=pos.device)
     block = min(1024, next_pow2(W + T))
     if T > MAX_T:  # a prefill chunk's (supported: CONFIG chunks)
-        block = min(block, max(16, VISIBLE_BLOCK // next_pow2(T)))
+        t_p2 = next_pow2(T)  # the block sizes from T_P2 alone: one compile for every chunk length up to it
+        block = min(1024, next_pow2(W + t_p2), max(16, VISIBLE_BLOCK // t_p2))
         launcher(_sliding_chunk_kernel, pos)[(B, cdiv(W + T, block))](
-            pos, visible, slots, W, T, ns, BLOCK=block, T_P2=next_pow2(T), NS_P2=next_pow2(ns))
+            pos, visible, slots, W, T, ns, BLOCK=block, T_P2=t_p2, NS_P2=next_pow2(min(t_p2, W)))
     else:
         launcher(_sliding_kernel, pos)[(B, cdiv(W + T, block))](
             pos, ids if pooled else pos, visible, slots, W, T=T, NS=ns, BLOCK=block, T_P2=next_pow2(T),
