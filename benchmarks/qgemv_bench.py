@@ -101,6 +101,13 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     "v3_n64_k128": {"kernel": "v3", "v3_block_n": 64, "v3_block_k_fp8": 128},
     "v3_programs528": {"kernel": "v3", "v2_programs": 528},
     "v3_nosplit": {"kernel": "v3", "v2_split_k": 1},
+    # launch options that leave each sum's order (bits_as_v3_default says whether they do)
+    "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
+    "v3_s2": {"kernel": "v3", "v3_num_stages": 2},
+    "v3_s3": {"kernel": "v3", "v3_num_stages": 3},
+    "v3_s4": {"kernel": "v3", "v3_num_stages": 4},
+    "v3_w8_s3": {"kernel": "v3", "v3_num_warps": 8, "v3_num_stages": 3},
+    "v3_n64_s3": {"kernel": "v3", "v3_block_n": 64, "v3_num_stages": 3},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
@@ -391,16 +398,23 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
             else:
                 expected = F.linear(x, wt)
             info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies, rows=rows)
+            with configured(None, (qgemv.CONFIG, ROWS_VARIANTS["v3_default"])):
+                v3_out = product(x, one)
             for variant, overrides in ROWS_VARIANTS.items():
                 def context(o=overrides):
                     return configured(None, (qgemv.CONFIG, o))
                 if not run.arms.search(variant):
                     continue
-                with context():
-                    alone = torch.cat([product(x[r:r + 1], one) for r in range(rows)])
-                    exact = torch.equal(product(x, one), alone)
+                try:
+                    with context():
+                        alone = torch.cat([product(x[r:r + 1], one) for r in range(rows)])
+                        out = product(x, one)
+                        exact = torch.equal(out, alone)
+                except Exception as e:  # noqa: BLE001 (a variant that fails to compile is reported, not fatal)
+                    emit("QGEMV", shape=f"{name} x{rows}", variant=variant, error=f"{type(e).__name__}: {e}"[:300])
+                    continue
                 run.arm(f"{name} x{rows}", variant, lambda i, x=x: product(x, weights[i % copies]), expected, nbytes,
-                        calls, context, rows_exact=exact, **info)
+                        calls, context, rows_exact=exact, bits_as_v3_default=torch.equal(out, v3_out), **info)
         del weights
 
 
