@@ -5,4 +5,4 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_s24_call5.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=20
-step 150 "$OUT/qgemv_v3_options.txt" python benchmarks/qgemv_bench.py --rows 1,16 --arms '^v3_(default|w8|s2|s3|s4|w8_s3|n64_s3)$'
+step 150 "$OUT/qgemv_v3_options.txt" python benchmarks/qgemv_bench.py --rows 1,16 --arms '^v3_(default|w8|s2|s3|s4|w8_s3|n64_s3)$'  # (the stage arms and v3_num_stages were removed after this call)

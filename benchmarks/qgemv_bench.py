@@ -101,13 +101,11 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     "v3_n64_k128": {"kernel": "v3", "v3_block_n": 64, "v3_block_k_fp8": 128},
     "v3_programs528": {"kernel": "v3", "v2_programs": 528},
     "v3_nosplit": {"kernel": "v3", "v2_split_k": 1},
-    # launch options that leave each sum's order (bits_as_v3_default says whether they do)
+    # bits_as_v3_default: whether an arm keeps v3's bits. Session 24 call 5 (one Flash layer, rows 1 / 16): 8 warps
+    # 87.9 / 92.4 us against the default's 57.9 / 62.5 (the same bits); 64 outputs a program 49.6 / 63.2 us, other
+    # bits in 3 of 8 shapes (fewer N blocks, more K splits); Triton's pipeline stages 2-4 changed nothing (57.9-58.5).
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
-    "v3_s2": {"kernel": "v3", "v3_num_stages": 2},
-    "v3_s3": {"kernel": "v3", "v3_num_stages": 3},
-    "v3_s4": {"kernel": "v3", "v3_num_stages": 4},
-    "v3_w8_s3": {"kernel": "v3", "v3_num_warps": 8, "v3_num_stages": 3},
-    "v3_n64_s3": {"kernel": "v3", "v3_block_n": 64, "v3_num_stages": 3},
+    "v3_n64": {"kernel": "v3", "v3_block_n": 64},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},

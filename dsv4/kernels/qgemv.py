@@ -85,7 +85,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
-          "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4, "v3_num_stages": None,
+          "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
@@ -697,8 +697,6 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
     extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
-    if c["v3_num_stages"] and not interpreting():  # None: Triton's default (benchmarks/qgemv_bench.py's arms)
-        extra["num_stages"] = c["v3_num_stages"]
     launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,
