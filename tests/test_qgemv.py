@@ -409,6 +409,35 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
         assert torch.equal(early, loop), (rows, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k", [(640, 1), (1152, 2)], ids=["masked_tail", "split_with_a_masked_tail"])
+def test_v3_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
+    """v3's FP8 tile loop unrolled (v3_unroll, DSV4_QGEMV_V3_UNROLL) or not: the same bits. Three tiles a program
+    with the last masked; two splits of three tiles (summed by the ticket), the last running past K; 1, 16 and 17
+    rows (one row tile padded, one full, two), bf16 and fp32 x, and the grouped wo_a; against float64 too."""
+    for key, value in {**V3, "v2_split_k": split_k}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K + 7)
+    w = quantised("fp8", 40, K, g).to(device)
+    grouped = quantised("fp8", 2 * 32, K, g).to(device)
+
+    def forms(fn):
+        outs = []
+        for unroll in (False, True):
+            monkeypatch.setitem(qgemv.CONFIG, "v3_unroll", unroll)
+            outs.append(fn())
+        return outs
+
+    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        loop, unrolled = forms(lambda: qgemv.linear(x, w))
+        assert torch.equal(loop, unrolled), (rows, dtype)
+        close(loop, torch.nn.functional.linear(x.double(), w.dequant(torch.float64)).to(dtype), dtype)
+        x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
+        loop, unrolled = forms(lambda: qgemv.grouped_linear(x2, grouped, 2))
+        assert torch.equal(loop, unrolled), ("grouped", rows, dtype)
+
+
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
 def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/qgemv_bench.py end to end on `tiny` widths through the interpreter (timings faked): every
