@@ -357,36 +357,6 @@ def test_v3_slices_grouped_and_experts(monkeypatch, device):
     assert torch.equal(v3, qgemv.expert_linear(x, stack, ids, 2))
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
-def test_v2_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
-    """v2's FP8 tile loop unrolled (v2_unroll) or not: the same bits (test_v2_early_tile_keeps_the_bits holds the
-    first tile summed before the loop to the plain loop). Two tiles a program, the second masked; two splits of two
-    and three tiles (summed by the ticket), the last running past K; 1 and 9 rows (v2_rows groups of 8 with a
-    repeated last row), bf16 and fp32 x, and the grouped wo_a; against the float64 product too."""
-    for key, value in {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256, "v2_split_k": split_k}.items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
-    g = torch.Generator().manual_seed(K + 5)
-    w = quantised("fp8", 40, K, g).to(device)
-    grouped = quantised("fp8", 2 * 32, K, g).to(device)
-
-    def forms(fn):
-        outs = []
-        for unroll in (False, True):
-            monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", unroll)
-            outs.append(fn())
-        return outs
-
-    for rows, dtype in ((1, torch.bfloat16), (9, torch.float32)):
-        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
-        first, *others = forms(lambda: qgemv.linear(x, w))
-        assert all(torch.equal(first, o) for o in others), (rows, dtype)
-        close(first, torch.nn.functional.linear(x.double(), w.dequant(torch.float64)).to(dtype), dtype)
-        x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
-        first, *others = forms(lambda: qgemv.grouped_linear(x2, grouped, 2))
-        assert all(torch.equal(first, o) for o in others), ("grouped", rows, dtype)
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,K,split_k", [("fp8", 256, 1), ("fp8", 200, 1), ("fp8", 640, 1), ("fp8", 1024, 2),
                                            ("fp4", 64, 1), ("fp4", 160, 1), ("fp4", 256, 2)],
                          ids=["fp8-one_tile", "fp8-one_masked_tile", "fp8-masked_tail", "fp8-split", "fp4-one_tile",
@@ -409,26 +379,36 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
         assert torch.equal(early, loop), (rows, dtype)
 
 
+UNROLLED = {  # kernel: (its unroll key, its config, its row counts)
+    "v2": ("v2_unroll", {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}, (1, 9)),
+    "v3": ("v3_unroll", V3, (1, 16, 17))}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("K,split_k", [(640, 1), (1152, 2)], ids=["masked_tail", "split_with_a_masked_tail"])
-def test_v3_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
-    """v3's FP8 tile loop unrolled (v3_unroll, DSV4_QGEMV_V3_UNROLL) or not: the same bits. Three tiles a program
-    with the last masked; two splits of three tiles (summed by the ticket), the last running past K; 1, 16 and 17
-    rows (one row tile padded, one full, two), bf16 and fp32 x, and the grouped wo_a; against float64 too."""
-    for key, value in {**V3, "v2_split_k": split_k}.items():
+@pytest.mark.parametrize("kernel,K,split_k", [("v2", 400, 1), ("v2", 1152, 2), ("v3", 640, 1), ("v3", 1152, 2)],
+                         ids=["v2-masked_second_tile", "v2-split_with_a_masked_tail", "v3-masked_tail",
+                              "v3-split_with_a_masked_tail"])
+def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, kernel, K, split_k):
+    """The FP8 tile loop unrolled at compile time or not, v2's (v2_unroll) and v3's (v3_unroll,
+    DSV4_QGEMV_V3_UNROLL): the same bits (test_v2/v3_early_tile_keeps_the_bits hold the first tile summed before the
+    loop to the plain loop). v2: two tiles a program, the second masked, 1 and 9 rows (v2_rows groups of 8 with a
+    repeated last row); v3: three tiles, the last masked, 1, 16 and 17 rows (one row tile padded, one full, two). Two
+    splits (summed by the ticket) whose last runs past K; bf16 and fp32 x, and the grouped wo_a; against float64 too."""
+    unroll_key, config, row_counts = UNROLLED[kernel]
+    for key, value in {**config, "v2_split_k": split_k}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
-    g = torch.Generator().manual_seed(K + 7)
+    g = torch.Generator().manual_seed(K + 5)
     w = quantised("fp8", 40, K, g).to(device)
     grouped = quantised("fp8", 2 * 32, K, g).to(device)
 
     def forms(fn):
         outs = []
         for unroll in (False, True):
-            monkeypatch.setitem(qgemv.CONFIG, "v3_unroll", unroll)
+            monkeypatch.setitem(qgemv.CONFIG, unroll_key, unroll)
             outs.append(fn())
         return outs
 
-    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
+    for rows, dtype in zip(row_counts, (torch.bfloat16, torch.float32, torch.bfloat16)):
         x = torch.randn(rows, K, generator=g).to(dtype).to(device)
         loop, unrolled = forms(lambda: qgemv.linear(x, w))
         assert torch.equal(loop, unrolled), (rows, dtype)
