@@ -77,9 +77,10 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # products (the same bits; session 17 call 1, mini's shapes: wo_a 13.99 -> 11.73 us, wo_b 13.94 -> 12.87;
 # DSV4_QGEMV_UNROLL=0 for the loop).
 # "v3_unroll" (DSV4_QGEMV_V3_UNROLL=1; off by default, not yet run on a GPU): v3's FP8 tile loop unrolled at compile
-# time, as v2_unroll: the same dots in the same order (the same bits), later tiles' loads free to be issued before
-# earlier tiles' dots. Session 24 call 4: v3 at ~0.32 of the bandwidth at 1 and 16 rows (one Flash layer's FP8
-# linears 55-60 us, v2 42 at one row), its K loop a runtime loop whose loads wait on the previous tile's dots.
+# time, as v2_unroll: the same dots in the same order (the same bits). Session 24 call 4: v3 at ~0.32 of the
+# bandwidth at 1 and 16 rows (one Flash layer's FP8 linears 55-60 us, v2 42 at one row). The loop is pipelined by
+# Triton through shared memory (cp.async; its stage count changed nothing, call 5); unrolled, the tiles come by plain
+# 16-byte loads the compiler interleaves with the previous tile's dots (sm_90 SASS): which is faster is measured.
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
