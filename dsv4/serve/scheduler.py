@@ -177,8 +177,8 @@ class Scheduler:
         powers of two). Triton compiles a variant per integer argument divisible by 16 or not (a chunk's length, its
         rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. Then the
         first slot's chunks of 31 / 32, 63 / 64 and 127 / 128 tokens (the geometry kernels of a short chunk compile
-        once per power of two of its length), then its long chunks, two for each of moe_tc's long tile shapes that a chunk of this server reaches
-        (dsv4.model.moe.long_tile_chunks). The slots' bytes are a fresh state's after."""
+        once per power of two of its length), then its long chunks, two for each of moe_tc's long tile shapes that a
+        chunk of this server reaches (dsv4.model.moe.long_tile_chunks). The slots' bytes are a fresh state's after."""
         # The first slot takes the three forwards in turn (3 * tokens + 1 positions): a server of fewer tokens a
         # sequence warms with shorter chunks (none below 1).
         tokens = min(tokens, (self.slots[0].capacity - 1) // 3)
@@ -192,18 +192,14 @@ class Scheduler:
         finally:
             for state in most:
                 state.discard()
-        # A long prompt's chunks take moe_tc's long tiles, a shape per pairs an expert: their compiles too (session
-        # 22 call 1: a first 4,096-token prefill on mini 14.4 s, the next ones 0.17), one slot at a time.
-        first = self.slots[0]
-        longest = min(self.prefill_chunk, first.capacity - 1)
         # A short chunk's geometry kernels compile once per power of two of its length up to 128 (dsv4.kernels.
         # geometry chunks), other kernels once per length divisible by 16 or not: a chunk of each (15, 16 ran above).
-        for n in [n for p in (32, 64, 128) for n in (p - 1, p) if n <= longest]:
-            try:
-                self.model.prefill_batch([first], [ids(n)])
-            finally:
-                first.discard()
-        for n in long_tile_chunks(self.model.cfg, longest):
+        # A long prompt's chunks take moe_tc's long tiles, a shape per pairs an expert: their compiles too (session
+        # 22 call 1: a first 4,096-token prefill on mini 14.4 s, the next ones 0.17). One slot at a time.
+        first = self.slots[0]
+        longest = min(self.prefill_chunk, first.capacity - 1)
+        short = [n for p in (32, 64, 128) for n in (p - 1, p) if n <= longest]
+        for n in short + long_tile_chunks(self.model.cfg, longest):
             try:
                 self.model.prefill_batch([first], [ids(n)])
             finally:
