@@ -16,6 +16,13 @@ logits must equal its own prefill's: exit 1 when not. One record per line:
   PREFILL_BATCH        states, tokens, one_by_one_s, grouped_s, speedup, grouped tok/s, equal (bytes alone ==
                        grouped), digest (of every state's bytes and logits: equal across runs that must keep the
                        bits), the GEMV kernels (DSV4_QGEMV, DSV4_DENSE_GEMV) and DSV4_KERNELS
+  PREFILL_BATCH_AB     with --arm (1 rank): the --states wave under the defaults and under each arm's CONFIG
+                       settings, interleaved round by round in this one process (a wave's time spreads by ~20 %
+                       between processes, session 24 call 2: arms in separate processes cannot be told apart), each
+                       arm's median, spread and digest
+
+    python benchmarks/prefill_batch_bench.py mini --runs 7 --arm shared=moe.shared_prefill_tiles=1 \
+        --arm wave=moe_tc.wave_tiles=1 --arm both=moe.shared_prefill_tiles=1,moe_tc.wave_tiles=1
 """
 
 from __future__ import annotations
@@ -68,6 +75,59 @@ def bench(model, slots, B: int, tokens: int, runs: int) -> dict:
                 digest=hashlib.sha256(repr(alone).encode()).hexdigest()[:16],
                 runs=runs, qgemv=os.environ.get("DSV4_QGEMV", "v2"), dense_gemv=os.environ.get("DSV4_DENSE_GEMV", "v2"),
                 kernels=os.environ.get("DSV4_KERNELS", "auto"))
+
+
+def parse_arm(spec: str) -> tuple[str, list]:
+    """NAME=module.key=value[,module.key=value...] -> (NAME, [(dsv4.kernels.<module>.CONFIG, key, value)]): the
+    value takes the type of the key's current value (bool from 0/1, int, float, or the string)."""
+    import importlib
+
+    name, _, sets = spec.partition("=")
+    if not name or not sets:
+        raise SystemExit(f"--arm {spec!r}: expected NAME=module.key=value[,module.key=value]")
+    out = []
+    for item in sets.split(","):
+        target, _, raw = item.partition("=")
+        module, _, key = target.partition(".")
+        config = importlib.import_module(f"dsv4.kernels.{module}").CONFIG
+        if key not in config:
+            raise SystemExit(f"--arm {spec!r}: dsv4.kernels.{module}.CONFIG has no key {key!r}")
+        now = config[key]
+        value = raw in ("1", "true", "True") if isinstance(now, bool) else type(now)(raw) if now is not None else raw
+        out.append((config, key, value))
+    return name, out
+
+
+def ab(model, slots, args) -> None:
+    """The --states wave under the defaults and each --arm, interleaved: round r times every arm once (round 0
+    untimed: each arm's compiles), so that a drift of the machine falls on every arm alike."""
+    arms = [("defaults", [])] + [parse_arm(spec) for spec in args.arm]
+    chunks = prompts(args.states, args.tokens, model.cfg.vocab_size)
+    states = slots[:args.states]
+    times: dict = {name: [] for name, _ in arms}
+    digests: dict = {}
+    for r in range(args.runs + 1):
+        for name, sets in arms:
+            saved = [(config, key, config[key]) for config, key, _ in sets]
+            try:
+                for config, key, value in sets:
+                    config[key] = value
+                fresh(states)
+                seconds = timed(model, lambda: model.prefill_batch(states, chunks))
+                if r == 0:
+                    got = [(model.digests_all(s), model.logits_sha_all(s)) for s in states]
+                    digests[name] = hashlib.sha256(repr(got).encode()).hexdigest()[:16]
+                else:
+                    times[name].append(seconds)
+            finally:
+                for config, key, value in saved:
+                    config[key] = value
+    for name, sets in arms:
+        t = times[name]
+        emit("PREFILL_BATCH_AB", arm=name, settings={f"{k}": v for _, k, v in sets}, states=args.states,
+             tokens=args.tokens, runs=args.runs, grouped_s=round(statistics.median(t), 4), min_s=round(min(t), 4),
+             max_s=round(max(t), 4), vs_defaults=round(statistics.median(times["defaults"]) / statistics.median(t), 3),
+             digest=digests[name], digest_as_defaults=digests[name] == digests["defaults"])
 
 
 def profile(model, slots, args) -> None:
@@ -132,7 +192,14 @@ def main() -> int:
                     help="1 rank: the --profile largest kernels of one grouped prefill of --states states (torch profiler)")
     ap.add_argument("--pyprofile", type=int, default=0,
                     help="1 rank: the --pyprofile Python functions of most own time in one grouped prefill (cProfile)")
+    ap.add_argument("--arm", action="append", default=[],
+                    help="1 rank, repeatable: NAME=module.key=value[,module.key=value]: the wave with those "
+                         "dsv4.kernels.<module>.CONFIG settings, timed interleaved with the defaults (PREFILL_BATCH_AB)")
     args = ap.parse_args()
+    if args.arm and args.ranks != 1:
+        raise SystemExit("--arm sets this process's CONFIG: 1 rank only")
+    for spec in args.arm:
+        parse_arm(spec)  # a bad arm fails before the model is built
     t = time.perf_counter()
     model = dsv4.load(args.preset, device=args.device, ranks=args.ranks)
     model.each("pool_states", args.states)
@@ -145,6 +212,8 @@ def main() -> int:
         record = bench(model, slots, B, args.tokens, args.runs)
         ok &= record["equal"]
         emit("PREFILL_BATCH", preset=args.preset, ranks=args.ranks, **record)
+    if args.arm:
+        ab(model, slots, args)
     if args.profile and args.ranks == 1:
         profile(model, slots, args)
     if args.pyprofile and args.ranks == 1:
