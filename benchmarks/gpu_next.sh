@@ -23,9 +23,9 @@ for arm in 0 1; do
     --gemv v3 --prime 64 --steps 64 --rows 3 --profile
 done
 for arm in 0 1; do
-  step 90 "$OUT/serve_mini_v3_unroll$arm.txt" env DSV4_QGEMV_V3_UNROLL=$arm python benchmarks/serve_bench.py \
+  step 85 "$OUT/serve_mini_v3_unroll$arm.txt" env DSV4_QGEMV_V3_UNROLL=$arm python benchmarks/serve_bench.py \
     --preset mini --device cuda --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
 done
-step 80 "$OUT/wave_ab.txt" python benchmarks/prefill_batch_bench.py mini --states 16 --tokens 63 --runs 7 \
+step 100 "$OUT/wave_ab.txt" python benchmarks/prefill_batch_bench.py mini --states 16 --tokens 63 --runs 7 \
   --arm shared=moe.shared_prefill_tiles=1 --arm wave=moe_tc.wave_tiles=1 \
   --arm both=moe.shared_prefill_tiles=1,moe_tc.wave_tiles=1
