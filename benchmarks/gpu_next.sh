@@ -15,9 +15,9 @@
 # Usage: OUT=dir [RES=/tmp/res] bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=25
-step 60 "$OUT/pytest_v3_unroll.txt" env DSV4_QGEMV_V3_UNROLL=1 python -m pytest -q -p no:cacheprovider -rfE \
+step 75 "$OUT/pytest_v3_unroll.txt" env DSV4_QGEMV_V3_UNROLL=1 python -m pytest -q -p no:cacheprovider -rfE \
   tests/test_qgemv.py -k "v3"
-step 90 "$OUT/qgemv_v3_unroll.txt" python benchmarks/qgemv_bench.py --rows 1,16 --arms '^v3_(default|unroll)$|^v2_rows1$'
+step 80 "$OUT/qgemv_v3_unroll.txt" python benchmarks/qgemv_bench.py --rows 1,16 --arms '^v3_(default|unroll)$|^v2_rows1$'
 for arm in 0 1; do
   step 70 "$OUT/bench_mini_v3_unroll$arm.txt" env DSV4_QGEMV_V3_UNROLL=$arm python -m dsv4.cli bench --preset mini \
     --gemv v3 --prime 64 --steps 64 --rows 3 --profile
