@@ -104,7 +104,7 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # bits_as_v3_default: whether an arm keeps v3's bits. Session 24 call 5 (one Flash layer, rows 1 / 16): 8 warps
     # 87.9 / 92.4 us against the default's 57.9 / 62.5 (the same bits); 64 outputs a program 49.6 / 63.2 us, other
     # bits in 3 of 8 shapes (fewer N blocks, more K splits); Triton's pipeline stages 2-4 changed nothing (57.9-58.5).
-    "v3_unroll": {"kernel": "v3", "v3_unroll": True},  # DSV4_QGEMV_V3_UNROLL: the FP8 loop unrolled (same bits)
+    # Session 25 call 1: the FP8 loop unrolled (same bits) 55.7 / 60.9 against 56.3 / 60.7: removed.
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
 }

@@ -379,22 +379,14 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
         assert torch.equal(early, loop), (rows, dtype)
 
 
-UNROLLED = {  # kernel: (its unroll key, its config, its row counts)
-    "v2": ("v2_unroll", {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}, (1, 9)),
-    "v3": ("v3_unroll", V3, (1, 16, 17))}
-
-
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kernel,K,split_k", [("v2", 400, 1), ("v2", 1152, 2), ("v3", 640, 1), ("v3", 1152, 2)],
-                         ids=["v2-masked_second_tile", "v2-split_with_a_masked_tail", "v3-masked_tail",
-                              "v3-split_with_a_masked_tail"])
-def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, kernel, K, split_k):
-    """The FP8 tile loop unrolled at compile time or not, v2's (v2_unroll) and v3's (v3_unroll,
-    DSV4_QGEMV_V3_UNROLL): the same bits (test_v2/v3_early_tile_keeps_the_bits hold the first tile summed before the
-    loop to the plain loop). v2: two tiles a program, the second masked, 1 and 9 rows (v2_rows groups of 8 with a
-    repeated last row); v3: three tiles, the last masked, 1, 16 and 17 rows (one row tile padded, one full, two). Two
-    splits (summed by the ticket) whose last runs past K; bf16 and fp32 x, and the grouped wo_a; against float64 too."""
-    unroll_key, config, row_counts = UNROLLED[kernel]
+@pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
+def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
+    """v2's FP8 tile loop unrolled at compile time or not (v2_unroll): the same bits (test_v2_early_tile_keeps_the_bits
+    holds the first tile summed before the loop to the plain loop). Two tiles a program, the second masked, 1 and 9
+    rows (v2_rows groups of 8 with a repeated last row). Two splits (summed by the ticket) whose last runs past K;
+    bf16 and fp32 x, and the grouped wo_a; against float64 too."""
+    unroll_key, config, row_counts = "v2_unroll", {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}, (1, 9)
     for key, value in {**config, "v2_split_k": split_k}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
     g = torch.Generator().manual_seed(K + 5)

@@ -76,11 +76,9 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # "v2_unroll": the FP8 tile loop unrolled at compile time, so later tiles' loads may be issued before earlier tiles'
 # products (the same bits; session 17 call 1, mini's shapes: wo_a 13.99 -> 11.73 us, wo_b 13.94 -> 12.87;
 # DSV4_QGEMV_UNROLL=0 for the loop).
-# "v3_unroll" (DSV4_QGEMV_V3_UNROLL=1; off by default, not yet run on a GPU): v3's FP8 tile loop unrolled at compile
-# time, as v2_unroll: the same dots in the same order (the same bits). Session 24 call 4: v3 at ~0.32 of the
-# bandwidth at 1 and 16 rows (one Flash layer's FP8 linears 55-60 us, v2 42 at one row). The loop is pipelined by
-# Triton through shared memory (cp.async; its stage count changed nothing, call 5); unrolled, the tiles come by plain
-# 16-byte loads the compiler interleaves with the previous tile's dots (sm_90 SASS): which is faster is measured.
+# v3's FP8 tile loop is not unrolled: Triton pipelines it through shared memory (cp.async), and session 25 call 1
+# measured the unrolled form (the same bits) at one Flash layer's FP8 linears 55.7 us against 56.3 at one row, 60.9
+# against 60.7 at 16 (qgemv_bench, one process): removed again.
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -92,8 +90,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
-          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v3_unroll": os.environ.get("DSV4_QGEMV_V3_UNROLL", "0") == "1"}
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -491,12 +488,12 @@ def _dot(a, b, acc, IEEE: constexpr):
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, UNROLL: constexpr = False):
+                   FUSED_SUM: constexpr, IEEE: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
     experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
-    on from the second; the dots are the loop's, in its order (UNROLL: the FP8 loop unrolled, the same order)."""
+    on from the second; the dots are the loop's, in its order."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -521,14 +518,9 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
         wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
         pdl_wait()
         acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE)
-        if UNROLL:
-            for k0 in tl.static_range(BLOCK_K, K_CHUNK, BLOCK_K):
-                wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-                acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
-        else:
-            for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
-                wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-                acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
+        for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
+            wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
+            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
     if SPLITS == 1:
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -713,8 +705,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(),
-        **({"UNROLL": True} if c["v3_unroll"] and not fp4 and k_chunk > block_k else {}), **extra)
+        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
