@@ -256,6 +256,51 @@ def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
     assert served(sched, jobs) == expected
 
 
+@pytest.mark.parametrize("wave_tiles", [True, False], ids=["wave_tiles", "no_wave_tiles"])
+def test_warm_prefill_runs_a_wave_for_each_wave_tile_shape(model, monkeypatch, wave_tiles):
+    """With moe_tc's wave tiles (a grouped wave's experts in tiles by its pairs an expert), the warm-up runs a wave
+    for each tile shape this server's waves reach and its other forwards do not: tiny (8 experts, 2 a token), 4
+    slots of 32-token chunks: its 4 x 15 wave takes the 32-row tiles (15 pairs an expert), its single chunks the
+    16-row ones (<= 12), so one wave of 4 x 32 (32 pairs: the 64-row tiles) is added; none without the wave tiles.
+    Slots fresh after, the tokens of a scheduler that never warmed."""
+    from dsv4.kernels import moe_tc
+
+    monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", wave_tiles)
+    jobs = grouped_jobs(model)
+    expected = served(Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=32), jobs)
+    sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=32)
+    lengths, real = [], model.prefill_batch
+    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: (lengths.append([len(c) for c in chunks]),
+                                                                        real(states, chunks))[1])
+    sched.warm_prefill()
+    waves = [[32] * 4] if wave_tiles else []
+    assert lengths == [[15] * 4, [15, 15], [16], *waves, [31], [32]]
+    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
+    assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
+    monkeypatch.setattr(model, "prefill_batch", real)
+    assert served(sched, jobs) == expected
+
+
+def test_wave_tile_waves_reach_each_tile_once(monkeypatch):
+    """wave_tile_waves on mini's experts (256, 6 a token) and a concurrency-32 server's 64-token chunks: the fewest
+    sequences whose 64-token wave passes each tile's lower bound (12 and 24 pairs an expert: 9 and 17 sequences),
+    none for a tile a done wave took, none past the slots or the tokens a forward takes, none without wave tiles."""
+    from dsv4 import config
+    from dsv4.kernels import moe_tc
+    from dsv4.model.moe import wave_tile_waves
+
+    monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", True)
+    mini = config.preset("mini")
+    done = [(32, 15), (2, 15), (1, 16)]  # 11.25, 0.7 and 0.375 pairs an expert: the 16-row tiles
+    assert wave_tile_waves(mini, 32, 64, 2048, done) == [(9, 64), (17, 64)]
+    assert wave_tile_waves(mini, 16, 64, 2048, done) == [(9, 64)]  # 17 sequences are past the slots
+    assert wave_tile_waves(mini, 32, 64, 1024, done) == [(9, 64)]  # 17 x 64 tokens are past a forward's
+    assert wave_tile_waves(mini, 32, 64, 2048, done + [(16, 63)]) == [(17, 64)]  # 23.6 pairs: the 32-row tiles
+    assert wave_tile_waves(mini, 32, 500, 2048, done) == [(5, 128), (9, 128)]  # past 128 tokens: long chunks
+    monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", False)
+    assert wave_tile_waves(mini, 32, 64, 2048, done) == []
+
+
 def test_a_refused_grouped_prefill_fails_its_sequences_alone(model, monkeypatch):
     """The first round's grouped prefill (three sequences) is refused: those three end with an error, nothing
     committed, their slots zeroed; the one-token prompt decoding beside them finishes as it does alone, and

@@ -70,7 +70,11 @@ CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16,
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
-          "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "0") == "1"}
+          "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "1") == "1"}
+# shared_prefill_tiles (DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off; on since session 25): a short prefill chunk's
+# shared expert as two v3 GEMVs (dsv4.model.moe._shared_fused), other bits than the fused kernel's, each row's its
+# own. Session 25 call 1 (prefill_batch_bench --arm, one process, interleaved): a concurrency-16 server's 16 x 63
+# wave on mini 88.4 -> 71.8 ms with it, 58.1 with moe_tc's wave tiles too.
 
 
 @device_function

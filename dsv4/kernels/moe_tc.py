@@ -90,7 +90,7 @@ CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
           "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto"),
-          "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "0") == "1",
+          "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "1") == "1",
           "bf16_decode": os.environ.get("DSV4_MOE_TC_BF16_DECODE", "1") == "1"}
 ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
 MODES = ("off", "chunks", "all")

@@ -25,7 +25,7 @@ from ..kernels import moe_tc
 from ..kernels import route as fused_route
 from ..kernels.qgemv import MAX_ROWS
 from .linear import expert_linear, experts_fused, linear
-from .rows import per_row, rows_per_weight, step_gemv, tokens_per_sequence
+from .rows import per_row, rows_per_weight, short_chunk, step_gemv, tokens_per_sequence
 from ..formats import QWeight
 from .moe_prefill import fused_runs, grouped_experts
 
@@ -152,15 +152,42 @@ def _long_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | No
 
 def _wave_tiles(x, ids, experts: dict, cfg: ModelConfig) -> tuple[int, int] | None:
     """moe_tc's tiles for a rows-alone chunk step (short prefill chunks, one sequence's or a grouped wave's): None,
-    CONFIG's one shape; with moe_tc CONFIG wave_tiles (DSV4_MOE_TC_WAVE_TILES=1, off by default, not yet run on a
-    GPU) the long chunks' table by the step's pairs per expert. A pair's bits do not depend on a tile's rows (sm_90's
+    CONFIG's one shape; with moe_tc CONFIG wave_tiles (on since session 25; DSV4_MOE_TC_WAVE_TILES=0 turns it off)
+    the long chunks' table by the step's pairs per expert. A pair's bits do not depend on a tile's rows (sm_90's
     wgmma is 64 rows whatever BLOCK_M, and CONFIG order "auto" keeps the planes' bits at every tile; bit_equal_tc in
     every prefill_moe_bench arm, tests/test_moe_tc.py), so a row alone keeps its bits in a wave of other tiles: a
     concurrency-16 server's 16 x 63 wave has ~24 pairs an expert, where 32-row tiles took 4.4 ms a layer of mini's
-    experts against 16-row tiles' 6.0 (session 22 call 1, 1,024 tokens)."""
+    experts against 16-row tiles' 6.0 (session 22 call 1, 1,024 tokens); session 25 call 1, the wave in one process:
+    88.4 -> 82.7 ms, 71.8 -> 58.1 with the shared expert's tiles (dsv4.kernels.moe CONFIG shared_prefill_tiles)."""
     if not moe_tc.CONFIG["wave_tiles"]:
         return None
     return _long_tiles(x, ids, experts, cfg)
+
+
+def wave_tile_waves(cfg: ModelConfig, slots: int, longest: int, group_tokens: int,
+                    done: list[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """(sequences, tokens each) of grouped short-chunk waves that between them take each of moe_tc's wave tiles
+    (_wave_tiles: the long chunks' table by a wave's pairs per expert) that a server's waves reach, `slots`
+    sequences with chunks of at most `longest` tokens and `group_tokens` tokens a forward, and that none of the
+    waves `done` took: for each tile the fewest sequences of the longest short chunk whose pairs pass the tile's
+    lower bound. None without wave_tiles. A warm-up runs them (dsv4.serve.scheduler.warm_prefill)."""
+    if not moe_tc.CONFIG["wave_tiles"]:
+        return []
+    experts, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    bounds = [bound for bound, _, _ in moe_tc.CONFIG["long"]]
+
+    def tile(n: int, t: int) -> int | None:
+        return next((i for i, bound in enumerate(bounds) if n * t * k / experts <= bound), None)
+
+    taken = {tile(n, t) for n, t in done if short_chunk(t)}
+    t = max((n for n in range(1, longest + 1) if short_chunk(n)), default=0)
+    waves, lower = [], 0
+    for i, bound in enumerate(bounds):
+        n = int(lower * experts // (k * t)) + 1 if t else 0
+        if i not in taken and 0 < n <= slots and n * t <= group_tokens and tile(n, t) == i:
+            waves.append((n, t))
+        lower = bound
+    return waves
 
 
 def long_tile_chunks(cfg: ModelConfig, longest: int) -> list[int]:
@@ -252,12 +279,12 @@ def _shared_tiles(x) -> bool:
 
 def _shared_fused(x, s: dict) -> bool:
     """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe). With dsv4.kernels.moe
-    CONFIG shared_prefill_tiles (DSV4_MOE_SHARED_PREFILL_TILES=1; off by default) not in a short prefill chunk
+    CONFIG shared_prefill_tiles (on since session 25; DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off) not in a short prefill chunk
     whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"): there its gate and up are two of those GEMVs,
     each row's bits still its own (other bits than the fused kernel's). Session 22 call 2 (prefill_batch_bench,
     mini, one H200): in a 16 x 63 grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of
-    the wave's 95 ms; but call 5 measured a 64-token prefill 17.5 -> 23.2 ms with it on (128 tokens 23.5 -> 22.7)
-    and the wave's time was cut off: off until both pay (benchmarks/RESULTS.md, session 22)."""
+    the wave's 95 ms; session 25 call 1, the wave in one process: 88.4 -> 71.8 ms (58.1 with moe_tc's wave tiles)
+    (benchmarks/RESULTS.md)."""
     if _shared_tiles(x):
         return False
     return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(

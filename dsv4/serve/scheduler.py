@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..engine import StepHeld
-from ..model.moe import long_tile_chunks
+from ..model.moe import long_tile_chunks, wave_tile_waves
 from ..model.rows import short_chunk
 from ..sampler import LogitsParams, Processing, SamplingParams
 from .protocol import RequestError
@@ -176,7 +176,8 @@ class Scheduler:
         it). Other chunk lengths may still compile a variant or two (prefill attention rounds its tile counts to
         powers of two). Triton compiles a variant per integer argument divisible by 16 or not (a chunk's length, its
         rows): most chunks are not, so the grouped forwards take `tokens` (15), the single one tokens + 1. Then the
-        first slot's chunks of 31 / 32, 63 / 64 and 127 / 128 tokens (the geometry kernels of a short chunk compile
+        waves of moe_tc's wave tiles the forwards here do not take (dsv4.model.moe.wave_tile_waves), then the first
+        slot's chunks of 31 / 32, 63 / 64 and 127 / 128 tokens (the geometry kernels of a short chunk compile
         once per power of two of its length), then its long chunks, two for each of moe_tc's long tile shapes that a
         chunk of this server reaches (dsv4.model.moe.long_tile_chunks). The slots' bytes are a fresh state's after."""
         # The first slot takes the three forwards in turn (3 * tokens + 1 positions): a server of fewer tokens a
@@ -186,19 +187,30 @@ class Scheduler:
             return
         ids = lambda n: [t % self.model.cfg.vocab_size for t in range(1, n + 1)]  # noqa: E731
         most = self.slots[:max(1, PREFILL_GROUP_TOKENS // tokens)]
+        grouped = [(size, tokens + (size == 1)) for size in sorted({len(most), min(2, len(most)), 1}, reverse=True)]
         try:
-            for size in sorted({len(most), min(2, len(most)), 1}, reverse=True):
-                self.model.prefill_batch(most[:size], [ids(tokens + (size == 1))] * size)
+            for size, n in grouped:
+                self.model.prefill_batch(most[:size], [ids(n)] * size)
         finally:
             for state in most:
                 state.discard()
+        # A grouped wave's routed experts take moe_tc's tiles by its pairs an expert (the wave tiles): a wave for
+        # each tile shape this server's waves reach that the forwards here do not (a concurrency-16 server's 16 x
+        # 63 wave on mini takes 32-row tiles; a first one compiled them in its time to first token).
+        longest = min(self.prefill_chunk, self.slots[0].capacity - 1)
+        short = [n for p in (32, 64, 128) for n in (p - 1, p) if n <= longest]
+        for size, n in wave_tile_waves(self.model.cfg, len(self.slots), longest, PREFILL_GROUP_TOKENS,
+                                       grouped + [(1, n) for n in short]):
+            try:
+                self.model.prefill_batch(self.slots[:size], [ids(n)] * size)
+            finally:
+                for state in self.slots[:size]:
+                    state.discard()
         # A short chunk's geometry kernels compile once per power of two of its length up to 128 (dsv4.kernels.
         # geometry chunks), other kernels once per length divisible by 16 or not: a chunk of each (15, 16 ran above).
         # A long prompt's chunks take moe_tc's long tiles, a shape per pairs an expert: their compiles too (session
         # 22 call 1: a first 4,096-token prefill on mini 14.4 s, the next ones 0.17). One slot at a time.
         first = self.slots[0]
-        longest = min(self.prefill_chunk, first.capacity - 1)
-        short = [n for p in (32, 64, 128) for n in (p - 1, p) if n <= longest]
         for n in short + long_tile_chunks(self.model.cfg, longest):
             try:
                 self.model.prefill_batch([first], [ids(n)])
