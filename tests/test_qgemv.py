@@ -380,6 +380,48 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("K,split_k,fused_sum", [(640, 1, True), (1152, 2, True), (1024, 2, False)],
+                         ids=["three_tiles_masked_tail", "split_with_a_masked_tail", "split_summed_apart"])
+def test_v3_walk_keeps_the_bits(monkeypatch, device, K, split_k, fused_sum):
+    """DSV4_QGEMV_V3_WALK: an FP8 v3 launch's N blocks walked by P programs, each block's K splits in turn (3 and 5
+    walkers: some walk a block more than others; 6: one block a program), gives the bits of the program a
+    (block, split) launch with its ticketed or second-launch split sum: every split summed from zero in K order,
+    the splits' sums added from zero in ascending order. N not a whole number of blocks (the last block masked);
+    1, 16 and 17 rows (one row tile padded, one full, two); bf16 and fp32 x; the grouped wo_a (a block's x by its
+    group); against float64 too. Fewer blocks than walkers (7, 1,000): the plain kernel."""
+    for key, value in {**V3, "v2_split_k": split_k, "v2_fused_sum": fused_sum}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(K + 11)
+    w = quantised("fp8", 84, K, g).to(device)  # 6 blocks of 16 outputs, the last 4 of 16
+    grouped = quantised("fp8", 2 * 48, K, g).to(device)  # 6 blocks, 3 a group
+    launched = []
+    real = qgemv.launcher
+    monkeypatch.setattr(qgemv, "launcher", lambda fn, t: (launched.append(fn.__name__), real(fn, t))[1])
+
+    def walked(fn, walkers):
+        monkeypatch.setitem(qgemv.CONFIG, "v3_walk", walkers)
+        launched.clear()
+        out = fn()
+        return out, launched
+
+    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
+        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
+        x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
+        for fn in (lambda: qgemv.linear(x, w), lambda: qgemv.grouped_linear(x2, grouped, 2)):
+            plain, kernels_run = walked(fn, 0)
+            assert kernels_run[0] == "_qgemv3_kernel"
+            for walkers in (3, 5, 6):
+                got, kernels_run = walked(fn, walkers)
+                assert kernels_run == ["_qgemv3_walk_kernel"]
+                assert torch.equal(got, plain), (rows, dtype, walkers)
+            for walkers in (7, 1000):
+                got, kernels_run = walked(fn, walkers)
+                assert kernels_run[0] == "_qgemv3_kernel" and torch.equal(got, plain)
+        close(plain[:, 48:], torch.nn.functional.linear(x2.double()[:, K:], grouped.dequant(torch.float64)[48:]).to(
+            dtype), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
 def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
     """v2's FP8 tile loop unrolled at compile time or not (v2_unroll): the same bits (test_v2_early_tile_keeps_the_bits

@@ -1,0 +1,41 @@
+"""From a `qgemv_bench.py --rows 1,16` output: the v3_walkP arm worth taking further, or nothing. Its P is printed
+when every shape it ran kept v3's bits (bits_as_v3_default) and each row's own (rows_exact), and its layer time
+beat v3_default's by 5 % at every row count; the fastest such arm by the sum over row counts.
+
+    python benchmarks/pick_walk.py qgemv_walk.txt
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+
+def pick(lines: list[str]) -> int | None:
+    layer, exact = {}, {}
+    for line in lines:
+        tag, _, body = line.partition(" ")
+        if tag == "QGEMV_ROWS":
+            d = json.loads(body)
+            layer.setdefault(d["variant"], {})[d["rows"]] = d["us"]
+        elif tag == "QGEMV":
+            d = json.loads(body)
+            exact[d["variant"]] = exact.get(d["variant"], True) and d["bits_as_v3_default"] and d["rows_exact"]
+    base = layer.get("v3_default", {})
+    best = None
+    for arm, times in layer.items():
+        m = re.fullmatch(r"v3_walk(\d+)", arm)
+        if not m or not exact.get(arm) or set(times) != set(base) or not base:
+            continue
+        if all(times[r] < 0.95 * base[r] for r in base):
+            total = sum(times.values())
+            if best is None or total < best[0]:
+                best = (total, int(m.group(1)))
+    return None if best is None else best[1]
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        walkers = pick(f.read().splitlines())
+    print(walkers if walkers is not None else "")

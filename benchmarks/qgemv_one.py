@@ -1,0 +1,43 @@
+"""One FP8 linear of a given shape through qgemv, launched a few times with CONFIG overrides: a target for a
+kernel profiler (ncu) that should see that launch and no other.
+
+    ncu --clock-control none --kernel-name regex:qgemv3 --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+        python benchmarks/qgemv_one.py --n 4096 --k 4096 --rows 1 --set kernel=v3 --set v3_walk=128
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from dsv4.formats import QWeight
+from dsv4.kernels import qgemv
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, required=True, help="outputs")
+    ap.add_argument("--k", type=int, required=True, help="inputs (a multiple of 128)")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--set", action="append", default=[], help="qgemv CONFIG key=value (ints where they parse)")
+    args = ap.parse_args()
+    for item in args.set:
+        key, value = item.split("=", 1)
+        if key not in qgemv.CONFIG:
+            raise SystemExit(f"--set {item}: qgemv CONFIG has no key {key!r}")
+        qgemv.CONFIG[key] = int(value) if value.lstrip("-").isdigit() else value
+    g = torch.Generator(device="cuda").manual_seed(0)
+    data = torch.randn(args.n, args.k, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    scale = torch.full((-(-args.n // 128), args.k // 128), 127, dtype=torch.uint8, device="cuda")
+    w = QWeight(data, scale.view(torch.float8_e8m0fnu), "fp8")
+    x = torch.randn(args.rows, args.k, device="cuda", dtype=torch.bfloat16, generator=g)
+    for _ in range(args.launches):
+        y = qgemv.linear(x, w)
+    torch.cuda.synchronize()
+    print("QGEMV_ONE", args.n, args.k, args.rows, dict(qgemv.CONFIG), float(y.float().abs().sum()))
+
+
+if __name__ == "__main__":
+    main()
