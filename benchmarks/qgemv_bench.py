@@ -105,11 +105,10 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # 87.9 / 92.4 us against the default's 57.9 / 62.5 (the same bits); 64 outputs a program 49.6 / 63.2 us, other
     # bits in 3 of 8 shapes (fewer N blocks, more K splits); Triton's pipeline stages 2-4 changed nothing (57.9-58.5).
     # Session 25 call 1: the FP8 loop unrolled (same bits) 55.7 / 60.9 against 56.3 / 60.7: removed.
-    # DSV4_QGEMV_V3_WALK=P: P programs walk the N blocks of a weight with at least P of them (the same bits); a Flash
-    # rank's wo_a / wo_b / shared w2 have 128 blocks, indexer wq_b 256, wq_b 512
-    "v3_walk64": {"kernel": "v3", "v3_walk": 64},
-    "v3_walk128": {"kernel": "v3", "v3_walk": 128},
-    "v3_walk256": {"kernel": "v3", "v3_walk": 256},
+    # Session 25 call 3: P programs walking the N blocks (the same bits) 58.7 / 58.9 us (128 of them): removed.
+    # DSV4_QGEMV_V3_WHOLE_CHUNK: a program's K chunk (<= 1,024 inputs) one tile, its loads all in flight (same bits)
+    "v3_whole": {"kernel": "v3", "v3_whole_chunk": True},
+    "v3_whole_w8": {"kernel": "v3", "v3_whole_chunk": True, "v3_num_warps": 8},
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
 }

@@ -380,44 +380,46 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("K,split_k,fused_sum", [(640, 1, True), (1152, 2, True), (1024, 2, False)],
-                         ids=["three_tiles_masked_tail", "split_with_a_masked_tail", "split_summed_apart"])
-def test_v3_walk_keeps_the_bits(monkeypatch, device, K, split_k, fused_sum):
-    """DSV4_QGEMV_V3_WALK: an FP8 v3 launch's N blocks walked by P programs, each block's K splits in turn (3 and 5
-    walkers: some walk a block more than others; 6: one block a program), gives the bits of the program a
-    (block, split) launch with its ticketed or second-launch split sum: every split summed from zero in K order,
-    the splits' sums added from zero in ascending order. N not a whole number of blocks (the last block masked);
-    1, 16 and 17 rows (one row tile padded, one full, two); bf16 and fp32 x; the grouped wo_a (a block's x by its
-    group); against float64 too. Fewer blocks than walkers (7, 1,000): the plain kernel."""
+@pytest.mark.parametrize("K,split_k,fused_sum", [(640, 1, True), (1152, 2, True), (1024, 2, False), (2048, 0, True),
+                                                 (1536, 1, True)],
+                         ids=["three_tiles_masked_tail", "split_with_a_masked_tail", "split_summed_apart",
+                              "splits_from_the_programs", "a_chunk_past_1024"])
+def test_v3_whole_chunk_keeps_the_bits(monkeypatch, device, K, split_k, fused_sum):
+    """DSV4_QGEMV_V3_WHOLE_CHUNK: an FP8 v3 program's K chunk loaded as one tile gives the bits of its tiles in a
+    loop: the same splits (from the default tile's count; split_k 0: v2's rule by the programs), the same 128-wide
+    dots in the same order. Chunks past 1,024 inputs keep the loop. N not a whole number of blocks; 1, 16 and 17 rows
+    (one row tile padded, one full, two); bf16 and fp32 x; the grouped wo_a; against float64 too."""
     for key, value in {**V3, "v2_split_k": split_k, "v2_fused_sum": fused_sum}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
     g = torch.Generator().manual_seed(K + 11)
     w = quantised("fp8", 84, K, g).to(device)  # 6 blocks of 16 outputs, the last 4 of 16
-    grouped = quantised("fp8", 2 * 48, K, g).to(device)  # 6 blocks, 3 a group
-    launched = []
+    grouped = quantised("fp8", 2 * 48, K, g).to(device)
+    tiles = []
     real = qgemv.launcher
-    monkeypatch.setattr(qgemv, "launcher", lambda fn, t: (launched.append(fn.__name__), real(fn, t))[1])
 
-    def walked(fn, walkers):
-        monkeypatch.setitem(qgemv.CONFIG, "v3_walk", walkers)
-        launched.clear()
-        out = fn()
-        return out, launched
+    class Recorded:  # a launcher whose launches note their tile and chunk
+        def __init__(self, fn, t):
+            self.kernel = real(fn, t)
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: (tiles.append((kw.get("BLOCK_K"), kw.get("K_CHUNK"))), self.kernel[grid](*a, **kw))[1]
+
+    monkeypatch.setattr(qgemv, "launcher", Recorded)
+
+    def run(fn, whole):
+        monkeypatch.setitem(qgemv.CONFIG, "v3_whole_chunk", whole)
+        tiles.clear()
+        return fn(), tiles[0]
 
     for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
         x = torch.randn(rows, K, generator=g).to(dtype).to(device)
         x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
         for fn in (lambda: qgemv.linear(x, w), lambda: qgemv.grouped_linear(x2, grouped, 2)):
-            plain, kernels_run = walked(fn, 0)
-            assert kernels_run[0] == "_qgemv3_kernel"
-            for walkers in (3, 5, 6):
-                got, kernels_run = walked(fn, walkers)
-                assert kernels_run == ["_qgemv3_walk_kernel"]
-                assert torch.equal(got, plain), (rows, dtype, walkers)
-            for walkers in (7, 1000):
-                got, kernels_run = walked(fn, walkers)
-                assert kernels_run[0] == "_qgemv3_kernel" and torch.equal(got, plain)
-        close(plain[:, 48:], torch.nn.functional.linear(x2.double()[:, K:], grouped.dequant(torch.float64)[48:]).to(
+            (loop, (block_k, chunk)), (whole, (whole_k, whole_chunk)) = run(fn, False), run(fn, True)
+            assert block_k == 256 and whole_chunk == chunk
+            assert whole_k == (chunk if chunk <= 1024 else 256)
+            assert torch.equal(whole, loop), (rows, dtype)
+        close(loop[:, 48:], torch.nn.functional.linear(x2.double()[:, K:], grouped.dequant(torch.float64)[48:]).to(
             dtype), dtype)
 
 

@@ -78,11 +78,14 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # DSV4_QGEMV_UNROLL=0 for the loop).
 # v3's FP8 tile loop is not unrolled: Triton pipelines it through shared memory (cp.async), and session 25 call 1
 # measured the unrolled form (the same bits) at one Flash layer's FP8 linears 55.7 us against 56.3 at one row, 60.9
-# against 60.7 at 16 (qgemv_bench, one process): removed again.
-# "v3_walk" (DSV4_QGEMV_V3_WALK=P; 0, off, by default: not yet run on a GPU): an FP8 launch of at least P N blocks
-# runs P programs that walk them, each block's K splits in turn (_qgemv3_walk_kernel): the same sums in the same order
-# (the same bits), one loop Triton pipelines across blocks (sm_90 SASS: cp.async, LDGSTS, where a (block, split)
-# program of two tiles has none), no partials or tickets. Fewer blocks (wq_a's 32) keep the split programs.
+# against 60.7 at 16 (qgemv_bench, one process): removed again. Nor did programs that walk several N blocks in one
+# pipelined loop (the same bits: 58.7 / 58.9 us with 128 of them, call 3). ncu on a Flash rank's wo_b at one row
+# (call 3): 512 programs of two 512-input tiles, all resident at once (0.65 waves), DRAM at 27 % of its peak, 44 % of
+# the warps' time waiting on loads: a program's second tile is loaded only after its first tile's dots (a loop of
+# one iteration is not pipelined), two DRAM round trips in series.
+# "v3_whole_chunk" (DSV4_QGEMV_V3_WHOLE_CHUNK=1; off by default, not yet run on a GPU): an FP8 program's K chunk (up to
+# 1,024 inputs) loaded as one tile, before its wait, so its loads are all in flight at once: the same splits, the
+# same 128-wide dots in the same order (the same bits).
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -95,7 +98,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v3_walk": int(os.environ.get("DSV4_QGEMV_V3_WALK", "0"))}
+          "v3_whole_chunk": os.environ.get("DSV4_QGEMV_V3_WHOLE_CHUNK", "0") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -537,71 +540,6 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
                  mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _qgemv3_walk_kernel(x_ptr, w_ptr, s_ptr, y_ptr, N, rows, x_stride, row_skew, BLOCKS, K: constexpr,
-                        S_STRIDE: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
-                        BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                        IEEE: constexpr, TILES: constexpr, STEPS: constexpr):
-    """_qgemv3_kernel's FP8 products by P programs that walk the N blocks pid, pid + P, ... (DSV4_QGEMV_V3_WALK), a
-    block's SPLITS chunks of K_CHUNK inputs (TILES tiles each) one after the other in one loop, so that Triton's
-    software pipeline runs on across chunks and blocks, where a program of one (block, split) (2 tiles of wo_b's
-    or wq_b's) drained it after each. The same bits as _qgemv3_kernel: each split's sum from zero, its 128-wide
-    blocks' dots times their scales added in K order; the splits' sums added from zero in ascending order, as its
-    ticketed sum (or _sum_splits_kernel) adds their fp32 partials; no partials stored, no ticket, no atomic (which
-    would keep the loop from being pipelined). Grid (P, 1, row tiles): STEPS = cdiv(BLOCKS, P) * SPLITS * TILES a
-    program, the last round's blocks past BLOCKS masked (a constant: one compile a weight shape)."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = m < rows
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # The first block's first tile before the wait (stored weights), as _qgemv3_kernel's.
-    nb, n, k, n_ok = _walk_at(pid, 0, programs, N, BLOCKS, SPLITS, TILES, BLOCK_N, BLOCK_K, K_CHUNK)
-    wq, sq = _fp8_tile3(w_ptr + n.to(tl.int64)[:, None] * K, s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE,
-                        n_ok, k, K, BLOCK_K)
-    pdl_wait()
-    acc, total = _walk_step(acc, total, wq, sq, 0, nb, n, k, n_ok, x_ptr, y_ptr, N, x_stride, m, m_ok, K, E8M0,
-                            GROUP_N, BLOCK_N, SPLITS, TILES, IEEE)
-    for t in range(1, STEPS):
-        nb, n, k, n_ok = _walk_at(pid, t, programs, N, BLOCKS, SPLITS, TILES, BLOCK_N, BLOCK_K, K_CHUNK)
-        wq, sq = _fp8_tile3(w_ptr + n.to(tl.int64)[:, None] * K,
-                            s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE, n_ok, k, K, BLOCK_K)
-        acc, total = _walk_step(acc, total, wq, sq, t, nb, n, k, n_ok, x_ptr, y_ptr, N, x_stride, m, m_ok, K, E8M0,
-                                GROUP_N, BLOCK_N, SPLITS, TILES, IEEE)
-
-
-@device_function
-def _walk_at(pid, t, programs, N, BLOCKS, SPLITS: constexpr, TILES: constexpr, BLOCK_N: constexpr,
-             BLOCK_K: constexpr, K_CHUNK: constexpr):
-    """The N block nb, its outputs n, first input k and outputs' mask of a walking program's step t: its block pid +
-    (t // (SPLITS * TILES)) * programs, that block's split (t // TILES) % SPLITS and the split's tile t % TILES; a
-    block past BLOCKS masks every output."""
-    nb = pid + (t // (SPLITS * TILES)) * programs
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    return nb, n, ((t // TILES) % SPLITS) * K_CHUNK + (t % TILES) * BLOCK_K, (n < N) & (nb < BLOCKS)
-
-
-@device_function
-def _walk_step(acc, total, wq, sq, t, nb, n, k, n_ok, x_ptr, y_ptr, N, x_stride, m, m_ok, K: constexpr,
-               E8M0: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr, SPLITS: constexpr, TILES: constexpr,
-               IEEE: constexpr):
-    """Step t of _qgemv3_walk_kernel with its tile (wq, sq) at block nb's outputs n, input k: the split's sum from zero at its
-    first tile, this tile's dots added; at the split's last tile the sum added to the block's total (from zero at
-    its first split), and at the block's last the total stored."""
-    kt = t % TILES
-    x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
-    if GROUP_N > 0:
-        x_rows += ((nb * BLOCK_N) // GROUP_N) * K
-    acc = tl.where(kt == 0, tl.zeros_like(acc), acc)
-    acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K, E8M0, IEEE)
-    if kt == TILES - 1:
-        total = tl.where((t // TILES) % SPLITS == 0, tl.zeros_like(total), total) + acc
-        if (t // TILES) % SPLITS == SPLITS - 1:
-            tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], total.to(y_ptr.dtype.element_ty),
-                     mask=m_ok[:, None] & n_ok[None, :])
-    return acc, total
-
-
 @device_function
 def _fp4_dot3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, BLOCK_K: constexpr, IEEE: constexpr):
     """acc plus x's rows times _qgemv3_kernel's FP4 tile at input k, from its stored bytes and scales (_fp4_stored):
@@ -765,24 +703,19 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     blocks, tiles = cdiv(N, block_n), cdiv(K, block_k)
     k_chunk = cdiv(tiles, splits_for(blocks, tiles)) * block_k  # from the weight alone, as v2's
     splits = cdiv(K, k_chunk)
+    if c["v3_whole_chunk"] and not fp4 and k_chunk <= 1024:
+        block_k = k_chunk  # the splits above are block_k's: the same bits
     row_tiles = cdiv(rows, BLOCK_M)
-    # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
-    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
-    common = dict(K=K, S_STRIDE=scale.shape[-1], E8M0=scale.dtype == torch.uint8, GROUP_N=group_n, BLOCK_M=BLOCK_M,
-                  BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-                  IEEE=x.dtype == torch.float32 or interpreting(), **extra)
-    skew = w.row0 % FP8_BLOCK if not fp4 else 0
-    walkers = c["v3_walk"]
-    if walkers and not fp4 and blocks >= walkers:  # fewer blocks: the split programs fill the GPU, not walkers
-        launcher(_qgemv3_walk_kernel, x)[(walkers, 1, row_tiles)](
-            x, data, scale, y, N, rows, x.stride(0), skew, blocks, TILES=k_chunk // block_k,
-            STEPS=cdiv(blocks, walkers) * splits * (k_chunk // block_k), **common)
-        return y
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
+    # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
+    extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
     launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
-        x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0), skew,
-        FP4=fp4, FUSED_SUM=tickets is not None, **common)
+        x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
+        w.row0 % FP8_BLOCK if not fp4 else 0,
+        K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y

@@ -1,8 +1,9 @@
-"""From a `qgemv_bench.py --rows 1,16` output: the v3_walkP arm worth taking further, or nothing. Its P is printed
-when every shape it ran kept v3's bits (bits_as_v3_default) and each row's own (rows_exact), and its layer time
-beat v3_default's by 5 % at every row count; the fastest such arm by the sum over row counts.
+"""From a `qgemv_bench.py --rows 1,16` output: the v3 arm (its name matching a regex) worth taking further, or
+nothing. Its name is printed when every shape it ran kept v3's bits (bits_as_v3_default) and each row's own
+(rows_exact), and its layer time beat v3_default's by 5 % at every row count; the fastest such arm by the sum over
+row counts.
 
-    python benchmarks/pick_walk.py qgemv_walk.txt
+    python benchmarks/pick_arm.py qgemv_rows.txt '^v3_whole'
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 import sys
 
 
-def pick(lines: list[str]) -> int | None:
+def pick(arms: str, lines: list[str]) -> str | None:
     layer, exact = {}, {}
     for line in lines:
         tag, _, body = line.partition(" ")
@@ -25,17 +26,15 @@ def pick(lines: list[str]) -> int | None:
     base = layer.get("v3_default", {})
     best = None
     for arm, times in layer.items():
-        m = re.fullmatch(r"v3_walk(\d+)", arm)
-        if not m or not exact.get(arm) or set(times) != set(base) or not base:
+        if arm == "v3_default" or not re.search(arms, arm) or not exact.get(arm) or set(times) != set(base) or not base:
             continue
         if all(times[r] < 0.95 * base[r] for r in base):
             total = sum(times.values())
             if best is None or total < best[0]:
-                best = (total, int(m.group(1)))
+                best = (total, arm)
     return None if best is None else best[1]
 
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        walkers = pick(f.read().splitlines())
-    print(walkers if walkers is not None else "")
+        print(pick(sys.argv[2], f.read().splitlines()) or "")
