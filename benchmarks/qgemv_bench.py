@@ -105,10 +105,8 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # 87.9 / 92.4 us against the default's 57.9 / 62.5 (the same bits); 64 outputs a program 49.6 / 63.2 us, other
     # bits in 3 of 8 shapes (fewer N blocks, more K splits); Triton's pipeline stages 2-4 changed nothing (57.9-58.5).
     # Session 25 call 1: the FP8 loop unrolled (same bits) 55.7 / 60.9 against 56.3 / 60.7: removed.
-    # Session 25 call 3: P programs walking the N blocks (the same bits) 58.7 / 58.9 us (128 of them): removed.
-    # DSV4_QGEMV_V3_WHOLE_CHUNK: a program's K chunk (<= 1,024 inputs) one tile, its loads all in flight (same bits)
-    "v3_whole": {"kernel": "v3", "v3_whole_chunk": True},
-    "v3_whole_w8": {"kernel": "v3", "v3_whole_chunk": True, "v3_num_warps": 8},
+    # Session 25 (the same bits, removed): P programs walking the N blocks 58.7 / 58.9 us (128 of them, call 3); a
+    # program's K chunk one tile 67.4 / 71.3 (call 4; with 8 warps 111.4 / 114.9), against v3's 55.5 / 59.7.
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
 }

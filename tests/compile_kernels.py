@@ -410,16 +410,14 @@ for cfg, rows, dtype, scale_dtype in (({"v2_fused_sum": False}, 8, torch.bfloat1
     qgemv.CONFIG.update(default)
 
 # v3 (tensor-core tiles of 16 rows; the routed experts stay on v2): a solo step (1 row) and a batched one (16), bf16
-# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; a K chunk a
-# tile (DSV4_QGEMV_V3_WHOLE_CHUNK=1); the wider tiles the benchmark sweeps
+# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the wider
+# tiles the benchmark sweeps
 for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v2_fused_sum": False}, 16, torch.bfloat16, torch.float8_e8m0fnu, False),
                                              ({}, 16, torch.float32, torch.float32, False),
-                                             ({"v3_whole_chunk": True}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
-                                             ({"v3_whole_chunk": True}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v3_block_n": 64, "v3_block_k_fp8": 128}, 16, torch.bfloat16,
-                                              torch.float8_e8m0fnu, False))[:7 if SWEEPS else 6]:
+                                              torch.float8_e8m0fnu, False))[:5 if SWEEPS else 4]:
     qgemv.CONFIG.update(kernel="v3", **cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every)
     qgemv.CONFIG.update(default)

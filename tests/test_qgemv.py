@@ -380,50 +380,6 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("K,split_k,fused_sum", [(640, 1, True), (1152, 2, True), (1024, 2, False), (2048, 0, True),
-                                                 (1536, 1, True)],
-                         ids=["three_tiles_masked_tail", "split_with_a_masked_tail", "split_summed_apart",
-                              "splits_from_the_programs", "a_chunk_past_1024"])
-def test_v3_whole_chunk_keeps_the_bits(monkeypatch, device, K, split_k, fused_sum):
-    """DSV4_QGEMV_V3_WHOLE_CHUNK: an FP8 v3 program's K chunk loaded as one tile gives the bits of its tiles in a
-    loop: the same splits (from the default tile's count; split_k 0: v2's rule by the programs), the same 128-wide
-    dots in the same order. Chunks past 1,024 inputs keep the loop. N not a whole number of blocks; 1, 16 and 17 rows
-    (one row tile padded, one full, two); bf16 and fp32 x; the grouped wo_a; against float64 too."""
-    for key, value in {**V3, "v2_split_k": split_k, "v2_fused_sum": fused_sum}.items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
-    g = torch.Generator().manual_seed(K + 11)
-    w = quantised("fp8", 84, K, g).to(device)  # 6 blocks of 16 outputs, the last 4 of 16
-    grouped = quantised("fp8", 2 * 48, K, g).to(device)
-    tiles = []
-    real = qgemv.launcher
-
-    class Recorded:  # a launcher whose launches note their tile and chunk
-        def __init__(self, fn, t):
-            self.kernel = real(fn, t)
-
-        def __getitem__(self, grid):
-            return lambda *a, **kw: (tiles.append((kw.get("BLOCK_K"), kw.get("K_CHUNK"))), self.kernel[grid](*a, **kw))[1]
-
-    monkeypatch.setattr(qgemv, "launcher", Recorded)
-
-    def run(fn, whole):
-        monkeypatch.setitem(qgemv.CONFIG, "v3_whole_chunk", whole)
-        tiles.clear()
-        return fn(), tiles[0]
-
-    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (17, torch.bfloat16)):
-        x = torch.randn(rows, K, generator=g).to(dtype).to(device)
-        x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
-        for fn in (lambda: qgemv.linear(x, w), lambda: qgemv.grouped_linear(x2, grouped, 2)):
-            (loop, (block_k, chunk)), (whole, (whole_k, whole_chunk)) = run(fn, False), run(fn, True)
-            assert block_k == 256 and whole_chunk == chunk
-            assert whole_k == (chunk if chunk <= 1024 else 256)
-            assert torch.equal(whole, loop), (rows, dtype)
-        close(loop[:, 48:], torch.nn.functional.linear(x2.double()[:, K:], grouped.dequant(torch.float64)[48:]).to(
-            dtype), dtype)
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2)], ids=["masked_second_tile", "split_with_a_masked_tail"])
 def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
     """v2's FP8 tile loop unrolled at compile time or not (v2_unroll): the same bits (test_v2_early_tile_keeps_the_bits

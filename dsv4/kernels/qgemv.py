@@ -78,14 +78,14 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # DSV4_QGEMV_UNROLL=0 for the loop).
 # v3's FP8 tile loop is not unrolled: Triton pipelines it through shared memory (cp.async), and session 25 call 1
 # measured the unrolled form (the same bits) at one Flash layer's FP8 linears 55.7 us against 56.3 at one row, 60.9
-# against 60.7 at 16 (qgemv_bench, one process): removed again. Nor did programs that walk several N blocks in one
-# pipelined loop (the same bits: 58.7 / 58.9 us with 128 of them, call 3). ncu on a Flash rank's wo_b at one row
-# (call 3): 512 programs of two 512-input tiles, all resident at once (0.65 waves), DRAM at 27 % of its peak, 44 % of
-# the warps' time waiting on loads: a program's second tile is loaded only after its first tile's dots (a loop of
-# one iteration is not pipelined), two DRAM round trips in series.
-# "v3_whole_chunk" (DSV4_QGEMV_V3_WHOLE_CHUNK=1; off by default, not yet run on a GPU): an FP8 program's K chunk (up to
-# 1,024 inputs) loaded as one tile, before its wait, so its loads are all in flight at once: the same splits, the
-# same 128-wide dots in the same order (the same bits).
+# against 60.7 at 16 (qgemv_bench, one process): removed again. Nor did two other load schedules, each the same bits
+# (qgemv_bench, one Flash layer's FP8 linears at 1 / 16 rows, against 55.5-56.3 / 59.7-60.7 us): programs that walk
+# several N blocks in one software-pipelined loop (call 3: 128 of them 58.7 / 58.9 us), and a program's K chunk
+# loaded as one tile (call 4: 67.4 / 71.3). ncu on a Flash rank's wo_b at one row (call 3): 512 programs of two
+# 512-input tiles all resident at once (0.65 waves, 80 registers), DRAM at 27 % of its peak, 44 % of the warps' time
+# waiting on loads; sm_90 SASS: every 128-wide block's x and weights pass through shared memory (LDG, STS, a
+# barrier, LDS / LDSM) before its products. Triton's code for this mixed-precision dot, not the load order, is what
+# holds v3 at a third of the bandwidth; a hand-laid kernel (as moe_gl's) is the next step.
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -97,8 +97,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
-          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v3_whole_chunk": os.environ.get("DSV4_QGEMV_V3_WHOLE_CHUNK", "0") == "1"}
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -703,8 +702,6 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     blocks, tiles = cdiv(N, block_n), cdiv(K, block_k)
     k_chunk = cdiv(tiles, splits_for(blocks, tiles)) * block_k  # from the weight alone, as v2's
     splits = cdiv(K, k_chunk)
-    if c["v3_whole_chunk"] and not fp4 and k_chunk <= 1024:
-        block_k = k_chunk  # the splits above are block_k's: the same bits
     row_tiles = cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
