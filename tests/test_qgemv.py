@@ -386,7 +386,8 @@ def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
     holds the first tile summed before the loop to the plain loop). Two tiles a program, the second masked, 1 and 9
     rows (v2_rows groups of 8 with a repeated last row). Two splits (summed by the ticket) whose last runs past K;
     bf16 and fp32 x, and the grouped wo_a; against float64 too."""
-    unroll_key, config, row_counts = "v2_unroll", {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}, (1, 9)
+    unroll_key, row_counts = "v2_unroll", (1, 9)
+    config = {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}
     for key, value in {**config, "v2_split_k": split_k}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
     g = torch.Generator().manual_seed(K + 5)
