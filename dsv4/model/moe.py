@@ -280,11 +280,11 @@ def _shared_tiles(x) -> bool:
 def _shared_fused(x, s: dict) -> bool:
     """Whether the shared expert's gate/up runs in the fused kernel 1 (dsv4.kernels.moe). With dsv4.kernels.moe
     CONFIG shared_prefill_tiles (on since session 25; DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off) not in a short
-    prefill chunk whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"): there its gate and up are two of those GEMVs,
-    each row's bits still its own (other bits than the fused kernel's). Session 22 call 2 (prefill_batch_bench,
-    mini, one H200): in a 16 x 63 grouped wave the fused kernel's CUDA-core products over 1,008 rows took 28.3 of
-    the wave's 95 ms; session 25 call 1, the wave in one process: 88.4 -> 71.8 ms (58.1 with moe_tc's wave tiles)
-    (benchmarks/RESULTS.md)."""
+    prefill chunk whose GEMVs take the tensor-core tiles (rows.step_gemv "v3"): there its gate and up are two of
+    those GEMVs, each row's bits still its own (other bits than the fused kernel's). Session 22 call 2
+    (prefill_batch_bench, mini, one H200): in a 16 x 63 grouped wave the fused kernel's CUDA-core products over
+    1,008 rows took 28.3 of the wave's 95 ms; session 25 call 1, the wave in one process: 88.4 -> 71.8 ms (58.1
+    with moe_tc's wave tiles) (benchmarks/RESULTS.md)."""
     if _shared_tiles(x):
         return False
     return fused_moe.shared_supported(x, s["w1"], s["w3"], rows_per_weight(x)) and kernels.use_triton(
