@@ -233,6 +233,23 @@ def test_warm_prefill_leaves_fresh_slots_and_the_same_tokens(model, monkeypatch)
     assert all(slot.host_pos == 0 for slot in short.slots)
 
 
+def warmed_lengths(model, monkeypatch, **options) -> list[list[int]]:
+    """Warm a Scheduler(model, **options): the chunk lengths of each prefill forward its warm-up ran. Its slots are
+    fresh after and it serves the tokens of a scheduler that never warmed."""
+    jobs = grouped_jobs(model)
+    expected = served(Scheduler(model, **options), jobs)
+    sched = Scheduler(model, **options)
+    lengths, real = [], model.prefill_batch
+    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: (lengths.append([len(c) for c in chunks]),
+                                                                        real(states, chunks))[1])
+    sched.warm_prefill()
+    monkeypatch.setattr(model, "prefill_batch", real)
+    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
+    assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
+    assert served(sched, jobs) == expected
+    return lengths
+
+
 def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
     """A server whose prompts reach long chunks (prefill_chunk past the short chunks' 128 tokens) warms, after the
     short forwards, one slot's chunks of 31 to 128 tokens (a power of two and one less), then its long chunks (dsv4.model.moe.long_tile_chunks: tiny's 8 experts, 2 a token, reach
@@ -240,20 +257,10 @@ def test_warm_prefill_runs_each_long_tile_shapes_chunks(model, monkeypatch):
     scheduler that never warmed."""
     from dsv4.model.moe import long_tile_chunks
 
-    jobs = grouped_jobs(model)
-    expected = served(Scheduler(model, max_num_seqs=2, max_model_len=256, prefill_chunk=200), jobs)
-    sched = Scheduler(model, max_num_seqs=2, max_model_len=256, prefill_chunk=200)
-    lengths, real = [], model.prefill_batch
-    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: (lengths.append([len(c) for c in chunks]),
-                                                                        real(states, chunks))[1])
-    sched.warm_prefill()
+    lengths = warmed_lengths(model, monkeypatch, max_num_seqs=2, max_model_len=256, prefill_chunk=200)
     assert long_tile_chunks(model.cfg, 200) == [192, 191]
     # the short forwards, then a chunk a power of two (geometry's compiles) and its length less one, then the long
     assert lengths == [[15, 15], [16], [31], [32], [63], [64], [127], [128], [192], [191]]
-    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
-    assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
-    monkeypatch.setattr(model, "prefill_batch", real)
-    assert served(sched, jobs) == expected
 
 
 @pytest.mark.parametrize("wave_tiles", [True, False], ids=["wave_tiles", "no_wave_tiles"])
@@ -266,19 +273,9 @@ def test_warm_prefill_runs_a_wave_for_each_wave_tile_shape(model, monkeypatch, w
     from dsv4.kernels import moe_tc
 
     monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", wave_tiles)
-    jobs = grouped_jobs(model)
-    expected = served(Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=32), jobs)
-    sched = Scheduler(model, max_num_seqs=4, max_model_len=64, prefill_chunk=32)
-    lengths, real = [], model.prefill_batch
-    monkeypatch.setattr(model, "prefill_batch", lambda states, chunks: (lengths.append([len(c) for c in chunks]),
-                                                                        real(states, chunks))[1])
-    sched.warm_prefill()
+    lengths = warmed_lengths(model, monkeypatch, max_num_seqs=4, max_model_len=64, prefill_chunk=32)
     waves = [[32] * 4] if wave_tiles else []
     assert lengths == [[15] * 4, [15, 15], [16], *waves, [31], [32]]
-    assert all(slot.host_pos == 0 and slot.quarantine is None for slot in sched.slots)
-    assert all(not t.any() for slot in sched.slots for _, t in slot.committed())
-    monkeypatch.setattr(model, "prefill_batch", real)
-    assert served(sched, jobs) == expected
 
 
 def test_wave_tile_waves_reach_each_tile_once(monkeypatch):
