@@ -14,7 +14,7 @@ step 80 "$OUT/qgemv_whole.txt" python benchmarks/qgemv_bench.py --rows 1,16 --ar
 step 35 "$OUT/ncu_wo_b_whole.txt" ncu --clock-control none --kernel-name regex:qgemv3 --launch-skip 2 \
   --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
   python benchmarks/qgemv_one.py --n 4096 --k 4096 --rows 1 --set kernel=v3 --set v3_whole_chunk=1
-ARM=$(python benchmarks/pick_arm.py "$OUT/qgemv_whole.txt" '^v3_whole$')
+ARM=$(python benchmarks/pick_arm.py "$OUT/qgemv_whole.txt" '^v3_whole$' | sed -n 's/^PICK {"arm":"\([^"]*\)".*/\1/p')
 echo "picked: ${ARM:-none}" > "$OUT/picked.txt"
 if [ -n "$ARM" ]; then
   export DSV4_QGEMV_V3_WHOLE_CHUNK=1

@@ -1,7 +1,7 @@
 """From a `qgemv_bench.py --rows 1,16` output: the v3 arm (its name matching a regex) worth taking further, or
 nothing. Its name is printed when every shape it ran kept v3's bits (bits_as_v3_default) and each row's own
 (rows_exact), and its layer time beat v3_default's by 5 % at every row count; the fastest such arm by the sum over
-row counts.
+row counts. One record: PICK {"arm": name or null, "arms": the regex, "source": the file}.
 
     python benchmarks/pick_arm.py qgemv_rows.txt '^v3_whole'
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+
+from dsv4.receipts import emit
 
 
 def pick(arms: str, lines: list[str]) -> str | None:
@@ -37,4 +39,4 @@ def pick(arms: str, lines: list[str]) -> str | None:
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        print(pick(sys.argv[2], f.read().splitlines()) or "")
+        emit("PICK", arm=pick(sys.argv[2], f.read().splitlines()), arms=sys.argv[2], source=sys.argv[1])

@@ -13,6 +13,7 @@ import torch
 
 from dsv4.formats import QWeight
 from dsv4.kernels import qgemv
+from dsv4.receipts import emit, provenance
 
 
 def main():
@@ -36,7 +37,8 @@ def main():
     for _ in range(args.launches):
         y = qgemv.linear(x, w)
     torch.cuda.synchronize()
-    print("QGEMV_ONE", args.n, args.k, args.rows, dict(qgemv.CONFIG), float(y.float().abs().sum()))
+    emit("QGEMV_ONE", provenance("cuda"), n=args.n, k=args.k, rows=args.rows, launches=args.launches,
+         config=dict(qgemv.CONFIG), abs_sum=float(y.float().abs().sum()))
 
 
 if __name__ == "__main__":
