@@ -47,6 +47,7 @@ PDL = kernels.PDL
 pdl_variants: set = set()  # (kernel, launch_pdl) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
+         "_qgemv3t_kernel": {"w_ptr", "s_ptr"},
          "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
@@ -410,14 +411,16 @@ for cfg, rows, dtype, scale_dtype in (({"v2_fused_sum": False}, 8, torch.bfloat1
     qgemv.CONFIG.update(default)
 
 # v3 (tensor-core tiles of 16 rows; the routed experts stay on v2): a solo step (1 row) and a batched one (16), bf16
-# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the wider
-# tiles the benchmark sweeps
+# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the swapped
+# operands (DSV4_QGEMV_V3_SWAP=1); the wider tiles the benchmark sweeps
 for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v2_fused_sum": False}, 16, torch.bfloat16, torch.float8_e8m0fnu, False),
                                              ({}, 16, torch.float32, torch.float32, False),
+                                             ({"v3_swap": True}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
+                                             ({"v3_swap": True}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v3_block_n": 64, "v3_block_k_fp8": 128}, 16, torch.bfloat16,
-                                              torch.float8_e8m0fnu, False))[:5 if SWEEPS else 4]:
+                                              torch.float8_e8m0fnu, False))[:7 if SWEEPS else 6]:
     qgemv.CONFIG.update(kernel="v3", **cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every)
     qgemv.CONFIG.update(default)

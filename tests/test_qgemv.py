@@ -309,6 +309,47 @@ def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
         assert torch.equal(fn(x[[17, 2, 5]], w)[0:1], alone[17])
 
 
+@pytest.mark.parametrize("device,splits", per_device([(1,), (3,)]))
+def test_v3_swap_each_row_alone_and_the_reference(monkeypatch, device, splits):
+    """DSV4_QGEMV_V3_SWAP: v3's FP8 products with the operands swapped (the weight tile the dot's A operand, the
+    rows its columns). Every row of B = 1, 3, 16, 19 rows has the bits of that row launched alone, split-K off or 3
+    with the splits summed in the launch (tickets back at 0) or in a second one; a row in another position of
+    another batch too; within v3's tolerance of the float64 reference (FP8 rows starting inside a scale block with
+    fp32 x, the grouped wo_a with bf16 x). The swapped kernel runs where it takes the weight (FP8, groups of whole
+    blocks), v3's elsewhere (FP4; a group of 16 rows under 32-row blocks)."""
+    for key, value in {**V3, "v2_split_k": splits, "v3_swap": True, "v3_swap_block_n": 16}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    launched = []
+    real = qgemv.launcher
+    monkeypatch.setattr(qgemv, "launcher", lambda fn, t: (launched.append(fn.__name__), real(fn, t))[1])
+    g = torch.Generator().manual_seed(20 + splits)
+    for w, fn, K, dtype in v3_cases("fp8", g):
+        w = w.to(device)
+        x = torch.randn(19, K, generator=g).to(dtype).to(device)
+        launched.clear()
+        alone = [fn(x[r:r + 1], w) for r in range(19)]
+        assert set(launched) <= {"_qgemv3t_kernel", "_sum_splits_kernel"} and "_qgemv3t_kernel" in launched
+        for B in (1, 3, 16, 19):
+            for fused in ((False, True) if splits > 1 else (True,)):
+                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+                got = fn(x[:B], w)
+                for r in range(B):
+                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
+                assert not qgemv.tickets_for(1, x.device).any()
+        assert torch.equal(fn(x[[17, 2, 5]], w)[0:1], alone[17])
+        wd, half = w.dequant(torch.float64), w.shape[0] // 2
+        ref = torch.nn.functional.linear(x.double(), wd) if fn is qgemv.linear else torch.cat(
+            [torch.nn.functional.linear(x.double()[:, :w.shape[1]], wd[:half]),
+             torch.nn.functional.linear(x.double()[:, w.shape[1]:], wd[half:])], 1)
+        close(fn(x, w), ref.to(dtype), dtype)
+    for w, fn, K, dtype in v3_cases("fp4", g) + [(quantised("fp8", 2 * 16, 256, g),
+                                                  lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]:
+        monkeypatch.setitem(qgemv.CONFIG, "v3_swap_block_n", 32)
+        launched.clear()
+        fn(torch.randn(2, K, generator=g).to(dtype).to(device), w.to(device))
+        assert "_qgemv3_kernel" in launched and "_qgemv3t_kernel" not in launched
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,T,N,K,dtype", [("fp8", 3, 300, 640, torch.float32), ("fp8", 17, 256, 200, torch.bfloat16),
                                              ("fp4", 2, 96, 256, torch.float32), ("fp4", 5, 40, 160, torch.bfloat16)])
