@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# DSV4_QGEMV_V3_WALK and benchmarks/pick_walk.py were removed after this call (no gain); the script stays as the record of what ran (benchmarks/RESULTS.md, session 25).
 # Session 25 call 3 (one H200, <= 9.5 min): DSV4_QGEMV_V3_WALK=P (off by default, never run on a GPU): v3's FP8
 # launches of at least P N blocks run P programs that walk the blocks, each block's K splits in turn, in one loop
 # Triton pipelines (offline sm_90 SASS: cp.async where a program of one (block, split) has none); the same bits.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# DSV4_QGEMV_V3_WHOLE_CHUNK was removed after this call (slower); the script stays as the record of what ran (benchmarks/RESULTS.md, session 25).
 # Session 25 call 4 (one H200, <= 9.5 min): DSV4_QGEMV_V3_WHOLE_CHUNK=1 (off by default, never run on a GPU): a v3
 # FP8 program's K chunk (<= 1,024 inputs) loaded as one tile, so that all its weight loads are issued before its first
 # product (offline sm_90 SASS of a Flash rank's wo_b: where the loop issues the second tile's loads only after half of
