@@ -47,7 +47,6 @@ PDL = kernels.PDL
 pdl_variants: set = set()  # (kernel, launch_pdl) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
 EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qgemv3_kernel": {"w_ptr", "s_ptr"},
-         "_qgemv3t_kernel": {"w_ptr", "s_ptr"},
          "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},

@@ -171,18 +171,8 @@ def test_v2_rows_each_row_alone(monkeypatch, device, fmt, splits):
     else:
         cases = [(quantised("fp4", 20, 160, g), qgemv.linear, 160, torch.float32)]
     for w, fn, K, dtype in cases:  # fp32 outputs show every bit of the sums
-        w = w.to(device)
-        x = torch.randn(11, K, generator=g).to(dtype).to(device)
-        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 1)
-        alone = [fn(x[r:r + 1], w) for r in range(11)]
-        monkeypatch.setitem(qgemv.CONFIG, "v2_rows", 8)
-        for B in (1, 3, 8, 11):
-            for fused in ((False, True) if splits > 1 else (True,)):
-                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
-                got = fn(x[:B], w)
-                for r in range(B):
-                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
-                assert not qgemv.tickets_for(1, x.device).any()
+        each_row_alone(monkeypatch, fn, torch.randn(11, K, generator=g).to(dtype).to(device), w.to(device), splits,
+                       sizes=(1, 3, 8, 11), alone={"v2_rows": 1}, batched={"v2_rows": 8})
 
 
 def test_v2_rows_per_program():
@@ -296,47 +286,59 @@ def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
         monkeypatch.setitem(qgemv.CONFIG, key, value)
     g = torch.Generator().manual_seed(10 + splits)
     for w, fn, K, dtype in v3_cases(fmt, g):
-        w = w.to(device)
-        x = torch.randn(19, K, generator=g).to(dtype).to(device)
-        alone = [fn(x[r:r + 1], w) for r in range(19)]
-        for B in (1, 3, 16, 19):
-            for fused in ((False, True) if splits > 1 else (True,)):
-                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
-                got = fn(x[:B], w)
-                for r in range(B):
-                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
-                assert not qgemv.tickets_for(1, x.device).any()
-        assert torch.equal(fn(x[[17, 2, 5]], w)[0:1], alone[17])
+        each_row_alone(monkeypatch, fn, torch.randn(19, K, generator=g).to(dtype).to(device), w.to(device), splits)
+
+
+def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19), alone=(), batched=()):
+    """Every row of fn(x[:B], w) for B in sizes (v3's: one row tile with padding, a full one, two tiles) equal to
+    that row launched alone (under qgemv CONFIG `alone`, the batches under `batched`), the splits summed in the
+    launch (tickets back at 0) and, split, in a second launch; a row in another position of another batch too."""
+    for key, value in dict(alone).items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    rows = [fn(x[r:r + 1], w) for r in range(max(sizes))]
+    for key, value in dict(batched).items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    for B in sizes:
+        for fused in ((False, True) if splits > 1 else (True,)):
+            monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
+            got = fn(x[:B], w)
+            for r in range(B):
+                assert torch.equal(got[r:r + 1], rows[r]), (B, fused, r)
+            assert not qgemv.tickets_for(1, x.device).any()
+    last = max(sizes) - 1
+    assert torch.equal(fn(x[[last, 2, 0]], w)[0:1], rows[last])
 
 
 @pytest.mark.parametrize("device,splits", per_device([(1,), (3,)]))
 def test_v3_swap_each_row_alone_and_the_reference(monkeypatch, device, splits):
     """DSV4_QGEMV_V3_SWAP: v3's FP8 products with the operands swapped (the weight tile the dot's A operand, the
-    rows its columns). Every row of B = 1, 3, 16, 19 rows has the bits of that row launched alone, split-K off or 3
-    with the splits summed in the launch (tickets back at 0) or in a second one; a row in another position of
-    another batch too; within v3's tolerance of the float64 reference (FP8 rows starting inside a scale block with
-    fp32 x, the grouped wo_a with bf16 x). The swapped kernel runs where it takes the weight (FP8, groups of whole
-    blocks), v3's elsewhere (FP4; a group of 16 rows under 32-row blocks)."""
+    rows its columns): each row's bits its own (each_row_alone: B = 1, 3, 16, 19, split-K off or 3 with both split
+    sums), within v3's tolerance of the float64 reference (FP8 rows starting inside a scale block with fp32 x, the
+    grouped wo_a with bf16 x). It runs where it takes the weight (FP8, groups of whole blocks), v3's products
+    elsewhere (FP4; a group of 16 rows under 32-row blocks)."""
     for key, value in {**V3, "v2_split_k": splits, "v3_swap": True, "v3_swap_block_n": 16}.items():
         monkeypatch.setitem(qgemv.CONFIG, key, value)
-    launched = []
+    swapped = []
     real = qgemv.launcher
-    monkeypatch.setattr(qgemv, "launcher", lambda fn, t: (launched.append(fn.__name__), real(fn, t))[1])
+
+    class Noted:  # a launcher that notes whether each v3 launch swaps
+        def __init__(self, fn, t):
+            self.fn, self.kernel = fn, real(fn, t)
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                if self.fn is qgemv._qgemv3_kernel:
+                    swapped.append(kw.get("SWAP", False))
+                return self.kernel[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(qgemv, "launcher", Noted)
     g = torch.Generator().manual_seed(20 + splits)
     for w, fn, K, dtype in v3_cases("fp8", g):
-        w = w.to(device)
-        x = torch.randn(19, K, generator=g).to(dtype).to(device)
-        launched.clear()
-        alone = [fn(x[r:r + 1], w) for r in range(19)]
-        assert set(launched) <= {"_qgemv3t_kernel", "_sum_splits_kernel"} and "_qgemv3t_kernel" in launched
-        for B in (1, 3, 16, 19):
-            for fused in ((False, True) if splits > 1 else (True,)):
-                monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
-                got = fn(x[:B], w)
-                for r in range(B):
-                    assert torch.equal(got[r:r + 1], alone[r]), (B, fused, r)
-                assert not qgemv.tickets_for(1, x.device).any()
-        assert torch.equal(fn(x[[17, 2, 5]], w)[0:1], alone[17])
+        w, x = w.to(device), torch.randn(19, K, generator=g).to(dtype).to(device)
+        swapped.clear()
+        each_row_alone(monkeypatch, fn, x, w, splits)
+        assert swapped and all(swapped)
         wd, half = w.dequant(torch.float64), w.shape[0] // 2
         ref = torch.nn.functional.linear(x.double(), wd) if fn is qgemv.linear else torch.cat(
             [torch.nn.functional.linear(x.double()[:, :w.shape[1]], wd[:half]),
@@ -345,9 +347,9 @@ def test_v3_swap_each_row_alone_and_the_reference(monkeypatch, device, splits):
     for w, fn, K, dtype in v3_cases("fp4", g) + [(quantised("fp8", 2 * 16, 256, g),
                                                   lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]:
         monkeypatch.setitem(qgemv.CONFIG, "v3_swap_block_n", 32)
-        launched.clear()
+        swapped.clear()
         fn(torch.randn(2, K, generator=g).to(dtype).to(device), w.to(device))
-        assert "_qgemv3_kernel" in launched and "_qgemv3t_kernel" not in launched
+        assert swapped and not any(swapped)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -87,12 +87,12 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # barrier, LDS / LDSM) before its products. Triton's code for this mixed-precision dot, not the load order, is what
 # holds v3 at a third of the bandwidth; a hand-laid kernel (as moe_gl's) is the next step.
 # "v3_swap" (DSV4_QGEMV_V3_SWAP=1; off by default, not yet run on a GPU): v3's FP8 products with the operands swapped
-# (_qgemv3t_kernel: y^T = W x^T, the weight tile the dot's A operand, "v3_swap_block_n" outputs a program, the rows
-# its 16 columns, split-K toward "v3_swap_programs" programs). On sm_90 that dot is one warpgroup MMA (HGMMA 64x16x16)
-# a 16-input step with A, the widened weight, in registers and x in shared memory; the fp8 tile still passes
-# through shared memory on its way to the MMA's register layout (offline SASS, a Flash rank's wo_b: 19 barriers a
-# program against v3's 35; with several tiles a program the loop is software-pipelined, cp.async). Other bits than
-# v3 (another MMA, another split of K), each row's still its own: an MMA's column j reads x's row j only.
+# (_qgemv3_kernel's SWAP: y^T = W x^T, the weight tile the dot's A operand, "v3_swap_block_n" outputs a program, the
+# rows its 16 columns, split-K toward "v3_swap_programs" programs). On sm_90 that dot is one warpgroup MMA (HGMMA
+# 64x16x16) a 16-input step with A, the widened weight, in registers and x in shared memory; the fp8 tile still
+# passes through shared memory on its way to the MMA's register layout (offline SASS, a Flash rank's wo_b: 19
+# barriers a program against v3's 35; with several tiles a program the loop is software-pipelined, cp.async). Other
+# bits than v3 (another MMA, another split of K), each row's still its own: an MMA's column j reads x's row j only.
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -503,12 +503,13 @@ def _dot(a, b, acc, IEEE: constexpr):
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr):
+                   FUSED_SUM: constexpr, IEEE: constexpr, SWAP: constexpr = False):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
     experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
-    on from the second; the dots are the loop's, in its order."""
+    on from the second; the dots are the loop's, in its order. SWAP (FP8, CONFIG v3_swap): each dot's operands
+    swapped, W @ x^T into a [BLOCK_N, BLOCK_M] sum, turned back before it is stored."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -519,7 +520,10 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     if GROUP_N > 0:
         x_rows += ((nb * BLOCK_N) // GROUP_N) * K
     k_lo = split * K_CHUNK
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FP4:
         wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo, K, S_STRIDE, BLOCK_K)
         pdl_wait()
@@ -532,10 +536,12 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
         s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
         wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
         pdl_wait()
-        acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE)
+        acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE, SWAP)
         for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
             wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
+            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
     if SPLITS == 1:
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -545,57 +551,6 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
-
-
-def _qgemv3t_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
-                    S_STRIDE: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr, BLOCK_N: constexpr,
-                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr,
-                    IEEE: constexpr):
-    """_qgemv3_kernel's FP8 products transposed (CONFIG v3_swap): a program's tile is [BLOCK_N outputs, BLOCK_M
-    rows], each 128-wide block's dot W[n, k] @ x[m, k]^T (fp32) times its scale, added in K order; the splits and
-    their sum as _qgemv3_kernel's. The first K tile is loaded before pdl_wait. Grid (N blocks, SPLITS, row
-    tiles)."""
-    nb = tl.program_id(0)
-    split = tl.program_id(1)
-    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = m < rows
-    n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < N
-    x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
-    if GROUP_N > 0:
-        x_rows += ((nb * BLOCK_N) // GROUP_N) * K
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * K
-    s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
-    k_lo = split * K_CHUNK
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
-    pdl_wait()
-    acc = _fp8_dots3t(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE)
-    for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
-        wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-        acc = _fp8_dots3t(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
-    out = tl.trans(acc)  # [rows, outputs], as _qgemv3_kernel's
-    if SPLITS == 1:
-        tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], out.to(y_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & n_ok[None, :])
-    elif FUSED_SUM:
-        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
-        _reduce_tile(out, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
-    else:
-        tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], out,
-                 mask=m_ok[:, None] & n_ok[None, :])
-
-
-@device_function
-def _fp8_dots3t(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr):
-    """acc [outputs, rows] plus _qgemv3t_kernel's FP8 tile at input k (_fp8_tile3) times x's rows: each 128-wide
-    block's dot (fp32), the weight the A operand, times its scale, added in ascending order."""
-    for j in tl.static_range(len(wq)):
-        kk = k + j * 128 + tl.arange(0, 128)
-        xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-        wv = wq[j].to(tl.float32).to(xv.dtype)
-        acc += _dot(wv, tl.trans(xv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[:, None]
-    return acc
 
 
 @device_function
@@ -621,14 +576,18 @@ def _fp8_tile3(w_rows, s_rows, n_ok, k, K: constexpr, BLOCK_K: constexpr):
 
 
 @device_function
-def _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr):
+def _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr,
+               SWAP: constexpr = False):
     """acc plus x's rows times _qgemv3_kernel's FP8 tile at input k (_fp8_tile3): each 128-wide block's dot (fp32)
-    times its scale, added in ascending order."""
+    times its scale, added in ascending order. SWAP: acc [outputs, rows], the weight the dot's A operand."""
     for j in tl.static_range(len(wq)):
         kk = k + j * 128 + tl.arange(0, 128)
         xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         wv = wq[j].to(tl.float32).to(xv.dtype)
-        acc += _dot(xv, tl.trans(wv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[None, :]
+        if SWAP:
+            acc += _dot(wv, tl.trans(xv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[:, None]
+        else:
+            acc += _dot(xv, tl.trans(wv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[None, :]
     return acc
 
 
@@ -767,13 +726,13 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
     extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
-    launcher(_qgemv3t_kernel if swap else _qgemv3_kernel, x)[(blocks, splits, row_tiles)](
+    launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,
-        K=K, S_STRIDE=scale.shape[-1], E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
+        K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(),
-        **({} if swap else {"FP4": fp4}), **extra)
+        **({"SWAP": True} if swap else {}), **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
