@@ -87,6 +87,11 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_mma1x8": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 8}},
     "gl_mma1x2": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 2}},
     "gl_mma1x4_up": {"gl": {"mma": True, "mma_tiles": 1, "mma_unroll": 4, "mma_down": False}},  # kernel 1 only
+    # a step's pairs grouped by expert (moe_gl CONFIG grouped, on by default since session 26; dsv4.kernels.expert_groups):
+    # up to 8 pairs of one expert a tensor-core program, one a column; the table's launch is in the timed call;
+    # "gl_pairs" a program a pair, as before (bit_equal_base: "gl")
+    "gl_grouped": {"gl": {"grouped": True}},
+    "gl_pairs": {"gl": {"grouped": False}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -192,10 +197,11 @@ class Bench:
             kernel = moe_tc.routed if moe_tc.CONFIG["mode"] == "all" else fused_moe.routed
             return kernel(x, ids, torch.where((ids >= 0) & (ids < n), weights, 0), stacks, 0, cfg.swiglu_limit)
 
-        def run_gate_up(i):
-            return fused_moe._gate_up(x, stacks[0], stacks[1], routes[i][0], 0, n, cfg.num_experts_per_tok,
-                                      cfg.swiglu_limit, fused_moe.CONFIG["gate_up_block_n"],
-                                      fused_moe.CONFIG["gate_up_split_k"])
+        def run_gate_up(i):  # with the groups' table where moe_gl CONFIG grouped takes one (built in the call)
+            ids = routes[i][0]
+            return fused_moe._gate_up(x, stacks[0], stacks[1], ids, 0, n, cfg.num_experts_per_tok, cfg.swiglu_limit,
+                                      fused_moe.CONFIG["gate_up_block_n"], fused_moe.CONFIG["gate_up_split_k"],
+                                      fused_moe.groups_for(x, ids, stacks[0], stacks[1]))
 
         def check():  # a tensor-core variant against the tensor cores' default tiles (another summation order)
             with rows_alone():
@@ -238,15 +244,17 @@ class Bench:
 
         def run_both(i):
             a, b = pairs[i % copies]
-            return fused_moe.routed_and_shared_gate_up(x, routes[i][0], stacks[0], stacks[1], 0, a, b,
-                                                       cfg.swiglu_limit)
+            ids = routes[i][0]
+            return fused_moe.routed_and_shared_gate_up(x, ids, stacks[0], stacks[1], 0, a, b, cfg.swiglu_limit,
+                                                       fused_moe.groups_for(x, ids, stacks[0], stacks[1]))
 
         def check_both():
             got = run_both(0)[1]
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8"):
+        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8",
+                        "gl_grouped", "gl_pairs"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

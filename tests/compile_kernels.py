@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -123,6 +123,8 @@ def qgemv_variants(dtype, scale_dtype):
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
 
 
+for pairs in ((2, 6), (32, 6), (64, 6)):  # a batched step's pairs by expert: 4 and 8 warps
+    expert_groups.groups(torch.zeros(pairs, dtype=torch.int64))
 rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
 rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts
 # a step's bookkeeping: Comm's begin / end (with and without the last door's unseen flag) and one state's settle
@@ -554,10 +556,12 @@ def gluon_variants():
         for T in (1, 3, 16):
             x = torch.zeros(T, 4096, dtype=dtype)
             ids, weights = torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype)
-            h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0)
-            moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0)
-            for add in (x, None):
-                moe_gl.down(h, ids, weights, stacks[2], 0, add, torch.empty_like(x))
+            # CONFIG grouped's programs (DSV4_MOE_GL_GROUPED) take expert_groups' table where the MMA runs
+            for groups in (None, torch.zeros(T * 6, expert_groups.GROUP_ROW, dtype=torch.int32)) if T > 1 else (None,):
+                h = moe_gl.gate_up(x, ids, stacks[0], stacks[1], 0, 10.0, groups)
+                moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0, groups)
+                for add in (x, None):
+                    moe_gl.down(h, ids, weights, stacks[2], 0, add, torch.empty_like(x), groups)
     tickets = _qgemv.tickets_for
     _qgemv.tickets_for = lambda count, device: None  # the sum in a second launch
     moe_gl.down(h, ids, weights, stacks[2], 0, x, torch.empty_like(x))

@@ -153,3 +153,45 @@ def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
             h_t, sh_t = fused_moe.routed_and_shared_gate_up(x[t:t + 1], ids[t:t + 1], *args)
             rows = mine[6 * t:6 * t + 6]
             assert torch.equal(sh_t, sh[t:t + 1]) and torch.equal(h_t[rows], h[6 * t:6 * t + 6][rows]), (solo, t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unroll", [4, 2], ids=["kernel1_grouped", "both_grouped"])
+@pytest.mark.parametrize("T", [2, 5, 20, 32])
+def test_grouped_pairs_have_the_ungrouped_bits(monkeypatch, dtype, unroll, T):
+    """CONFIG grouped (dsv4.kernels.expert_groups: up to 8 pairs of one expert a program, a pair a column of the
+    MMA): kernel 1's rows (routed and shared, in one launch and alone), kernel 2's sums (ticketed and in a second
+    launch) and the layer's output have the ungrouped programs' bits. Every token picks expert 17 (20 and 32 tokens:
+    groups of 8 and a partial one), the others are random, a third of them another rank's. unroll 4: kernel 2 (I =
+    1,024) stays on the CUDA cores, so only kernel 1 takes the table; 2: both do."""
+    from quantised_cases import quantised
+
+    stacks, x, shared, ids, weights = _case("cuda", dtype, T)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma_unroll", unroll)
+    assert bool(moe_gl._mma(x, stacks["w2"])) == (unroll == 2)
+    g = torch.Generator().manual_seed(9)
+    sw1, sw3 = (quantised("fp8", 2048, x.shape[1], g).to("cuda") for _ in range(2))
+    args = (stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0)
+    mine = ((ids >= 16) & (ids < 32)).flatten()
+    results = {}
+    for grouped in (False, True):
+        monkeypatch.setitem(moe_gl.CONFIG, "grouped", grouped)
+        table = moe_gl.groups_for(x, ids, stacks["w1"], stacks["w3"])
+        assert (table is not None) == grouped
+        h, sh = fused_moe.routed_and_shared_gate_up(x, ids, *args, table)
+        alone = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0, table)
+        y = _routed(stacks, x, shared, ids, weights)
+        y_plain = _routed(stacks, x, shared, ids, weights, shared_on=False)
+        with monkeypatch.context() as m:
+            m.setattr(qgemv, "tickets_for", lambda count, device: None)
+            y_second = _routed(stacks, x, shared, ids, weights)
+        results[grouped] = (h[mine], sh, alone[mine], y, y_plain, y_second)
+    for name, a, b in zip(("h", "shared h", "h alone", "y", "y without shared", "y, second launch"), results[False],
+                          results[True]):
+        assert torch.equal(a, b), name
+    assert torch.isfinite(results[True][3].float()).all()

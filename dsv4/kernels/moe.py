@@ -356,9 +356,9 @@ def _row_skew(w: QWeight) -> int:
 
 
 def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: int, limit: float, block_n: int,
-             split_k: int):
+             split_k: int, groups=None):
     if ids is not None and moe_gl.chosen_gate_up(x, w1, w3):
-        return moe_gl.gate_up(x, ids, w1, w3, first, limit)
+        return moe_gl.gate_up(x, ids, w1, w3, first, limit, groups)
     d1, s1 = _operands(w1, words=True)
     d3, s3 = _operands(w3, words=True)
     routed = ids is not None
@@ -382,11 +382,18 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     return h
 
 
+def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
+    """The step's pairs grouped by expert for the Gluon kernels (dsv4.kernels.moe_gl.groups_for), or None: built once
+    a layer, read by both kernels."""
+    return moe_gl.groups_for(x, ids, w1, w3)
+
+
 def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int,
-                              sw1: QWeight, sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+                              sw1: QWeight, sw3: QWeight, limit: float,
+                              groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert): kernel 1 for both in one launch
     (_gate_up_shared_kernel; CONFIG shared_launch), each row's bits those of its own launch. Without tickets for
-    both (a capture before any eager launch, or too many rows) it is the two launches."""
+    both (a capture before any eager launch, or too many rows) it is the two launches. groups: groups_for's."""
     T, k = ids.shape
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
@@ -394,8 +401,8 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     shared_args = (0, 1, 1, limit, CONFIG["shared_block_n"], CONFIG["shared_split_k"])
     if moe_gl.chosen_gate_up(x, w1, w3):  # the Gluon kernels (DSV4_MOE_GLUON): the shared expert's in one launch
         if CONFIG["shared_launch"] and moe_gl.shared_fits(x, sw1, sw3):
-            return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit)
-        return _gate_up(x, w1, w3, ids, *routed_args), _gate_up(x, sw1, sw3, None, *shared_args)
+            return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit, groups)
+        return _gate_up(x, w1, w3, ids, *routed_args, groups), _gate_up(x, sw1, sw3, None, *shared_args)
     I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, k, CONFIG["gate_up_block_n"],
                                                           CONFIG["gate_up_split_k"])
     SI, _, s_block_k, s_k_chunk, s_splits, s_blocks = _geometry(x, sw1, 1, CONFIG["shared_block_n"],
@@ -426,23 +433,26 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
            limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           h: torch.Tensor | None = None) -> torch.Tensor:
+           h: torch.Tensor | None = None, groups: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
     w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
     plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch. Kernel 2
     writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned. h: kernel 1's
-    output when it already ran (routed_and_shared_gate_up)."""
+    output when it already ran (routed_and_shared_gate_up); groups: the table it ran with (groups_for), built here
+    when h is not given."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
     if h is None:
-        h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"])
+        groups = groups_for(x, ids, w1, w3)
+        h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"],
+                     groups)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
     if moe_gl.chosen_down(x, h, w2):
-        terms = moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y)
+        terms = moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y, groups)
         if terms is not None:  # no tickets: the terms summed by a second launch
             launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add if fold else y, y, D, TOPK=k, ADD=fold,
                                                               BLOCK=1024)

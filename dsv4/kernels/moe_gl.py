@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import QWeight
-from . import PDL, cdiv, getenv, interpreting
+from . import PDL, cdiv, expert_groups, getenv, interpreting
 
 try:
     from triton.experimental import gluon
@@ -65,7 +65,16 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
           "shared_rows_per_thread": 1, "shared_tokens": 8,
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
-          "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True}
+          "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
+          "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1"}
+# grouped (on by default since session 26; DSV4_MOE_GL_GROUPED=0 turns it off): in a step of more than one token, the
+# tensor-core programs of both kernels take a group of up to 8 pairs of one expert (dsv4.kernels.expert_groups, one
+# launch a layer before kernel 1), a pair a column of the m16n8k16 products, so that an expert picked by several of the
+# step's tokens is read once for them (mini at concurrency 16: 96 pairs a layer, ~81 experts). The same bits as the
+# ungrouped programs (a column's sums read its own column only; tests/test_moe_gl.py holds them equal), so the choice
+# may follow the step's size. Session 26 call 2 (benchmarks/RESULTS.md), mini on one H200: moe_bench's routed layer at
+# 16 / 32 tokens 423.6 -> 384.3 / 861.3 -> 759.2 us; the server at concurrency 16 / 32 2,523 -> 2,660 / 2,725 -> 2,992
+# tok/s (TPOT p50 4.57 -> 4.36 / 8.76 -> 7.73 ms), every request's tokens the same.
 # mma (on by default since session 16, call 5; DSV4_MOE_MMA=0 for the CUDA-core programs): the routed programs of
 # both kernels on the tensor cores (_mma_rows), where the weights' shapes and scales allow it (_mma_shape,
 # _mma_fits; else the CUDA-core programs): fewer instructions a weight (the weights' pairs, times their group's
@@ -127,6 +136,9 @@ if gl is not None:
     _MMA_WORD_F16_PTX = gl.constexpr(_MMA_WORD_F16_PTX)
     _X_PAIRS_PTX = gl.constexpr(_X_PAIRS_PTX)
 _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
+# a group's table row (dsv4.kernels.expert_groups): [expert, count, pairs...], at most _GROUP pairs (8: an MMA's columns)
+_GROUP = gl.constexpr(expert_groups.GROUP) if gl is not None else expert_groups.GROUP
+_GROUP_ROW = gl.constexpr(expert_groups.GROUP_ROW) if gl is not None else expert_groups.GROUP_ROW
 
 
 @_jit
@@ -214,18 +226,22 @@ def _fp4_sum(acc, words, sc, xq):
 @_jit
 def _gate_up_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
                        s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                       RN: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
-    """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r), or with MMA (tiles a program) _routed_mma_program."""
+                       RN: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4, GROUPED: gl.constexpr = 0):
+    """Grid (I / BLOCK_N, T * TOPK): _routed_program (nb, r), or with MMA (tiles a program) _routed_mma_program, or
+    with GROUPED (ids_ptr: dsv4.kernels.expert_groups' table) _routed_mma_group."""
     _pdl_wait()
     _routed(gl.program_id(0), gl.program_id(1).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr,
-            I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+            I, first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
 
 
 @_jit
 def _routed(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local, w_expert_stride,
             s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
-            MMA: gl.constexpr, U: gl.constexpr):
-    if MMA:
+            MMA: gl.constexpr, U: gl.constexpr, GROUPED: gl.constexpr):
+    if GROUPED:
+        _routed_mma_group(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
+                          w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, MMA, U)
+    elif MMA:
         _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, first, n_local,
                             w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, MMA, U)
     else:
@@ -238,17 +254,18 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
-                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4):
+                              S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
+                              GROUPED: gl.constexpr = 0):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
-    programs first (_routed_program, row blocks fastest), then the shared expert's (_shared_program: a row block of
-    its FP8 gate/up for S_ROWS tokens at a time)."""
+    programs first (_routed_program, row blocks fastest; GROUPED: _routed_mma_group, ids_ptr the groups' table), then
+    the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time)."""
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
     routed = blocks * T * TOPK
     if pid < routed:
         _pdl_wait()
         _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
-                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U)
+                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
     else:
         q = pid - routed
         s_blocks = SI // (S_RN * gl.num_warps())
@@ -422,7 +439,8 @@ def _mma_word(wg, wh, mg, mh, b, c, F16: gl.constexpr):
 
 @_jit
 def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, s_expert_stride, K: gl.constexpr,
-              S_STRIDE: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, PAIR: gl.constexpr):
+              S_STRIDE: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, PAIR: gl.constexpr, GROUPED: gl.constexpr,
+              group_row, cols, XDIV: gl.constexpr):
     """The sums of rows nb * 16 RT.. of expert e's FP4 weight a (and, with PAIR, of b: gate and up read one x) with
     row r of x [*, K], on the tensor cores: RT tiles of 16 rows a warp, the K axis split over the warps (chunks of 128
     inputs, 64 bytes a row: warp w takes chunks w, w + W, ..., U of them a step), summed over the warps at the end.
@@ -430,7 +448,12 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
     multiplier of its weights' pairs, and x's 32 inputs of that group (lanes g = 0: x's row is column 0 of the
     products, the other columns zero); each word is two m16n8k16 products (_MMA_WORD_*) into an fp32 accumulator.
     A row's sum is its own products in an order fixed by the shapes (never by the batch). Returns the sums [RT, 8, 4]
-    (tile, g, t; column 0 in lanes t = 0) of rows g and g + 8 for a, then for b (a's again without PAIR)."""
+    (tile, g, t; column 0 in lanes t = 0) of rows g and g + 8 for a, then for b (a's again without PAIR).
+
+    GROUPED (dsv4.kernels.expert_groups): columns 0..cols-1 are the pairs of the group whose table row is group_row,
+    column j x's row (pair j) // XDIV (lanes g = j load it); returns the four accumulators (rows g, g, g + 8, g + 8;
+    columns 2 t, 2 t + 1, 2 t, 2 t + 1) summed over the warps, for a, then for b. Column j's sums are those of its pair
+    alone in column 0: an MMA's column reads its own column of x only, and the warps' sum is the same reduction."""
     W: gl.constexpr = gl.num_warps()
     L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
                                         warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
@@ -443,8 +466,14 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
     m0 = (nb * (16 * RT) + _arange5(RT, 1, L5) * 16 + g).to(gl.int64)  # [1, RT, 8, 1, 1]
     w0 = e * w_expert_stride + m0 * (K // 8) + t * 4 + i  # the 4 words of group t of chunk 0, row m0
     sc0 = e * s_expert_stride + m0 * S_STRIDE + t  # its scale
-    x0 = r * (K // 2) + t * 16 + i  # x's words (pairs) of group t of chunk 0, 4 at a time
-    x_live = (g == 0) & (kw >= 0) & (i >= 0)  # column 0 only: x's row
+    if GROUPED:
+        live = g < cols  # column g: the group's pair g
+        member = gl.load(group_row + 2 + g, mask=live, other=0).to(gl.int64)
+        x0 = (member // XDIV) * (K // 2) + t * 16 + i
+        x_live = live & (kw >= 0) & (i >= 0)
+    else:
+        x0 = r * (K // 2) + t * 16 + i  # x's words (pairs) of group t of chunk 0, 4 at a time
+        x_live = (g == 0) & (kw >= 0) & (i >= 0)  # column 0 only: x's row
     x_words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
     zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
     acc_a = (zero, zero, zero, zero)
@@ -481,7 +510,15 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
                 acc_a = _mma_word(wa0[q], wa1[q], ma0, ma1, b, acc_a, F16)
                 if PAIR:
                     acc_b = _mma_word(wb0[q], wb1[q], mb0, mb1, b, acc_b, F16)
-    if PAIR:
+    if GROUPED:
+        sums_a = (gl.sum(acc_a[0], axis=0), gl.sum(acc_a[1], axis=0), gl.sum(acc_a[2], axis=0),
+                  gl.sum(acc_a[3], axis=0))
+        if PAIR:
+            return sums_a + (gl.sum(acc_b[0], axis=0), gl.sum(acc_b[1], axis=0), gl.sum(acc_b[2], axis=0),
+                             gl.sum(acc_b[3], axis=0))
+        else:
+            return sums_a + sums_a
+    elif PAIR:
         return (gl.sum(acc_a[0], axis=0), gl.sum(acc_a[2], axis=0), gl.sum(acc_b[0], axis=0),
                 gl.sum(acc_b[2], axis=0))
     else:
@@ -512,7 +549,7 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
-                         K, S_STRIDE, RT, U, True)
+                         K, S_STRIDE, RT, U, True, False, ids_ptr, 1, 1)
         dt: gl.constexpr = h_ptr.dtype.element_ty
         row, t3 = _mma_out_rows(nb, RT)
         for h in gl.static_range(2):  # rows g, then g + 8
@@ -523,18 +560,48 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
 
 
 @_jit
+def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, h_ptr, I, first, n_local,
+                      w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
+                      TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+    """Program (nb, p) of the grouped kernel 1: where table row p leads a group (dsv4.kernels.expert_groups), the gate
+    and up sums of outputs nb * 16 RT.. of its expert for its pairs, one a column (_mma_rows GROUPED: the expert's
+    tiles read once for them all), then moe's activation of each into its row of h, as _routed_mma_program's."""
+    group_row = groups_ptr + p * _GROUP_ROW
+    cols = gl.load(group_row + 1)
+    e = gl.load(group_row).to(gl.int64) - first
+    if (cols > 0) & (e >= 0) & (e < n_local):
+        sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, 0, nb, w_expert_stride, s_expert_stride, K,
+                         S_STRIDE, RT, U, True, True, group_row, cols, TOPK)
+        dt: gl.constexpr = h_ptr.dtype.element_ty
+        row, t3 = _mma_out_rows(nb, RT)
+        for hh in gl.static_range(2):  # rows g, then g + 8
+            for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
+                col = 2 * t3 + cc
+                live = col < cols
+                member = gl.load(group_row + 2 + col, mask=live, other=0).to(gl.int64)
+                gate = gl.minimum(sums[2 * hh + cc].to(dt).to(gl.float32), limit)
+                up = gl.minimum(gl.maximum(sums[4 + 2 * hh + cc].to(dt).to(gl.float32), -limit), limit)
+                act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
+                gl.store(h_ptr + member * I + row + 8 * hh, (act * up).to(dt), mask=live & (row >= 0))
+
+
+@_jit
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
-                 U: gl.constexpr = 4):
+                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
-    bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows)."""
+    bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows). GROUPED
+    (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group)."""
     _pdl_wait()
-    if MMA:
+    if GROUPED:
+        _down_mma_group(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                        w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
+    elif MMA:
         _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first,
                           n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
     else:
@@ -591,7 +658,7 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
-                         RT, U, False)
+                         RT, U, False, False, ids_ptr, 1, 1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
         for h in gl.static_range(2):  # rows g, then g + 8
             term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
@@ -604,6 +671,50 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
                                             order=[0])
         n1 = nb * (16 * RT) + gl.arange(0, 16 * RT, layout=LN)
         _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK, ADD, 16 * RT, LN)
+
+
+@_jit
+def _down_mma_group(h_ptr, w_ptr, s_ptr, groups_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
+                    w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
+                    ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+    """Program (nb, p) of the grouped kernel 2: where table row p leads a group, each of its pairs' terms (a column
+    each, _mma_rows GROUPED on h's rows) rounded and stored as _down_mma_program's (zeros for another rank's
+    expert); then, for each pair in turn, its token's ticket (the terms of the token's TOPK pairs summed in routing
+    order by whichever program comes last, as ungrouped)."""
+    nb = gl.program_id(0)
+    p = gl.program_id(1).to(gl.int64)
+    group_row = groups_ptr + p * _GROUP_ROW
+    cols = gl.load(group_row + 1)
+    if cols > 0:
+        dt: gl.constexpr = y_ptr.dtype.element_ty
+        row, t3 = _mma_out_rows(nb, RT)
+        e = gl.load(group_row).to(gl.int64) - first
+        if (e >= 0) & (e < n_local):
+            sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, 0, nb, w_expert_stride, s_expert_stride, I,
+                             S_STRIDE, RT, U, False, True, group_row, cols, 1)
+            for hh in gl.static_range(2):  # rows g, then g + 8
+                for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
+                    col = 2 * t3 + cc
+                    live = col < cols
+                    member = gl.load(group_row + 2 + col, mask=live, other=0).to(gl.int64)
+                    weight = gl.load(wt_ptr + member, mask=live, other=0.0).to(gl.float32)
+                    term = (sums[2 * hh + cc].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
+                    gl.store(p_ptr + member * D + row + 8 * hh, term, mask=live & (row >= 0))
+        else:  # another rank's expert: zero terms
+            for hh in gl.static_range(2):
+                for cc in gl.static_range(2):
+                    col = 2 * t3 + cc
+                    live = col < cols
+                    member = gl.load(group_row + 2 + col, mask=live, other=0).to(gl.int64)
+                    gl.store(p_ptr + member * D + row + 8 * hh, (row * 0).to(gl.float32), mask=live & (row >= 0))
+        if FUSED_SUM:
+            LN: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                                warps_per_cta=[gl.num_warps()], order=[0])
+            n1 = nb * (16 * RT) + gl.arange(0, 16 * RT, layout=LN)
+            for j in gl.static_range(_GROUP):
+                if j < cols:
+                    t = gl.load(group_row + 2 + j).to(gl.int64) // TOPK
+                    _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK, ADD, 16 * RT, LN)
 
 
 @_jit
@@ -713,17 +824,39 @@ def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
 
-def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, limit: float) -> torch.Tensor:
-    """x [T, D], ids [T, k] (global expert ids) -> h [T * k, I]: moe's kernel 1 for the routed rows."""
+def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
+    """The step's pairs grouped by expert (dsv4.kernels.expert_groups' table) where CONFIG grouped is on, the step
+    has more than one token and kernel 1 runs here on the tensor cores; else None (the ungrouped programs). Kernel 2
+    takes the same table where it runs on the tensor cores too (grouped or not, the same bits)."""
+    T, k = ids.shape
+    if not (CONFIG["grouped"] and T > 1 and expert_groups.supported(ids) and chosen_gate_up(x, w1, w3)
+            and _mma(x, w1, w3)):
+        return None
+    return expert_groups.groups(ids)
+
+
+def _ids_or_groups(ids: torch.Tensor, groups: torch.Tensor | None, mma: dict) -> tuple[torch.Tensor, dict]:
+    """What a kernel reads at ids_ptr (the groups' table where given and the kernel's programs are the tensor
+    cores', else the ids) and its GROUPED constant."""
+    if groups is not None and mma:
+        return groups, {"GROUPED": 1}
+    return ids.contiguous(), {}
+
+
+def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, limit: float,
+            groups: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D], ids [T, k] (global expert ids) -> h [T * k, I]: moe's kernel 1 for the routed rows (groups:
+    groups_for's table, or None)."""
     T, k = ids.shape
     I = w1.shape[0]
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
     mma = _mma(x, w1, w3)
+    at, grouped = _ids_or_groups(ids, groups, mma)
     _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
-        x, d1, s1, d3, s3, ids.contiguous(), h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **_options())
+        x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped, **_options())
     return h
 
 
@@ -739,9 +872,9 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
 
 
 def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, sw1: QWeight,
-                   sw3: QWeight, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   sw3: QWeight, limit: float, groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert) in one launch (see
-    _gate_up_shared_gl_kernel)."""
+    _gate_up_shared_gl_kernel; groups: groups_for's table, or None)."""
     T, k = ids.shape
     I, SI = w1.shape[0], sw1.shape[0]
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
@@ -755,21 +888,22 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     mma = _mma(x, w1, w3)
+    at, grouped = _ids_or_groups(ids, groups, mma)
     programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
-        x, d1, s1, d3, s3, ids.contiguous(), h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
+        x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
-        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma,
+        RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped,
         **_options())
     return h, sh
 
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
-         add: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
+         add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
     as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
-    the same operations)."""
+    the same operations). groups: groups_for's table, or None."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
@@ -779,8 +913,10 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     tickets = tickets_for(T * (D // block_n), h.device)
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
-    _launch(_down_gl_kernel)[(D // block_n, T, k)](
-        h, d2, s2, ids.contiguous(), weights.contiguous(), y if add is None else add.contiguous(), y, terms,
-        terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-        RN=CONFIG["rows_per_thread"], FUSED_SUM=tickets is not None, **mma, **_options())
+    at, grouped = _ids_or_groups(ids, groups, mma)
+    _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
+        h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
+        terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
+        S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
+        FUSED_SUM=tickets is not None, **mma, **grouped, **_options())
     return terms if tickets is None else None
