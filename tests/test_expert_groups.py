@@ -1,6 +1,7 @@
 """A batched step's (token, expert) pairs grouped by expert (dsv4.kernels.expert_groups): the table the kernel
 writes says what the ids say (expert_groups.reference), for steps with every pair its own expert, with every pair
-one expert (groups of 8 and a partial one), and with random ids; on the interpreter or the GPU."""
+one expert (groups of 8 and a partial one), with a few experts for 240 pairs (a group's pairs written by several
+programs), and with random ids; on the interpreter or the GPU."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _groups(table: torch.Tensor) -> list[tuple[int, int, list[int]]]:
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["distinct", "one_expert", "random_16x6", "random_32x6", "one_token"])
+@pytest.mark.parametrize("case", ["distinct", "one_expert", "random_16x6", "random_32x6", "crowded", "one_token"])
 def test_the_table_is_the_ids_grouped(monkeypatch, device, case):
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     g = torch.Generator().manual_seed(5)
@@ -35,6 +36,7 @@ def test_the_table_is_the_ids_grouped(monkeypatch, device, case):
            "one_expert": torch.full((13, 6), 77),  # 78 pairs: 9 groups of 8, one of 6
            "random_16x6": torch.randint(0, 256, (16, 6), generator=g),
            "random_32x6": torch.randint(0, 24, (32, 6), generator=g),  # ~8 pairs an expert: full and split groups
+           "crowded": torch.randint(0, 5, (40, 6), generator=g),  # ~48 pairs an expert, leaders in every program
            "one_token": torch.tensor([[5, 9, 200, 3, 17, 44]])}[case].to(device)
     table = expert_groups.groups(ids)
     assert table.shape == (ids.numel(), expert_groups.GROUP_ROW) and table.dtype == torch.int32
