@@ -107,10 +107,8 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # Session 25 call 1: the FP8 loop unrolled (same bits) 55.7 / 60.9 against 56.3 / 60.7: removed.
     # Session 25 (the same bits, removed): P programs walking the N blocks 58.7 / 58.9 us (128 of them, call 3); a
     # program's K chunk one tile 67.4 / 71.3 (call 4; with 8 warps 111.4 / 114.9), against v3's 55.5 / 59.7.
-    # DSV4_QGEMV_V3_SWAP: the operands swapped (the weight the MMA's A operand; other bits than v3's, each row's own)
-    "v3_swap": {"kernel": "v3", "v3_swap": True},
-    "v3_swap_p132": {"kernel": "v3", "v3_swap": True, "v3_swap_programs": 132},
-    "v3_swap_n128": {"kernel": "v3", "v3_swap": True, "v3_swap_block_n": 128},
+    # Session 26 call 1 (removed): the operands swapped (the weight the MMA's A operand, other bits) 55.2 / 60.1 us,
+    # with 132 programs 52.5 / 56.6, 128-output blocks 55.5 / 64.4, against v3's 54.2 / 59.2.
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
 }

@@ -123,7 +123,7 @@ def qgemv_variants(dtype, scale_dtype):
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
 
 
-for pairs in ((2, 6), (32, 6), (64, 6)):  # a batched step's pairs by expert: 4 and 8 warps
+for pairs in ((2, 6), (32, 6), (64, 6)):  # a batched step's pairs by expert (P_PAD 32, 256, 512)
     expert_groups.groups(torch.zeros(pairs, dtype=torch.int64))
 rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
 rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts
@@ -412,16 +412,14 @@ for cfg, rows, dtype, scale_dtype in (({"v2_fused_sum": False}, 8, torch.bfloat1
     qgemv.CONFIG.update(default)
 
 # v3 (tensor-core tiles of 16 rows; the routed experts stay on v2): a solo step (1 row) and a batched one (16), bf16
-# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the swapped
-# operands (DSV4_QGEMV_V3_SWAP=1); the wider tiles the benchmark sweeps
+# x with FP8 split and not, the grouped wo_a and a 2-D FP4 weight; the second-launch split sum; fp32 x; the wider
+# tiles the benchmark sweeps
 for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v2_fused_sum": False}, 16, torch.bfloat16, torch.float8_e8m0fnu, False),
                                              ({}, 16, torch.float32, torch.float32, False),
-                                             ({"v3_swap": True}, 1, torch.bfloat16, torch.float8_e8m0fnu, True),
-                                             ({"v3_swap": True}, 16, torch.bfloat16, torch.float8_e8m0fnu, True),
                                              ({"v3_block_n": 64, "v3_block_k_fp8": 128}, 16, torch.bfloat16,
-                                              torch.float8_e8m0fnu, False))[:7 if SWEEPS else 6]:
+                                              torch.float8_e8m0fnu, False))[:5 if SWEEPS else 4]:
     qgemv.CONFIG.update(kernel="v3", **cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every)
     qgemv.CONFIG.update(default)

@@ -309,49 +309,6 @@ def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19), alone=()
     assert torch.equal(fn(x[[last, 2, 0]], w)[0:1], rows[last])
 
 
-@pytest.mark.parametrize("device,splits", per_device([(1,), (3,)]))
-def test_v3_swap_each_row_alone_and_the_reference(monkeypatch, device, splits):
-    """DSV4_QGEMV_V3_SWAP: v3's FP8 products with the operands swapped (the weight tile the dot's A operand, the
-    rows its columns): each row's bits its own (each_row_alone: B = 1, 3, 16, 19, split-K off or 3 with both split
-    sums), within v3's tolerance of the float64 reference (FP8 rows starting inside a scale block with fp32 x, the
-    grouped wo_a with bf16 x). It runs where it takes the weight (FP8, groups of whole blocks), v3's products
-    elsewhere (FP4; a group of 16 rows under 32-row blocks)."""
-    for key, value in {**V3, "v2_split_k": splits, "v3_swap": True, "v3_swap_block_n": 16}.items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
-    swapped = []
-    real = qgemv.launcher
-
-    class Noted:  # a launcher that notes whether each v3 launch swaps
-        def __init__(self, fn, t):
-            self.fn, self.kernel = fn, real(fn, t)
-
-        def __getitem__(self, grid):
-            def run(*a, **kw):
-                if self.fn is qgemv._qgemv3_kernel:
-                    swapped.append(kw.get("SWAP", False))
-                return self.kernel[grid](*a, **kw)
-            return run
-
-    monkeypatch.setattr(qgemv, "launcher", Noted)
-    g = torch.Generator().manual_seed(20 + splits)
-    for w, fn, K, dtype in v3_cases("fp8", g):
-        w, x = w.to(device), torch.randn(19, K, generator=g).to(dtype).to(device)
-        swapped.clear()
-        each_row_alone(monkeypatch, fn, x, w, splits)
-        assert swapped and all(swapped)
-        wd, half = w.dequant(torch.float64), w.shape[0] // 2
-        ref = torch.nn.functional.linear(x.double(), wd) if fn is qgemv.linear else torch.cat(
-            [torch.nn.functional.linear(x.double()[:, :w.shape[1]], wd[:half]),
-             torch.nn.functional.linear(x.double()[:, w.shape[1]:], wd[half:])], 1)
-        close(fn(x, w), ref.to(dtype), dtype)
-    for w, fn, K, dtype in v3_cases("fp4", g) + [(quantised("fp8", 2 * 16, 256, g),
-                                                  lambda x, w: qgemv.grouped_linear(x, w, 2), 512, torch.bfloat16)]:
-        monkeypatch.setitem(qgemv.CONFIG, "v3_swap_block_n", 32)
-        swapped.clear()
-        fn(torch.randn(2, K, generator=g).to(dtype).to(device), w.to(device))
-        assert swapped and not any(swapped)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt,T,N,K,dtype", [("fp8", 3, 300, 640, torch.float32), ("fp8", 17, 256, 200, torch.bfloat16),
                                              ("fp4", 2, 96, 256, torch.float32), ("fp4", 5, 40, 160, torch.bfloat16)])

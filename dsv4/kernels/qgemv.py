@@ -86,13 +86,10 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # waiting on loads; sm_90 SASS: every 128-wide block's x and weights pass through shared memory (LDG, STS, a
 # barrier, LDS / LDSM) before its products. Triton's code for this mixed-precision dot, not the load order, is what
 # holds v3 at a third of the bandwidth; a hand-laid kernel (as moe_gl's) is the next step.
-# "v3_swap" (DSV4_QGEMV_V3_SWAP=1; off by default, not yet run on a GPU): v3's FP8 products with the operands swapped
-# (_qgemv3_kernel's SWAP: y^T = W x^T, the weight tile the dot's A operand, "v3_swap_block_n" outputs a program, the
-# rows its 16 columns, split-K toward "v3_swap_programs" programs). On sm_90 that dot is one warpgroup MMA (HGMMA
-# 64x16x16) a 16-input step with A, the widened weight, in registers and x in shared memory; the fp8 tile still
-# passes through shared memory on its way to the MMA's register layout (offline SASS, a Flash rank's wo_b: 19
-# barriers a program against v3's 35; with several tiles a program the loop is software-pipelined, cp.async). Other
-# bits than v3 (another MMA, another split of K), each row's still its own: an MMA's column j reads x's row j only.
+# Session 26 call 1 measured the operands swapped (y^T = W x^T, the weight tile the A operand of sm_90's warpgroup
+# MMA, 64-output blocks, the rows its 16 columns; session 25's DSV4_QGEMV_V3_SWAP, other bits than v3): a Flash layer's
+# FP8 linears at 1 / 16 rows 55.2 / 60.1 us against v3's 54.2 / 59.2 (132 programs 52.5 / 56.6); ncu at wo_b, one row:
+# 15.1 us, DRAM 23 % of its peak (v3 13.0 us, 27 %). Not kept.
 # v3's keys: outputs per program (BLOCK_N; the rows are always a tile of 16), inputs per K tile (FP8: a multiple of
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
@@ -104,8 +101,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
-          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v3_swap": os.environ.get("DSV4_QGEMV_V3_SWAP", "0") == "1", "v3_swap_block_n": 64, "v3_swap_programs": 264}
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -503,13 +499,12 @@ def _dot(a, b, acc, IEEE: constexpr):
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, SWAP: constexpr = False):
+                   FUSED_SUM: constexpr, IEEE: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
     experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
-    on from the second; the dots are the loop's, in its order. SWAP (FP8, CONFIG v3_swap): each dot's operands
-    swapped, W @ x^T into a [BLOCK_N, BLOCK_M] sum, turned back before it is stored."""
+    on from the second; the dots are the loop's, in its order."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -520,10 +515,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
     if GROUP_N > 0:
         x_rows += ((nb * BLOCK_N) // GROUP_N) * K
     k_lo = split * K_CHUNK
-    if SWAP:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if FP4:
         wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo, K, S_STRIDE, BLOCK_K)
         pdl_wait()
@@ -536,12 +528,10 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
         s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
         wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
         pdl_wait()
-        acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE, SWAP)
+        acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo, K, E8M0, IEEE)
         for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
             wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE, SWAP)
-    if SWAP:
-        acc = tl.trans(acc)
+            acc = _fp8_dots3(acc, x_rows, m_ok, wq, sq, k_lo + k0, K, E8M0, IEEE)
     if SPLITS == 1:
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -576,18 +566,14 @@ def _fp8_tile3(w_rows, s_rows, n_ok, k, K: constexpr, BLOCK_K: constexpr):
 
 
 @device_function
-def _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr,
-               SWAP: constexpr = False):
+def _fp8_dots3(acc, x_rows, m_ok, wq, sq, k, K: constexpr, E8M0: constexpr, IEEE: constexpr):
     """acc plus x's rows times _qgemv3_kernel's FP8 tile at input k (_fp8_tile3): each 128-wide block's dot (fp32)
-    times its scale, added in ascending order. SWAP: acc [outputs, rows], the weight the dot's A operand."""
+    times its scale, added in ascending order."""
     for j in tl.static_range(len(wq)):
         kk = k + j * 128 + tl.arange(0, 128)
         xv = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
         wv = wq[j].to(tl.float32).to(xv.dtype)
-        if SWAP:
-            acc += _dot(wv, tl.trans(xv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[:, None]
-        else:
-            acc += _dot(xv, tl.trans(wv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[None, :]
+        acc += _dot(xv, tl.trans(wv), tl.zeros(acc.shape, dtype=tl.float32), IEEE) * _scale(sq[j], E8M0)[None, :]
     return acc
 
 
@@ -715,11 +701,10 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     fp4 = w.fmt == "fp4"
     data, scale = _operands(w, words=False)
     c = CONFIG
-    swap = c["v3_swap"] and not fp4 and (not group_n or group_n % c["v3_swap_block_n"] == 0)
-    block_n = c["v3_swap_block_n"] if swap else c["v3_block_n"]
+    block_n = c["v3_block_n"]
     block_k = c["v3_block_k_fp4"] if fp4 else c["v3_block_k_fp8"]
     blocks, tiles = cdiv(N, block_n), cdiv(K, block_k)
-    k_chunk = cdiv(tiles, splits_for(blocks, tiles, c["v3_swap_programs"] if swap else None)) * block_k  # the weight's
+    k_chunk = cdiv(tiles, splits_for(blocks, tiles)) * block_k  # from the weight alone, as v2's
     splits = cdiv(K, k_chunk)
     row_tiles = cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
@@ -731,8 +716,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(),
-        **({"SWAP": True} if swap else {}), **extra)
+        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
