@@ -5,7 +5,7 @@
 #   2. the gate on mini (its batch of 4 grouped);
 #   3. the server on mini at concurrency 1 / 16 / 32 (IDENTITY);
 #   4. the server's pooled step at 16 and 32 rows profiled;
-#   5. moe_bench at mini's shapes, 16 and 32 tokens: grouped (the table's launch in the call) against a program a pair.
+#   5. ncu on the two expert kernels of a 16-token step (grouped).
 # Usage: OUT=dir bash benchmarks/gpu_s26_call4.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
@@ -17,5 +17,9 @@ step 70 "$OUT/serve_mini.txt" python benchmarks/serve_bench.py --preset mini --d
   --prompt-tokens 64 --max-tokens 64 --warmup 1
 step 75 "$OUT/batch_mini_pool.txt" env DSV4_QGEMV=v3 DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini --pool \
   --sizes 16 32 --steps 32 --rows 3 --profile 16 32 --top 25
-step 70 "$OUT/moe_grouped.txt" python benchmarks/moe_bench.py --world 1 --tokens 16,32 --arms '^gl(_grouped|_pairs)?$' \
-  --calls 32
+# ncu on the experts' kernels of a 16-token step, grouped (the second layer's: kernel 1 with the shared rows, kernel 2):
+# where their ~half of the bandwidth goes (issue slots or memory)
+step 60 "$OUT/ncu_moe16.txt" ncu --clock-control none --kernel-name regex:_gl_kernel \
+  --launch-skip 2 --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+  --section SchedulerStats --section MemoryWorkloadAnalysis --section InstructionStats \
+  python benchmarks/moe_one.py --tokens 16
