@@ -16,6 +16,7 @@ import argparse
 import torch
 
 from benchmarks import qgemv_bench as qb
+from benchmarks.qgemv_one import apply_sets
 from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
 from dsv4.kernels import moe_gl
@@ -28,11 +29,7 @@ def main():
     ap.add_argument("--launches", type=int, default=4, help="layers run (each kernel once a layer)")
     ap.add_argument("--set", action="append", default=[], help="moe_gl CONFIG key=value (ints where they parse)")
     args = ap.parse_args()
-    for item in args.set:
-        key, value = item.split("=", 1)
-        if key not in moe_gl.CONFIG:
-            raise SystemExit(f"--set {item}: moe_gl CONFIG has no key {key!r}")
-        moe_gl.CONFIG[key] = int(value) if value.lstrip("-").isdigit() else value
+    apply_sets(args.set, moe_gl.CONFIG, "moe_gl")
     cfg = preset("mini")
     D, I, E, k = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok
     w1, w3, w2 = (qb.random_weight("fp4", n, kk, (E,)) for n, kk in ((I, D), (I, D), (D, I)))

@@ -16,6 +16,15 @@ from dsv4.kernels import qgemv
 from dsv4.receipts import emit, provenance
 
 
+def apply_sets(items: list[str], config: dict, name: str) -> None:
+    """--set key=value items into config (ints where they parse); a key config lacks is an error naming it."""
+    for item in items:
+        key, value = item.split("=", 1)
+        if key not in config:
+            raise SystemExit(f"--set {item}: {name} CONFIG has no key {key!r}")
+        config[key] = int(value) if value.lstrip("-").isdigit() else value
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, required=True, help="outputs")
@@ -24,11 +33,7 @@ def main():
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], help="qgemv CONFIG key=value (ints where they parse)")
     args = ap.parse_args()
-    for item in args.set:
-        key, value = item.split("=", 1)
-        if key not in qgemv.CONFIG:
-            raise SystemExit(f"--set {item}: qgemv CONFIG has no key {key!r}")
-        qgemv.CONFIG[key] = int(value) if value.lstrip("-").isdigit() else value
+    apply_sets(args.set, qgemv.CONFIG, "qgemv")
     g = torch.Generator(device="cuda").manual_seed(0)
     data = torch.randn(args.n, args.k, device="cuda", generator=g).to(torch.float8_e4m3fn)
     scale = torch.full((-(-args.n // 128), args.k // 128), 127, dtype=torch.uint8, device="cuda")
