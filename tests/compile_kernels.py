@@ -123,8 +123,11 @@ def qgemv_variants(dtype, scale_dtype):
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
 
 
-for pairs in ((2, 6), (32, 6), (64, 6)):  # a batched step's pairs by expert (P_PAD 32, 256, 512)
-    expert_groups.groups(torch.zeros(pairs, dtype=torch.int64))
+for blocks in (False, True):  # a batched step's pairs by expert (P_PAD 32, 256, 512), both forms
+    expert_groups.CONFIG["blocks"] = blocks
+    for pairs in ((2, 6), (32, 6), (64, 6)):
+        expert_groups.groups(torch.zeros(pairs, dtype=torch.int64))
+expert_groups.CONFIG["blocks"] = False
 rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
 rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts
 # a step's bookkeeping: Comm's begin / end (with and without the last door's unseen flag) and one state's settle

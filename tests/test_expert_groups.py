@@ -29,8 +29,11 @@ def _groups(table: torch.Tensor) -> list[tuple[int, int, list[int]]]:
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["distinct", "one_expert", "random_16x6", "random_32x6", "crowded", "one_token"])
-def test_the_table_is_the_ids_grouped(monkeypatch, device, case):
+@pytest.mark.parametrize("blocks", [False, True], ids=["one_program", "blocks"])
+def test_the_table_is_the_ids_grouped(monkeypatch, device, case, blocks):
+    """Both forms of the kernel (CONFIG blocks): one program, or programs of BLOCK pairs."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(expert_groups.CONFIG, "blocks", blocks)
     g = torch.Generator().manual_seed(5)
     ids = {"distinct": torch.randperm(60, generator=g)[:48].view(8, 6),
            "one_expert": torch.full((13, 6), 77),  # 78 pairs: 9 groups of 8, one of 6

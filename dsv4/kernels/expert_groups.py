@@ -12,13 +12,17 @@ pairs (p and the next ones of that expert, at most GROUP), listed in pair order;
 pair columns are not written). So a consumer's grid stays (..., pairs) for any step, and program p does group p's
 work or nothing.
 
-A program takes BLOCK pairs and scans the step's pairs twice in chunks: first each pair's rank (how many earlier pairs
-picked its expert) and its expert's total; then its leader, the pair of its expert whose rank is its own rounded
-down to a multiple of GROUP (the running count of the expert over the chunks, a cumulative sum within each), and it
-writes itself into the leader's row. No program waits for another: each writes only its own pairs' cells.
-(Session 26 call 3: the first form, one program counting every pair's rank through a scratch row, took 70 us a layer
-at 192 pairs, its [256, 32] tiles spilling; this one is a few.)
+Two forms, the same table. One program (_groups_kernel): a pair's rank (how many earlier pairs picked its expert) and
+its expert's total, counted over the pairs in chunks; the ranks go through a scratch row (stored, a barrier, read
+back in chunks) so that each pair finds its leader (the pair of its expert whose rank is its own rounded down to a
+multiple of GROUP) and writes itself into the leader's row. CONFIG blocks (DSV4_EXPERT_GROUPS_BLOCKS=1; off until a
+GPU run checks it): programs of BLOCK pairs (_groups_blocks_kernel), each scanning the step's pairs twice, first for
+the ranks and totals, then for the leader by the expert's running count over the chunks (a cumulative sum within
+each), no scratch row and no barrier: each program writes only its own pairs' cells. Session 26 call 3's profile of
+the one-program form: 6.7 us a layer at 16 rows, 70 at 32 (its [P_PAD, CHUNK] tiles spilling).
 """
+
+import os
 
 import torch
 
@@ -30,16 +34,48 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = True  # session 26 calls 2-4: its CUDA tests, moe_gl's grouped tests, the gate and the server on mini
+GPU_CHECKED = True  # session 26 call 2: its CUDA tests, moe_gl's grouped tests, the gate and the server on mini
+CONFIG = {"blocks": os.environ.get("DSV4_EXPERT_GROUPS_BLOCKS", "0") == "1"}
+BLOCK = 32  # pairs a program of the blocks form
 GROUP = 8  # pairs a group: the columns of one m16n8k16 product
 GROUP_ROW = 2 + GROUP
-MAX_PAIRS = 4096  # a step's pairs (each program scans them all twice: 32 tokens x 6 = 192)
-BLOCK = 32  # pairs a program
-CHUNK = 32  # pairs a scan step
+MAX_PAIRS = 1024  # a step's pairs one program counts (P^2 / CHUNK compare steps; 32 tokens x 6: 192)
+CHUNK = 32
 
 
-def _groups_kernel(ids_ptr, table_ptr, P, P_PAD: constexpr, BLOCK: constexpr, CHUNK: constexpr, GROUP: constexpr,
+def _groups_kernel(ids_ptr, table_ptr, rank_ptr, P, P_PAD: constexpr, CHUNK: constexpr, GROUP: constexpr,
                    ROW: constexpr):
+    pdl_wait()
+    p = tl.arange(0, P_PAD)
+    ok = p < P
+    e = tl.load(ids_ptr + p, mask=ok, other=-1)
+    rank = tl.zeros([P_PAD], dtype=tl.int32)
+    total = tl.zeros([P_PAD], dtype=tl.int32)
+    for q0 in tl.static_range(0, P_PAD, CHUNK):
+        q = q0 + tl.arange(0, CHUNK)
+        eq = tl.load(ids_ptr + q, mask=q < P, other=-1)
+        same = (e[:, None] == eq[None, :]) & ok[:, None] & (q < P)[None, :]
+        rank += tl.sum((same & (q[None, :] < p[:, None])).to(tl.int32), axis=1)
+        total += tl.sum(same.to(tl.int32), axis=1)
+    tl.store(rank_ptr + p, rank, mask=ok)
+    tl.debug_barrier()  # every rank stored before any is read back
+    first = (rank // GROUP) * GROUP  # the rank of this pair's leader
+    leader = tl.zeros([P_PAD], dtype=tl.int32)
+    for q0 in tl.static_range(0, P_PAD, CHUNK):
+        q = q0 + tl.arange(0, CHUNK)
+        eq = tl.load(ids_ptr + q, mask=q < P, other=-1)
+        rq = tl.load(rank_ptr + q, mask=q < P, other=-1)
+        hit = (e[:, None] == eq[None, :]) & (rq[None, :] == first[:, None]) & (q < P)[None, :]
+        leader += tl.sum(tl.where(hit, q[None, :], 0), axis=1)
+    leads = ok & (rank == first)
+    row = table_ptr + p.to(tl.int64) * ROW
+    tl.store(row, e.to(tl.int32), mask=leads)
+    tl.store(row + 1, tl.where(leads, tl.minimum(total - rank, GROUP), 0), mask=ok)
+    tl.store(table_ptr + leader.to(tl.int64) * ROW + 2 + (rank - first), p, mask=ok)
+
+
+def _groups_blocks_kernel(ids_ptr, table_ptr, P, P_PAD: constexpr, BLOCK: constexpr, CHUNK: constexpr,
+                          GROUP: constexpr, ROW: constexpr):
     pdl_wait()
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = p < P
@@ -55,7 +91,7 @@ def _groups_kernel(ids_ptr, table_ptr, P, P_PAD: constexpr, BLOCK: constexpr, CH
     first = (rank // GROUP) * GROUP  # the rank of this pair's leader
     leader = tl.zeros([BLOCK], dtype=tl.int32)
     seen = tl.zeros([BLOCK], dtype=tl.int32)  # this pair's expert among the pairs before the chunk
-    for q0 in range(0, P_PAD, CHUNK):  # P_PAD: a constant bound (the interpreter's range takes no tensor)
+    for q0 in range(0, P_PAD, CHUNK):
         q = q0 + tl.arange(0, CHUNK)
         eq = tl.load(ids_ptr + q, mask=q < P, other=-2)
         same = (e[:, None] == eq[None, :]).to(tl.int32)
@@ -76,10 +112,16 @@ def supported(ids: torch.Tensor) -> bool:
 def groups(ids: torch.Tensor) -> torch.Tensor:
     """ids [T, k] (expert ids) -> the table [T * k, GROUP_ROW] int32 (see the module's doc)."""
     P = ids.numel()
+    flat = ids.contiguous().view(-1)
     table = torch.empty(P, GROUP_ROW, dtype=torch.int32, device=ids.device)
-    launcher(_groups_kernel, ids)[(cdiv(P, BLOCK),)](ids.contiguous().view(-1), table, P,
-                                                     P_PAD=max(CHUNK, next_pow2(P)), BLOCK=BLOCK, CHUNK=CHUNK,
-                                                     GROUP=GROUP, ROW=GROUP_ROW, num_warps=4)
+    pad = max(CHUNK, next_pow2(P))
+    if CONFIG["blocks"]:
+        launcher(_groups_blocks_kernel, ids)[(cdiv(P, BLOCK),)](flat, table, P, P_PAD=pad, BLOCK=BLOCK, CHUNK=CHUNK,
+                                                                GROUP=GROUP, ROW=GROUP_ROW, num_warps=4)
+        return table
+    rank = torch.empty(P, dtype=torch.int32, device=ids.device)
+    launcher(_groups_kernel, ids)[(1,)](flat, table, rank, P, P_PAD=pad, CHUNK=CHUNK, GROUP=GROUP, ROW=GROUP_ROW,
+                                        num_warps=4 if pad <= 256 else 8)
     return table
 
 
