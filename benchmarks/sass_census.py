@@ -2,7 +2,7 @@
 instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
 per weight element is known before a device call.
 
-    python benchmarks/sass_census.py [--kernel gate_up|down|tc|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
+    python benchmarks/sass_census.py [--kernel gl|gl_grouped|gate_up|down|tc|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
                                      [--rows 1] [--gemv v2|v3]
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token, or --rows rows of a batched
@@ -38,10 +38,12 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 compiled: list = []
 
 
-def compile_only(fn, t):
+def compile_only(fn, t, jit=None, source=ASTSource):
     """A launcher that compiles the launch's specialisation for sm_90 (as tests/compile_kernels.py) and keeps it in
-    `compiled` as (kernel name, grid, compiled kernel)."""
-    jit = triton.jit(fn)
+    `compiled` as (kernel name, grid, compiled kernel). jit, source: an already jitted kernel and its source class
+    (a Gluon kernel: GluonASTSource)."""
+    jit = jit or triton.jit(fn)
+    fn = jit.fn if hasattr(jit, "fn") else fn
 
     class Launch:
         def __getitem__(self, grid):
@@ -61,8 +63,8 @@ def compile_only(fn, t):
                             attrs[(i,)] = [["tt.divisibility", 16]]
                 for name in constexprs:
                     sig[name] = "constexpr"
-                src = ASTSource(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v
-                                                                   for n, v in constexprs.items()}, attrs=attrs)
+                src = source(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v
+                                                                for n, v in constexprs.items()}, attrs=attrs)
                 out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
                 compiled.append((fn.__name__, grid, out))
             return run
@@ -136,7 +138,18 @@ def build(kernel: str, rows: int = 1):
     fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=e8), "fp4")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8), "fp8", 1024, 0)
-    if kernel == "gate_up":
+    if kernel in ("gl", "gl_grouped"):  # the Gluon experts (moe_gl, tensor-core programs) of a 16-token step, mini's shapes
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from dsv4.kernels import expert_groups, moe_gl
+        moe_gl._launch = lambda k: compile_only(None, None, k, GluonASTSource)
+        t16 = torch.zeros(16, 4096, dtype=torch.bfloat16)
+        ids16, w16 = torch.zeros(16, 6, dtype=torch.int64), torch.zeros(16, 6, dtype=torch.bfloat16)
+        groups = torch.zeros(96, expert_groups.GROUP_ROW, dtype=torch.int32) if kernel == "gl_grouped" else None
+        h, _ = moe_gl.gate_up_shared(t16, ids16, fp4[0], fp4[1], 0, shared, shared, 10.0, groups)
+        moe_gl.down(torch.zeros(96, 2048, dtype=torch.bfloat16), ids16, w16, fp4[2], 0, t16, torch.empty_like(t16),
+                    groups)
+    elif kernel == "gate_up":
         moe.routed_and_shared_gate_up(x, ids, fp4[0], fp4[1], 0, shared, shared, 10.0)
     elif kernel == "down":
         moe.routed(x, ids, weights, fp4, 0, 10.0, add=x)
@@ -163,7 +176,8 @@ def build(kernel: str, rows: int = 1):
             route.route(torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                         tid2eid, 6, True, 1.5)
     else:
-        raise SystemExit(f"--kernel {kernel!r}: allowed gate_up, down, tc, qgemv, qgemv_fp4, dense, boundary, route")
+        raise SystemExit(f"--kernel {kernel!r}: allowed gl, gl_grouped, gate_up, down, tc, qgemv, qgemv_fp4, dense, "
+                         "boundary, route")
 
 
 def main(argv=None):
