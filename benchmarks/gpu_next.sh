@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# The next call on one H200 (<= 9.5 min), main's tree: DSV4_QGEMV_V3_SWAP=1 (session 25, off by default, never run on
-# a GPU): v3's FP8 products with the operands swapped, the weight the A operand of a warpgroup MMA (HGMMA 64x16x16,
-# A in registers; offline SASS of a Flash rank's wo_b: 19 barriers a program against v3's 35). Session 25's ncu: v3
-# at 27 % of the DRAM peak, its 128-wide blocks through shared memory with 35 barriers a program. Other bits than v3
-# (each row's still its own), so if it pays it needs the gate and the GPU suite before it is on by default.
-#   1. its test on the GPU (each row alone == in a batch; the float64 reference);
-#   2. qgemv_bench at 1 and 16 rows, v3 against swap / swap with 132 programs / swap with 128-output blocks
-#      (bits_as_v3_default is false by design: rows_exact is the check);
-#   3. ncu on it at a Flash rank's wo_b, one row;
-#   4. the server's own 16-row step, profiled (pooled states, v3 for both GEMV families): session 25 call 6 profiled
-#      plain states with the dense GEMVs on v2, not the server's step;
-#   5. the server on mini with the swap, concurrency 1 and 16 (IDENTITY must hold).
+# The next call on one H200 (<= 9.5 min), main's tree: two switches of session 26, both off by default and not yet
+# measured on a GPU:
+#   DSV4_MOE_GL_MAXNREG=128: moe_gl's kernel 1 built with at most 128 registers a thread (session 26 call 4's ncu of
+#     a 16-token step's kernel 1: DRAM 48 % of peak, 3 blocks an SM for want of registers; its sm_90 build under PDL
+#     takes 131-133, so 128 lets 4 blocks share an SM; the same bits);
+#   DSV4_EXPERT_GROUPS_BLOCKS=1: the groups' table in programs of 32 pairs (its tests passed on the GPU in call 4;
+#     call 3's profile put the one-program form at 70 us a layer at 32 rows).
+#   1. the register cap's test (the bits capped == uncapped, 1 and 16 tokens) and the table's tests;
+#   2. moe_bench at mini's shapes, 1 / 16 / 32 tokens: gl against the caps of 128 and 120, one process;
+#   3. mini's solo decode with the cap and without (one process each; its kernel 1 runs every layer);
+#   4. the server's pooled step at 16 and 32 rows profiled with both switches (the table's launch, kernel 1);
+#   5. the server on mini at concurrency 1 / 16 / 32 with both switches, then without (IDENTITY in both).
+# If they pay: on by default needs the gate on mini and the GPU suite (the same bits: streams unchanged).
 # Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
-step 80 "$OUT/pytest_swap.txt" python -m pytest -q -p no:cacheprovider -rfE tests/test_qgemv.py -k "swap"
-step 80 "$OUT/qgemv_swap.txt" python benchmarks/qgemv_bench.py --rows 1,16 --arms '^v3_(default|swap|swap_p132|swap_n128)$'
-step 35 "$OUT/ncu_wo_b_swap.txt" ncu --clock-control none --kernel-name regex:qgemv3 --launch-skip 2 --launch-count 1 \
-  --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-  python benchmarks/qgemv_one.py --n 4096 --k 4096 --rows 1 --set kernel=v3 --set v3_swap=1
-step 120 "$OUT/batch_mini_pool.txt" env DSV4_QGEMV=v3 DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini --pool \
-  --sizes 1 16 --steps 32 --rows 3 --profile 16 --top 25
-step 85 "$OUT/serve_mini_swap.txt" env DSV4_QGEMV_V3_SWAP=1 python benchmarks/serve_bench.py --preset mini \
-  --device cuda --concurrency 1,16 --prompt-tokens 64 --max-tokens 64 --warmup 1
+step 80 "$OUT/pytest_cap.txt" python -m pytest -q -p no:cacheprovider -rfE tests/test_moe_gl.py \
+  tests/test_expert_groups.py -k "register_cap or table"
+step 90 "$OUT/moe_cap.txt" python benchmarks/moe_bench.py --world 1 --tokens 1,16,32 \
+  --arms '^gl(_maxnreg128|_maxnreg120)?$' --calls 32
+step 70 "$OUT/bench_mini_cap.txt" env DSV4_MOE_GL_MAXNREG=128 python -m dsv4.cli bench --preset mini --device cuda \
+  --prime 64 --steps 64 --rows 3
+step 70 "$OUT/bench_mini.txt" python -m dsv4.cli bench --preset mini --device cuda --prime 64 --steps 64 --rows 3
+step 100 "$OUT/batch_mini_pool_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 DSV4_QGEMV=v3 \
+  DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini --pool --sizes 16 32 --steps 32 --rows 3 --profile 16 32 \
+  --top 25
+step 75 "$OUT/serve_mini_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 python \
+  benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,16,32 --prompt-tokens 64 --max-tokens 64 \
+  --warmup 1
+step 75 "$OUT/serve_mini.txt" python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,16,32 \
+  --prompt-tokens 64 --max-tokens 64 --warmup 1

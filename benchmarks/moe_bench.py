@@ -92,6 +92,9 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     # "gl_pairs" a program a pair, as before (bit_equal_base: "gl")
     "gl_grouped": {"gl": {"grouped": True}},
     "gl_pairs": {"gl": {"grouped": False}},
+    # kernel 1's registers capped at 128 a thread (moe_gl CONFIG gate_up_maxnreg): 4 blocks an SM where 131 allow 3
+    "gl_maxnreg128": {"gl": {"gate_up_maxnreg": 128}},
+    "gl_maxnreg120": {"gl": {"gate_up_maxnreg": 120}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -254,7 +257,7 @@ class Bench:
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
         for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8",
-                        "gl_grouped", "gl_pairs"):
+                        "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

@@ -48,7 +48,7 @@ def compile_only(fn, t, jit=None, source=ASTSource):
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg") if k in constexprs}
                 sig, attrs = {}, {}
                 for i, (name, a) in enumerate(zip(jit.arg_names, args)):
                     if type(a) is int and a == 1:

@@ -72,7 +72,8 @@ def _recorder(jit, kernel_name: str, source):
     class Launch:
         def __getitem__(self, grid):
             def run(*args, **constexprs):
-                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in constexprs}
+                options = {k: constexprs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl", "maxnreg")
+                           if k in constexprs}
                 if PDL:
                     pdl_variants.add((kernel_name, options.get("launch_pdl", False)))
                 names = jit.arg_names
@@ -576,6 +577,8 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     for tiles, unroll in ((1, 2), (1, 4), (1, 8)) if SWEEPS else ((1, 4),):  # the tensor-core programs (default 1 x 4)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
+    moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
+    gluon_variants()
     moe_gl.CONFIG.update(_mma)
 
 

@@ -195,3 +195,30 @@ def test_grouped_pairs_have_the_ungrouped_bits(monkeypatch, dtype, unroll, T):
                           results[True]):
         assert torch.equal(a, b), name
     assert torch.isfinite(results[True][3].float()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("T", [1, 16])
+def test_kernel1_register_cap_keeps_the_bits(monkeypatch, T):
+    """CONFIG gate_up_maxnreg (DSV4_MOE_GL_MAXNREG): kernel 1 built with its registers capped has the uncapped
+    build's bits (routed and shared rows, one launch and alone; the layer's output), one token and 16 (grouped)."""
+    from quantised_cases import quantised
+
+    stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+    g = torch.Generator().manual_seed(9)
+    sw1, sw3 = (quantised("fp8", 2048, x.shape[1], g).to("cuda") for _ in range(2))
+    args = (stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0)
+    mine = ((ids >= 16) & (ids < 32)).flatten()
+    results = {}
+    for cap in (0, 128):
+        monkeypatch.setitem(moe_gl.CONFIG, "gate_up_maxnreg", cap)
+        table = moe_gl.groups_for(x, ids, stacks["w1"], stacks["w3"])
+        h, sh = fused_moe.routed_and_shared_gate_up(x, ids, *args, table)
+        alone = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0, table)
+        results[cap] = (h[mine], sh, alone[mine], _routed(stacks, x, shared, ids, weights))
+    for name, a, b in zip(("h", "shared h", "h alone", "y"), results[0], results[128]):
+        assert torch.equal(a, b), name

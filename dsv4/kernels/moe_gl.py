@@ -66,7 +66,14 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "shared_rows_per_thread": 1, "shared_tokens": 8,
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
-          "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1"}
+          "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
+          "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0"))}
+# gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
+# capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
+# instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
+# sm_90 build takes 131 registers a thread (benchmarks/sass_census.py --kernel gl_grouped), 3 over the 128 that would
+# let 4 blocks (16 warps) share an SM. Capped at 128: 24 bytes of stack, 5 spill stores and loads outside the K loop,
+# the loop's 1,514 instructions unchanged. The same operations in the same order: the same bits.
 # grouped (on by default since session 26; DSV4_MOE_GL_GROUPED=0 turns it off): in a step of more than one token, the
 # tensor-core programs of both kernels take a group of up to 8 pairs of one expert (dsv4.kernels.expert_groups, one
 # launch a layer before kernel 1), a pair a column of the m16n8k16 products, so that an expert picked by several of the
@@ -824,6 +831,11 @@ def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
 
+def _gate_up_options() -> dict:
+    """Kernel 1's compile options beyond _options: CONFIG gate_up_maxnreg's cap where set."""
+    return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] else {}
+
+
 def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
     """The step's pairs grouped by expert (dsv4.kernels.expert_groups' table) where CONFIG grouped is on, the step
     has more than one token and kernel 1 runs here on the tensor cores; else None (the ungrouped programs). Kernel 2
@@ -856,7 +868,8 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     at, grouped = _ids_or_groups(ids, groups, mma)
     _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
-        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped, **_options())
+        K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped,
+        **_options(), **_gate_up_options())
     return h
 
 
@@ -894,7 +907,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped,
-        **_options())
+        **_options(), **_gate_up_options())
     return h, sh
 
 
