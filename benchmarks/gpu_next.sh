@@ -6,22 +6,22 @@
 #     takes 131-133, so 128 lets 4 blocks share an SM; the same bits);
 #   DSV4_EXPERT_GROUPS_BLOCKS=1: the groups' table in programs of 32 pairs (its tests passed on the GPU in call 4;
 #     call 3's profile put the one-program form at 70 us a layer at 32 rows).
-#   1. the register cap's test (the bits capped == uncapped, 1 and 16 tokens) and the table's tests;
-#   2. moe_bench at mini's shapes, 1 / 16 / 32 tokens: gl against the caps of 128 and 120, one process;
-#   3. mini's solo decode with the cap and without (one process each; its kernel 1 runs every layer);
+#   1. the register cap's test (the bits capped == uncapped) and the table's tests;
+#   2. moe_bench at mini's shapes, 16 / 32 tokens: gl against the caps of 128 and 120, one process (a one-token step
+#      keeps the uncapped build: 96 registers, which the cap would raise to 128);
+#   3. the gate on mini with both switches (its batch of 4 takes both: BATCH_IDENTITY, the stream unchanged);
 #   4. the server's pooled step at 16 and 32 rows profiled with both switches (the table's launch, kernel 1);
 #   5. the server on mini at concurrency 1 / 16 / 32 with both switches, then without (IDENTITY in both).
-# If they pay: on by default needs the gate on mini and the GPU suite (the same bits: streams unchanged).
+# If they pay: on by default needs the GPU suite too (the same bits: streams unchanged).
 # Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
 step 80 "$OUT/pytest_cap.txt" python -m pytest -q -p no:cacheprovider -rfE tests/test_moe_gl.py \
   tests/test_expert_groups.py -k "register_cap or table"
-step 90 "$OUT/moe_cap.txt" python benchmarks/moe_bench.py --world 1 --tokens 1,16,32 \
+step 80 "$OUT/moe_cap.txt" python benchmarks/moe_bench.py --world 1 --tokens 16,32 \
   --arms '^gl(_maxnreg128|_maxnreg120)?$' --calls 32
-step 70 "$OUT/bench_mini_cap.txt" env DSV4_MOE_GL_MAXNREG=128 python -m dsv4.cli bench --preset mini --device cuda \
-  --prime 64 --steps 64 --rows 3
-step 70 "$OUT/bench_mini.txt" python -m dsv4.cli bench --preset mini --device cuda --prime 64 --steps 64 --rows 3
+step 95 "$OUT/gate_mini_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 python -m dsv4.cli gate \
+  --preset mini --device cuda --ranks 1 --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini-both.txt"
 step 100 "$OUT/batch_mini_pool_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 DSV4_QGEMV=v3 \
   DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini --pool --sizes 16 32 --steps 32 --rows 3 --profile 16 32 \
   --top 25

@@ -138,16 +138,17 @@ def build(kernel: str, rows: int = 1):
     fp4 = [QWeight(torch.zeros(4, n, k // 2, dtype=torch.int8), torch.zeros(4, n, k // 32, dtype=e8), "fp4")
            for n, k in ((2048, 4096), (2048, 4096), (4096, 2048))]
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=e8), "fp8", 1024, 0)
-    if kernel in ("gl", "gl_grouped"):  # the Gluon experts (moe_gl, tensor-core programs) of a 16-token step, mini's shapes
+    if kernel in ("gl", "gl_grouped"):  # the Gluon experts (moe_gl, tensor-core programs) of a --rows-token step
         from triton.experimental.gluon._runtime import GluonASTSource
 
         from dsv4.kernels import expert_groups, moe_gl
         moe_gl._launch = lambda k: compile_only(None, None, k, GluonASTSource)
-        t16 = torch.zeros(16, 4096, dtype=torch.bfloat16)
-        ids16, w16 = torch.zeros(16, 6, dtype=torch.int64), torch.zeros(16, 6, dtype=torch.bfloat16)
-        groups = torch.zeros(96, expert_groups.GROUP_ROW, dtype=torch.int32) if kernel == "gl_grouped" else None
-        h, _ = moe_gl.gate_up_shared(t16, ids16, fp4[0], fp4[1], 0, shared, shared, 10.0, groups)
-        moe_gl.down(torch.zeros(96, 2048, dtype=torch.bfloat16), ids16, w16, fp4[2], 0, t16, torch.empty_like(t16),
+        T = rows if rows > 1 or kernel == "gl" else 16  # the table is for steps of more than one token
+        xt = torch.zeros(T, 4096, dtype=torch.bfloat16)
+        ids_t, w_t = torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=torch.bfloat16)
+        groups = torch.zeros(T * 6, expert_groups.GROUP_ROW, dtype=torch.int32) if kernel == "gl_grouped" else None
+        moe_gl.gate_up_shared(xt, ids_t, fp4[0], fp4[1], 0, shared, shared, 10.0, groups)
+        moe_gl.down(torch.zeros(T * 6, 2048, dtype=torch.bfloat16), ids_t, w_t, fp4[2], 0, xt, torch.empty_like(xt),
                     groups)
     elif kernel == "gate_up":
         moe.routed_and_shared_gate_up(x, ids, fp4[0], fp4[1], 0, shared, shared, 10.0)
@@ -186,7 +187,8 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--elements", type=int, default=0, help="weight elements a thread decodes per loop iteration")
     ap.add_argument("--dump", help="write the SASS of the kernels here")
-    ap.add_argument("--rows", type=int, default=1, help="rows of the GEMVs' input (qgemv, qgemv_fp4, dense)")
+    ap.add_argument("--rows", type=int, default=1, help="rows of the GEMVs' input (qgemv, qgemv_fp4, dense), tokens "
+                    "of the Gluon experts' step (gl; gl_grouped: 16 unless more than 1)")
     ap.add_argument("--gemv", choices=("v2", "v3"), help="the GEMVs' kernels (dsv4.kernels.select_gemv; default: "
                     "DSV4_QGEMV's and DSV4_DENSE_GEMV's)")
     args = ap.parse_args(argv)

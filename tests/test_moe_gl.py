@@ -202,7 +202,8 @@ def test_grouped_pairs_have_the_ungrouped_bits(monkeypatch, dtype, unroll, T):
 @pytest.mark.parametrize("T", [1, 16])
 def test_kernel1_register_cap_keeps_the_bits(monkeypatch, T):
     """CONFIG gate_up_maxnreg (DSV4_MOE_GL_MAXNREG): kernel 1 built with its registers capped has the uncapped
-    build's bits (routed and shared rows, one launch and alone; the layer's output), one token and 16 (grouped)."""
+    build's bits (routed and shared rows, one launch and alone; the layer's output), 16 tokens (grouped); one token
+    keeps the uncapped build (the same bits trivially: the case checks the choice does not break it)."""
     from quantised_cases import quantised
 
     stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T)

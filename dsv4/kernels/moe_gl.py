@@ -73,7 +73,9 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
 # sm_90 build takes 131 registers a thread (benchmarks/sass_census.py --kernel gl_grouped), 3 over the 128 that would
 # let 4 blocks (16 warps) share an SM. Capped at 128: 24 bytes of stack, 5 spill stores and loads outside the K loop,
-# the loop's 1,514 instructions unchanged. The same operations in the same order: the same bits.
+# the loop's 1,514 instructions unchanged. The same operations in the same order: the same bits, so the cap may
+# follow the step's size: only steps of more than one token take it (a one-token step's build, its shared programs
+# of one token, takes 96 registers, and 128 under the cap: ptxas spends what it is allowed, 4 blocks an SM for 5).
 # grouped (on by default since session 26; DSV4_MOE_GL_GROUPED=0 turns it off): in a step of more than one token, the
 # tensor-core programs of both kernels take a group of up to 8 pairs of one expert (dsv4.kernels.expert_groups, one
 # launch a layer before kernel 1), a pair a column of the m16n8k16 products, so that an expert picked by several of the
@@ -831,9 +833,10 @@ def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
 
-def _gate_up_options() -> dict:
-    """Kernel 1's compile options beyond _options: CONFIG gate_up_maxnreg's cap where set."""
-    return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] else {}
+def _gate_up_options(T: int) -> dict:
+    """Kernel 1's compile options beyond _options for a step of T tokens: CONFIG gate_up_maxnreg's cap where set and
+    T > 1 (see CONFIG)."""
+    return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] and T > 1 else {}
 
 
 def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
@@ -869,7 +872,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped,
-        **_options(), **_gate_up_options())
+        **_options(), **_gate_up_options(T))
     return h
 
 
@@ -907,7 +910,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
         x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped,
-        **_options(), **_gate_up_options())
+        **_options(), **_gate_up_options(T))
     return h, sh
 
 
