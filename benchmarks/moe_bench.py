@@ -80,6 +80,9 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_rn2_w8": {"gl": {"rows_per_thread": 2, "num_warps": 8}},
     "gl_rn4_w8": {"gl": {"rows_per_thread": 4, "num_warps": 8}},
     "gl_s4": {"gl": {"shared_tokens": 4}},  # the shared expert's tokens a program (gate_up_and_shared)
+    # session 26: kernel 1's registers follow the shared programs' tokens (sm_90 under PDL, a 16-token step: 8 tokens
+    # 131 registers, 3 blocks an SM; 4 tokens 128, 4 blocks; 2 tokens 96, 5 blocks); each token's sums the same
+    "gl_s2": {"gl": {"shared_tokens": 2}},
     "gl_solo8": {"gl": {"shared_tokens_solo": 8}},  # a one-token step's shared programs of 8 (before session 16)
     "gl_srn2": {"gl": {"shared_rows_per_thread": 2}},  # the shared expert's rows a thread
     # kernel 1's routed programs on the tensor cores (moe_gl CONFIG mma): 16-row tiles a program x groups a step
@@ -256,7 +259,7 @@ class Bench:
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_s4", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8",
+        for variant in ("base", "gl", "gl_s4", "gl_s2", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8",
                         "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
