@@ -128,8 +128,8 @@ def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
     """Kernel 1 with the shared expert's FP8 gate/up in the routed launch (a rank's rows starting 64 into a scale
     block): the routed rows' bytes are the routed launch's alone; the shared rows agree with the pair kernels' within
     the bf16 activation's rounding (close); each token alone equals it in a step of 20 tokens (at another place of
-    its shared program, 8 tokens a program; alone, a step of one token, a program of shared_tokens_solo tokens: 1
-    and 8 both checked, the one-token kernel is another compiled size)."""
+    its shared program, 8, 4 or 2 tokens a program, the same bits; alone, a step of one token, a program of
+    shared_tokens_solo tokens: 1 and 8 both checked, the one-token kernel is another compiled size)."""
     from quantised_cases import close, quantised
 
     stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 20)
@@ -144,6 +144,10 @@ def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
     _, sh_pairs = fused_moe.routed_and_shared_gate_up(x, ids, *args)
     monkeypatch.setitem(moe_gl.CONFIG, "on", True)
     h, sh = fused_moe.routed_and_shared_gate_up(x, ids, *args)
+    for tokens in (8, 4, 2):  # a shared program's tokens: each token's sums are its own
+        monkeypatch.setitem(moe_gl.CONFIG, "shared_tokens", tokens)
+        h_n, sh_n = fused_moe.routed_and_shared_gate_up(x, ids, *args)
+        assert torch.equal(sh_n, sh), tokens
     mine = ((ids >= 16) & (ids < 32)).flatten()  # the rows kernel 1 writes (another rank's stay unwritten)
     assert torch.equal(h[mine], moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)[mine])
     close(sh, sh_pairs, torch.bfloat16)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import QWeight
-from . import PDL, cdiv, expert_groups, getenv, interpreting
+from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
 
 try:
     from triton.experimental import gluon
@@ -59,11 +59,16 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 # and is not kept.
 # shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
 # launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
+# Session 27 call 1 (moe_bench, mini's kernel 1 with the shared expert, the same bits): shared_tokens 8 -> 4 took a
+# 16-token step's launch from 312.8 to 279.3 us and a 32-token step's from 609.4 to 552.3 (4 tokens: 128 registers, no
+# spills, 4 blocks an SM; the shared weights read 4 or 8 times a step instead of 2 or 4); 4 by default since, 8 with
+# DSV4_MOE_GL_SHARED_TOKENS=8. (The register cap, DSV4_MOE_GL_MAXNREG=128, gave the shared programs as much, 281.1 /
+# 553.0 us, but slowed the routed programs: a 32-token step's routed gate/up 359.4 -> 420.8 us.)
 # shared_tokens_solo: the tokens a shared program takes in a step of one token (a solo decode step): 8 there computes
 # 7 masked tokens' products for nothing (session 14 call 2: a layer's kernel 1 at one token 29.0 us with 1 token a
 # program, 38.2 with 8). DSV4_MOE_GL_SOLO_SHARED=8 keeps one compiled size for every step.
 CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num_warps": 4,
-          "shared_rows_per_thread": 1, "shared_tokens": 8,
+          "shared_rows_per_thread": 1, "shared_tokens": int(getenv("DSV4_MOE_GL_SHARED_TOKENS", "4")),
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
@@ -813,20 +818,7 @@ def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
     return _compiled(x) and h.is_contiguous() and _fits(w2, h.shape[1]) and w2.shape[0] == x.shape[1]
 
 
-_fast: dict = {}
-
-
-def _launch(kernel):
-    """kernel's FastLaunch (dsv4.kernels.fast_launch) under DSV4_FAST_LAUNCH, else kernel; under DSV4_PDL with
-    launch_pdl (dsv4.kernels.with_pdl)."""
-    from . import FAST_LAUNCH, fast_launch, with_pdl
-
-    if not FAST_LAUNCH:
-        return with_pdl(kernel)
-    f = _fast.get(kernel)
-    if f is None:
-        f = _fast[kernel] = with_pdl(fast_launch(kernel))
-    return f
+_launch = gluon_launcher  # a module global: tests/compile_kernels.py and sass_census replace it to compile only
 
 
 def _options() -> dict:
