@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
-from dsv4.kernels import qgemv, qgemv_gl
+from dsv4.kernels import qgemv
 from dsv4.model import moe as moe_mod
 from dsv4.formats import QWeight
 from dsv4.receipts import emit
@@ -90,21 +90,6 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
                               "v2_programs": 2048},
     "v2_n32_k1024_unroll": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_unroll": True},
 }
-# Session 27: the v2 family's FP8 GEMV in Gluon (dsv4.kernels.qgemv_gl, DSV4_QGEMV_GL=1): a program's whole K chunk
-# in flight before its wait. "gl" holds qgemv_gl.CONFIG's overrides (rows a thread, warps, the split's programs and
-# steps a split); other bits than v2's.
-GL = {"kernel": "v2"}
-QGEMV_VARIANTS.update({
-    "gl_r2w4": {**GL, "gl": {}},
-    "gl_r1w4": {**GL, "gl": {"rows_per_thread": 1}},
-    "gl_r4w4": {**GL, "gl": {"rows_per_thread": 4}},
-    "gl_r2w8": {**GL, "gl": {"num_warps": 8}},
-    "gl_r4w8": {**GL, "gl": {"rows_per_thread": 4, "num_warps": 8}},
-    "gl_r2w4_p1056": {**GL, "gl": {"programs": 1056}},
-    "gl_r2w4_p264": {**GL, "gl": {"programs": 264}},
-    "gl_r2w4_s2": {**GL, "gl": {"max_steps": 2}},
-    "gl_r2w4_s8": {**GL, "gl": {"max_steps": 8}},
-})
 TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528",  # variant -> same bits as
          "v2_unroll": "v2_default", "v2_flat_unroll": "v2_flat", "v2_k1024_unroll": "v2_k1024"}
 ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per row or v2_rows per program
@@ -126,8 +111,6 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # with 132 programs 52.5 / 56.6, 128-output blocks 55.5 / 64.4, against v3's 54.2 / 59.2.
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
-    "gl_rows8": {**GL, "gl": {}},  # qgemv_gl (session 27): v2_rows rows a program, a row's bits its own
-    "gl_rows1": {**GL, "v2_rows": 1, "gl": {}},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
@@ -212,15 +195,6 @@ def random_weight(fmt: str, n: int, k: int, lead: tuple = ()) -> QWeight:
         data = (torch.randn(*lead, n, k, device=DEVICE) * 64).to(torch.float8_e4m3fn)
         return QWeight(data, scales(*lead, math.ceil(n / 128), math.ceil(k / 128)), "fp8")
     return QWeight(torch.randn(*lead, n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02)
-
-
-def gemv_pairs(overrides: dict) -> tuple:
-    """configured's pairs for a qgemv variant: qgemv.CONFIG's overrides, and qgemv_gl.CONFIG's (on) under "gl"."""
-    gl_overrides = overrides.get("gl")
-    plain = {k: v for k, v in overrides.items() if k != "gl"}
-    if gl_overrides is None:
-        return (qgemv.CONFIG, plain), (qgemv_gl.CONFIG, {"on": False})
-    return (qgemv.CONFIG, plain), (qgemv_gl.CONFIG, {"on": True, **gl_overrides})
 
 
 @contextlib.contextmanager
@@ -340,14 +314,10 @@ def bench_dense(run: Runner, cfg, w: int, shapes: re.Pattern):
             twin = None
             if variant in TWINS:
                 def twin(f=fused, o=QGEMV_VARIANTS[TWINS[variant]]):
-                    with configured(None, *gemv_pairs(o)):
+                    with configured(None, (qgemv.CONFIG, o)):
                         return f(0)
-            if "gl" in overrides:
-                with configured(None, *gemv_pairs(overrides)):
-                    if not qgemv_gl.chosen(x, weights[0], 1, n // gx if kind == "grouped" else 0):
-                        continue  # the shape is not the Gluon kernel's: the arm would time v2
             run.arm(name, variant, fused, expected, nbytes, calls,
-                    lambda o=overrides: configured(None, *gemv_pairs(o)), twin=twin, **info)
+                    lambda o=overrides: configured(None, (qgemv.CONFIG, o)), twin=twin, **info)
         del weights
 
 
@@ -431,11 +401,11 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
             else:
                 expected = F.linear(x, wt)
             info = dict(fmt=fmt, N=n, K=k, kind=kind, copies=copies, rows=rows)
-            with configured(None, *gemv_pairs(ROWS_VARIANTS["v3_default"])):
+            with configured(None, (qgemv.CONFIG, ROWS_VARIANTS["v3_default"])):
                 v3_out = product(x, one)
             for variant, overrides in ROWS_VARIANTS.items():
                 def context(o=overrides):
-                    return configured(None, *gemv_pairs(o))
+                    return configured(None, (qgemv.CONFIG, o))
                 if not run.arms.search(variant):
                     continue
                 try:

@@ -198,20 +198,6 @@ FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "1") == "1"
 _fast: dict = {}
 
 
-_gluon_fast: dict = {}
-
-
-def gluon_launcher(kernel):
-    """A Gluon kernel's launcher (dsv4.kernels.moe_gl, qgemv_gl): its FastLaunch under DSV4_FAST_LAUNCH, else the
-    kernel; under DSV4_PDL with launch_pdl (with_pdl)."""
-    if not FAST_LAUNCH:
-        return with_pdl(kernel)
-    f = _gluon_fast.get(kernel)
-    if f is None:
-        f = _gluon_fast[kernel] = with_pdl(fast_launch(kernel))
-    return f
-
-
 def fast_launch(k):
     """k's FastLaunch; k itself when it has no compiled kernels (the interpreter's InterpretedFunction)."""
     from triton.runtime.jit import JITFunction

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import QWeight
-from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
+from . import PDL, cdiv, expert_groups, getenv, interpreting
 
 try:
     from triton.experimental import gluon
@@ -58,7 +58,8 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
 # and is not kept.
 # shared_rows_per_thread, shared_tokens: the shared expert's FP8 rows a thread and tokens a program in the routed
-# launch; 1 and 8 keep the launch at the routed programs' 128 registers (sm_90 census: 2 rows or 16 tokens, 158-241).
+# launch; 1 and 8 kept the launch near the routed programs' registers (sm_90 census: 2 rows or 16 tokens, 158-241;
+# session 26 under DSV4_PDL: 8 tokens 131, 4 tokens 128, 2 tokens 96).
 # Session 27 call 1 (moe_bench, mini's kernel 1 with the shared expert, the same bits): shared_tokens 8 -> 4 took a
 # 16-token step's launch from 312.8 to 279.3 us and a 32-token step's from 609.4 to 552.3 (4 tokens: 128 registers, no
 # spills, 4 blocks an SM; the shared weights read 4 or 8 times a step instead of 2 or 4); 4 by default since, 8 with
@@ -818,7 +819,20 @@ def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
     return _compiled(x) and h.is_contiguous() and _fits(w2, h.shape[1]) and w2.shape[0] == x.shape[1]
 
 
-_launch = gluon_launcher  # a module global: tests/compile_kernels.py and sass_census replace it to compile only
+_fast: dict = {}
+
+
+def _launch(kernel):
+    """kernel's FastLaunch (dsv4.kernels.fast_launch) under DSV4_FAST_LAUNCH, else kernel; under DSV4_PDL with
+    launch_pdl (dsv4.kernels.with_pdl)."""
+    from . import FAST_LAUNCH, fast_launch, with_pdl
+
+    if not FAST_LAUNCH:
+        return with_pdl(kernel)
+    f = _fast.get(kernel)
+    if f is None:
+        f = _fast[kernel] = with_pdl(fast_launch(kernel))
+    return f
 
 
 def _options() -> dict:

@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait, qgemv_gl
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -662,14 +662,6 @@ def rows_per_program(rows: int, cap: int) -> int:
 
 
 def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int):
-    if experts is None and qgemv_gl.chosen(x, w, rows, group_n):  # DSV4_QGEMV_GL=1: the Gluon kernel
-        per_program = rows_per_program(rows, CONFIG["v2_rows"])
-        count = cdiv(rows, per_program) * (w.shape[0] // qgemv_gl.block_n())
-        tickets = tickets_for(count, x.device) if qgemv_gl.splits(*w.shape) > 1 else None
-        partials = qgemv_gl.launch(x, w, y, rows, group_n, per_program, tickets)
-        if partials is not None:
-            sum_splits(partials, y, rows)
-        return y
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     fp4 = w.fmt == "fp4"
     data, scale = _operands(w, words=True)
@@ -700,14 +692,8 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
         UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k, **extra)
     if splits > 1 and tickets is None:
-        sum_splits(partials, y, rows)
+        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
     return y
-
-
-def sum_splits(partials: torch.Tensor, y: torch.Tensor, rows: int) -> None:
-    """y [rows, N] = the fp32 partials [rows, splits, N] summed in split order (_sum_splits_kernel)."""
-    N, splits = y.shape[-1], partials.shape[1]
-    launcher(_sum_splits_kernel, partials)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
 
 
 def _launch3(x, w: QWeight, y, rows: int, group_n: int):
