@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import moe as fused_moe
-from dsv4.kernels import qgemv
+from dsv4.kernels import qgemv, qgemv_mma
 from dsv4.model import moe as moe_mod
 from dsv4.formats import QWeight
 from dsv4.receipts import emit
@@ -111,6 +111,15 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     # with 132 programs 52.5 / 56.6, 128-output blocks 55.5 / 64.4, against v3's 54.2 / 59.2.
     "v3_w8": {"kernel": "v3", "v3_num_warps": 8},
     "v3_n64": {"kernel": "v3", "v3_block_n": 64},
+    # Session 27: the mma family (dsv4.kernels.qgemv_mma: the FP8 weights the A operand of m16n8k16 products, up to
+    # 8 rows their columns); "mma" holds qgemv_mma.CONFIG's overrides (tiles a program, warps, pieces a step, the
+    # split's programs). Other bits than v2's and v3's.
+    "mma_default": {"kernel": "mma", "mma": {}},
+    "mma_u2": {"kernel": "mma", "mma": {"u": 2}},
+    "mma_u8": {"kernel": "mma", "mma": {"u": 8}},
+    "mma_w8": {"kernel": "mma", "mma": {"warps": 8}},
+    "mma_p528": {"kernel": "mma", "mma": {"programs": 528}},
+    "mma_p132": {"kernel": "mma", "mma": {"programs": 132}},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
@@ -195,6 +204,12 @@ def random_weight(fmt: str, n: int, k: int, lead: tuple = ()) -> QWeight:
         data = (torch.randn(*lead, n, k, device=DEVICE) * 64).to(torch.float8_e4m3fn)
         return QWeight(data, scales(*lead, math.ceil(n / 128), math.ceil(k / 128)), "fp8")
     return QWeight(torch.randn(*lead, n, k, device=DEVICE, dtype=torch.bfloat16) * 0.02)
+
+
+def gemv_pairs(overrides: dict) -> tuple:
+    """configured's pairs for a qgemv variant: qgemv.CONFIG's overrides, and qgemv_mma.CONFIG's under "mma"."""
+    return (qgemv.CONFIG, {k: v for k, v in overrides.items() if k != "mma"}), (qgemv_mma.CONFIG,
+                                                                              overrides.get("mma", {}))
 
 
 @contextlib.contextmanager
@@ -405,7 +420,7 @@ def bench_rows(run: Runner, cfg, w: int, rows_list):
                 v3_out = product(x, one)
             for variant, overrides in ROWS_VARIANTS.items():
                 def context(o=overrides):
-                    return configured(None, (qgemv.CONFIG, o))
+                    return configured(None, *gemv_pairs(o))
                 if not run.arms.search(variant):
                     continue
                 try:

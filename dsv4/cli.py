@@ -35,9 +35,10 @@ def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True, serving: 
                    help="compute dtype (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--ranks", type=int, default=1, help="TP/EP ranks (spawned on this host)")
     p.add_argument("--weight-seed", type=int, default=0, help="seed of a preset's random weights")
-    p.add_argument("--gemv", choices=["v2", "v3"], default=None,
-                   help="decode GEMV kernels on CUDA: v2 (fastest for one sequence) or v3 (tensor-core tiles of 16 "
-                        "rows: batched steps much faster, a lone sequence slower). Default: "
+    p.add_argument("--gemv", choices=["v2", "v3", "mma"], default=None,
+                   help="decode GEMV kernels on CUDA: v2 (fastest for one sequence), v3 (tensor-core tiles of 16 "
+                        "rows: batched steps much faster, a lone sequence slower) or mma (the FP8 weights as "
+                        "m16n8k16 products, up to 8 rows their columns). Default: "
                         + ("v3 (a server's steps are batched), unless DSV4_QGEMV / DSV4_DENSE_GEMV name the kernels"
                            if serving else "v2, or what DSV4_QGEMV / DSV4_DENSE_GEMV name")
                         + ". Tokens are the same alone or batched under either, but v2 and v3 differ from each other")

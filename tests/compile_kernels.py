@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -50,6 +50,7 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_dense3_kernel": {"w_ptr"},
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
+         "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
          "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 
 
@@ -580,6 +581,29 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
+
+
+def qgemv_mma_variants():
+    """dsv4.kernels.qgemv_mma (the mma GEMV family, DSV4_QGEMV=mma) at the FP8 linears of a Flash rank (1 of 2) and of
+    mini: a lone row, 3 and 16 rows, the grouped wo_a, a rank's slice 64 rows into its scale block, and the split sum
+    in a second launch (no tickets)."""
+    qgemv_mma._launch = gluon_compile_only
+    shapes = ((1536, 4096, 0), (16384, 1024, 0), (4096, 4096, 1024), (4096, 4096, 0), (8192, 1024, 0),
+              (4096, 1024, 0), (32768, 1024, 0), (8192, 4096, 1024), (4096, 8192, 0))
+    for n, k, group_n in shapes:
+        w = QWeight(torch.zeros(n, k, dtype=torch.float8_e4m3fn),
+                    torch.zeros(n // 128 + 1, k // 128, dtype=torch.float8_e8m0fnu), "fp8", 64, 0)
+        xk = k * (n // group_n) if group_n else k
+        for rows in (1, 3, 16):
+            x = torch.zeros(rows, xk, dtype=torch.bfloat16)
+            qgemv_mma.launch(x, w, torch.zeros(rows, n, dtype=torch.bfloat16), rows, group_n,
+                             torch.zeros(1 << 16, dtype=torch.int32))
+        if qgemv_mma.splits(n, k) > 1:
+            qgemv_mma.launch(x, w, torch.zeros(rows, n, dtype=torch.bfloat16), rows, group_n, None)
+
+
+if qgemv_mma.gl is not None:
+    qgemv_mma_variants()
 
 
 def prefill_moe_variants(dtype, scale_dtype):

@@ -86,7 +86,7 @@ def enabled(kernel, t: torch.Tensor) -> bool:
     return use_triton(t, gpu_checked=kernel.GPU_CHECKED)
 
 
-GEMVS = ("v2", "v3")
+GEMVS = ("v2", "v3", "mma")
 
 
 def gemv() -> str:
@@ -101,14 +101,16 @@ def select_gemv(name: str) -> None:
     """The decode GEMVs' kernels for this process and the ranks it spawns after this call (they read
     DSV4_QGEMV / DSV4_DENSE_GEMV at import): "v2", one row per program's own multiply-adds (fastest for one
     sequence), or "v3", tensor-core tiles of 16 rows (a batched step's GEMVs ~4x faster at 16 rows, a lone row
-    ~25 % slower: benchmarks/RESULTS.md, session 7). Either way a row's bits do not depend on the batch, but v2
-    and v3 give a row different bits: a model's outputs are comparable within one choice."""
+    ~25 % slower: benchmarks/RESULTS.md, session 7), or "mma" (the FP8 GEMVs as m16n8k16 products, the rows their
+    columns, dsv4.kernels.qgemv_mma; the bf16 GEMVs v3's). Either way a row's bits do not depend on the batch, but
+    the families give a row different bits: a model's outputs are comparable within one choice."""
     from . import dense, qgemv
 
     if name not in GEMVS:
         raise ValueError(f"gemv {name!r}: allowed {list(GEMVS)}")
-    qgemv.CONFIG["kernel"] = dense.CONFIG["kernel"] = name
-    os.environ["DSV4_QGEMV"] = os.environ["DSV4_DENSE_GEMV"] = name
+    qgemv.CONFIG["kernel"] = name
+    dense.CONFIG["kernel"] = "v3" if name == "mma" else name
+    os.environ["DSV4_QGEMV"], os.environ["DSV4_DENSE_GEMV"] = name, dense.CONFIG["kernel"]
 
 
 def use_triton(t: torch.Tensor, gpu_checked: bool = True) -> bool:
@@ -196,6 +198,20 @@ class _LaunchPdl:
 
 FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "1") == "1"
 _fast: dict = {}
+
+
+_gluon_fast: dict = {}
+
+
+def gluon_launcher(kernel):
+    """A Gluon kernel's launcher (dsv4.kernels.moe_gl, qgemv_mma): its FastLaunch under DSV4_FAST_LAUNCH, else the
+    kernel; under DSV4_PDL with launch_pdl (with_pdl)."""
+    if not FAST_LAUNCH:
+        return with_pdl(kernel)
+    f = _gluon_fast.get(kernel)
+    if f is None:
+        f = _gluon_fast[kernel] = with_pdl(fast_launch(kernel))
+    return f
 
 
 def fast_launch(k):

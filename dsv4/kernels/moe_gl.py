@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import QWeight
-from . import PDL, cdiv, expert_groups, getenv, interpreting
+from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
 
 try:
     from triton.experimental import gluon
@@ -819,20 +819,7 @@ def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
     return _compiled(x) and h.is_contiguous() and _fits(w2, h.shape[1]) and w2.shape[0] == x.shape[1]
 
 
-_fast: dict = {}
-
-
-def _launch(kernel):
-    """kernel's FastLaunch (dsv4.kernels.fast_launch) under DSV4_FAST_LAUNCH, else kernel; under DSV4_PDL with
-    launch_pdl (dsv4.kernels.with_pdl)."""
-    from . import FAST_LAUNCH, fast_launch, with_pdl
-
-    if not FAST_LAUNCH:
-        return with_pdl(kernel)
-    f = _fast.get(kernel)
-    if f is None:
-        f = _fast[kernel] = with_pdl(fast_launch(kernel))
-    return f
+_launch = gluon_launcher  # a module global: tests/compile_kernels.py and sass_census replace it to compile only
 
 
 def _options() -> dict:

@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait
+from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait, qgemv_mma
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -602,13 +602,14 @@ def supported(x: torch.Tensor, w: QWeight, rows: int) -> bool:
         return False
     if w.fmt == "fp8":
         return w.col0 % FP8_BLOCK == 0  # a K tile of 128 then has one scale per row
-    words = CONFIG["kernel"] in ("v2", "v3")  # v2 (v3's routed experts) reads 8 inputs (4 bytes) at a time
+    words = CONFIG["kernel"] in ("v2", "v3", "mma")  # v2 (v3's routed experts) reads 8 inputs (4 bytes) at a time
     return w.col0 == 0 and w.row0 == 0 and w.shape[1] % (8 if words else 2) == 0
 
 
 def block_n(kernel: str | None = None) -> int:
     """Rows per program of the kernel (CONFIG's when None: a grouped linear's group must hold whole blocks)."""
-    return CONFIG[{"v2": "v2_block_n", "v3": "v3_block_n"}.get(kernel or CONFIG["kernel"], "block_n")]
+    return CONFIG[{"v2": "v2_block_n", "v3": "v3_block_n", "mma": "v3_block_n"}.get(kernel or CONFIG["kernel"],
+                                                                                  "block_n")]
 
 
 def _operands(w: QWeight, words: bool):
@@ -622,6 +623,10 @@ def _operands(w: QWeight, words: bool):
 def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0,
             kernel: str | None = None):
     kind = kernel or CONFIG["kernel"]
+    if kind == "mma":  # the FP8 weights qgemv_mma takes; the others v3's (the routed experts v2's, as v3's)
+        if experts is None and qgemv_mma.fits(x, w, group_n):
+            return _launch_mma(x, w, y, rows, group_n)
+        kind = "v3"
     if kind == "v3" and experts is None:
         return _launch3(x, w, y, rows, group_n)
     if kind in ("v2", "v3"):
@@ -641,6 +646,21 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
         BLOCK_K=c["block_k_fp4"] if w.fmt == "fp4" else (c["block_k_fp8"] if c["defer"] else 128),
         DEFER=c["defer"], **extra)
     return y
+
+
+def _launch_mma(x, w: QWeight, y, rows: int, group_n: int):
+    count = cdiv(rows, qgemv_mma.COLUMNS) * (w.shape[0] // (16 * qgemv_mma.CONFIG["rt"]))
+    tickets = tickets_for(count, x.device) if qgemv_mma.splits(*w.shape) > 1 else None
+    partials = qgemv_mma.launch(x, w, y, rows, group_n, tickets)
+    if partials is not None:
+        sum_splits(partials, y, rows)
+    return y
+
+
+def sum_splits(partials: torch.Tensor, y: torch.Tensor, rows: int) -> None:
+    """y [rows, N] = the fp32 partials [rows, splits, N] summed in split order (_sum_splits_kernel)."""
+    N, splits = y.shape[-1], partials.shape[1]
+    launcher(_sum_splits_kernel, partials)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
 
 
 def splits_for(programs: int, tiles: int, target: int | None = None) -> int:
