@@ -137,8 +137,9 @@ TOLERANCE = 2 ** -6  # max_rel_err above this (bf16 chains agree far closer) mar
 
 
 def timed(fn, calls: int, reps: int = 10) -> float:
-    """Median microseconds per call of fn(i), i = 0..calls-1 captured in one CUDA graph."""
-    for i in range(min(calls, 2)):
+    """Median microseconds per call of fn(i), i = 0..calls-1 captured in one CUDA graph (each call run eagerly once
+    first: a kernel's first launch on a weight may read the host, e.g. qgemv_mma's scale range)."""
+    for i in range(calls):
         fn(i)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
