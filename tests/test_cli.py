@@ -151,6 +151,9 @@ def test_gemv_flag_selects_the_decode_gemvs(monkeypatch):
     kernels.select_gemv("v3")
     assert qgemv.CONFIG["kernel"] == dense.CONFIG["kernel"] == os.environ["DSV4_QGEMV"] == "v3"
     assert os.environ["DSV4_DENSE_GEMV"] == "v3" and kernels.gemv() == "v3"
+    kernels.select_gemv("mma")  # the FP8 GEMVs as m16n8k16 products; the bf16 ones v3's
+    assert qgemv.CONFIG["kernel"] == os.environ["DSV4_QGEMV"] == "mma"
+    assert dense.CONFIG["kernel"] == os.environ["DSV4_DENSE_GEMV"] == "v3" and kernels.gemv() == "qgemv mma, dense v3"
     with pytest.raises(ValueError, match="gemv 'v1': allowed"):
         kernels.select_gemv("v1")
 
