@@ -37,9 +37,12 @@ try:
 except ImportError:  # no Gluon (an older Triton, or none): v3 runs
     gluon, gl = None, None
 
-GPU_CHECKED = False  # not yet run on a GPU: DSV4_QGEMV=mma only
+GPU_CHECKED = True  # session 27 call 3: its tests, the gate and the server on mini (benchmarks/RESULTS.md); opt-in family
 PIECE = 64  # inputs a lane group reads of a row at a time: 4 lanes x 16 bytes
 COLUMNS = 8  # rows (tokens) a program: the n of m16n8k16
+# Session 27 (benchmarks/RESULTS.md, calls 3-4), one Flash layer's FP8 linears on a rank: 1 / 8 / 16 rows 50.8 /
+# 54.3 / 72.1 us (v2 44.4 / 157.4 / 273.8, v3 57.2 / 59.3 / 61.1): at 16 rows a weight is read by two programs of 8
+# columns. The server on mini with it: c1 629.9, c4 1,484.0 tok/s (v3, another call: 557.8, 1,240.0).
 # rt: 16-row tiles a program; warps; u: pieces a warp loads before their products; programs: split-K doubles a tile
 # block's splits while the launch has fewer programs than this (each split whole steps of warps x u pieces).
 CONFIG = dict(zip(("rt", "warps", "u", "programs"), (int(v) for v in getenv("DSV4_QGEMV_MMA_TILES", "1,4,4,264")
