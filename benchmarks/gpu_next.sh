@@ -1,34 +1,18 @@
 #!/usr/bin/env bash
-# The next call on one H200 (<= 9.5 min), main's tree: two switches of session 26, both off by default and not yet
-# measured on a GPU:
-#   DSV4_MOE_GL_MAXNREG=128: moe_gl's kernel 1 built with at most 128 registers a thread (session 26 call 4's ncu of
-#     a 16-token step's kernel 1: DRAM 48 % of peak, 3 blocks an SM for want of registers; its sm_90 build under PDL
-#     takes 131-133, so 128 lets 4 blocks share an SM; the same bits);
-#   DSV4_EXPERT_GROUPS_BLOCKS=1: the groups' table in programs of 32 pairs (its tests passed on the GPU in call 4;
-#     call 3's profile put the one-program form at 70 us a layer at 32 rows).
-#   1. the register cap's test (the bits capped == uncapped) and the table's tests;
-#   2. moe_bench at mini's shapes, 16 / 32 tokens, one process: gl against the caps of 128 and 120 (a one-token step
-#      keeps the uncapped build: 96 registers, which the cap would raise to 128) and against the shared programs
-#      taking 4 or 2 tokens instead of 8 (gl_s4: 128 registers without spills; gl_s2: 96, 5 blocks an SM; the shared
-#      weights read 4 or 8 times a 16-token step instead of 2); all the same bits, so the fastest can be the default;
-#   3. the gate on mini with both switches (its batch of 4 takes both: BATCH_IDENTITY, the stream unchanged);
-#   4. the server's pooled step at 16 and 32 rows profiled with both switches (the table's launch, kernel 1);
-#   5. the server on mini at concurrency 1 / 16 / 32 with both switches, then without (IDENTITY in both).
-# If they pay: on by default needs the GPU suite too (the same bits: streams unchanged).
+# The next call on one H200 (<= 9.5 min), main's tree: the server's GEMV family, v3 (its default) against mma
+# (session 27: mma's tests, gate and server identity passed; its server figures and v3's came from two calls), in one
+# call, then the GPU suite whole (session 27 ran its defaults' files only in part).
+#   1. a throwaway server run (a fresh machine's first server compiles for 70-100 s; session 27 lost two levels so);
+#   2. the server on mini at concurrency 1 / 4 / 16 / 32 with v3, then mma, then v3 again (IDENTITY in each);
+#   3. the GPU suite (5 workers).
+# Branch s27-mma16 (programs of 16 columns, never run on a GPU) takes the same script plus its test:
+#   pytest tests/test_qgemv_mma.py -k sixteen; DSV4_QGEMV_MMA_COLUMNS=16 for the mma server.
 # Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
-step 80 "$OUT/pytest_cap.txt" python -m pytest -q -p no:cacheprovider -rfE tests/test_moe_gl.py \
-  tests/test_expert_groups.py -k "register_cap or table"
-step 80 "$OUT/moe_cap.txt" python benchmarks/moe_bench.py --world 1 --tokens 16,32 \
-  --arms '^gl(_maxnreg128|_maxnreg120|_s4|_s2)?$' --calls 32
-step 95 "$OUT/gate_mini_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 python -m dsv4.cli gate \
-  --preset mini --device cuda --ranks 1 --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini-both.txt"
-step 100 "$OUT/batch_mini_pool_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 DSV4_QGEMV=v3 \
-  DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini --pool --sizes 16 32 --steps 32 --rows 3 --profile 16 32 \
-  --top 25
-step 75 "$OUT/serve_mini_both.txt" env DSV4_MOE_GL_MAXNREG=128 DSV4_EXPERT_GROUPS_BLOCKS=1 python \
-  benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,16,32 --prompt-tokens 64 --max-tokens 64 \
-  --warmup 1
-step 75 "$OUT/serve_mini.txt" python benchmarks/serve_bench.py --preset mini --device cuda --concurrency 1,16,32 \
-  --prompt-tokens 64 --max-tokens 64 --warmup 1
+SERVE="python benchmarks/serve_bench.py --preset mini --device cuda --prompt-tokens 64 --max-tokens 64 --warmup 1"
+step 150 "$OUT/serve_warm.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 $SERVE --concurrency 1
+step 70 "$OUT/serve_mini_v3.txt" $SERVE --concurrency 1,4,16,32
+step 70 "$OUT/serve_mini_mma.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 $SERVE --concurrency 1,4,16,32
+step 70 "$OUT/serve_mini_v3_again.txt" $SERVE --concurrency 1,4,16,32
+gpu_suite 190 "$OUT/pytest_gpu_suite_part.txt" -x
