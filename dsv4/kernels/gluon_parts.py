@@ -18,6 +18,7 @@ def _jit(fn=None, **options):
     return fn if gluon is None else gluon.jit(fn, **options)
 
 
+GPU_CHECKED = True  # moe_gl's own functions (GPU-checked since session 14), moved here in session 27: the same SASS
 _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.kernels reads it
 
 
