@@ -62,3 +62,16 @@ def _split4(v, L4: gl.constexpr):
     v1, v3 = gl.split(s1)
     return (gl.convert_layout(v0, L4), gl.convert_layout(v1, L4), gl.convert_layout(v2, L4),
             gl.convert_layout(v3, L4))
+
+
+@_jit
+def _mma_out_rows(nb, RT: gl.constexpr):
+    """The rows (tile * 16 + g, int64) and lanes t of the sums of m16n8k16 accumulators laid out as [warps, RT, 8 g,
+    4 t, 4] (moe_gl's _mma_rows, qgemv_mma), [RT, 8, 4] in their layout (that layout less the warps and the 4)."""
+    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
+                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
+    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
+    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
+    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
+    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
+    return (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3, t3

@@ -40,7 +40,7 @@ import torch
 
 from ..formats import QWeight
 from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
-from .gluon_parts import _arange5, _pdl_wait, _split4
+from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -499,19 +499,6 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
         sum_g = gl.sum(acc_a[0], axis=0)
         sum_h = gl.sum(acc_a[2], axis=0)
         return (sum_g, sum_h, sum_g, sum_h)
-
-
-@_jit
-def _mma_out_rows(nb, RT: gl.constexpr):
-    """The rows (tile * 16 + g, int64) and lanes t of _mma_rows' sums, [RT, 8, 4] in their layout (its L5's less
-    the warps and the 4 values)."""
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
-    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
-    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
-    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-    return (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3, t3
 
 
 @_jit

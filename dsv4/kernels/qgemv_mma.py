@@ -30,7 +30,7 @@ import torch
 
 from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, getenv, gluon_launcher, interpreting
-from .gluon_parts import _arange5, _pdl_wait, _split4
+from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -170,13 +170,7 @@ def _store(acc, y_ptr, p_ptr, tickets_ptr, nb, split, group, rows, N, RT: gl.con
            FUSED_SUM: gl.constexpr):
     """The warps' sums (in warp order) of the four accumulators (rows g, g, g + 8, g + 8 of each tile; columns 2 t,
     2 t + 1): y, or this split's fp32 partials and, FUSED_SUM, the last program's sum in split order."""
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
-    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
-    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
-    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-    m3 = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64)
+    m3, t3 = _mma_out_rows(nb, RT)
     dt: gl.constexpr = y_ptr.dtype.element_ty
     sums = (gl.sum(acc[0], axis=0), gl.sum(acc[1], axis=0), gl.sum(acc[2], axis=0), gl.sum(acc[3], axis=0))
     for q in gl.static_range(4):
