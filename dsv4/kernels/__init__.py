@@ -200,17 +200,14 @@ FAST_LAUNCH = getenv("DSV4_FAST_LAUNCH", "1") == "1"
 _fast: dict = {}
 
 
-_gluon_fast: dict = {}
-
-
 def gluon_launcher(kernel):
     """A Gluon kernel's launcher (dsv4.kernels.moe_gl, qgemv_mma): its FastLaunch under DSV4_FAST_LAUNCH, else the
     kernel; under DSV4_PDL with launch_pdl (with_pdl)."""
     if not FAST_LAUNCH:
         return with_pdl(kernel)
-    f = _gluon_fast.get(kernel)
+    f = _fast.get(kernel)
     if f is None:
-        f = _gluon_fast[kernel] = with_pdl(fast_launch(kernel))
+        f = _fast[kernel] = with_pdl(fast_launch(kernel))
     return f
 
 

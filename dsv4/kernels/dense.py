@@ -243,7 +243,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk, EVEN_K=K % k_chunk == 0,
         FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=stored, **extra)
     if splits > 1 and tickets is None:
-        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+        qgemv.sum_splits(partials, y, rows)
     return y.view(*x.shape[:-1], N)
 
 
@@ -260,5 +260,5 @@ def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stored: bo
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, IEEE=interpreting(), EARLY=stored, **extra)
     if splits > 1 and tickets is None:
-        launcher(qgemv._sum_splits_kernel, x2)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+        qgemv.sum_splits(partials, y, rows)
     return y

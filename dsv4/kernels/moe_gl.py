@@ -40,6 +40,7 @@ import torch
 
 from ..formats import QWeight
 from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
+from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -154,17 +155,6 @@ _PDL = gl.constexpr(PDL) if gl is not None else PDL  # read at import, as dsv4.k
 # a group's table row (dsv4.kernels.expert_groups): [expert, count, pairs...], at most _GROUP pairs (8: an MMA's columns)
 _GROUP = gl.constexpr(expert_groups.GROUP) if gl is not None else expert_groups.GROUP
 _GROUP_ROW = gl.constexpr(expert_groups.GROUP_ROW) if gl is not None else expert_groups.GROUP_ROW
-
-
-@_jit
-def _pdl_wait():
-    """dsv4.kernels.pdl_wait, in a kernel launched with launch_pdl: the previous kernel complete and its writes
-    visible, then the next one released."""
-    if _PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @_jit
@@ -397,37 +387,6 @@ def _routed_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr
 
 
 @_jit
-def _arange5(n: gl.constexpr, dim: gl.constexpr, L5: gl.constexpr):
-    """arange(n) along dim of a 5-d layout L5, broadcastable in L5 (size 1 on the other dims): laid out as L5 sliced
-    on every other dim (the last first: a slice's dims are its parent's less one), then expanded back."""
-    S: gl.constexpr = gl.SliceLayout
-    L4: gl.constexpr = S(4, L5)
-    layout: gl.constexpr = (S(1, S(2, S(3, L4))) if dim == 0 else S(0, S(2, S(3, L4))) if dim == 1 else
-                            S(0, S(1, S(3, L4))) if dim == 2 else S(0, S(1, S(2, L4))) if dim == 3 else
-                            S(0, S(1, S(2, S(3, L5)))))
-    return _expanded(gl.arange(0, n, layout=layout), dim)
-
-
-@_jit
-def _expanded(v, dim: gl.constexpr):
-    """v [n] -> 5 dims, n on dim (its layout is a slice of the 5-d layout on the others)."""
-    for d in gl.static_range(5):
-        if d != dim:
-            v = gl.expand_dims(v, d)
-    return v
-
-
-@_jit
-def _split4(v, L4: gl.constexpr):
-    """A thread's 4 consecutive values v [a, b, c, d, 4] -> the 4 slices [a, b, c, d] in L4 (the same registers)."""
-    s0, s1 = gl.split(gl.reshape(v, [v.shape[0], v.shape[1], v.shape[2], v.shape[3], 2, 2]))  # i = 2 i1 + i2
-    v0, v2 = gl.split(s0)
-    v1, v3 = gl.split(s1)
-    return (gl.convert_layout(v0, L4), gl.convert_layout(v1, L4), gl.convert_layout(v2, L4),
-            gl.convert_layout(v3, L4))
-
-
-@_jit
 def _multiplier(s_ptr, F16: gl.constexpr):
     """A group's e8m0 scale byte e as the pair of x's type 2**(e - 127) / the decode's factor, twice: bf16
     2**(e - 1) (exponent field e + 126), fp16 2**(e - 113) (field e - 98); in range by _mma_fits."""
@@ -540,19 +499,6 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
         sum_g = gl.sum(acc_a[0], axis=0)
         sum_h = gl.sum(acc_a[2], axis=0)
         return (sum_g, sum_h, sum_g, sum_h)
-
-
-@_jit
-def _mma_out_rows(nb, RT: gl.constexpr):
-    """The rows (tile * 16 + g, int64) and lanes t of _mma_rows' sums, [RT, 8, 4] in their layout (its L5's less
-    the warps and the 4 values)."""
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
-    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
-    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
-    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-    return (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64) + 0 * t3, t3
 
 
 @_jit

@@ -712,7 +712,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
         UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k, **extra)
     if splits > 1 and tickets is None:
-        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+        sum_splits(partials, y, rows)
     return y
 
 
@@ -738,7 +738,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
-        launcher(_sum_splits_kernel, x)[(cdiv(N, 1024), rows)](partials, y, N, SPLITS=splits, BLOCK=1024)
+        sum_splits(partials, y, rows)
     return y
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import torch
 
 from ..formats import FP8_BLOCK, QWeight
-from . import PDL, cdiv, getenv, gluon_launcher, interpreting
+from . import cdiv, getenv, gluon_launcher, interpreting
+from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -55,7 +56,6 @@ def _jit(fn=None, **options):
     return fn if gluon is None else gluon.jit(fn, **options)
 
 
-_PDL = gl.constexpr(PDL) if gl is not None else PDL
 _launch = gluon_launcher  # a module global: tests/compile_kernels.py replaces it to compile only
 
 
@@ -80,40 +80,6 @@ _MMA_WORD_PTX = ("{\n.reg .b32 t, u, z, a0, a1, a2, a3;\nmov.b32 z, 0;\n"
                    "{$7, $8}, {$9, $10, $11, $12};\n}")
 if gl is not None:
     _MMA_WORD_PTX = gl.constexpr(_MMA_WORD_PTX)
-
-
-@_jit
-def _pdl_wait():
-    """dsv4.kernels.pdl_wait in Gluon (as moe_gl's)."""
-    if _PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@_jit
-def _arange5(n: gl.constexpr, dim: gl.constexpr, L5: gl.constexpr):
-    """arange(n) on dim of a 5-d tensor in L5 (size 1 on the others)."""
-    S: gl.constexpr = gl.SliceLayout
-    layout: gl.constexpr = (S(1, S(2, S(3, S(4, L5)))) if dim == 0 else S(0, S(2, S(3, S(4, L5)))) if dim == 1 else
-                            S(0, S(1, S(3, S(4, L5)))) if dim == 2 else S(0, S(1, S(2, S(4, L5)))) if dim == 3 else
-                            S(0, S(1, S(2, S(3, L5)))))
-    v = gl.arange(0, n, layout=layout)
-    for d in gl.static_range(5):
-        if d != dim:
-            v = gl.expand_dims(v, d)
-    return v
-
-
-@_jit
-def _split4(v, L4: gl.constexpr):
-    """A thread's 4 consecutive values v [a, b, c, d, 4] -> the 4 slices [a, b, c, d] in L4 (the same registers)."""
-    s0, s1 = gl.split(gl.reshape(v, [v.shape[0], v.shape[1], v.shape[2], v.shape[3], 2, 2]))
-    v0, v2 = gl.split(s0)
-    v1, v3 = gl.split(s1)
-    return (gl.convert_layout(v0, L4), gl.convert_layout(v1, L4), gl.convert_layout(v2, L4),
-            gl.convert_layout(v3, L4))
 
 
 @_jit
@@ -204,13 +170,7 @@ def _store(acc, y_ptr, p_ptr, tickets_ptr, nb, split, group, rows, N, RT: gl.con
            FUSED_SUM: gl.constexpr):
     """The warps' sums (in warp order) of the four accumulators (rows g, g, g + 8, g + 8 of each tile; columns 2 t,
     2 t + 1): y, or this split's fp32 partials and, FUSED_SUM, the last program's sum in split order."""
-    L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
-    L3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(4, L5))
-    tile3 = gl.expand_dims(gl.expand_dims(gl.arange(0, RT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3))), 1), 2)
-    g3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3))), 0), 2)
-    t3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3))), 0), 1)
-    m3 = (nb * (16 * RT) + tile3 * 16 + g3).to(gl.int64)
+    m3, t3 = _mma_out_rows(nb, RT)
     dt: gl.constexpr = y_ptr.dtype.element_ty
     sums = (gl.sum(acc[0], axis=0), gl.sum(acc[1], axis=0), gl.sum(acc[2], axis=0), gl.sum(acc[3], axis=0))
     for q in gl.static_range(4):
