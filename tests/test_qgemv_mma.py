@@ -111,19 +111,3 @@ def test_what_it_does_not_take_runs_v3(monkeypatch):
         v3 = qgemv.linear(x, weight)
         monkeypatch.setitem(qgemv.CONFIG, "kernel", "mma")
         assert torch.equal(qgemv.linear(x, weight), v3)
-
-
-@pytest.mark.parametrize("N,K", [(256, 1024), (1536, 4096)])
-@gpu
-def test_sixteen_columns_keep_the_bits(monkeypatch, N, K):
-    """CONFIG columns 16 (two products on one weight fragment): every row the bits of the 8-column programs, for
-    batches of 1, 9, 16, 19 rows (a row's products do not depend on its column)."""
-    monkeypatch.setitem(qgemv.CONFIG, "kernel", "mma")
-    g = torch.Generator().manual_seed(N)
-    w = quantised("fp8", N, K, g).to("cuda")
-    x = torch.randn(19, K, generator=g).to("cuda", torch.bfloat16)
-    eight = qgemv.linear(x, w)
-    monkeypatch.setitem(qgemv_mma.CONFIG, "columns", 16)
-    for B in (1, 9, 16, 19):
-        assert torch.equal(qgemv.linear(x[:B], w), eight[:B]), B
-    assert not qgemv.tickets_for(1, x.device).any()

@@ -649,7 +649,7 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
 
 
 def _launch_mma(x, w: QWeight, y, rows: int, group_n: int):
-    count = cdiv(rows, qgemv_mma.CONFIG["columns"]) * (w.shape[0] // (16 * qgemv_mma.CONFIG["rt"]))
+    count = cdiv(rows, qgemv_mma.COLUMNS) * (w.shape[0] // (16 * qgemv_mma.CONFIG["rt"]))
     tickets = tickets_for(count, x.device) if qgemv_mma.splits(*w.shape) > 1 else None
     partials = qgemv_mma.launch(x, w, y, rows, group_n, tickets)
     if partials is not None:

@@ -40,7 +40,7 @@ except ImportError:  # no Gluon (an older Triton, or none): v3 runs
 
 GPU_CHECKED = True  # session 27 call 3: its tests, the gate and the server on mini (benchmarks/RESULTS.md); opt-in family
 PIECE = 64  # inputs a lane group reads of a row at a time: 4 lanes x 16 bytes
-
+COLUMNS = 8  # rows (tokens) a program: the n of m16n8k16
 # Session 27 (benchmarks/RESULTS.md, calls 3-4), one Flash layer's FP8 linears on a rank: 1 / 8 / 16 rows 50.8 /
 # 54.3 / 72.1 us (v2 44.4 / 157.4 / 273.8, v3 57.2 / 59.3 / 61.1): at 16 rows a weight is read by two programs of 8
 # columns. The server on mini with it: c1 629.9, c4 1,484.0 tok/s (v3, another call: 557.8, 1,240.0).
@@ -48,11 +48,6 @@ PIECE = 64  # inputs a lane group reads of a row at a time: 4 lanes x 16 bytes
 # block's splits while the launch has fewer programs than this (each split whole steps of warps x u pieces).
 CONFIG = dict(zip(("rt", "warps", "u", "programs"), (int(v) for v in getenv("DSV4_QGEMV_MMA_TILES", "1,4,4,264")
                                                      .split(","))))
-# columns: a program's rows (tokens), 8 (one m16n8k16 product a weight word) or 16 (DSV4_QGEMV_MMA_COLUMNS=16: two
-# products on the same converted weights, columns g and g + 8, so that a 16-row step reads each weight once; session
-# 27 call 4 measured 8 at 16 rows, 72.1 us a Flash rank's layer against v3's 61.1). 16 is off by default: compiled
-# for sm_90 (tests/compile_kernels.py), not yet run on a GPU. A column's products are the same in either.
-CONFIG["columns"] = int(getenv("DSV4_QGEMV_MMA_COLUMNS", "8"))
 
 
 def _jit(fn=None, **options):
@@ -83,21 +78,8 @@ _MMA_WORD_PTX = ("{\n.reg .b32 t, u, z, a0, a1, a2, a3;\nmov.b32 z, 0;\n"
                  + _pair_ptx("a3", "$5", True) + "mul.rn.bf16x2 a3, a3, $6;\n"
                  + "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, "
                    "{$7, $8}, {$9, $10, $11, $12};\n}")
-# The same word for 16 columns (CONFIG columns 16): its pairs converted once, two products, columns g and g + 8: $8,
-# $9 the words, $10 the multiplier, $11-$14 x's pairs for columns g and g + 8, $15-$22 the two accumulators in;
-# $0-$7 out.
-_MMA_WORD2_PTX = ("{\n.reg .b32 t, u, z, a0, a1, a2, a3;\nmov.b32 z, 0;\n"
-                  + _pair_ptx("a0", "$8", False) + "mul.rn.bf16x2 a0, a0, $10;\n"
-                  + _pair_ptx("a1", "$9", False) + "mul.rn.bf16x2 a1, a1, $10;\n"
-                  + _pair_ptx("a2", "$8", True) + "mul.rn.bf16x2 a2, a2, $10;\n"
-                  + _pair_ptx("a3", "$9", True) + "mul.rn.bf16x2 a3, a3, $10;\n"
-                  + "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {a0, a1, a2, a3}, "
-                    "{$11, $12}, {$15, $16, $17, $18};\n"
-                  + "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$4, $5, $6, $7}, {a0, a1, a2, a3}, "
-                    "{$13, $14}, {$19, $20, $21, $22};\n}")
 if gl is not None:
     _MMA_WORD_PTX = gl.constexpr(_MMA_WORD_PTX)
-    _MMA_WORD2_PTX = gl.constexpr(_MMA_WORD2_PTX)
 
 
 @_jit
@@ -105,14 +87,6 @@ def _mma_word(wg, wh, m, x_lo, x_hi, c):
     return gl.inline_asm_elementwise(_MMA_WORD_PTX, "=f,=f,=f,=f,r,r,r,r,r,f,f,f,f",
                                      [wg, wh, m, x_lo, x_hi, c[0], c[1], c[2], c[3]], dtype=(gl.float32,) * 4,
                                      is_pure=True, pack=1)
-
-
-@_jit
-def _mma_word2(wg, wh, m, x0_lo, x0_hi, x1_lo, x1_hi, c0, c1):
-    out = gl.inline_asm_elementwise(_MMA_WORD2_PTX, "=f,=f,=f,=f,=f,=f,=f,=f,r,r,r,r,r,r,r,f,f,f,f,f,f,f,f",
-                                    [wg, wh, m, x0_lo, x0_hi, x1_lo, x1_hi, c0[0], c0[1], c0[2], c0[3], c1[0], c1[1],
-                                     c1[2], c1[3]], dtype=(gl.float32,) * 8, is_pure=True, pack=1)
-    return (out[0], out[1], out[2], out[3]), (out[4], out[5], out[6], out[7])
 
 
 @_jit
@@ -126,8 +100,8 @@ def _piece(w_words, s_ptr, m_row, s_row, c, K: gl.constexpr, S_STRIDE: gl.conste
 @_jit
 def _qgemv_mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: gl.constexpr,
                       S_STRIDE: gl.constexpr, GROUP_N: gl.constexpr, RT: gl.constexpr, U: gl.constexpr,
-                      K_CHUNK: gl.constexpr, SPLITS: gl.constexpr, FUSED_SUM: gl.constexpr, H: gl.constexpr = 1):
-    """Grid (N / (16 RT), SPLITS, row groups of 8 H): outputs nb * 16 RT.. of rows (columns) 8 H group.. over inputs
+                      K_CHUNK: gl.constexpr, SPLITS: gl.constexpr, FUSED_SUM: gl.constexpr):
+    """Grid (N / (16 RT), SPLITS, row groups of 8): outputs nb * 16 RT.. of rows (columns) 8 group.. over inputs
     split * K_CHUNK.. (GROUP_N: output rows in groups of GROUP_N, group g reading x's g-th K-wide slice). SPLITS > 1:
     fp32 partials [rows, SPLITS, N] at p_ptr, summed by the last program (FUSED_SUM) or by qgemv.sum_splits."""
     W: gl.constexpr = gl.num_warps()
@@ -144,109 +118,84 @@ def _qgemv_mma_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x
     m_row = (nb * (16 * RT) + _arange5(RT, 1, L5) * 16 + g).to(gl.int64)  # [1, RT, 8, 1, 1]
     s_row = ((m_row + row_skew) // 128) + 0 * t  # a 16-row tile never straddles a scale block
     w_words = w_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + t * 4 + i
+    cols = gl.minimum(rows - group * 8, 8)
+    x_live = (g < cols) & (kw >= 0) & (i >= 0) & (t >= 0)
     x_group = x_ptr
     if GROUP_N > 0:
         x_group += ((nb * (16 * RT)) // GROUP_N) * K
-    x_words = ()  # half h: columns g + 8 h, rows 8 H group + 8 h + g of x
-    x_live = ()
-    for h in gl.static_range(H):
-        r = group * (8 * H) + 8 * h + g
-        x_live = x_live + ((r < rows) & (kw >= 0) & (i >= 0) & (t >= 0),)
-        x_words = x_words + ((x_group + r.to(gl.int64) * x_stride).to(gl.pointer_type(gl.int32), bitcast=True)
-                             + t * 8 + i,)
+    x_words = (x_group + (group * 8 + g).to(gl.int64) * x_stride).to(gl.pointer_type(gl.int32), bitcast=True) \
+        + t * 8 + i
     p0 = split * (K_CHUNK // 64)  # 64: PIECE
     zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
-    acc = ()
-    for h in gl.static_range(H):
-        acc = acc + ((zero, zero, zero, zero),)
+    acc = (zero, zero, zero, zero)
     # The first step's weights (stored bytes, which no kernel writes) asked for before the wait
     first = ()
     for j in gl.static_range(U):
         first = first + (_piece(w_words, s_ptr, m_row, s_row, p0 + j * W + kw, K, S_STRIDE),)
     _pdl_wait()
-    acc = _step(acc, first, x_words, x_live, p0, kw, W, U, L4, H)
+    acc = _step(acc, first, x_words, x_live, p0, kw, W, U, L4)
     for c0 in range(W * U, K_CHUNK // 64, W * U):
         loads = ()
         for j in gl.static_range(U):
             loads = loads + (_piece(w_words, s_ptr, m_row, s_row, p0 + c0 + j * W + kw, K, S_STRIDE),)
-        acc = _step(acc, loads, x_words, x_live, p0 + c0, kw, W, U, L4, H)
-    for h in gl.static_range(H):
-        _store(acc[h], y_ptr, p_ptr, group * (8 * H) + 8 * h, rows, nb, split, N, RT, SPLITS)
-    if SPLITS > 1:
-        if FUSED_SUM:
-            _split_sum(y_ptr, p_ptr, tickets_ptr + group * gl.num_programs(0) + nb, group * (8 * H), rows, nb, N,
-                       RT, SPLITS, H)
+        acc = _step(acc, loads, x_words, x_live, p0 + c0, kw, W, U, L4)
+    _store(acc, y_ptr, p_ptr, tickets_ptr, nb, split, group, rows, N, RT, SPLITS, FUSED_SUM)
 
 
 @_jit
-def _step(acc, loads, x_words, x_live, c0, kw, W: gl.constexpr, U: gl.constexpr, L4: gl.constexpr, H: gl.constexpr):
-    """acc (a 4-tuple a half) plus a step's products: U pieces (c0 + j W + the warp's, their weights and multipliers
-    loaded), x's pairs of each loaded for the lanes' columns, a word of rows g and g + 8 one m16n8k16 product a half
-    (H 2: the word's pairs converted once for both)."""
+def _step(acc, loads, x_words, x_live, c0, kw, W: gl.constexpr, U: gl.constexpr, L4: gl.constexpr):
+    """acc plus a step's products: U pieces (c0 + j W + the warp's, their weights and multipliers loaded), x's
+    pairs of each loaded for the lanes' columns, a word of rows g and g + 8 one m16n8k16 product."""
     xs = ()
     for j in gl.static_range(U):
         c = c0 + j * W + kw
-        for h in gl.static_range(H):
-            xs = xs + ((gl.load(x_words[h] + c * 32, mask=x_live[h], other=0),
-                        gl.load(x_words[h] + c * 32 + 4, mask=x_live[h], other=0)),)
+        xs = xs + ((gl.load(x_words + c * 32, mask=x_live, other=0), gl.load(x_words + c * 32 + 4, mask=x_live,
+                                                                             other=0)),)
     for j in gl.static_range(U):
         wg, wh, m = loads[j]
         wg4 = _split4(wg, L4)
         wh4 = _split4(wh, L4)
         m4 = gl.convert_layout(gl.sum(m, axis=4), L4)  # [.., 1] -> [..]: the same value (gl.max there fails to lower)
-        xa4 = _split4(xs[j * H][0], L4)
-        xb4 = _split4(xs[j * H][1], L4)
-        if H == 1:
-            a0 = _mma_word(wg4[0], wh4[0], m4, xa4[0], xa4[1], acc[0])
-            a0 = _mma_word(wg4[1], wh4[1], m4, xa4[2], xa4[3], a0)
-            a0 = _mma_word(wg4[2], wh4[2], m4, xb4[0], xb4[1], a0)
-            a0 = _mma_word(wg4[3], wh4[3], m4, xb4[2], xb4[3], a0)
-            acc = (a0,)
-        else:
-            ya4 = _split4(xs[j * H + 1][0], L4)
-            yb4 = _split4(xs[j * H + 1][1], L4)
-            a0, a1 = _mma_word2(wg4[0], wh4[0], m4, xa4[0], xa4[1], ya4[0], ya4[1], acc[0], acc[1])
-            a0, a1 = _mma_word2(wg4[1], wh4[1], m4, xa4[2], xa4[3], ya4[2], ya4[3], a0, a1)
-            a0, a1 = _mma_word2(wg4[2], wh4[2], m4, xb4[0], xb4[1], yb4[0], yb4[1], a0, a1)
-            a0, a1 = _mma_word2(wg4[3], wh4[3], m4, xb4[2], xb4[3], yb4[2], yb4[3], a0, a1)
-            acc = (a0, a1)
+        xa4 = _split4(xs[j][0], L4)
+        xb4 = _split4(xs[j][1], L4)
+        acc = _mma_word(wg4[0], wh4[0], m4, xa4[0], xa4[1], acc)
+        acc = _mma_word(wg4[1], wh4[1], m4, xa4[2], xa4[3], acc)
+        acc = _mma_word(wg4[2], wh4[2], m4, xb4[0], xb4[1], acc)
+        acc = _mma_word(wg4[3], wh4[3], m4, xb4[2], xb4[3], acc)
     return acc
 
 
 @_jit
-def _store(acc, y_ptr, p_ptr, r0, rows, nb, split, N, RT: gl.constexpr, SPLITS: gl.constexpr):
-    """The warps' sums (in warp order) of a half's four accumulators (rows g, g, g + 8, g + 8 of each tile; columns
-    2 t, 2 t + 1: rows r0 + 2 t.. of y) into y, or as this split's fp32 partials."""
+def _store(acc, y_ptr, p_ptr, tickets_ptr, nb, split, group, rows, N, RT: gl.constexpr, SPLITS: gl.constexpr,
+           FUSED_SUM: gl.constexpr):
+    """The warps' sums (in warp order) of the four accumulators (rows g, g, g + 8, g + 8 of each tile; columns 2 t,
+    2 t + 1): y, or this split's fp32 partials and, FUSED_SUM, the last program's sum in split order."""
     m3, t3 = _mma_out_rows(nb, RT)
     dt: gl.constexpr = y_ptr.dtype.element_ty
+    sums = (gl.sum(acc[0], axis=0), gl.sum(acc[1], axis=0), gl.sum(acc[2], axis=0), gl.sum(acc[3], axis=0))
     for q in gl.static_range(4):
-        r = (r0 + 2 * t3 + (q % 2)).to(gl.int64)  # the column's row of x and y
+        r = group * 8 + 2 * t3 + (q % 2)  # the column's row of x and y
         m = m3 + 8 * (q // 2)
+        live = r < rows
         if SPLITS == 1:
-            gl.store(y_ptr + r * N + m, gl.sum(acc[q], axis=0).to(dt), mask=r < rows)
+            gl.store(y_ptr + r.to(gl.int64) * N + m, sums[q].to(dt), mask=live)
         else:
-            gl.store(p_ptr + (r * SPLITS + split) * N + m, gl.sum(acc[q], axis=0), mask=r < rows)
-
-
-@_jit
-def _split_sum(y_ptr, p_ptr, ticket, r0, rows, nb, N, RT: gl.constexpr, SPLITS: gl.constexpr, H: gl.constexpr):
-    """The last of a (row group, tile block)'s SPLITS programs to finish sums each row's partials from zero in split
-    order (qgemv.sum_splits' operations: the same bits whichever came last), stores y and puts the ticket back to 0.
-    The barrier makes every thread's partials stored before the release; the loads go to L2 (.cg)."""
-    m3, t3 = _mma_out_rows(nb, RT)
-    dt: gl.constexpr = y_ptr.dtype.element_ty
-    gl.thread_barrier()
-    if gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        for h in gl.static_range(H):
-            for q in gl.static_range(4):
-                r = (r0 + 8 * h + 2 * t3 + (q % 2)).to(gl.int64)
-                m = m3 + 8 * (q // 2)
-                total = gl.zeros_like(m.to(gl.float32))
-                for sp in gl.static_range(SPLITS):
-                    total += gl.load(p_ptr + (r * SPLITS + sp) * N + m, mask=r < rows, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(y_ptr + r * N + m, total.to(dt), mask=r < rows)
-        gl.store(ticket, 0)
+            gl.store(p_ptr + (r.to(gl.int64) * SPLITS + split) * N + m, sums[q], mask=live)
+    if SPLITS > 1:
+        if FUSED_SUM:
+            ticket = tickets_ptr + group * gl.num_programs(0) + nb
+            gl.thread_barrier()  # every thread's partials stored before the ticket's release
+            if gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                for q in gl.static_range(4):
+                    r = group * 8 + 2 * t3 + (q % 2)
+                    m = m3 + 8 * (q // 2)
+                    live = r < rows
+                    total = gl.zeros_like(sums[q])
+                    for sp in gl.static_range(SPLITS):  # from zero, in split order: qgemv.sum_splits' operations
+                        total += gl.load(p_ptr + (r.to(gl.int64) * SPLITS + sp) * N + m, mask=live, other=0.0,
+                                         cache_modifier=".cg")
+                    gl.store(y_ptr + r.to(gl.int64) * N + m, total.to(dt), mask=live)
+                gl.store(ticket, 0)
 
 
 def fits(x: torch.Tensor, w: QWeight, group_n: int = 0) -> bool:
@@ -292,8 +241,8 @@ def launch(x: torch.Tensor, w: QWeight, y: torch.Tensor, rows: int, group_n: int
     c = CONFIG
     s = splits(N, K)
     partials = torch.empty(rows, s, N, dtype=torch.float32, device=x.device) if s > 1 else y
-    _launch(_qgemv_mma_kernel)[(N // (16 * c["rt"]), s, cdiv(rows, c["columns"]))](
+    _launch(_qgemv_mma_kernel)[(N // (16 * c["rt"]), s, cdiv(rows, COLUMNS))](
         x, w.data, w.scale.view(torch.uint8), y, partials, tickets if tickets is not None else partials, N, rows,
         x.stride(0), w.row0 % FP8_BLOCK, K=K, S_STRIDE=w.scale.shape[-1], GROUP_N=group_n, RT=c["rt"], U=c["u"],
-        K_CHUNK=K // s, SPLITS=s, FUSED_SUM=tickets is not None, H=c["columns"] // 8, num_warps=c["warps"])
+        K_CHUNK=K // s, SPLITS=s, FUSED_SUM=tickets is not None, num_warps=c["warps"])
     return partials if s > 1 and tickets is None else None
