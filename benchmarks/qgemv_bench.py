@@ -120,7 +120,6 @@ ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per 
     "mma_w8": {"kernel": "mma", "mma": {"warps": 8}},
     "mma_p528": {"kernel": "mma", "mma": {"programs": 528}},
     "mma_p132": {"kernel": "mma", "mma": {"programs": 132}},
-    "mma_c16": {"kernel": "mma", "mma": {"columns": 16}},
 }
 MOE_VARIANTS = {  # fused_moe.CONFIG overrides
     "fused_default": {},
