@@ -27,9 +27,10 @@ from dsv4.receipts import emit, provenance
 
 
 def arm_config(spec: str) -> dict:
-    """"MB" or "MB:piece" -> l2_prefetch.CONFIG's overrides."""
-    mb, _, piece = spec.partition(":")
-    return {"budget_mb": float(mb), **({"piece": int(piece)} if piece else {})}
+    """"MB[:piece[:site+site...]]" -> l2_prefetch.CONFIG's overrides (sites: of l2_prefetch.SITES)."""
+    mb, piece, sites = (spec.split(":") + ["", ""])[:3]
+    return {"budget_mb": float(mb), **({"piece": int(piece)} if piece else {}),
+            **({"sites": frozenset(sites.split("+"))} if sites else {})}
 
 
 def main() -> None:
@@ -85,7 +86,7 @@ def main() -> None:
     for spec in a.arms:
         g = a.steps / statistics.median(walls[spec, "graph"])
         pp = a.steps / statistics.median(walls[spec, "pipelined"])
-        emit("L2_SUMMARY", provenance(model.device, a.preset), arm=spec, config=arm_config(spec),
+        emit("L2_SUMMARY", provenance(model.device, a.preset), arm=spec, config={k: sorted(v) if isinstance(v, frozenset) else v for k, v in arm_config(spec).items()},
              graph_tok_s=round(g, 2), pipelined_tok_s=round(pp, 2),
              graph_over_first=round(g / base["graph"], 4), pipelined_over_first=round(pp / base["pipelined"], 4),
              kernel_nodes=states[spec][2], rounds=a.rounds, steps=a.steps, prime=a.prime,

@@ -39,9 +39,10 @@ def _add_model_args(p: argparse.ArgumentParser, stand_in: bool = True, serving: 
                    help="decode GEMV kernels on CUDA: v2 (fastest for one sequence), v3 (tensor-core tiles of 16 "
                         "rows: batched steps much faster, a lone sequence slower) or mma (the FP8 weights as "
                         "m16n8k16 products, up to 8 rows their columns). Default: "
-                        + ("v3 (a server's steps are batched), unless DSV4_QGEMV / DSV4_DENSE_GEMV name the kernels"
+                        + ("mma (a server's steps are batched; its bf16 GEMVs v3's), unless DSV4_QGEMV / "
+                           "DSV4_DENSE_GEMV name the kernels"
                            if serving else "v2, or what DSV4_QGEMV / DSV4_DENSE_GEMV name")
-                        + ". Tokens are the same alone or batched under either, but v2 and v3 differ from each other")
+                        + ". Tokens are the same alone or batched under each, but the families differ from each other")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch's intra-op work (default: OMP_NUM_THREADS when set, else the "
                         "cores this process may use that the load average leaves idle, at most 8 and at most "
@@ -258,13 +259,16 @@ def cmd_serve(args) -> int:
 
 
 def serve_gemv(flag: str | None) -> str | None:
-    """The server's decode GEMVs: --gemv when given; else v3 (its steps are batched: on mini, session 11, 827 tok/s
-    at concurrency 16 against v2's 610, and the same at 1), unless the environment names the kernels (None: theirs)."""
+    """The server's decode GEMVs: --gemv when given; else mma (its steps are batched, up to 8 rows a program's
+    columns; the weights it refuses and the bf16 GEMVs run v3, whose tiles of 16 rows beat v2 at batched steps: mini,
+    session 11, 827 tok/s at concurrency 16 against 610), unless the environment names the kernels (None: theirs).
+    Session 28 call 2, the server on mini in one call, mma against v3 at concurrency 1 / 4 / 16 / 32: 615 / 1,456 /
+    2,543 / 3,013 tok/s against 591 / 1,229 / 2,567 / 2,564 (benchmarks/RESULTS.md)."""
     import os
 
     if flag is not None or {"DSV4_QGEMV", "DSV4_DENSE_GEMV"} & os.environ.keys():
         return flag
-    return "v3"
+    return "mma"
 
 
 def _port_free(host: str, port: int) -> None:

@@ -378,14 +378,14 @@ def test_threads_flag_and_environment(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_serve_takes_v3_unless_told(monkeypatch):
-    """`dsv4 serve`'s GEMVs: --gemv when given, else v3 (batched steps), unless the environment names the kernels."""
+def test_serve_takes_mma_unless_told(monkeypatch):
+    """`dsv4 serve`'s GEMVs: --gemv when given, else mma (batched steps), unless the environment names the kernels."""
     from dsv4.cli import serve_gemv
 
     for name in ("DSV4_QGEMV", "DSV4_DENSE_GEMV"):
         monkeypatch.delenv(name, raising=False)
-    assert serve_gemv(None) == "v3"
+    assert serve_gemv(None) == "mma"
     assert serve_gemv("v2") == "v2"
     monkeypatch.setenv("DSV4_QGEMV", "v2")
     assert serve_gemv(None) is None  # the environment's choice stands
-    assert "v3 (a server's steps are batched)" in dsv4_cli("serve", "--help").stdout
+    assert "mma (a server's steps are batched" in dsv4_cli("serve", "--help").stdout

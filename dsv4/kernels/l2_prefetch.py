@@ -35,7 +35,9 @@ except ImportError:  # no triton: nothing is prefetched
 
 GPU_CHECKED = False  # not yet run on a GPU: off by default (budget_mb 0) until then
 
-CONFIG = {"budget_mb": float(getenv("DSV4_L2_PREFETCH", "0")), "piece": 8192, "lanes": 32}
+CONFIG = {"budget_mb": float(getenv("DSV4_L2_PREFETCH", "0")), "piece": int(getenv("DSV4_L2_PREFETCH_PIECE", "8192")),
+          "lanes": 32, "sites": frozenset(getenv("DSV4_L2_PREFETCH_SITES", "attention,queries,output,moe").split(","))}
+SITES = ("attention", "queries", "output", "moe")  # the forward's fork points (ahead's site)
 REGIONS = 4  # weights (or parts of one) a launch takes
 
 _ASM = """{
@@ -90,10 +92,14 @@ _side: dict = {}  # device index -> its side stream
 _forked: set = set()  # devices whose side stream has work the step's stream has not joined yet
 
 
-def ahead(parts: list, device: torch.device) -> None:
+def ahead(parts: list, device: torch.device, site: str) -> None:
     """Ask the L2 for the first budget_mb MB of `parts` (the weights the next GEMVs read, in order), on the side
-    stream, after everything the step's stream has so far. Nothing where it is off or the weights are not CUDA."""
-    if not on() or device.type != "cuda" or tl is None or interpreting():
+    stream, after everything the step's stream has so far. Nothing where it is off, the fork point `site` (one of
+    SITES: before the boundary into attention, after its q_a/kv GEMV, after its queries, before the boundary into
+    the MoE) is not in CONFIG sites, or the weights are not CUDA."""
+    if site not in SITES:
+        raise ValueError(f"l2_prefetch: site {site!r}: allowed {list(SITES)}")
+    if not on() or site not in CONFIG["sites"] or device.type != "cuda" or tl is None or interpreting():
         return
     index = torch.cuda.current_device() if device.index is None else device.index
     views = plan(parts, int(CONFIG["budget_mb"] * 2**20))

@@ -58,7 +58,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     q_res, kv_a = _q_res_kv(x, w, cfg)
-    _ahead(x, w, ("wq_b",))
+    _ahead(x, w, ("wq_b",), "queries")
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     if m:
@@ -69,7 +69,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    _ahead(x, w, ("wo_a", "wo_b"))
+    _ahead(x, w, ("wo_a", "wo_b"), "output")
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -96,13 +96,13 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
     q_res, kv_a = _q_res_kv(x, w, cfg)
-    _ahead(x, w, ("wq_b",))
+    _ahead(x, w, ("wq_b",), "queries")
     extra, staged = {}, []
     if m:
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    _ahead(x, w, ("wo_a", "wo_b"))
+    _ahead(x, w, ("wo_a", "wo_b"), "output")
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
@@ -125,9 +125,9 @@ def first_weights(w: dict) -> list:
     return parts
 
 
-def _ahead(x, w: dict, names: tuple):
+def _ahead(x, w: dict, names: tuple, site: str):
     """w's weights `names`, the next GEMVs', asked into L2 while the kernels before them run (l2_prefetch)."""
-    l2_prefetch.ahead([w[n] for n in names], x.device)
+    l2_prefetch.ahead([w[n] for n in names], x.device, site)
 
 
 def _q_res_kv(x, w: dict, cfg: ModelConfig):

@@ -169,19 +169,19 @@ class Transformer:
         # latency-bound kernels run (off by default; the same bits either way)
         device = x.device
         with rows_alone(alone, T):
-            l2_prefetch.ahead(attention_module.first_weights(self.layers[0]["attn"]), device)
+            l2_prefetch.ahead(attention_module.first_weights(self.layers[0]["attn"]), device, "attention")
             h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone, (0, "attention"))
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
-                l2_prefetch.ahead(_ffn_first_weights(L["ffn"]), device)
+                l2_prefetch.ahead(_ffn_first_weights(L["ffn"]), device, "moe")
                 h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
                                                   (i, "moe"))
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
                 if after is not None:
-                    l2_prefetch.ahead(attention_module.first_weights(after["attn"]), device)
+                    l2_prefetch.ahead(attention_module.first_weights(after["attn"]), device, "attention")
                 h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone,
                                                   (i + 1, "attention"))
         l2_prefetch.join(device)
