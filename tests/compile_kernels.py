@@ -27,7 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, l2_prefetch, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -690,13 +690,6 @@ for per_thread in (8, 32):
     topk.smallest(torch.zeros(1, 1027, dtype=torch.int64), 512, compressor._VISIBLE_BELOW)
     topk.CONFIG.update(default)
 
-# the weights' L2 prefetch (DSV4_L2_PREFETCH): two regions, and a launch of one (the others empty)
-l2_prefetch.launch([torch.zeros(1 << 20, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)])
-l2_prefetch.launch([torch.zeros(1 << 20, dtype=torch.uint8)])
-# the instructions a kernel's PTX must hold (its point: the compiler keeps an inline asm of no used result)
-MUST_HOLD = {"_prefetch_kernel": "cp.async.bulk.prefetch.L2.global"}
-
-
 def _compile(i: int) -> str | None:
     k, src, options, params, early = pending[i]
     try:
@@ -707,8 +700,6 @@ def _compile(i: int) -> str | None:
         return f"{k}: no cubin"
     problems = check_pdl(out.asm["ptx"], k[0], params, options.get("launch_pdl", False), early) if PDL else \
         ["griddepcontrol without DSV4_PDL"] * ("griddepcontrol" in out.asm["ptx"])
-    if k[0] in MUST_HOLD and MUST_HOLD[k[0]] not in out.asm["ptx"]:
-        problems.append(f"no {MUST_HOLD[k[0]]} in its PTX")
     if PDL and options.get("launch_pdl") and not check_pdl(_wait_moved_to_the_end(out.asm["ptx"]), k[0], params, True, early):
         problems.append("check_pdl passes the wait moved behind the kernel's reads")
     if DIGEST:

@@ -27,7 +27,6 @@ import torch
 from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
-from ..kernels import l2_prefetch
 from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
@@ -58,7 +57,6 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     q_res, kv_a = _q_res_kv(x, w, cfg)
-    _ahead(x, w, ("wq_b",), "queries")
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     if m:
@@ -69,7 +67,6 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    _ahead(x, w, ("wo_a", "wo_b"), "output")
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -96,13 +93,11 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
     q_res, kv_a = _q_res_kv(x, w, cfg)
-    _ahead(x, w, ("wq_b",), "queries")
     extra, staged = {}, []
     if m:
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
     q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
-    _ahead(x, w, ("wo_a", "wo_b"), "output")
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
@@ -110,24 +105,6 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
     return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
-
-
-def first_weights(w: dict) -> list:
-    """The layer's weights its attention reads first, in order (its input's projections): what the forward asks the
-    L2 for while the mHC boundary before it runs (dsv4.kernels.l2_prefetch)."""
-    parts = [w["wq_a_wkv"]] if "wq_a_wkv" in w else [w["wq_a"], w["wkv"]]
-    if "x_proj" in w:
-        parts.append(w["x_proj"])
-    elif "compressor" in w:
-        parts += [w[owner][name] for owner, name in X_PROJ if owner in w]
-    if "indexer" in w:
-        parts.append(w["indexer"]["wq_b"])
-    return parts
-
-
-def _ahead(x, w: dict, names: tuple, site: str):
-    """w's weights `names`, the next GEMVs', asked into L2 while the kernels before them run (l2_prefetch)."""
-    l2_prefetch.ahead([w[n] for n in names], x.device, site)
 
 
 def _q_res_kv(x, w: dict, cfg: ModelConfig):

@@ -16,7 +16,6 @@ from ..config import HASH_MOE, ModelConfig
 from ..formats import QWeight, stack_rows
 from ..kernels import bookkeeping
 from ..kernels import hc_boundary as fused_boundary
-from ..kernels import l2_prefetch
 from ..kernels import pooled
 from ..layout import check_split, expert_range
 from ..parallel import Comm
@@ -54,13 +53,6 @@ _X_PROJ_NAMES = {("compressor", "wkv"): "attn.compressor.wkv.weight",
                  ("indexer", "wkv"): "attn.indexer.compressor.wkv.weight",
                  ("indexer", "wgate"): "attn.indexer.compressor.wgate.weight",
                  ("indexer", "weights_proj"): "attn.indexer.weights_proj.weight"}
-
-
-def _ffn_first_weights(ffn: dict) -> list:
-    """The MoE's weights it reads whatever the routing, in order: the router's gate, the shared expert's (what the
-    forward asks the L2 for while the mHC boundary before it runs: dsv4.kernels.l2_prefetch)."""
-    shared = ffn.get("shared", {})
-    return [ffn["gate"], *(shared[n] for n in ("w1", "w3", "w2") if n in shared)]
 
 
 class Transformer:
@@ -165,26 +157,18 @@ class Transformer:
         writes: list[Write] = []
         alone = short_chunk(T)
         comm = self.comm
-        # l2_prefetch: before each boundary, and inside attention, the next GEMVs' weights are asked into L2 while the
-        # latency-bound kernels run (off by default; the same bits either way)
-        device = x.device
         with rows_alone(alone, T):
-            l2_prefetch.ahead(attention_module.first_weights(self.layers[0]["attn"]), device, "attention")
             h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone, (0, "attention"))
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
-                l2_prefetch.ahead(_ffn_first_weights(L["ffn"]), device, "moe")
                 h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
                                                   (i, "moe"))
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
-                if after is not None:
-                    l2_prefetch.ahead(attention_module.first_weights(after["attn"]), device, "attention")
                 h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone,
                                                   (i + 1, "attention"))
-        l2_prefetch.join(device)
         return writes, h
 
     @staticmethod
