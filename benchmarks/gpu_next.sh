@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The next call on one H200 (<= 6.5 min), main's tree: the server's GEMV family, v3 (its default) against mma
-# (session 27: mma's tests, gate and server identity passed; its server figures and v3's came from two calls), in one
-# call. The GPU suite whole (~320 s; session 27 ran its defaults' files only in part) needs a call of its own:
-# `source benchmarks/gpu_env.sh; gpu_suite 345 "$OUT/pytest_gpu_suite.txt"`.
-#   1. a throwaway server run (a fresh machine's first server compiles for 70-100 s; session 27 lost two levels so);
-#   2. the server on mini at concurrency 1 / 4 / 16 / 32 with v3, then mma, then v3 again (IDENTITY in each);
-# Branch s27-mma16 (programs of 16 columns, never run on a GPU) takes the same script plus its test:
-#   pytest tests/test_qgemv_mma.py -k sixteen; DSV4_QGEMV_MMA_COLUMNS=16 for the mma server.
+# The next call on one H200 (<= 6 min), main's tree (session 28's end: the server's GEMVs mma by default, the GPU
+# suite whole passed at c980d0b):
+#   1. decode_ab_bench on mini: switches that are off, or tiles never re-measured since PDL (session 18) and the
+#      defaults that followed, against the defaults in one process (graph and pipelined, ABBA rounds): decode
+#      attention's combine in the split launch (session 9: no gain on flash at one row, before PDL), the mHC
+#      boundary's slices of 64 and its 4-warp programs (session 6's sweep, before PDL);
+#   2. the server on mini at concurrency 1 / 4 / 16 / 32 with its default (a throwaway server first: a fresh
+#      machine's first server compiles for 70-130 s, session 28 call 3 lost its levels so).
+# The GPU suite whole needs a call of its own (~420 s: `source benchmarks/gpu_env.sh; gpu_suite 440 FILE`).
+# Session 28's L2 prefetch (commits 8ca7f30..4474c78, removed: pipelined decode slower at every budget) is the next
+# try only with a new idea for its DRAM contention (e.g. a prefetch issued by the GEMV before, not beside a
+# latency-bound kernel).
 # Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
+step 110 "$OUT/decode_ab_mini.txt" python benchmarks/decode_ab_bench.py --preset mini --steps 64 --rounds 4 \
+  --arm fused_combine=attention.fused_combine=1 --arm boundary_d64=hc_boundary.block_d=64 \
+  --arm boundary_w4=hc_boundary.num_warps=4
 SERVE="python benchmarks/serve_bench.py --preset mini --device cuda --prompt-tokens 64 --max-tokens 64 --warmup 1"
-step 150 "$OUT/serve_warm.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 $SERVE --concurrency 1
-step 70 "$OUT/serve_mini_v3.txt" $SERVE --concurrency 1,4,16,32
-step 70 "$OUT/serve_mini_mma.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 $SERVE --concurrency 1,4,16,32
-step 70 "$OUT/serve_mini_v3_again.txt" $SERVE --concurrency 1,4,16,32
+step 150 "$OUT/serve_warm.txt" $SERVE --concurrency 1
+step 80 "$OUT/serve_mini.txt" $SERVE --concurrency 1,4,16,32
