@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 
 import torch
@@ -27,7 +28,10 @@ from dsv4.gate.timing import sync, timed_steps
 from dsv4.generation import pipelined_tokens
 from dsv4.measure import copy_bandwidth
 from dsv4.receipts import emit, provenance
-from prefill_batch_bench import parse_arm
+try:
+    from benchmarks.prefill_batch_bench import parse_arm
+except ImportError:  # run as a script without the repository's root on the path
+    from prefill_batch_bench import parse_arm
 
 
 @contextlib.contextmanager
@@ -43,7 +47,7 @@ def settings(sets: list):
             config[key] = value
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="mini")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -103,15 +107,17 @@ def main() -> None:
     for name, sets in arms:
         rates = {kind: a.steps / statistics.median(walls[name, kind]) for kind in kinds}
         emit("DECODE_AB", provenance(model.device, a.preset), arm=name,
-             settings=[f"{key}={value}" for _, key, value in sets],
+             settings={key: value for _, key, value in sets},
              **{f"{kind}_tok_s": round(rate, 2) for kind, rate in rates.items()},
              **{f"{kind}_over_defaults": round(rate / base[kind], 4) for kind, rate in rates.items()},
              kernel_nodes=nodes.get(name), rounds=a.rounds, steps=a.steps, prime=a.prime,
              copy_bandwidth_bytes_per_s=bandwidth, streams=len(streams[name]),
              same_stream_as_defaults=streams[name] == streams["defaults"])
     if any(len(s) != 1 for s in streams.values()):
-        raise SystemExit("decode_ab_bench: an arm sampled different streams in its own rows")
+        print("decode_ab_bench: an arm sampled different streams in its own rows", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
