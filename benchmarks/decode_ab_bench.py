@@ -24,7 +24,8 @@ import time
 import torch
 
 import dsv4
-from dsv4.gate.timing import sync, timed_steps
+from dsv4.bench import timed_pipelined
+from dsv4.gate.timing import timed_steps
 from dsv4.generation import pipelined_tokens
 from dsv4.measure import copy_bandwidth
 from dsv4.receipts import emit, provenance
@@ -91,11 +92,7 @@ def main() -> int:
                     state = states[name][kind]
                     state.restore(prefix)
                     if kind == "pipelined":
-                        sync(model)
-                        start = time.perf_counter_ns()
-                        drawn = list(pipelined_tokens(model, state, first, a.steps, sp, keep_graph=True))
-                        sync(model)
-                        ns = time.perf_counter_ns() - start
+                        drawn, ns = timed_pipelined(model, state, first, a.steps, sp)
                     else:
                         tokens, last, ns = timed_steps(model, state, first, a.steps, sp)
                         drawn = tokens[1:] + [last]
