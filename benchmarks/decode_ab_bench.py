@@ -111,7 +111,7 @@ def main() -> int:
              copy_bandwidth_bytes_per_s=bandwidth, streams=len(streams[name]),
              same_stream_as_defaults=streams[name] == streams["defaults"])
     if any(len(s) != 1 for s in streams.values()):
-        print("decode_ab_bench: an arm sampled different streams in its own rows", file=sys.stderr)
+        sys.stderr.write("decode_ab_bench: an arm sampled different streams in its own rows\n")
         return 1
     return 0
 
