@@ -28,10 +28,14 @@ def _groups(table: torch.Tensor) -> list[tuple[int, int, list[int]]]:
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["distinct", "one_expert", "random_16x6", "random_32x6", "crowded", "one_token"])
+@pytest.mark.parametrize("case", ["distinct", "one_expert", "random_16x6", "random_32x6", "crowded", "one_token",
+                                  "prefill_200x6"])
 @pytest.mark.parametrize("blocks", [False, True], ids=["one_program", "blocks"])
 def test_the_table_is_the_ids_grouped(monkeypatch, device, case, blocks):
-    """Both forms of the kernel (CONFIG blocks): one program, or programs of BLOCK pairs."""
+    """Both forms of the kernel (CONFIG blocks): one program, or programs of BLOCK pairs. prefill_200x6 (1,200 pairs,
+    a short prefill chunk's size, past MAX_PAIRS): the blocks form only (supported() refuses it to the one program)."""
+    if case == "prefill_200x6" and not blocks:
+        pytest.skip("past MAX_PAIRS: the one-program form is never asked (test_supported_by_form)")
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setitem(expert_groups.CONFIG, "blocks", blocks)
     g = torch.Generator().manual_seed(5)
@@ -40,7 +44,8 @@ def test_the_table_is_the_ids_grouped(monkeypatch, device, case, blocks):
            "random_16x6": torch.randint(0, 256, (16, 6), generator=g),
            "random_32x6": torch.randint(0, 24, (32, 6), generator=g),  # ~8 pairs an expert: full and split groups
            "crowded": torch.randint(0, 5, (40, 6), generator=g),  # ~48 pairs an expert, leaders in every program
-           "one_token": torch.tensor([[5, 9, 200, 3, 17, 44]])}[case].to(device)
+           "one_token": torch.tensor([[5, 9, 200, 3, 17, 44]]),
+           "prefill_200x6": torch.randint(0, 256, (200, 6), generator=g)}[case].to(device)
     table = expert_groups.groups(ids)
     assert table.shape == (ids.numel(), expert_groups.GROUP_ROW) and table.dtype == torch.int32
     groups = _groups(table.cpu())
@@ -53,6 +58,18 @@ def test_the_table_is_the_ids_grouped(monkeypatch, device, case, blocks):
         assert [len(m) for _, _, m in groups] == [8] * 9 + [6]
     if case == "distinct":
         assert [len(m) for _, _, m in groups] == [1] * 48
+
+
+def test_supported_by_form(monkeypatch):
+    """The one-program form counts at most MAX_PAIRS pairs; the blocks form up to MAX_BLOCK_PAIRS (a consumer's grid
+    axis); neither takes float ids or an empty step."""
+    ids = torch.zeros(expert_groups.MAX_PAIRS // 6 + 1, 6, dtype=torch.int64)  # just past MAX_PAIRS
+    monkeypatch.setitem(expert_groups.CONFIG, "blocks", False)
+    assert not expert_groups.supported(ids) and expert_groups.supported(ids[:-1])
+    monkeypatch.setitem(expert_groups.CONFIG, "blocks", True)
+    assert expert_groups.supported(ids)
+    assert not expert_groups.supported(torch.zeros(expert_groups.MAX_BLOCK_PAIRS // 6 + 1, 6, dtype=torch.int64))
+    assert not expert_groups.supported(ids.float()) and not expert_groups.supported(ids[:0])
 
 
 def test_reference_groups_in_pair_order():

@@ -163,12 +163,13 @@ def test_shared_expert_in_the_routed_launch(monkeypatch, mma):
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("unroll", [4, 2], ids=["kernel1_grouped", "both_grouped"])
-@pytest.mark.parametrize("T", [2, 5, 20, 32])
+@pytest.mark.parametrize("T", [2, 5, 20, 32, 200])
 def test_grouped_pairs_have_the_ungrouped_bits(monkeypatch, dtype, unroll, T):
     """CONFIG grouped (dsv4.kernels.expert_groups: up to 8 pairs of one expert a program, a pair a column of the
     MMA): kernel 1's rows (routed and shared, in one launch and alone), kernel 2's sums (ticketed and in a second
     launch) and the layer's output have the ungrouped programs' bits. Every token picks expert 17 (20 and 32 tokens:
-    groups of 8 and a partial one), the others are random, a third of them another rank's. unroll 4: kernel 2 (I =
+    groups of 8 and a partial one), the others are random, a third of them another rank's. 200 tokens: 1,200 pairs,
+    past the one-program table's MAX_PAIRS (a short prefill chunk's size: the blocks form's table). unroll 4: kernel 2 (I =
     1,024) stays on the CUDA cores, so only kernel 1 takes the table; 2: both do."""
     from quantised_cases import quantised
 

@@ -41,7 +41,11 @@ CONFIG = {"blocks": os.environ.get("DSV4_EXPERT_GROUPS_BLOCKS", "1") == "1"}
 BLOCK = 32  # pairs a program of the blocks form
 GROUP = 8  # pairs a group: the columns of one m16n8k16 product
 GROUP_ROW = 2 + GROUP
-MAX_PAIRS = 1024  # a step's pairs one program counts (P^2 / CHUNK compare steps; 32 tokens x 6: 192)
+MAX_PAIRS = 1024  # a step's pairs the one-program form counts (P^2 / CHUNK compare steps; 32 tokens x 6: 192)
+# A step's pairs the blocks form takes: each program scans them all in a runtime loop, and a consumer's grid has a
+# program row a pair (dsv4.kernels.moe_gl: grid axis 1, at most 65,535). A short prefill chunk's experts come here
+# too (63 tokens x 6: 378 pairs; a wave of 16 such chunks 6,048).
+MAX_BLOCK_PAIRS = 65535
 CHUNK = 32
 
 
@@ -108,7 +112,8 @@ def _groups_blocks_kernel(ids_ptr, table_ptr, P, P_PAD: constexpr, BLOCK: conste
 
 
 def supported(ids: torch.Tensor) -> bool:
-    return ids.dim() == 2 and 0 < ids.numel() <= MAX_PAIRS and not ids.dtype.is_floating_point
+    limit = MAX_BLOCK_PAIRS if CONFIG["blocks"] else MAX_PAIRS
+    return ids.dim() == 2 and 0 < ids.numel() <= limit and not ids.dtype.is_floating_point
 
 
 def groups(ids: torch.Tensor) -> torch.Tensor:
