@@ -60,6 +60,46 @@ def test_the_table_is_the_ids_grouped(monkeypatch, device, case, blocks):
         assert [len(m) for _, _, m in groups] == [1] * 48
 
 
+@pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["prefill_63x6", "crowded", "few_pairs"])
+@pytest.mark.parametrize("blocks", [False, True], ids=["one_program", "blocks"])
+def test_the_dense_table_holds_the_same_groups(monkeypatch, device, case, blocks):
+    """groups(ids, experts): where the pairs outnumber the groups they can make (bound()), the table is dense: the
+    leading rows in pair order, then rows of count 0, bound() rows in all; the groups those of the sparse table. Few
+    pairs (fewer than bound's) keep the sparse table."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(expert_groups.CONFIG, "blocks", blocks)
+    g = torch.Generator().manual_seed(7)
+    experts = {"prefill_63x6": 256, "crowded": 5, "few_pairs": 256}[case]
+    T = {"prefill_63x6": 63, "crowded": 40, "few_pairs": 4}[case]
+    ids = torch.stack([torch.randperm(experts, generator=g)[:6] if experts >= 6 else
+                       torch.randint(0, experts, (6,), generator=g) for _ in range(T)]).to(device)
+    P = ids.numel()
+    rows = expert_groups.bound(P, experts)
+    table = expert_groups.groups(ids, experts)
+    assert table.shape == (rows, expert_groups.GROUP_ROW)
+    want = expert_groups.reference(ids.cpu())
+    if case == "few_pairs":
+        assert rows == P and _groups(table.cpu()) == want
+        return
+    assert rows < P
+    dense = table.cpu().tolist()
+    assert [(row[0], row[2:2 + row[1]]) for row in dense[:len(want)]] == [(e, m) for _, e, m in want]
+    assert all(row[1] == 0 for row in dense[len(want):])
+
+
+def test_the_bound():
+    """bound(pairs, experts): at most pairs / GROUP + the experts picked groups, never more rows than pairs."""
+    assert expert_groups.bound(378, 256) == 48 + 256
+    assert expert_groups.bound(6048, 256) == 756 + 256
+    assert expert_groups.bound(192, 256) == 192 and expert_groups.bound(12, None) == 12
+    g = torch.Generator().manual_seed(3)
+    for experts, T in ((256, 63), (8, 40), (48, 200), (300, 20)):
+        ids = torch.stack([torch.randperm(experts, generator=g)[:6] for _ in range(T)])
+        assert len(expert_groups.reference(ids)) <= expert_groups.bound(ids.numel(), experts)
+
+
 def test_supported_by_form(monkeypatch):
     """The one-program form counts at most MAX_PAIRS pairs; the blocks form up to MAX_BLOCK_PAIRS (a consumer's grid
     axis); neither takes float ids or an empty step."""
