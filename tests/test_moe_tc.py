@@ -251,6 +251,7 @@ def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
     the interpreter (numpy's dots, shaped by the tile) within close_chain. Off, the fixed shape whatever the pairs."""
     full, stacks, ids, x, _, weights, cfg, ppe, taken = long_case(monkeypatch, 37)
     T = ids.shape[0]
+    monkeypatch.setitem(moe_tc.CONFIG, "mode", "chunks")  # short chunks on these tiles (the default until session 29)
     monkeypatch.setitem(moe_tc.CONFIG, "long", ((ppe / 8, 16, 128), (ppe, 32, 128), (4 * ppe, 64, 128)))
 
     def run(wave, rows=slice(None)):
