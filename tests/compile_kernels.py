@@ -129,8 +129,6 @@ for blocks in (False, True):  # a batched step's pairs by expert (P_PAD 32, 256,
     expert_groups.CONFIG["blocks"] = blocks
     for pairs in ((2, 6), (32, 6), (64, 6)):
         expert_groups.groups(torch.zeros(pairs, dtype=torch.int64))
-    expert_groups.groups(torch.zeros((63, 6), dtype=torch.int64), 256)  # a prefill chunk's dense table
-expert_groups.groups(torch.zeros((1008, 6), dtype=torch.int64), 256)  # a 16-chunk wave's (the blocks form)
 expert_groups.CONFIG["blocks"] = False
 rope_table.tables(torch.zeros(3, dtype=torch.int64), torch.zeros(2, 32))  # a step's "main" and "compress"
 rope_table.tables(torch.zeros(3), torch.zeros(1, 32))  # the windows' fp32 starts

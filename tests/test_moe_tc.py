@@ -124,9 +124,8 @@ def test_one_dot_orders_agree_and_keep_rows_alone(monkeypatch, order):
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 def test_the_mode_follows_the_step_kind(monkeypatch):
-    """DSV4_MOE_TC: "chunks" (the default until session 29) takes the tensor cores for a prefill chunk's rows (tokens > 1 a sequence)
-    and the pair kernels for a decode step's, whatever the rows; "all" both; "off" and "long" (a long chunk's
-    only) neither of these rows-alone steps; another name is refused
+    """DSV4_MOE_TC: "chunks" (the default) takes the tensor cores for a prefill chunk's rows (tokens > 1 a sequence)
+    and the pair kernels for a decode step's, whatever the rows; "all" both; "off" neither; another name is refused
     naming the variable. The shared expert's kernel 1 then runs apart (not in the routed launch)."""
     device = DEVICES[0]
     g = torch.Generator().manual_seed(4)
@@ -141,9 +140,8 @@ def test_the_mode_follows_the_step_kind(monkeypatch):
     taken = []
     kernel = moe_tc.routed
     monkeypatch.setattr(moe_tc, "routed", lambda *a: taken.append(a[0].shape[0]) or kernel(*a))
-    assert moe_tc.CONFIG["mode"] == "long"  # the default since session 29
-    for mode, tokens, expected in (("chunks", 3, [3]), ("chunks", 1, []), ("all", 1, [3]), ("off", 3, []),
-                                   ("long", 3, []), ("long", 1, [])):
+    assert moe_tc.CONFIG["mode"] == "chunks"
+    for mode, tokens, expected in (("chunks", 3, [3]), ("chunks", 1, []), ("all", 1, [3]), ("off", 3, [])):
         monkeypatch.setitem(moe_tc.CONFIG, "mode", mode)
         taken.clear()
         with rows_alone(True, tokens=tokens):
@@ -251,7 +249,6 @@ def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
     the interpreter (numpy's dots, shaped by the tile) within close_chain. Off, the fixed shape whatever the pairs."""
     full, stacks, ids, x, _, weights, cfg, ppe, taken = long_case(monkeypatch, 37)
     T = ids.shape[0]
-    monkeypatch.setitem(moe_tc.CONFIG, "mode", "chunks")  # short chunks on these tiles (the default until session 29)
     monkeypatch.setitem(moe_tc.CONFIG, "long", ((ppe / 8, 16, 128), (ppe, 32, 128), (4 * ppe, 64, 128)))
 
     def run(wave, rows=slice(None)):

@@ -272,7 +272,6 @@ def test_warm_prefill_runs_a_wave_for_each_wave_tile_shape(model, monkeypatch, w
     Slots fresh after, the tokens of a scheduler that never warmed."""
     from dsv4.kernels import moe_tc
 
-    monkeypatch.setitem(moe_tc.CONFIG, "mode", "chunks")  # short chunks on moe_tc's tiles (not the default since s29)
     monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", wave_tiles)
     lengths = warmed_lengths(model, monkeypatch, max_num_seqs=4, max_model_len=64, prefill_chunk=32)
     waves = [[32] * 4] if wave_tiles else []
@@ -282,14 +281,12 @@ def test_warm_prefill_runs_a_wave_for_each_wave_tile_shape(model, monkeypatch, w
 def test_wave_tile_waves_reach_each_tile_once(monkeypatch):
     """wave_tile_waves on mini's experts (256, 6 a token) and a concurrency-32 server's 64-token chunks: the fewest
     sequences whose 64-token wave passes each tile's lower bound (12 and 24 pairs an expert: 9 and 17 sequences),
-    none for a tile a done wave took, none past the slots or the tokens a forward takes, none without wave tiles or
-    with short chunks on the decode kernels (mode long, the default since session 29, or off)."""
+    none for a tile a done wave took, none past the slots or the tokens a forward takes, none without wave tiles."""
     from dsv4 import config
     from dsv4.kernels import moe_tc
     from dsv4.model.moe import wave_tile_waves
 
     monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", True)
-    monkeypatch.setitem(moe_tc.CONFIG, "mode", "chunks")  # short chunks on moe_tc's tiles (not the default since s29)
     mini = config.preset("mini")
     done = [(32, 15), (2, 15), (1, 16)]  # 11.25, 0.7 and 0.375 pairs an expert: the 16-row tiles
     assert wave_tile_waves(mini, 32, 64, 2048, done) == [(9, 64), (17, 64)]
@@ -297,10 +294,6 @@ def test_wave_tile_waves_reach_each_tile_once(monkeypatch):
     assert wave_tile_waves(mini, 32, 64, 1024, done) == [(9, 64)]  # 17 x 64 tokens are past a forward's
     assert wave_tile_waves(mini, 32, 64, 2048, done + [(16, 63)]) == [(17, 64)]  # 23.6 pairs: the 32-row tiles
     assert wave_tile_waves(mini, 32, 500, 2048, done) == [(5, 128), (9, 128)]  # past 128 tokens: long chunks
-    for mode in ("long", "off"):  # short chunks on the decode kernels: no wave takes moe_tc's tiles
-        monkeypatch.setitem(moe_tc.CONFIG, "mode", mode)
-        assert wave_tile_waves(mini, 32, 64, 2048, done) == []
-    monkeypatch.setitem(moe_tc.CONFIG, "mode", "chunks")
     monkeypatch.setitem(moe_tc.CONFIG, "wave_tiles", False)
     assert wave_tile_waves(mini, 32, 64, 2048, done) == []
 

@@ -22,11 +22,6 @@ step's pairs twice, first for the ranks and totals, then for the leader by the e
 26 call 3's profile of the one-program form: 6.7 us a layer at 16 rows, 70 at 32 (its [P_PAD, CHUNK] tiles spilling);
 session 27 call 1's of the blocks form in the server's pooled step: 8.2 us a layer at 16 rows, 13.2 at 32 (the table's
 tests, the gate on mini and the server, its requests' tokens unchanged, passed with it).
-
-The dense form (groups(ids, experts), session 29): where the step's pairs outnumber the groups they can make (a
-prefill chunk's: 63 tokens x 6 = 378 pairs make at most 48 + 256 groups over 256 experts; a wave of 16 such chunks
-6,048 pairs, at most 1,012 groups), a second launch moves the leading rows to the front in pair order and the
-consumers' grids take a row each of that table only. A decode step's pairs (at most 32 x 6 = 192) never do.
 """
 
 import os
@@ -46,12 +41,7 @@ CONFIG = {"blocks": os.environ.get("DSV4_EXPERT_GROUPS_BLOCKS", "1") == "1"}
 BLOCK = 32  # pairs a program of the blocks form
 GROUP = 8  # pairs a group: the columns of one m16n8k16 product
 GROUP_ROW = 2 + GROUP
-MAX_PAIRS = 1024  # a step's pairs the one-program form counts (P^2 / CHUNK compare steps; 32 tokens x 6: 192)
-# A step's pairs the blocks form takes: each program scans them all in a runtime loop, and a consumer's grid has a
-# program row a pair (dsv4.kernels.moe_gl: grid axis 1, at most 65,535). A short prefill chunk's experts come here
-# too (63 tokens x 6: 378 pairs; a wave of 16 such chunks 6,048).
-MAX_BLOCK_PAIRS = 65535
-COMPACT_CHUNK = 1024  # the dense table's pairs a step of its one program
+MAX_PAIRS = 1024  # a step's pairs one program counts (P^2 / CHUNK compare steps; 32 tokens x 6: 192)
 CHUNK = 32
 
 
@@ -117,43 +107,12 @@ def _groups_blocks_kernel(ids_ptr, table_ptr, P, P_PAD: constexpr, BLOCK: conste
     tl.store(table_ptr + leader.to(tl.int64) * ROW + 2 + (rank - first), p, mask=ok)
 
 
-def _compact_kernel(table_ptr, dense_ptr, P, G_BOUND, P_PAD: constexpr, CHUNK: constexpr, ROW: constexpr):
-    """One program: the rows of table [P, ROW] that lead a group (count > 0), in pair order, into dense [G_BOUND, ROW]
-    rows 0, 1, ...; the rows after them get count 0 (no group)."""
-    pdl_wait()
-    base = tl.sum(tl.zeros([CHUNK], dtype=tl.int32), axis=0)  # a loop-carried int32
-    for q0 in range(0, P_PAD, CHUNK):
-        q = q0 + tl.arange(0, CHUNK)
-        count = tl.load(table_ptr + q.to(tl.int64) * ROW + 1, mask=q < P, other=0)
-        lead = (count > 0).to(tl.int32)
-        at = (base + tl.cumsum(lead, axis=0) - lead).to(tl.int64)  # the leader's place among the step's leaders
-        keep = (lead > 0) & (at < G_BOUND)  # always below it for ids under the experts' count (bound())
-        for c in tl.static_range(ROW):
-            value = tl.load(table_ptr + q.to(tl.int64) * ROW + c, mask=keep, other=0)
-            tl.store(dense_ptr + at * ROW + c, value, mask=keep)
-        base += tl.sum(lead, axis=0)
-    for g0 in range(0, P_PAD, CHUNK):
-        g = g0 + tl.arange(0, CHUNK)
-        tl.store(dense_ptr + g.to(tl.int64) * ROW + 1, tl.zeros([CHUNK], dtype=tl.int32), mask=(g >= base) & (g < G_BOUND))
-
-
-def bound(pairs: int, experts: int | None) -> int:
-    """The most groups a step of `pairs` pairs over `experts` experts can make: sum over the experts picked of
-    ceil(picks / GROUP) <= pairs / GROUP + experts picked; `pairs` where experts is None (no better bound known)."""
-    return pairs if experts is None else min(pairs, cdiv(pairs, GROUP) + min(pairs, experts))
-
-
 def supported(ids: torch.Tensor) -> bool:
-    limit = MAX_BLOCK_PAIRS if CONFIG["blocks"] else MAX_PAIRS
-    return ids.dim() == 2 and 0 < ids.numel() <= limit and not ids.dtype.is_floating_point
+    return ids.dim() == 2 and 0 < ids.numel() <= MAX_PAIRS and not ids.dtype.is_floating_point
 
 
-def groups(ids: torch.Tensor, experts: int | None = None) -> torch.Tensor:
-    """ids [T, k] (expert ids below `experts`) -> the table [T * k, GROUP_ROW] int32 (see the module's doc); or, where
-    `experts` bounds the groups below the pairs (bound(): a prefill chunk's step, 378 pairs over 256 experts or more),
-    the dense table [bound, GROUP_ROW] (_compact_kernel, a second launch): the leading rows alone, in pair order,
-    then rows of count 0. A consumer's grid has a program row a table row: a 16-chunk wave's 6,048 pairs take 1,012
-    rows dense, where all but ~870 of 6,048 would do nothing. The same groups either way."""
+def groups(ids: torch.Tensor) -> torch.Tensor:
+    """ids [T, k] (expert ids) -> the table [T * k, GROUP_ROW] int32 (see the module's doc)."""
     P = ids.numel()
     flat = ids.contiguous().view(-1)
     table = torch.empty(P, GROUP_ROW, dtype=torch.int32, device=ids.device)
@@ -161,17 +120,11 @@ def groups(ids: torch.Tensor, experts: int | None = None) -> torch.Tensor:
     if CONFIG["blocks"]:
         launcher(_groups_blocks_kernel, ids)[(cdiv(P, BLOCK),)](flat, table, P, P_PAD=pad, BLOCK=BLOCK, CHUNK=CHUNK,
                                                                 GROUP=GROUP, ROW=GROUP_ROW, num_warps=4)
-    else:
-        rank = torch.empty(P, dtype=torch.int32, device=ids.device)
-        launcher(_groups_kernel, ids)[(1,)](flat, table, rank, P, P_PAD=pad, CHUNK=CHUNK, GROUP=GROUP, ROW=GROUP_ROW,
-                                            num_warps=4 if pad <= 256 else 8)
-    rows = bound(P, experts)
-    if rows == P:
         return table
-    dense = torch.empty(rows, GROUP_ROW, dtype=torch.int32, device=ids.device)
-    launcher(_compact_kernel, ids)[(1,)](table, dense, P, rows, P_PAD=max(COMPACT_CHUNK, pad), CHUNK=COMPACT_CHUNK,
-                                         ROW=GROUP_ROW, num_warps=4)
-    return dense
+    rank = torch.empty(P, dtype=torch.int32, device=ids.device)
+    launcher(_groups_kernel, ids)[(1,)](flat, table, rank, P, P_PAD=pad, CHUNK=CHUNK, GROUP=GROUP, ROW=GROUP_ROW,
+                                        num_warps=4 if pad <= 256 else 8)
+    return table
 
 
 def reference(ids: torch.Tensor) -> list[tuple[int, int, list[int]]]:

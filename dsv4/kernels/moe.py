@@ -382,11 +382,10 @@ def _gate_up(x, w1: QWeight, w3: QWeight, ids, first: int, n_local: int, topk: i
     return h
 
 
-def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
-               experts: int | None = None) -> torch.Tensor | None:
-    """The step's pairs grouped by expert for the Gluon kernels (dsv4.kernels.moe_gl.groups_for; experts: the routed
-    experts' count, for the dense table), or None: built once a layer, read by both kernels."""
-    return moe_gl.groups_for(x, ids, w1, w3, experts)
+def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
+    """The step's pairs grouped by expert for the Gluon kernels (dsv4.kernels.moe_gl.groups_for), or None: built once
+    a layer, read by both kernels."""
+    return moe_gl.groups_for(x, ids, w1, w3)
 
 
 def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int,
@@ -434,19 +433,19 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
            limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           h: torch.Tensor | None = None, groups: torch.Tensor | None = None, experts: int | None = None) -> torch.Tensor:
-    """x [T, D], ids [T, k] (global expert ids below `experts`, the routed experts' count where known), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
+           h: torch.Tensor | None = None, groups: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
     w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
     plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch. Kernel 2
     writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned. h: kernel 1's
     output when it already ran (routed_and_shared_gate_up); groups: the table it ran with (groups_for), built here
-    when h is not given (dense where `experts` bounds the groups below the pairs)."""
+    when h is not given."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
     if h is None:
-        groups = groups_for(x, ids, w1, w3, experts)
+        groups = groups_for(x, ids, w1, w3)
         h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"],
                      groups)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]

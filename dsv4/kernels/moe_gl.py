@@ -254,20 +254,19 @@ def _routed(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I, fir
                         w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN)
 
 
-@_jit(do_not_specialize=["T", "R"])  # one compiled kernel for every step size (Triton compiles an int 1 as a constant)
+@_jit(do_not_specialize=["T"])  # one compiled kernel for every step size (Triton compiles an int 1 as a constant)
 def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, sw1_ptr, ss1_ptr, sw3_ptr,
-                              ss3_ptr, sh_ptr, T, R, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
+                              ss3_ptr, sh_ptr, T, I, SI, first, n_local, w_expert_stride, s_expert_stride, s_row_skew,
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
                               S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
                               GROUPED: gl.constexpr = 0):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest; GROUPED: _routed_mma_group, ids_ptr the groups' table), then
-    the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time). R: the routed
-    programs' rows, T * TOPK pairs (or the groups' table's rows)."""
+    the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time)."""
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
-    routed = blocks * R
+    routed = blocks * T * TOPK
     if pid < routed:
         _pdl_wait()
         _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
@@ -779,22 +778,15 @@ def _gate_up_options(T: int) -> dict:
     return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] and T > 1 else {}
 
 
-def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
-               experts: int | None = None) -> torch.Tensor | None:
-    """The step's pairs grouped by expert (dsv4.kernels.expert_groups' table; dense where `experts`, the routed
-    experts' count, bounds the groups below the pairs) where CONFIG grouped is on, the step has more than one token
-    and kernel 1 runs here on the tensor cores; else None (the ungrouped programs). Kernel 2 takes the same table
-    where it runs on the tensor cores too (grouped or not, the same bits): a program row a table row."""
+def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
+    """The step's pairs grouped by expert (dsv4.kernels.expert_groups' table) where CONFIG grouped is on, the step
+    has more than one token and kernel 1 runs here on the tensor cores; else None (the ungrouped programs). Kernel 2
+    takes the same table where it runs on the tensor cores too (grouped or not, the same bits)."""
     T, k = ids.shape
     if not (CONFIG["grouped"] and T > 1 and expert_groups.supported(ids) and chosen_gate_up(x, w1, w3)
             and _mma(x, w1, w3)):
         return None
-    return expert_groups.groups(ids, experts)
-
-
-def _rows(at: torch.Tensor, grouped: dict, pairs: int) -> int:
-    """A kernel's program rows: the groups' table's rows where it takes the table (grouped), else the step's pairs."""
-    return at.shape[0] if grouped else pairs
+    return expert_groups.groups(ids)
 
 
 def _ids_or_groups(ids: torch.Tensor, groups: torch.Tensor | None, mma: dict) -> tuple[torch.Tensor, dict]:
@@ -816,7 +808,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
     mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    _launch(_gate_up_gl_kernel)[(I // _block_n(mma), _rows(at, grouped, T * k))](
+    _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped,
         **_options(), **_gate_up_options(T))
@@ -852,10 +844,9 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    R = _rows(at, grouped, T * k)
-    programs = I // _block_n(mma) * R + SI // (s_rn * warps) * cdiv(T, rows)
+    programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
-        x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, R, I, SI, first, d1.shape[0],
+        x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped,
         **_options(), **_gate_up_options(T))
@@ -878,7 +869,7 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    _launch(_down_gl_kernel)[(D // block_n, _rows(at, grouped, T * k), 1) if grouped else (D // block_n, T, k)](
+    _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],

@@ -7,9 +7,7 @@ unpacking its expert's FP4 bytes and paying its own multiply-adds: 89 % of the w
 dsv4.kernels.prefill_moe cuts a long prefill's), and a program multiplies its tile by a BLOCK_N slice
 of the expert's weight on the tensor cores, each weight word unpacked once for all of its rows
 (_words_dot). At one token a sequence (a decode step, ~1.2 pairs an expert at 16 sequences) the pair
-kernels stay faster, so by default only prefill chunks came here (CONFIG mode "chunks"); since session 29 a short
-chunk's rows take the decode kernels' grouped programs too (mode "long": an expert read once for 8 of the chunk's
-pairs), and only a long chunk's come here.
+kernels stay faster, so by default only prefill chunks come here (CONFIG mode).
 
 Batch invariance: one tile shape whatever the step (CONFIG, fixed for the process), so a pair's sums are
 the tensor cores' over its own row of the tile and the weight, in the K loop's order, whatever other
@@ -43,11 +41,8 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tests, graph == eager, the gate on mini
 # mode (DSV4_MOE_TC): "chunks", a prefill chunk's experts (more than one token a sequence: dsv4.model.moe); "all",
-# every rows-alone step's, decode too; "long", a long chunk's only (CONFIG long), a short chunk's rows taking the
-# decode kernels (dsv4.kernels.moe_gl's grouped programs: an expert's bytes read once for up to 8 of the chunk's
-# pairs, the dense table of dsv4.kernels.expert_groups; the default since session 29); "off", none (a long chunk's
-# the dense path). block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a program's outputs and each K
-# step's inputs (block_k / 8 >= 16: a plane's dot); warps and pipeline stages;
+# every rows-alone step's, decode too; "off". block_m: pairs a tile (16, tl.dot's least); block_n / block_k: a
+# program's outputs and each K step's inputs (block_k / 8 >= 16: a plane's dot); warps and pipeline stages;
 # plan_pairs: the most pairs the one-program plan takes (more: torch's ops). Session 13 call 3 (moe_bench, one
 # Flash layer's routed experts): 1 token 108-152 us (pair kernels 47), 16 tokens 865-960 us (pair kernels 602), a
 # 16 x 63 prefill wave on mini 0.101 s (pair kernels 0.27): hence chunks. (block_n, warps and stages leave each sum's
@@ -91,14 +86,14 @@ GPU_CHECKED = True  # session 13 calls 2-4 (benchmarks/RESULTS.md): its CUDA tes
 # 2.14 / 2.72 / 3.94 -> 1.89 / 2.42 / 3.52 at 64 / 128 / 512 tokens (16 x 128), 4.72 -> 4.41 at 1,024 (32 x 128),
 # 11.86 -> 11.49 at 4,096 (64 x 128); a Flash rank's 128 experts 1.59 / 2.16 -> 1.29 / 1.87 at 128 / 512.
 LONG = ((12, 16, 128), (24, 32, 128), (96, 64, 128)) if os.environ.get("DSV4_MOE_TC_LONG", "1") == "1" else ()
-CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "long"), "block_m": 16, "block_n": 128, "block_k": 128,
+CONFIG = {"mode": os.environ.get("DSV4_MOE_TC", "chunks"), "block_m": 16, "block_n": 128, "block_k": 128,
           "num_warps": 4, "num_stages": 3, "plan_pairs": 1024,
           "plan_fixed": os.environ.get("DSV4_MOE_TC_PLAN_FIXED", "1") == "1" and not interpreting(), "long": LONG,
           "order": os.environ.get("DSV4_MOE_TC_ORDER", "auto"),
           "wave_tiles": os.environ.get("DSV4_MOE_TC_WAVE_TILES", "1") == "1",
           "bf16_decode": os.environ.get("DSV4_MOE_TC_BF16_DECODE", "1") == "1"}
 ORDERS = ("planes", "natural", "planes_one")  # the kernel's ORDER, by index; CONFIG order also takes "auto"
-MODES = ("off", "long", "chunks", "all")
+MODES = ("off", "chunks", "all")
 
 
 @device_function
@@ -344,16 +339,10 @@ def supported(x: torch.Tensor, stacks: list[QWeight]) -> bool:
 def chosen(x: torch.Tensor, stacks: list[QWeight], tokens: int) -> bool:
     """Whether a rows-alone step of `tokens` tokens a sequence runs these experts here (CONFIG mode: the step's kind
     decides, never how many sequences share it)."""
-    return short_chunks(tokens) and supported(x, stacks)
-
-
-def short_chunks(tokens: int = 2) -> bool:
-    """Whether CONFIG mode sends a rows-alone step of `tokens` tokens a sequence here (a short prefill chunk's by
-    default), the shapes aside; a mode not in MODES is refused, naming the variable."""
     mode = CONFIG["mode"]
     if mode not in MODES:
         raise ValueError(f"DSV4_MOE_TC={mode!r}: allowed {list(MODES)}")
-    return mode == "all" or (mode == "chunks" and tokens > 1)
+    return (mode == "all" or (mode == "chunks" and tokens > 1)) and supported(x, stacks)
 
 
 def long_tiles(x: torch.Tensor, stacks: list[QWeight], pairs_per_expert: float) -> tuple[int, int] | None:

@@ -116,8 +116,7 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
         if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups,
-                                    cfg.n_routed_experts)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -172,9 +171,8 @@ def wave_tile_waves(cfg: ModelConfig, slots: int, longest: int, group_tokens: in
     (_wave_tiles: the long chunks' table by a wave's pairs per expert) that a server's waves reach, `slots`
     sequences with chunks of at most `longest` tokens and `group_tokens` tokens a forward, and that none of the
     waves `done` took: for each tile the fewest sequences of the longest short chunk whose pairs pass the tile's
-    lower bound. None without wave_tiles, or where short chunks do not take moe_tc (its CONFIG mode). A warm-up runs
-    them (dsv4.serve.scheduler.warm_prefill)."""
-    if not (moe_tc.CONFIG["wave_tiles"] and moe_tc.short_chunks()):
+    lower bound. None without wave_tiles. A warm-up runs them (dsv4.serve.scheduler.warm_prefill)."""
+    if not moe_tc.CONFIG["wave_tiles"]:
         return []
     experts, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     bounds = [bound for bound, _, _ in moe_tc.CONFIG["long"]]
@@ -255,7 +253,7 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
             _shared_fused(x, w["shared"]) and not _tensor_cores(x, ids, w["experts"]):
         # Both kernel 1s read only x: one launch for the routed rows and the shared expert (the pair kernels').
         e, s = w["experts"], w["shared"]
-        groups = fused_moe.groups_for(x, ids, e["w1"], e["w3"], cfg.n_routed_experts)  # a batched step's pairs by expert
+        groups = fused_moe.groups_for(x, ids, e["w1"], e["w3"])  # a batched step's pairs by expert, or None
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
                                                           cfg.swiglu_limit, groups)
         return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups)
