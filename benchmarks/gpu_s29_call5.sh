@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Session 29, call 5 (one H200; main's dsv4/ as 9457b2c): where the server's time goes at concurrency 16 on mini, for
-# the next session's choice (measurements only):
+# Session 29, call 5 (one H200; main's dsv4/ as 9457b2c; <= 3 min: what the session's device time left): where the
+# server's time goes at concurrency 16 on mini, for the next session's choice (measurements only):
 #   1. a prefill wave of 16 63-token chunks (the server's 64-token prompts at concurrency 16): its kernels
 #      (--profile) and its host side (--pyprofile): device-bound or host-bound, as call 3 found one chunk;
-#   2. the pooled decode step at 16 and 32 rows with the server's GEMVs (mma, dense v3): its kernels.
+#   2. the pooled decode step at 16 rows with the server's GEMVs (mma, dense v3): its kernels.
 # Usage: OUT=dir bash benchmarks/gpu_s29_call5.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=60
-PB="python benchmarks/prefill_batch_bench.py mini --tokens 63 --states 16 --runs 3"
-step 70 "$OUT/prefill_wave_profile.txt" $PB --profile 20
-step 60 "$OUT/prefill_wave_pyprofile.txt" $PB --pyprofile 30
-step 120 "$OUT/batch_mini_pool_mma.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini \
-  --pool --sizes 16 32 --steps 32 --rows 3 --profile 16 32 --top 20
+PB="python benchmarks/prefill_batch_bench.py mini --tokens 63 --states 16 --runs 2"
+step 60 "$OUT/prefill_wave_profile.txt" $PB --profile 20
+step 50 "$OUT/prefill_wave_pyprofile.txt" $PB --pyprofile 30
+step 55 "$OUT/batch_mini_pool_mma.txt" env DSV4_QGEMV=mma DSV4_DENSE_GEMV=v3 python benchmarks/batch_bench.py mini \
+  --pool --sizes 16 --steps 16 --rows 1 --profile 16 --top 20
