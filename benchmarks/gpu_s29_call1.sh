@@ -13,7 +13,7 @@
 # Session 28's L2 prefetch (commits 8ca7f30..4474c78, removed: pipelined decode slower at every budget) is the next
 # try only with a new idea for its DRAM contention (e.g. a prefetch issued by the GEMV before, not beside a
 # latency-bound kernel).
-# Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
+# Usage: OUT=dir bash benchmarks/gpu_s29_call1.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
 step 150 "$OUT/decode_ab_mini.txt" python benchmarks/decode_ab_bench.py --preset mini --steps 64 --rounds 4 \
