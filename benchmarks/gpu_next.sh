@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Session 29, call 5 (one H200; main's dsv4/ as 9457b2c; <= 3 min: what the session's device time left): where the
-# server's time goes at concurrency 16 on mini, for the next session's choice (measurements only):
+# The next call on one H200 (<= 3 min; written as session 29's call 5, not run: the session's device time ran out):
+# where the server's time goes at concurrency 16 on mini, for the next choice (measurements only):
 #   1. a prefill wave of 16 63-token chunks (the server's 64-token prompts at concurrency 16): its kernels
 #      (--profile) and its host side (--pyprofile): device-bound or host-bound, as call 3 found one chunk;
 #   2. the pooled decode step at 16 rows with the server's GEMVs (mma, dense v3): its kernels.
-# Usage: OUT=dir bash benchmarks/gpu_s29_call5.sh   (carry .whl)
+# Usage: OUT=dir bash benchmarks/gpu_next.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=60
 PB="python benchmarks/prefill_batch_bench.py mini --tokens 63 --states 16 --runs 2"
