@@ -40,7 +40,7 @@ import torch
 
 from ..formats import QWeight
 from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
-from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
+from .gluon_parts import _jit, _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -102,10 +102,6 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # chunks whose bytes a warp loads before their products; mma_down: kernel 2 too.
 
 
-def _jit(fn=None, **options):
-    if fn is None:
-        return lambda f: _jit(f, **options)
-    return fn if gluon is None else gluon.jit(fn, **options)
 
 
 def _pair_ptx(reg: str, src: str, q: int, bf16: bool = False) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from ..formats import FP8_BLOCK, QWeight
 from . import cdiv, getenv, gluon_launcher, interpreting
-from .gluon_parts import _arange5, _mma_out_rows, _pdl_wait, _split4
+from .gluon_parts import _jit, _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
     from triton.experimental import gluon
@@ -50,10 +50,6 @@ CONFIG = dict(zip(("rt", "warps", "u", "programs"), (int(v) for v in getenv("DSV
                                                      .split(","))))
 
 
-def _jit(fn=None, **options):
-    if fn is None:
-        return lambda f: _jit(f, **options)
-    return fn if gluon is None else gluon.jit(fn, **options)
 
 
 _launch = gluon_launcher  # a module global: tests/compile_kernels.py replaces it to compile only
