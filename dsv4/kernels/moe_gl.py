@@ -102,8 +102,6 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # chunks whose bytes a warp loads before their products; mma_down: kernel 2 too.
 
 
-
-
 def _pair_ptx(reg: str, src: str, q: int, bf16: bool = False) -> str:
     """PTX placing nibbles q and q + 4 of int32 word src as a pair in reg (registers m and s scratch): magnitude (bits
     4q..4q+2) to fp16 bits 9-11 (e2m1 times 2**-14) or bf16 bits 6-8 (times 2**-126), sign (bit 4q+3) to bit 15; the

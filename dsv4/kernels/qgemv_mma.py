@@ -50,8 +50,6 @@ CONFIG = dict(zip(("rt", "warps", "u", "programs"), (int(v) for v in getenv("DSV
                                                      .split(","))))
 
 
-
-
 _launch = gluon_launcher  # a module global: tests/compile_kernels.py replaces it to compile only
 
 
