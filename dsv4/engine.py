@@ -31,6 +31,7 @@ from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
+from .replay import PrefillReplay
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
 from .state import CapacityError, DecodeState, Pools, QuarantineError, RefusalError, StepHeld  # noqa: F401
@@ -252,6 +253,9 @@ class Model(ModelCommon):
         # pipeline). Its readback says so (StepHeld).
         self.hold = torch.zeros((), dtype=torch.bool, device=self.device)
         self._pending: list[_Pending] = []  # launched pipelined steps, oldest first
+        # DSV4_PREFILL_GRAPHS=1: a state's short prefill chunks replayed from CUDA graphs (prefill_graph_tokens)
+        self.prefill_graphs = kernels.getenv("DSV4_PREFILL_GRAPHS", "0") == "1"
+        self._prefill_pool = None  # the memory pool the prefill graphs share (made at the first capture)
 
     @property
     def rank(self) -> int:
@@ -284,9 +288,32 @@ class Model(ModelCommon):
         return torch.tensor(ids, dtype=torch.int64)
 
     def _run(self, state: DecodeState, tokens: torch.Tensor) -> None:
-        """One eager transaction on `tokens` (already on device); raises on a refusal."""
-        verdict = self.transformer.transaction([state], tokens)
-        self._settle(state, float(verdict), tokens.shape[0])
+        """One prefill chunk `tokens` (already on device) of one state, eager or replayed (prefill_graph_tokens);
+        raises on a refusal."""
+        T = tokens.shape[0]
+        if not self.prefill_graph_tokens(T):
+            verdict = self.transformer.transaction([state], tokens)
+        else:
+            graph = state.prefill_graphs.get(T)
+            if graph is None:  # the first chunk of this length on this state: eager, its kernels compiled
+                state.prefill_graphs[T] = 1
+                verdict = self.transformer.transaction([state], tokens, by_position=False)
+            else:
+                if graph == 1:
+                    if self._prefill_pool is None:
+                        self._prefill_pool = torch.cuda.graph_pool_handle()
+                    graph = state.prefill_graphs[T] = PrefillReplay(self, state, T, self._prefill_pool)
+                verdict = graph.run(tokens)
+        self._settle(state, float(verdict), T)
+
+    def prefill_graph_tokens(self, T: int) -> bool:
+        """Whether one state's prefill chunk of T tokens goes through its CUDA graph (dsv4.replay.PrefillReplay):
+        DSV4_PREFILL_GRAPHS=1 (off by default until the GPU checks run it), one CUDA rank (several ranks'
+        captures not yet run on GPUs), a short chunk (model.rows.short_chunk: up to 128 tokens, whose shapes
+        depend on T alone). A state captures a length at its second chunk of it (the first, eager, compiles);
+        every later one replays. A long prompt's chunks and a server slot's requests reuse them."""
+        return (self.prefill_graphs and self.device.type == "cuda" and self.world == 1 and short_chunk(T)
+                and not torch.cuda.is_current_stream_capturing())
 
     def _settle(self, state: DecodeState, verdict: float, n: int) -> None:
         """Host side of a step's readback: advance the host position or quarantine the state."""
@@ -349,6 +376,10 @@ class Model(ModelCommon):
         for s in states:
             s.check_open()
             s.check_room(T)
+        if B == 1 and self.prefill_graph_tokens(T):  # one state's chunk: its graph (_run settles it)
+            with torch.inference_mode():
+                self._run(states[0], tokens[0].to(self.device))
+            return torch.stack([states[0].logits])
         with torch.inference_mode():
             verdict = float(self.transformer.transaction(list(states), torch.cat(tokens).to(self.device)))
         if verdict != 0:

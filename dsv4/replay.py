@@ -168,6 +168,42 @@ class BatchReplay:
         self.census = {"rows": len(batch.states), "collectives": trace["collective"], "unsupported": 0}
 
 
+class PrefillReplay:
+    """One state's prefill chunk of T tokens captured once into a CUDA graph (DSV4_PREFILL_GRAPHS: see
+    engine.Model.prefill_graphs), replayed for every later chunk of T tokens on that state's buffers.
+
+    Why: a short chunk's eager forward is bound by its host side (benchmarks/RESULTS.md, session 29 call 3: mini,
+    63 tokens, 19.9 ms of wall for 13.95 ms of kernels; a Flash rank launches the same ~25 kernels a layer for 43
+    layers); its replay costs the kernels alone (session 30 call 1: 16 tokens, eager 16.9 ms, replay 5.7 ms, the
+    logits and the committed state the same bits). Its shapes must not follow the position: the chunk's Step
+    takes no host position (transaction by_position=False; a whole compressed store scored, its uncommitted rows
+    masked: the same bits, dsv4.model.step.store_limit), in its eager runs too, so that one graph serves the
+    chunk at every position. The forward reads nothing from the host, so a replay is the eager chunk's
+    kernels with the same arguments.
+
+    No warm-up of its own: the engine captures a length only after an eager chunk of that length on the same
+    state compiled its kernels (and made the split tickets). The capture runs nothing, so the state is unchanged
+    until the replay; the graphs of a model share one memory pool (their replays never overlap and each one's
+    verdict is read right after it)."""
+
+    def __init__(self, model, state, T: int, pool):
+        self.tokens = torch.zeros(T, dtype=torch.int64, device=state.device)  # the chunk's ids, static
+        self.graph = torch.cuda.CUDAGraph()
+        self.replays = 0
+        try:
+            with torch.inference_mode(), torch.cuda.graph(self.graph, pool=pool):
+                self.verdict = model.transformer.transaction([state], self.tokens, by_position=False)
+        except Exception as e:
+            raise ReplayError(f"capture of a {T}-token prefill chunk failed: {e}") from e
+
+    def run(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The chunk `tokens` [T] (on the device) through the graph -> its device verdict (0 = committed)."""
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        self.replays += 1
+        return self.verdict
+
+
 def _replay_counting_nodes(graph, census: dict):
     """The first replay, under the profiler: its kernel / memcpy / memset activities are the graph's nodes."""
     replayed = False

@@ -109,6 +109,8 @@ class DecodeState:
         self.counts = zeros(2, **i64)  # steps run on this state: [forward, commit]
         self.quarantine: str | None = None
         self.replay = None  # a captured full-token graph, set by dsv4.replay
+        # prefill chunk lengths -> dsv4.replay.PrefillReplay (or 1: seen once, eagerly), on these buffers
+        self.prefill_graphs: dict = {}
         self.pool = None  # the StatePool whose slot `slot` this state is a view of (None: its own)
         self.slot: int | None = None
 
@@ -117,7 +119,7 @@ class DecodeState:
         view = DecodeState.__new__(DecodeState)
         vars(view).update(cfg=self.cfg, capacity=self.capacity, device=self.device, dtype=self.dtype, host_pos=0,
                           layers=[layer.row(slot) for layer in self.layers], quarantine=None, replay=None,
-                          pool=None, slot=slot)
+                          prefill_graphs={}, pool=None, slot=slot)
         for name in ("pos", "hidden", "logits", "input", "token", "counts"):
             setattr(view, name, getattr(self, name)[slot])
         return view

@@ -132,12 +132,14 @@ class Transformer:
                 "norm": wt[p + "norm.weight"]}
 
     # ---- the math ----------------------------------------------------------
-    def forward(self, states: list[DecodeState], tokens: torch.Tensor,
-                active: torch.Tensor | None = None) -> tuple[list[Write], torch.Tensor]:
+    def forward(self, states: list[DecodeState], tokens: torch.Tensor, active: torch.Tensor | None = None,
+                by_position: bool = True) -> tuple[list[Write], torch.Tensor]:
         """tokens [B*T]: T tokens for each of the B states (sequence-major), each at its own position
         state.pos.. -> (staged writes, final streams [B*T, hc, D]). Everything but attention runs
         over all rows at once; in a decode step or a short prefill chunk (rows.short_chunk) each row
-        comes out as it would alone (rows_alone), so a sequence's step does not depend on the others in it."""
+        comes out as it would alone (rows_alone), so a sequence's step does not depend on the others in it.
+        by_position=False: no shape follows the host's position (model.step.Step's host_pos not given), as a
+        captured prefill chunk needs (dsv4.replay.PrefillReplay); the same bits either way."""
         cfg = self.cfg
         B = len(states)
         T = tokens.shape[0] // B
@@ -148,8 +150,8 @@ class Transformer:
             attend = lambda x, w, i, writes, out: attention_pooled(  # noqa: E731
                 x, step, w, pool.store.layers[i], i, cfg, self.heads, writes, out)
         else:
-            steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b], s.host_pos)
-                     for b, s in enumerate(states)]
+            steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b],
+                          s.host_pos if by_position else None) for b, s in enumerate(states)]
             attend = lambda x, w, i, writes, out: attention(  # noqa: E731
                 x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes, out)
         x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
@@ -227,17 +229,17 @@ class Transformer:
 
     # ---- the transaction ---------------------------------------------------
     def transaction(self, states: list[DecodeState], tokens: torch.Tensor,
-                    active: torch.Tensor | None = None) -> torch.Tensor:
+                    active: torch.Tensor | None = None, by_position: bool = True) -> torch.Tensor:
         """forward -> verdict -> commit -> head for T tokens of each state (tokens [B*T], sequence-major);
         returns the device verdict (0 = committed). One verdict for the whole step: a refused
         collective commits nothing for any sequence. `active` [B] bool: rows that commit (a batched
-        step's rows without a sequence compute and change nothing; None: all)."""
+        step's rows without a sequence compute and change nothing; None: all). by_position: as forward's."""
         B = len(states)
         T = tokens.shape[0] // B
         rows = _Rows(states, pool_of(states))
         self.comm.begin_step()
         rows.count(0, None if active is None else active.long())
-        writes, h = self.forward(states, tokens, active)
+        writes, h = self.forward(states, tokens, active, by_position)
         self.comm.end_step()
         verdict = self.comm.verdict
         ok = verdict == 0
