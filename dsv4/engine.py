@@ -255,7 +255,10 @@ class Model(ModelCommon):
         self._pending: list[_Pending] = []  # launched pipelined steps, oldest first
         # DSV4_PREFILL_GRAPHS=1: a state's short prefill chunks replayed from CUDA graphs (prefill_graph_tokens)
         self.prefill_graphs = kernels.getenv("DSV4_PREFILL_GRAPHS", "0") == "1"
-        self._prefill_pool = None  # the memory pool the prefill graphs share (made at the first capture)
+        # The memory pool the prefill graphs share, and the graphs alive in it: torch frees a pool with its last graph
+        # and asserts when a capture names a freed pool (session 30 call 3), so a capture with none alive makes a new one.
+        self._prefill_pool = None
+        self._prefill_live: weakref.WeakSet = weakref.WeakSet()
 
     @property
     def rank(self) -> int:
@@ -300,9 +303,10 @@ class Model(ModelCommon):
                 verdict = self.transformer.transaction([state], tokens, by_position=False)
             else:
                 if graph == 1:
-                    if self._prefill_pool is None:
+                    if not self._prefill_live:
                         self._prefill_pool = torch.cuda.graph_pool_handle()
                     graph = state.prefill_graphs[T] = PrefillReplay(self, state, T, self._prefill_pool)
+                    self._prefill_live.add(graph)
                 verdict = graph.run(tokens)
         self._settle(state, float(verdict), T)
 

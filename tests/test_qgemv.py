@@ -289,30 +289,6 @@ def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
         each_row_alone(monkeypatch, fn, torch.randn(19, K, generator=g).to(dtype).to(device), w.to(device), splits)
 
 
-@pytest.mark.parametrize("device,fmt,splits", per_device([("fp8", 3), ("fp4", 1)], slow_on_cpu=[("fp4", 1)]))
-def test_v3_grid_order_keeps_the_bits(monkeypatch, device, fmt, splits):
-    """v3's launch with its row tiles first (CONFIG v3_rows_first, the default since session 30: a weight tile's
-    readers of every row tile start together) gives the old order's bits (N blocks first), qgemv's and dense's v3,
-    at 1, 19 and 40 rows (one row tile, two, three), splits summed in the launch (tickets back at 0)."""
-    from dsv4.kernels import dense
-
-    for key, value in {**V3, "v2_split_k": splits}.items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
-    monkeypatch.setitem(dense.CONFIG, "kernel", "v3")
-    g = torch.Generator().manual_seed(20 + splits)
-    bf16 = (torch.randn(40, 300, generator=g) * 0.05).to(torch.bfloat16).to(device)
-    cases = [(fn, w.to(device), torch.randn(40, K, generator=g).to(dtype).to(device))
-             for w, fn, K, dtype in v3_cases(fmt, g)]
-    cases.append((dense.linear, bf16, torch.randn(40, 300, generator=g).to(torch.bfloat16).to(device)))
-    for fn, w, x in cases:
-        for rows in (1, 19, 40):
-            monkeypatch.setitem(qgemv.CONFIG, "v3_rows_first", False)
-            old = fn(x[:rows], w)
-            monkeypatch.setitem(qgemv.CONFIG, "v3_rows_first", True)
-            assert torch.equal(fn(x[:rows], w), old), (fn.__name__, rows)
-            assert not qgemv.tickets_for(1, x.device).any()
-
-
 def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19), alone=(), batched=()):
     """Every row of fn(x[:B], w) for B in sizes (v3's: one row tile with padding, a full one, two tiles) equal to
     that row launched alone (under qgemv CONFIG `alone`, the batches under `batched`), the splits summed in the

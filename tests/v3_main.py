@@ -41,17 +41,14 @@ def _fp4_tile(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, ROWS_FIRST: constexpr):
-    """Grid (row tiles of BLOCK_M, N blocks, SPLITS) (session 30: main's grid order since; its program ids read here
-    as today's kernel reads them): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+                   FUSED_SUM: constexpr, IEEE: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
     pdl_wait()
-    if ROWS_FIRST:
-        tile, nb, split, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1)
-    else:
-        nb, split, tile, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0)
-    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < rows
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -83,7 +80,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
-        ticket = tickets_ptr + tile * blocks + nb
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
         _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
@@ -92,17 +89,14 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
 
 def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, ROWS_FIRST: constexpr, EARLY: constexpr):
-    """Grid (row tiles of BLOCK_M, N blocks, SPLITS) (session 30: main's grid order since; its program ids read here
-    as today's kernel reads them): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+                   FUSED_SUM: constexpr, IEEE: constexpr, EARLY: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does.
     EARLY: passed by the launch of today's kernel (dense._linear3); main's loop has no early load."""
     pdl_wait()
-    if ROWS_FIRST:
-        tile, nb, split, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1)
-    else:
-        nb, split, tile, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0)
-    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < rows
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -120,7 +114,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
-        ticket = tickets_ptr + tile * blocks + nb
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
         _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,

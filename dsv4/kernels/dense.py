@@ -133,20 +133,17 @@ def _dense3_dot(acc, x_rows, m_ok, wv, kk, K: constexpr, IEEE: constexpr):
 
 def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, ROWS_FIRST: constexpr, EARLY: constexpr):
-    """Grid (row tiles of BLOCK_M, N blocks, SPLITS) with ROWS_FIRST (qgemv CONFIG v3_rows_first, as qgemv's
-    _qgemv3_kernel), else (N blocks, SPLITS, row tiles): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+                   FUSED_SUM: constexpr, IEEE: constexpr, EARLY: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr as qgemv's _qgemv3_kernel does. The
     first K tile of the weight is loaded before the K loop, which goes on from the second (the same dots in the
     same order); EARLY (a stored weight; launched with launch_pdl under DSV4_PDL): pdl_wait runs while it is in
     flight, before x is read."""
     if not EARLY:
         pdl_wait()
-    if ROWS_FIRST:
-        tile, nb, split, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1)
-    else:
-        nb, split, tile, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0)
-    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < rows
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -165,7 +162,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
-        ticket = tickets_ptr + tile * blocks + nb
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
         _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
@@ -258,11 +255,10 @@ def _linear3(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stored: bo
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x2.device)
     tickets = qgemv.tickets_for(row_tiles * blocks, x2.device) if splits > 1 and CONFIG["fused_sum"] else None
     extra = {} if interpreting() else {"num_warps": CONFIG["v3_num_warps"]}
-    rows_first = qgemv.CONFIG["v3_rows_first"]
-    launcher(_dense3_kernel, x2)[(row_tiles, blocks, splits) if rows_first else (blocks, splits, row_tiles)](
+    launcher(_dense3_kernel, x2)[(blocks, splits, row_tiles)](
         x2, weight, y, partials, tickets if tickets is not None else partials, N, rows, x2.stride(0), K=K,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, IEEE=interpreting(), ROWS_FIRST=rows_first, EARLY=stored, **extra)
+        FUSED_SUM=tickets is not None, IEEE=interpreting(), EARLY=stored, **extra)
     if splits > 1 and tickets is None:
         qgemv.sum_splits(partials, y, rows)
     return y

@@ -100,7 +100,6 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
-          "v3_rows_first": os.environ.get("DSV4_V3_ROWS_FIRST", "1") == "1",
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
@@ -500,22 +499,15 @@ def _dot(a, b, acc, IEEE: constexpr):
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
                    BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
-                   FUSED_SUM: constexpr, IEEE: constexpr, ROWS_FIRST: constexpr):
-    """Grid (row tiles of BLOCK_M, N blocks, SPLITS) with ROWS_FIRST (CONFIG v3_rows_first, DSV4_V3_ROWS_FIRST=0 for
-    the old order), else (N blocks, SPLITS, row tiles): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
-    Row tiles first, the programs that read one weight tile for different rows start together and all but the
-    first can find it in L2 (a prefill wave's 1,008 rows are 63 row tiles; N blocks first, the tiles of one row
-    tile run together and a weight tile's next reader comes a whole pass over the weight later). One row tile (a
-    decode step) launches in the same order either way; a program's arithmetic is the same either way.
+                   FUSED_SUM: constexpr, IEEE: constexpr):
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
     experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
     on from the second; the dots are the loop's, in its order."""
-    if ROWS_FIRST:
-        tile, nb, split, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1)
-    else:
-        nb, split, tile, blocks = tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(0)
-    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    nb = tl.program_id(0)
+    split = tl.program_id(1)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < rows
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -544,7 +536,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
         tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
-        ticket = tickets_ptr + tile * blocks + nb
+        ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
         _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
@@ -739,14 +731,12 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     tickets = tickets_for(row_tiles * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
     extra = {} if interpreting() else {"num_warps": c["v3_num_warps"]}
-    rows_first = c["v3_rows_first"]
-    launcher(_qgemv3_kernel, x)[(row_tiles, blocks, splits) if rows_first else (blocks, splits, row_tiles)](
+    launcher(_qgemv3_kernel, x)[(blocks, splits, row_tiles)](
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
-        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), ROWS_FIRST=rows_first,
-        **extra)
+        FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
     return y
