@@ -3,7 +3,7 @@
 Starts `python -m dsv4.cli serve` on a free localhost port (or drives --url), then for each
 concurrency C runs --requests requests (default 2 C) from C client threads, each a streamed
 completion of --max-tokens tokens from a --prompt-tokens prompt of random token ids (seeded, so
-reruns send the same prompts). Bounded: every level stops issuing requests after --level-timeout
+reruns send the same prompts; with --prompt-tokens-min, of lengths drawn from [min, --prompt-tokens]). Bounded: every level stops issuing requests after --level-timeout
 seconds. Prints one record per line, `TAG {json}`:
 
   BUILD    the server's command line and how long it took to answer
@@ -173,7 +173,8 @@ def run_level(client, model, args, concurrency: int, prompts: list[list[int]], u
          if records else None,
          ttft_p50_s=pct([r["ttft_s"] for r in records], 0.5), ttft_p90_s=pct([r["ttft_s"] for r in records], 0.9),
          tpot_p50_s=pct([r["tpot_s"] for r in records], 0.5), tpot_p90_s=pct([r["tpot_s"] for r in records], 0.9),
-         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, timed_out=time.monotonic() > deadline, **server)
+         prompt_tokens=args.prompt_tokens, prompt_tokens_min=args.prompt_tokens_min, max_tokens=args.max_tokens,
+         timed_out=time.monotonic() > deadline, **server)
     return records
 
 
@@ -200,6 +201,9 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default 2 x concurrency)")
     ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens-min", type=int, default=None,
+                    help="prompts of lengths drawn uniformly from [this, --prompt-tokens] (default: all of "
+                         "--prompt-tokens): traffic whose prompt lengths vary")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--level-timeout", type=float, default=300.0, help="seconds a level may issue requests")
     ap.add_argument("--no-precapture", action="store_true",
@@ -211,6 +215,9 @@ def main():
                          "level makes stay out of its figures: the steady state of a server that has run a while)")
     args = ap.parse_args()
     args.levels = [int(c) for c in args.concurrency.split(",")]
+    if args.prompt_tokens_min is not None and not 1 <= args.prompt_tokens_min <= args.prompt_tokens:
+        raise SystemExit(f"--prompt-tokens-min {args.prompt_tokens_min}: between 1 and --prompt-tokens "
+                         f"({args.prompt_tokens})")
     proc = None
     if args.url:
         url = args.url
@@ -222,7 +229,12 @@ def main():
         model = client.models.list().data[0].id
         vocab_hi = 256  # random ids among the first tokens: every vocabulary has them
         rng = random.Random(0)
-        prompts = [[rng.randrange(2, vocab_hi) for _ in range(args.prompt_tokens)] for _ in range(64)]
+        lo = args.prompt_tokens_min
+
+        def length() -> int:  # one length for all unless varied (the same prompts as before when not)
+            return args.prompt_tokens if lo is None else rng.randint(lo, args.prompt_tokens)
+
+        prompts = [[rng.randrange(2, vocab_hi) for _ in range(length())] for _ in range(64)]
         # warm-up: first-call costs stay out of the levels; FIRST shows them (kernels the server's own warm-up,
         # before it listened, did not compile for this prompt length)
         emit("FIRST", prompt_tokens=args.prompt_tokens, **one_request(client, model, prompts[0], 4, seed=0))
