@@ -315,7 +315,8 @@ class Model(ModelCommon):
         DSV4_PREFILL_GRAPHS=1 (GPU-checked in session 30; off by default while a graph serves one length: see
         docs/DESIGN.md), one CUDA rank (several ranks' captures not yet run on GPUs), a short chunk
         (model.rows.short_chunk: up to 128 tokens, whose shapes depend on T alone). A state captures a length at
-        its second chunk of it (the first, eager, compiles); every later one replays. A long prompt's chunks and a server slot's requests reuse them."""
+        its second chunk of it (the first, eager, compiles); every later one replays. A long prompt's chunks and a
+        server slot's requests reuse them."""
         return (self.prefill_graphs and self.device.type == "cuda" and self.world == 1 and short_chunk(T)
                 and not torch.cuda.is_current_stream_capturing())
 
