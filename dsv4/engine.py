@@ -255,8 +255,9 @@ class Model(ModelCommon):
         self._pending: list[_Pending] = []  # launched pipelined steps, oldest first
         # DSV4_PREFILL_GRAPHS=1: a state's short prefill chunks replayed from CUDA graphs (prefill_graph_tokens)
         self.prefill_graphs = kernels.getenv("DSV4_PREFILL_GRAPHS", "0") == "1"
-        # The memory pool the prefill graphs share, and the graphs alive in it: torch frees a pool with its last graph
-        # and asserts when a capture names a freed pool (session 30 call 3), so a capture with none alive makes a new one.
+        # The memory pool the prefill graphs share, and the graphs alive in it: torch frees a pool with its last
+        # graph and asserts when a capture names a freed pool (session 30 call 3), so a capture with none alive
+        # makes a new one.
         self._prefill_pool = None
         self._prefill_live: weakref.WeakSet = weakref.WeakSet()
 
