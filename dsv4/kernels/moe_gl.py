@@ -43,10 +43,9 @@ from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
 from .gluon_parts import _jit, _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
-    from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 except ImportError:  # no Gluon (an older Triton, or none): moe's kernels run
-    gluon, gl = None, None
+    gl = None
 
 GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 calls 3-5 (benchmarks/RESULTS.md)
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14

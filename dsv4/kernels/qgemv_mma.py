@@ -33,10 +33,9 @@ from . import cdiv, getenv, gluon_launcher, interpreting
 from .gluon_parts import _jit, _arange5, _mma_out_rows, _pdl_wait, _split4
 
 try:
-    from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 except ImportError:  # no Gluon (an older Triton, or none): v3 runs
-    gluon, gl = None, None
+    gl = None
 
 GPU_CHECKED = True  # session 27 call 3: its tests, the gate and the server on mini (benchmarks/RESULTS.md); opt-in family
 PIECE = 64  # inputs a lane group reads of a row at a time: 4 lanes x 16 bytes
