@@ -10,9 +10,9 @@
 # Usage: OUT=dir bash benchmarks/gpu_s31_call3.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=40
-step 100 "$OUT/pytest_v3.txt" python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --tb=short -rfE \
+step 90 "$OUT/pytest_v3.txt" python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --tb=short -rfE \
   tests/test_qgemv.py tests/test_dense_kernel.py -k "v3"
 step 80 "$OUT/prefill_wave_rt.txt" python benchmarks/prefill_batch_bench.py mini --tokens 63 --states 16 --runs 3 \
   --arm rt2=qgemv.v3_row_tiles=2 --arm rt4=qgemv.v3_row_tiles=4
-step 100 "$OUT/gate_mini.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 \
+step 90 "$OUT/gate_mini.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 \
   --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini.txt"

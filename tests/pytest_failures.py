@@ -1,0 +1,10 @@
+"""A pytest plugin for device calls (`-p pytest_failures`, tests/ on PYTHONPATH): each failing test's report is
+appended to $FAILURES_FILE as it happens, so a run cut at its time limit still says what failed and why."""
+
+import os
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        with open(os.environ["FAILURES_FILE"], "a") as f:
+            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
