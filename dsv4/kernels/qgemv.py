@@ -94,10 +94,12 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
 # flash layer's FP8 linears: 1 row v2 54.5 us, v3 77.7; 16 rows v2 303.7 us, v3 80.2: v3 is for batched serving.
-# v3_row_tiles (DSV4_QGEMV_V3_ROW_TILES; 1, off, until a GPU run): a program takes 2 or 4 row tiles of 16 once a
-# launch has v3_row_tiles_from of them (a prefill wave: 16 chunks of 63 tokens are 63 row tiles, and session 30 call 1
-# found the wave's v3 GEMVs at 19.9 of its 58.7 ms of kernels, each row tile's programs reading and widening the whole
-# weight): a weight tile loaded and widened once for them, each tile's dots as alone (FP8 weights; FP4 keeps 1).
+# v3_row_tiles (DSV4_QGEMV_V3_ROW_TILES; 1, off, until its speed is measured: session 31 call 3's A/B was cut): a
+# program takes 2 or 4 row tiles of 16 once a launch has v3_row_tiles_from of them (a prefill wave: 16 chunks of 63
+# tokens are 63 row tiles, and session 30 call 1 found the wave's v3 GEMVs at 19.9 of its 58.7 ms of kernels, each row
+# tile's programs reading and widening the whole weight): a weight tile loaded and widened once for them, each tile's
+# dots as alone (FP8 weights; FP4 keeps 1). Session 31 on the GPU: 2 and 4 give each row's bits (call 2), and at 1 the
+# loop gives main's (call 3: the gate's stream and final logits unchanged).
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
