@@ -83,7 +83,7 @@ def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_st
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
         ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
-        _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
+        _reduce_tile(acc, m, rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])
@@ -117,7 +117,7 @@ def _dense3_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K
                  mask=m_ok[:, None] & n_ok[None, :])
     elif FUSED_SUM:
         ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
-        _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
+        _reduce_tile(acc, m, rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
     else:
         tl.store(p_ptr + (m.to(tl.int64)[:, None] * SPLITS + split) * N + n[None, :], acc,
                  mask=m_ok[:, None] & n_ok[None, :])

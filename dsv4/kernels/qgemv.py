@@ -632,19 +632,14 @@ def _fp8_dots3(acc, x_rows, m_ok, wv, sq, k, K: constexpr, E8M0: constexpr, IEEE
 
 
 @device_function
-def _reduce_tile(acc, m, m_ok, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
-    """_reduce_splits for a [rows m, outputs n] tile: store this split's fp32 partials; the program that finishes
-    the (row tile, N block) last sums each element's SPLITS partials in ascending split order (as
-    _sum_splits_kernel), writes y and puts the ticket back to 0. Padding rows store and load nothing."""
-    ok = m_ok[:, None] & (n < N)[None, :]
-    at = m.to(tl.int64)[:, None] * SPLITS * N + n[None, :]
-    tl.store(p_ptr + at + split * N, acc, mask=ok)
-    tl.debug_barrier()
+def _reduce_tile(acc, m, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPLITS: constexpr):
+    """_reduce_splits for a [rows m, outputs n] tile: store this split's fp32 partials (_store_partials); the program
+    that finishes the (row tile, N block) last sums them (_sum_tile) and puts the ticket back to 0. Padding rows
+    store and load nothing."""
+    _store_partials(acc, m, rows, p_ptr, split, n, N, SPLITS)
+    tl.debug_barrier()  # every thread's partials stored before the ticket's release
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        total = tl.zeros_like(acc)
-        for sp in tl.static_range(SPLITS):
-            total += tl.load(p_ptr + at + sp * N, mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(y_ptr + m.to(tl.int64)[:, None] * N + n[None, :], total.to(y_ptr.dtype.element_ty), mask=ok)
+        _sum_tile(m, rows, p_ptr, y_ptr, n, N, SPLITS)
         tl.store(ticket_ptr, 0)
 
 
