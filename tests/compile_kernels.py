@@ -633,9 +633,10 @@ for n in (1, 100):
 
 
 def hc_boundary_variants(dtype):
-    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding, norm weights of either dtype;
-    each without a door and opening one (door.CONFIG in_place: the step's first door, then doors that add the
-    previous door's flag; the payload in the model's dtype or gloo's fp32)."""
+    """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding (its rows given, or gathered from
+    the table by token id), norm weights of either dtype; each without a door and opening one (door.CONFIG in_place:
+    the step's first door, then doors that add the previous door's flag; the payload in the model's dtype or gloo's
+    fp32)."""
     h, fn = torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096)
     for first in (False, True):
         for norm_dtype in (dtype, torch.float32):
@@ -643,6 +644,10 @@ def hc_boundary_variants(dtype):
                 hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
                                      None if first else h, fn, torch.zeros(24), torch.ones(3),
                                      torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened)
+                if first:
+                    hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, fn, torch.zeros(24),
+                                         torch.ones(3), torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened,
+                                         ids=torch.zeros(1, dtype=torch.int64))
 
 
 def doors(dtype, first: bool) -> list:

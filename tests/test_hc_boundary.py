@@ -106,6 +106,22 @@ def test_bf16_against_the_reference(monkeypatch, options, T, hc_mult, D):
     torch.testing.assert_close(x.float(), ref_x.float(), rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_first_boundary_gathers_its_rows_from_the_table(options, dtype):
+    """The first boundary given the embedding table and token ids (GATHER: no gather launch before it) computes
+    what it computes on the gathered rows, bit for bit, every output."""
+    a = inputs(3, 4, 300, dtype, seed=11)
+    g = torch.Generator().manual_seed(12)
+    table = torch.randn(50, 300, generator=g).to(dtype).to(DEVICE)
+    ids = torch.tensor([7, 0, 49], device=DEVICE)
+    args = (a["fn"], a["base"], a["scale"], a["norm_w"], 4, CFG.hc_sinkhorn_iters, CFG.rms_norm_eps, CFG.hc_eps)
+    gathered = fused.boundary(table, None, None, None, *args, ids=ids)
+    rows = fused.boundary(table.index_select(0, ids), None, None, None, *args)
+    assert all(torch.equal(x, y) for x, y in zip(gathered, rows))
+    with pytest.raises(ValueError, match="first boundary only"):
+        fused.boundary(table, a["post"], a["comb"], a["h"], *args, ids=ids)
+
+
 def test_streams_equal_hc_posts_kernel():
     """The new streams are hc_post.py's arithmetic: equal to its kernel's output, bit for bit."""
     from dsv4.kernels import hc_post
@@ -245,3 +261,20 @@ def test_decode_step_launches_fewer_kernels_without_host_sync(monkeypatch, tiny)
     packs = 2 * layers if door.CONFIG["in_place"] else 0
     assert steps["unfused"][1] - steps["fused"][1] == (2 * layers - 1) * 3 + 2 + packs
     assert steps["fused"][0] == steps["unfused"][0]  # the same token
+
+
+def test_lean_prologue_changes_no_bit(monkeypatch, tiny):
+    """bookkeeping.CONFIG lean_prologue (the step's position a view of pos, the embedding gathered by the first
+    boundary): two decode steps' logits and the state's bytes are those without it, bit for bit."""
+    from dsv4.kernels import bookkeeping
+
+    def run(lean):
+        monkeypatch.setitem(bookkeeping.CONFIG, "lean_prologue", lean)
+        state = primed(tiny, monkeypatch)
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits = [tiny.decode(state, 9).reshape(-1)]
+        logits.append(tiny.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), tiny.digests(state)
+
+    (lean, lean_digest), (plain, plain_digest) = run(True), run(False)
+    assert torch.equal(lean, plain) and lean_digest == plain_digest

@@ -96,3 +96,22 @@ def test_decode_step_launches(monkeypatch, checkpoints, source, in_place):
         top = "\n".join(f"  {n:4d} {site} {op}" for (site, op), n in census.sites.most_common(25))
         assert census.total <= bounds[kind], f"{source} {kind}: {census.total} launches\n{top}"
         assert census.ops["triton::_pack_kernel"] == (0 if in_place else 2 * model.cfg.num_hidden_layers), kind
+
+
+def test_lean_prologue_launches(monkeypatch):
+    """bookkeeping.CONFIG lean_prologue: a solo step without the position's arange and add and the embedding's
+    gather (3 launches), a pooled step without the gather (its positions are pos's rows already)."""
+    from dsv4.kernels import bookkeeping
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    counts = {}
+    for lean in (False, True):
+        monkeypatch.setitem(bookkeeping.CONFIG, "lean_prologue", lean)
+        counts[lean] = (solo_census(model), pooled_census(model, 4))
+    assert counts[False][0].total - counts[True][0].total == 3
+    assert counts[False][1].total - counts[True][1].total == 1
+    for census in counts[True]:
+        gone = [(site, op) for (site, op) in census.sites if (op, site.rsplit(" ", 1)[-1]) in
+                {("aten::index_select", "_first_boundary"), ("aten::arange", "__init__"), ("aten::add", "__init__")}]
+        assert not gone, gone

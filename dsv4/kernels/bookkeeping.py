@@ -24,6 +24,10 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 # graph == eager, pooled == solo, no host sync; the gate's refusal cells in the replayed graph): "auto" runs it on
 # CUDA; DSV4_STEP_BOOKKEEPING=0 keeps torch's ops.
 GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "1") == "1"
+# lean_prologue (DSV4_LEAN_PROLOGUE=0 turns it off): a decode step opens with fewer launches, the same values: its one
+# position is a view of the state's pos (model.step.Step), and the first mHC boundary reads the embedded rows from
+# the embedding table itself (model.forward._first_boundary: no gather launch before it).
+CONFIG = {"lean_prologue": os.environ.get("DSV4_LEAN_PROLOGUE", "1") == "1"}
 SETTLE_BLOCK = 4096
 
 

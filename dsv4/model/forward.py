@@ -154,13 +154,12 @@ class Transformer:
                           s.host_pos if by_position else None) for b, s in enumerate(states)]
             attend = lambda x, w, i, writes, out: attention(  # noqa: E731
                 x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes, out)
-        x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
         self._count("embedding")
         writes: list[Write] = []
         alone = short_chunk(T)
         comm = self.comm
         with rows_alone(alone, T):
-            h, post, comb, x = self._boundary(x, None, None, None, self.layers[0], "attn", alone, (0, "attention"))
+            h, post, comb, x = self._first_boundary(tokens, alone)
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
@@ -190,6 +189,28 @@ class Transformer:
         if self.trace is not None:
             self.trace[what] += n
 
+    def _fused(self, rows: torch.Tensor, L: dict | None, site: str, alone: bool) -> bool:
+        """Whether the boundary before L's sublayer `site` runs in one launch (dsv4.kernels.hc_boundary) on rows
+        (the streams [T, hc, D], or the embedded rows [T, D] of the first boundary)."""
+        return (L is not None and alone and kernels.use_triton(rows, gpu_checked=fused_boundary.GPU_CHECKED)
+                and fused_boundary.supported(rows, self.cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]))
+
+    def _first_boundary(self, tokens: torch.Tensor, alone: bool):
+        """The embedded rows of `tokens` copied into every stream, then layer 0's attention maps and normed input
+        (_boundary with h None). Where that boundary runs in one launch on the table's own dtype, the kernel reads
+        each token's row from the embedding table itself (bookkeeping.CONFIG "lean_prologue"): no gather launch
+        before it, the same values."""
+        cfg, L = self.cfg, self.layers[0]
+        rows = torch.empty(tokens.shape[0], cfg.hidden_size, dtype=self.dtype, device=tokens.device)  # no launch
+        lean = bookkeeping.CONFIG["lean_prologue"] and self.embed.dtype == self.dtype
+        if lean and self._fused(rows, L, "attn", alone):
+            with phase("mhc"):
+                return fused_boundary.boundary(self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"],
+                                               cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(0, "attention", rows), ids=tokens)
+        x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
+        return self._boundary(x, None, None, None, L, "attn", alone, (0, "attention"))
+
     def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str]):
         """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
         out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
@@ -200,8 +221,7 @@ class Transformer:
         if h is not None:
             self._count("collective")
             self._count("hc_post")
-        if L is not None and alone and kernels.use_triton(out, gpu_checked=fused_boundary.GPU_CHECKED) and \
-                fused_boundary.supported(out if h is None else h, cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]):
+        if self._fused(out if h is None else h, L, site, alone):
             with phase("mhc"):
                 return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
                                                cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,

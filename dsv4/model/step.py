@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
-from ..kernels import geometry
+from ..kernels import bookkeeping, geometry
 from ..kernels.attention import MAX_T
 from .rope import Rope
 
@@ -78,7 +78,12 @@ class Step:
         self.host_pos = host_pos if T > MAX_T and store_limit() else None
         self.device = pos.device
         self._keeps: dict[int, torch.Tensor] = {}
-        self.positions = pos + torch.arange(T, device=self.device)
+        # A decode step's one position is pos itself (bookkeeping.CONFIG "lean_prologue": a view, no launch; the
+        # transaction moves pos only when it settles, after every reader of the positions).
+        if T == 1 and bookkeeping.CONFIG["lean_prologue"]:
+            self.positions = pos.reshape(1)
+        else:
+            self.positions = pos + torch.arange(T, device=self.device)
         self._cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._windows: dict[tuple[int, int, int], Windows] = {}
         self._sliding = None
