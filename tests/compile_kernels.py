@@ -428,11 +428,6 @@ for cfg, rows, dtype, scale_dtype, every in (({}, 1, torch.bfloat16, torch.float
     qgemv.CONFIG.update(kernel="v3", **cfg)
     qgemv_rows_variants(rows, dtype, scale_dtype, every)
     qgemv.CONFIG.update(default)
-# v3 with several row tiles a program (CONFIG v3_row_tiles): 4 tiles in the launch's sum and split, 2 in a second sum
-for cfg, rows in (({"v3_row_tiles": 4}, 64), ({"v3_row_tiles": 2, "v2_fused_sum": False}, 48)):
-    qgemv.CONFIG.update(kernel="v3", v3_row_tiles_from=1, **cfg)
-    qgemv_rows_variants(rows, torch.bfloat16, torch.float8_e8m0fnu, False)
-    qgemv.CONFIG.update(default)
 
 
 def dense_variants(rows=2, shapes=6):

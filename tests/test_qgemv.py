@@ -289,15 +289,11 @@ def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
         each_row_alone(monkeypatch, fn, torch.randn(19, K, generator=g).to(dtype).to(device), w.to(device), splits)
 
 
-def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19), alone=(), batched=()):
+def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19)):
     """Every row of fn(x[:B], w) for B in sizes (v3's: one row tile with padding, a full one, two tiles) equal to
-    that row launched alone (under qgemv CONFIG `alone`, the batches under `batched`), the splits summed in the
-    launch (tickets back at 0) and, split, in a second launch; a row in another position of another batch too."""
-    for key, value in dict(alone).items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    that row launched alone, the splits summed in the launch (tickets back at 0) and, split, in a second launch; a
+    row in another position of another batch too."""
     rows = [fn(x[r:r + 1], w) for r in range(max(sizes))]
-    for key, value in dict(batched).items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
     for B in sizes:
         for fused in ((False, True) if splits > 1 else (True,)):
             monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
@@ -462,22 +458,3 @@ def test_benchmark_rows_runs_on_cpu(monkeypatch, capsys):
     sums = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("QGEMV_ROWS ")]
     assert {(r["rows"], r["variant"]) for r in sums} == {(rows, v) for rows in (1, 3)
                                                          for v in ("v2_rows1", "v2_rows8", "v3_default")}
-
-
-@pytest.mark.parametrize("device,splits", per_device([(1,), (3,)], slow_on_cpu=[(1,)]))
-@pytest.mark.parametrize("row_tiles", [2, 4])
-def test_v3_row_tiles_keep_each_rows_bits(monkeypatch, device, splits, row_tiles):
-    """v3 with 2 or 4 row tiles a program (a weight tile widened once for them): every row of 1 to 70 rows (groups
-    of tiles whose last tiles are padding or absent) has the bits of the row alone under one tile a program, split-K
-    off or 3, summed in the launch or in a second one, the grouped wo_a too."""
-    for key, value in {**V3, "v2_split_k": splits}.items():
-        monkeypatch.setitem(qgemv.CONFIG, key, value)
-    g = torch.Generator().manual_seed(30 + splits + row_tiles)
-    for w, fn, K, dtype in v3_cases("fp8", g):
-        x = torch.randn(70, K, generator=g).to(dtype).to(device)
-        each_row_alone(monkeypatch, fn, x, w.to(device), splits, sizes=(1, 17, 40, 64, 70),
-                       alone={"v3_row_tiles": 1}, batched={"v3_row_tiles": row_tiles, "v3_row_tiles_from": 1})
-    assert qgemv.v3_row_tiles(1) == 1 and qgemv.v3_row_tiles(5) == row_tiles
-    monkeypatch.setitem(qgemv.CONFIG, "v3_row_tiles", 3)
-    with pytest.raises(ValueError, match="v3_row_tiles 3"):
-        qgemv.v3_row_tiles(8)

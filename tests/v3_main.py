@@ -40,16 +40,14 @@ def _fp4_tile(w_ptr, s_ptr, cols, c_ok, k0, K: constexpr, S_STRIDE: constexpr, E
 
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
-                   RT: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
+                   BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
                    FUSED_SUM: constexpr, IEEE: constexpr):
     """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
-    (RT, the row tiles a program that today's launcher passes since session 31, is 1 here: one tile a program.)
     SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
     N block) (FUSED_SUM) or by _sum_splits_kernel after this launch."""
     pdl_wait()
     nb = tl.program_id(0)
     split = tl.program_id(1)
-    tl.static_assert(RT == 1)
     m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < rows
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -94,19 +94,15 @@ MAX_ROWS = 8  # above this many rows per weight (prefill), dequantise once and u
 # 128, each 128 one dot; FP4: one dot), warps; its split-K is v2's ("v2_split_k", "v2_programs") and so is its split
 # sum ("v2_fused_sum"). DSV4_QGEMV=v3 (or `--gemv v3`, kernels.select_gemv) picks it. Session 7 on an H200, one
 # flash layer's FP8 linears: 1 row v2 54.5 us, v3 77.7; 16 rows v2 303.7 us, v3 80.2: v3 is for batched serving.
-# v3_row_tiles (DSV4_QGEMV_V3_ROW_TILES; 1, off, until its speed is measured: session 31 call 3's A/B was cut): a
-# program takes 2 or 4 row tiles of 16 once a launch has v3_row_tiles_from of them (a prefill wave: 16 chunks of 63
-# tokens are 63 row tiles, and session 30 call 1 found the wave's v3 GEMVs at 19.9 of its 58.7 ms of kernels, each row
-# tile's programs reading and widening the whole weight): a weight tile loaded and widened once for them, each tile's
-# dots as alone (FP8 weights; FP4 keeps 1). Session 31 on the GPU: 2 and 4 give each row's bits (call 2), and at 1 the
-# loop gives main's (call 3: the gate's stream and final logits unchanged).
+# v3 with 2 or 4 row tiles a program (a weight tile loaded and widened once for them; session 31) was measured in
+# session 32 (call 1: a 16 x 63-token prefill wave 57.3 ms at one tile, 58.0 at 2, 61.9 at 4, the same bits) and
+# removed: its registers cost more than the reads it saved.
 CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "defer": True, "block_n": 16, "block_k_fp8": 256, "block_k_fp4": 128, "num_warps": 4,
           "v2_block_n": 16, "v2_block_k_fp8": 512, "v2_block_k_fp4": 1024, "v2_num_warps": 4, "v2_split_k": 0,
           "v2_programs": 264, "v2_fused_sum": os.environ.get("DSV4_FUSED_SPLIT_SUM", "1") == "1",
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
-          "v3_row_tiles": int(os.environ.get("DSV4_QGEMV_V3_ROW_TILES", "1")), "v3_row_tiles_from": 8,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
@@ -505,72 +501,47 @@ def _dot(a, b, acc, IEEE: constexpr):
 
 def _qgemv3_kernel(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, row_skew, K: constexpr,
                    S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr, GROUP_N: constexpr, BLOCK_M: constexpr,
-                   RT: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
+                   BLOCK_N: constexpr, BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr,
                    FUSED_SUM: constexpr, IEEE: constexpr):
-    """Grid (N blocks, SPLITS, row groups of RT tiles of BLOCK_M rows): y[m, n] over inputs [split * K_CHUNK,
-    +K_CHUNK) by tl.dot, a tile's dots each of its own BLOCK_M rows (RT <= 4: a weight tile loaded and widened once
-    for RT row tiles; a row's dots, and so its bits, are the same whatever RT). SPLITS > 1: fp32 partials [rows,
-    SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row group, N block) (FUSED_SUM) or by
-    _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed experts'): its first K
-    tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes on from the second;
-    the dots are the loop's, in its order."""
+    """Grid (N blocks, SPLITS, row tiles of BLOCK_M): y[m, n] over inputs [split * K_CHUNK, +K_CHUNK) by tl.dot.
+    SPLITS > 1: fp32 partials [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (row tile,
+    N block) (FUSED_SUM) or by _sum_splits_kernel after this launch. The weight is stored (v3 never takes the routed
+    experts'): its first K tile is loaded before pdl_wait (launched with launch_pdl under DSV4_PDL), the K loop goes
+    on from the second; the dots are the loop's, in its order."""
     nb = tl.program_id(0)
     split = tl.program_id(1)
-    m = tl.program_id(2) * (RT * BLOCK_M) + tl.arange(0, BLOCK_M)  # the group's first tile (tile r: m + r BLOCK_M)
+    m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     x_rows = x_ptr + m.to(tl.int64)[:, None] * x_stride
     if GROUP_N > 0:
         x_rows += ((nb * BLOCK_N) // GROUP_N) * K
-    tile = BLOCK_M * x_stride  # one row tile further in x
     k_lo = split * K_CHUNK
-    acc0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if FP4:  # one row tile a program (the launcher's RT for FP4)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if FP4:
         wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo, K, S_STRIDE, BLOCK_K)
         pdl_wait()
-        acc0 = _fp4_dot3(acc0, x_rows, m < rows, wq, sq, k_lo, K, E8M0, BLOCK_K, IEEE)
+        acc = _fp4_dot3(acc, x_rows, m < rows, wq, sq, k_lo, K, E8M0, BLOCK_K, IEEE)
         for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
             wq, sq = _fp4_stored(w_ptr, s_ptr, n, n_ok, k_lo + k0, K, S_STRIDE, BLOCK_K)
-            acc0 = _fp4_dot3(acc0, x_rows, m < rows, wq, sq, k_lo + k0, K, E8M0, BLOCK_K, IEEE)
+            acc = _fp4_dot3(acc, x_rows, m < rows, wq, sq, k_lo + k0, K, E8M0, BLOCK_K, IEEE)
     else:
         w_rows = w_ptr + n.to(tl.int64)[:, None] * K
         s_rows = s_ptr + ((n + row_skew) // 128).to(tl.int64) * S_STRIDE
         wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo, K, BLOCK_K)
         pdl_wait()
-        acc0, acc1, acc2, acc3 = _fp8_tiles3(acc0, acc1, acc2, acc3, x_rows, tile, m, rows, wq, sq, k_lo, K, E8M0,
-                                             IEEE, BLOCK_M, RT)
+        acc = _fp8_dots3(acc, x_rows, m < rows, _fp8_widened3(wq, x_rows.dtype.element_ty), sq, k_lo, K, E8M0, IEEE)
         for k0 in range(BLOCK_K, K_CHUNK, BLOCK_K):
             wq, sq = _fp8_tile3(w_rows, s_rows, n_ok, k_lo + k0, K, BLOCK_K)
-            acc0, acc1, acc2, acc3 = _fp8_tiles3(acc0, acc1, acc2, acc3, x_rows, tile, m, rows, wq, sq, k_lo + k0, K,
-                                                 E8M0, IEEE, BLOCK_M, RT)
+            acc = _fp8_dots3(acc, x_rows, m < rows, _fp8_widened3(wq, x_rows.dtype.element_ty), sq, k_lo + k0, K,
+                             E8M0, IEEE)
     if SPLITS == 1:
-        _store_tile(acc0, m, rows, y_ptr, n, N)
-        if RT > 1:
-            _store_tile(acc1, m + BLOCK_M, rows, y_ptr, n, N)
-        if RT > 2:
-            _store_tile(acc2, m + 2 * BLOCK_M, rows, y_ptr, n, N)
-            _store_tile(acc3, m + 3 * BLOCK_M, rows, y_ptr, n, N)
+        _store_tile(acc, m, rows, y_ptr, n, N)
+    elif FUSED_SUM:
+        _reduce_tile(acc, m, rows, p_ptr, y_ptr, tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb, split, n,
+                     N, SPLITS)
     else:
-        _store_partials(acc0, m, rows, p_ptr, split, n, N, SPLITS)
-        if RT > 1:
-            _store_partials(acc1, m + BLOCK_M, rows, p_ptr, split, n, N, SPLITS)
-        if RT > 2:
-            _store_partials(acc2, m + 2 * BLOCK_M, rows, p_ptr, split, n, N, SPLITS)
-            _store_partials(acc3, m + 3 * BLOCK_M, rows, p_ptr, split, n, N, SPLITS)
-        if FUSED_SUM:
-            ticket = tickets_ptr + tl.program_id(2) * tl.num_programs(0) + nb
-            tl.debug_barrier()
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                _sum_tile(m, rows, p_ptr, y_ptr, n, N, SPLITS)
-                if RT > 1:
-                    _sum_tile(m + BLOCK_M, rows, p_ptr, y_ptr, n, N, SPLITS)
-                if RT > 2:
-                    _sum_tile(m + 2 * BLOCK_M, rows, p_ptr, y_ptr, n, N, SPLITS)
-                    _sum_tile(m + 3 * BLOCK_M, rows, p_ptr, y_ptr, n, N, SPLITS)
-                tl.store(ticket, 0)
+        _store_partials(acc, m, rows, p_ptr, split, n, N, SPLITS)
 
 
 @device_function
@@ -597,27 +568,11 @@ def _fp8_tile3(w_rows, s_rows, n_ok, k, K: constexpr, BLOCK_K: constexpr):
 
 @device_function
 def _fp8_widened3(wq, dtype):
-    """_fp8_tile3's e4m3 blocks in x's dtype (through fp32: exact), transposed for the dots: once a K tile, for
-    every row tile of the program."""
+    """_fp8_tile3's e4m3 blocks in x's dtype (through fp32: exact), transposed for the dots."""
     wv = ()
     for j in tl.static_range(len(wq)):
         wv = wv + (tl.trans(wq[j].to(tl.float32).to(dtype)),)
     return wv
-
-
-@device_function
-def _fp8_tiles3(acc0, acc1, acc2, acc3, x_rows, tile, m, rows, wq, sq, k, K: constexpr, E8M0: constexpr,
-                IEEE: constexpr, BLOCK_M: constexpr, RT: constexpr):
-    """The RT row tiles' accumulators (tile r's rows m + r BLOCK_M, x's at x_rows + r tile) plus their dots with the
-    FP8 tile at input k, widened once for all of them; tiles past RT untouched."""
-    wv = _fp8_widened3(wq, x_rows.dtype.element_ty)
-    acc0 = _fp8_dots3(acc0, x_rows, m < rows, wv, sq, k, K, E8M0, IEEE)
-    if RT > 1:
-        acc1 = _fp8_dots3(acc1, x_rows + tile, m + BLOCK_M < rows, wv, sq, k, K, E8M0, IEEE)
-    if RT > 2:
-        acc2 = _fp8_dots3(acc2, x_rows + 2 * tile, m + 2 * BLOCK_M < rows, wv, sq, k, K, E8M0, IEEE)
-        acc3 = _fp8_dots3(acc3, x_rows + 3 * tile, m + 3 * BLOCK_M < rows, wv, sq, k, K, E8M0, IEEE)
-    return acc0, acc1, acc2, acc3
 
 
 @device_function
@@ -794,15 +749,6 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     return y
 
 
-def v3_row_tiles(row_tiles: int) -> int:
-    """Row tiles a v3 program takes (1, 2 or 4: CONFIG "v3_row_tiles", once a launch has at least "v3_row_tiles_from"
-    of them): a weight tile read and widened once for them. A row's bits are the same whatever this says."""
-    rt = CONFIG["v3_row_tiles"]
-    if rt not in (1, 2, 4):
-        raise ValueError(f"qgemv CONFIG v3_row_tiles {rt}: 1, 2 or 4")
-    return rt if row_tiles >= max(rt, CONFIG["v3_row_tiles_from"]) else 1
-
-
 def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     fp4 = w.fmt == "fp4"
@@ -813,9 +759,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
     blocks, tiles = cdiv(N, block_n), cdiv(K, block_k)
     k_chunk = cdiv(tiles, splits_for(blocks, tiles)) * block_k  # from the weight alone, as v2's
     splits = cdiv(K, k_chunk)
-    row_tiles = cdiv(rows, BLOCK_M)
-    rt = v3_row_tiles(row_tiles) if not fp4 else 1
-    groups = cdiv(row_tiles, rt)
+    groups = cdiv(rows, BLOCK_M)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
     tickets = tickets_for(groups * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
     # v3 takes stored weights only (the routed experts stay on v2): the first tile is loaded before the wait
@@ -824,7 +768,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
         x, data, scale, y, partials, tickets if tickets is not None else partials, N, rows, x.stride(0),
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, GROUP_N=group_n,
-        BLOCK_M=BLOCK_M, RT=rt, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, K_CHUNK=k_chunk,
         FUSED_SUM=tickets is not None, IEEE=x.dtype == torch.float32 or interpreting(), **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
