@@ -289,11 +289,15 @@ def test_v3_rows_each_row_alone(monkeypatch, device, fmt, splits):
         each_row_alone(monkeypatch, fn, torch.randn(19, K, generator=g).to(dtype).to(device), w.to(device), splits)
 
 
-def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19)):
+def each_row_alone(monkeypatch, fn, x, w, splits, sizes=(1, 3, 16, 19), alone=(), batched=()):
     """Every row of fn(x[:B], w) for B in sizes (v3's: one row tile with padding, a full one, two tiles) equal to
-    that row launched alone, the splits summed in the launch (tickets back at 0) and, split, in a second launch; a
-    row in another position of another batch too."""
+    that row launched alone (under qgemv CONFIG `alone`, the batches under `batched`), the splits summed in the
+    launch (tickets back at 0) and, split, in a second launch; a row in another position of another batch too."""
+    for key, value in dict(alone).items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
     rows = [fn(x[r:r + 1], w) for r in range(max(sizes))]
+    for key, value in dict(batched).items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
     for B in sizes:
         for fused in ((False, True) if splits > 1 else (True,)):
             monkeypatch.setitem(qgemv.CONFIG, "v2_fused_sum", fused)
