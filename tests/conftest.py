@@ -6,6 +6,7 @@ import os
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -15,6 +16,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # chosen before triton is first imported; on a GPU machine the kernels compile for the device instead.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# What the two patches below replaced: (owner, attribute) -> Triton's own. A rank that dsv4.load(ranks=N) spawns runs
+# Triton's own interpreter (this file is the pytest process's), whose tl.dot sums in float32 where _dot_rows_alone's
+# sums in float64: a test comparing the ranks' bytes runs its own rank on Triton's own too (the stock_interpreter
+# fixture).
+_STOCK: dict = {}
 
 
 def _device_calls_patch_once():
@@ -66,6 +74,8 @@ def _device_calls_patch_once():
         except Exception as e:
             raise interpreter.InterpreterError(repr(e)) from e
 
+    _STOCK.update({(interpreter, "_patch_lang"): patch, (interpreter.GridExecutor, "__call__"): launch,
+                   (interpreter.InterpretedFunction, "__call__"): interpreter.InterpretedFunction.__call__})
     interpreter._patch_lang = patch_lang
     interpreter.GridExecutor.__call__ = run
     interpreter.InterpretedFunction.__call__ = call
@@ -97,6 +107,7 @@ def _dot_rows_alone():
         product = np.matmul(a_data.astype(np.float64), b_data.astype(np.float64)).astype(d.data.dtype)
         return interpreter.TensorHandle(product + d.data, d.dtype.scalar)
 
+    _STOCK[(interpreter.InterpreterBuilder, "create_dot")] = interpreter.InterpreterBuilder.create_dot
     interpreter.InterpreterBuilder.create_dot = create_dot
 
 
@@ -105,11 +116,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _dot_rows_alone()
 
 
+@pytest.fixture
+def stock_interpreter(monkeypatch):
+    """Triton's own interpreter in this process for the test (as in the ranks it spawns): their bytes comparable."""
+    for (owner, name), stock in _STOCK.items():
+        monkeypatch.setattr(owner, name, stock)
+
+
 # The slow set: long interpreter runs of whole models through kernels that CI also covers in unit tests.
 # CI (the README's command) skips them to stay within its time; run them with DSV4_SLOW=1.
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     if os.environ.get("DSV4_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow set: DSV4_SLOW=1 runs it")

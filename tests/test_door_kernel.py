@@ -181,7 +181,8 @@ def test_model_bytes_equal_with_doors_in_place(monkeypatch, tmp_path, quant):
 
 def ranks_run(ckpt, in_place: bool, monkeypatch):
     """Two gloo ranks (rank 1 spawned: the switch reaches it by DSV4_DOOR_IN_PLACE) with DSV4_KERNELS=triton: a
-    prefill, two steps and a step refused by rank 1 -> tokens, both ranks' bytes, census and words."""
+    prefill, two steps and a step refused by rank 1 -> tokens, both ranks' bytes, census and words. The caller runs
+    rank 0 on Triton's own interpreter (conftest's stock_interpreter), as rank 1's."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setenv("DSV4_DOOR_IN_PLACE", "1" if in_place else "0")
     monkeypatch.setitem(door.CONFIG, "in_place", in_place)
@@ -198,7 +199,7 @@ def ranks_run(ckpt, in_place: bool, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not kernels.interpreting(), reason="gloo ranks on CPU through the kernels: the interpreter")
-def test_two_ranks_bytes_equal_with_doors_in_place(monkeypatch, tmp_path):
+def test_two_ranks_bytes_equal_with_doors_in_place(monkeypatch, tmp_path, stock_interpreter):
     from dsv4.checkpoint.synth import synth
     from dsv4.config import preset
 
