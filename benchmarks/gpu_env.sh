@@ -2,7 +2,7 @@
 # /work/.library/device's H200 notes, outputs written under a scratch folder ($RES, or a temporary one) and
 # returned at exit as $OUT/results.tgz beside $OUT/summary.txt (the tail of each output; the device tool
 # returns at most 8 files), the serving wheels carried in .whl installed (the GPU image lacks openai,
-# fastapi, uvicorn, ...), and the versions in versions.txt.
+# fastapi, uvicorn, ...; benchmarks/fetch_wheels.sh downloads them), and the versions in versions.txt.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 FINAL=${OUT:?}
