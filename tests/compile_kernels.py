@@ -51,7 +51,10 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
+         # comb_ptr: with COMB_LOGITS (hc_boundary's deferred Sinkhorn) the logits a boundary two or more kernels back
+         # wrote, complete and visible once this kernel starts (kernels' doc); else it is read after the wait
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr", "comb_ptr"},
+         "_route_kernel": {"bias_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -670,6 +673,21 @@ for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": 
             hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
                                  None if first else torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096),
                                  torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6)
+    hc_boundary.CONFIG.update(default)
+# the deferred Sinkhorn (CONFIG defer_sinkhorn): a boundary storing its logits, one reading them (and both), each
+# finish option, with and without a door
+for cfg in ({}, {"one_pass_finish": False, "warp_maps": False}):
+    hc_boundary.CONFIG.update(cfg)
+    for dtype in (torch.bfloat16, torch.float32):
+        for logits, defer in ((False, True), (True, False), (True, True)):
+            for opened in (None, *doors(dtype, False)):
+                hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                     torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096), torch.zeros(24),
+                                     torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6, opened,
+                                     comb_logits=logits, defer=defer)
+        hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, torch.zeros(24, 4 * 4096),
+                             torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6,
+                             ids=torch.zeros(1, dtype=torch.int64), defer=True)
     hc_boundary.CONFIG.update(default)
 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows

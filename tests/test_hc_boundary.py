@@ -278,3 +278,54 @@ def test_lean_prologue_changes_no_bit(monkeypatch, tiny):
 
     (lean, lean_digest), (plain, plain_digest) = run(True), run(False)
     assert torch.equal(lean, plain) and lean_digest == plain_digest
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_deferred_sinkhorn_gives_the_next_boundary_the_same_comb(options, dtype, monkeypatch):
+    """CONFIG defer_sinkhorn's two halves: a boundary storing comb's logits (defer) leaves its streams, post and
+    normed row as they were, and its logits projected by model.hc.sinkhorn are its comb; the next boundary given those
+    logits (comb_logits: Sinkhorn in its prologue) gives the outputs it gives on the comb itself. The interpreter sums
+    a tile's rows in one order in both places: the same bits on CPU; on the GPU the tile's layout may order a sum of
+    four differently: within 1e-6 of the largest value."""
+    exact = DEVICE == "cpu"
+    a = inputs(3, 4, 256, dtype, seed=7)
+    args = (a["fn"], a["base"], a["scale"], a["norm_w"], 4, CFG.hc_sinkhorn_iters, CFG.rms_norm_eps, CFG.hc_eps)
+    plain = fused.boundary(a["out"], a["post"], a["comb"], a["h"], *args)
+    deferred = fused.boundary(a["out"], a["post"], a["comb"], a["h"], *args, defer=True)
+    for i in (0, 1, 3):  # streams, post, normed row: untouched by the option
+        assert torch.equal(plain[i], deferred[i])
+    projected = hc.sinkhorn(deferred[2], CFG)
+    assert float((projected - plain[2]).abs().max()) <= 1e-6
+    second = inputs(3, 4, 256, dtype, seed=8)  # the next sublayer's output and maps
+    args2 = (second["fn"], second["base"], second["scale"], second["norm_w"], *args[4:])
+    on_comb = fused.boundary(second["out"], plain[1], plain[2], plain[0], *args2)
+    on_logits = fused.boundary(second["out"], deferred[1], deferred[2], deferred[0], *args2, comb_logits=True)
+    for got, want in zip(on_logits, on_comb):
+        if exact:
+            assert torch.equal(got, want)
+        else:
+            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            assert err <= (1e-6 if dtype == torch.float32 else 2 ** -7), err
+    assert not bool(qgemv.tickets_for(3, torch.device(DEVICE)).any())
+    with pytest.raises(ValueError, match="comb_logits"):
+        fused.boundary(a["out"], None, None, None, *args, comb_logits=True)
+
+
+def test_deferred_sinkhorn_in_the_decode_step(monkeypatch, tiny):
+    """A decode step with defer_sinkhorn: every boundary but the streams' last leaves Sinkhorn to the next one. Two
+    steps' logits and the state's bytes: on CPU those without it, bit for bit; on the GPU the same greedy tokens and
+    logits within 1e-5 of the largest (the Sinkhorn tile's layout)."""
+    def run(defer):
+        monkeypatch.setitem(fused.CONFIG, "defer_sinkhorn", defer)
+        state = primed(tiny, monkeypatch)
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits = [tiny.decode(state, 9).reshape(-1)]
+        logits.append(tiny.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), tiny.digests(state)
+
+    (deferred, deferred_digest), (plain, plain_digest) = run(True), run(False)
+    if DEVICE == "cpu":
+        assert torch.equal(deferred, plain) and deferred_digest == plain_digest
+    else:
+        assert torch.equal(deferred.argmax(-1), plain.argmax(-1))
+        assert float((deferred - plain).abs().max() / plain.abs().max()) <= 1e-5
