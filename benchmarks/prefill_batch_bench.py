@@ -78,8 +78,9 @@ def bench(model, slots, B: int, tokens: int, runs: int) -> dict:
 
 
 def parse_arm(spec: str) -> tuple[str, list]:
-    """NAME=module.key=value[,module.key=value...] -> (NAME, [(dsv4.kernels.<module>.CONFIG, key, value)]): the
-    value takes the type of the key's current value (bool from 0/1, int, float, or the string)."""
+    """NAME=module.key=value[,module.key=value...] -> (NAME, [(dsv4.kernels.<module>.CONFIG, key, value)]; a module
+    that is not a kernel module is dsv4.<module>, e.g. layout): the value takes the type of the key's current value
+    (bool from 0/1, int, float, or the string)."""
     import importlib
 
     name, _, sets = spec.partition("=")
@@ -89,7 +90,10 @@ def parse_arm(spec: str) -> tuple[str, list]:
     for item in sets.split(","):
         target, _, raw = item.partition("=")
         module, _, key = target.partition(".")
-        config = importlib.import_module(f"dsv4.kernels.{module}").CONFIG
+        try:
+            config = importlib.import_module(f"dsv4.kernels.{module}").CONFIG
+        except ModuleNotFoundError:
+            config = importlib.import_module(f"dsv4.{module}").CONFIG
         if key not in config:
             raise SystemExit(f"--arm {spec!r}: dsv4.kernels.{module}.CONFIG has no key {key!r}")
         now = config[key]

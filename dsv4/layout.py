@@ -37,7 +37,9 @@ from .config import CSA, HASH_MOE, ModelConfig
 # (dsv4.model.rows.step_gemv, which checks the name).
 CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           "fuse_xproj": os.environ.get("DSV4_FUSE_XPROJ", "1") == "1",
-          "prefill_gemv": os.environ.get("DSV4_PREFILL_GEMV", "v3")}
+          "prefill_gemv": os.environ.get("DSV4_PREFILL_GEMV", "v3"),
+          # q's latent norm and kv's norm + rope in one launch (kernels.normrope.q_kv_norms; off until a GPU run)
+          "pair_norms": os.environ.get("DSV4_PAIR_NORMS", "0") == "1"}
 from .formats import QWeight
 
 

@@ -165,6 +165,12 @@ for dtype in (torch.float32, torch.bfloat16):
     norm.rms_norm(q_a, torch.ones(1024, dtype=dtype), 1e-6)
     for weight_dtype in (dtype, torch.float32):
         normrope.norm_rope(kv_a, torch.ones(512, dtype=weight_dtype), 1e-6, torch.zeros(4, 32), torch.zeros(4, 32))
+    # layout CONFIG pair_norms: both in one launch, a solo step's rows and a batched step's
+    for rows in (1, 4):
+        q_a, kv_a = torch.zeros(rows, 1024 + 512, dtype=dtype).split([1024, 512], dim=-1)
+        for weight_dtype in (dtype, torch.float32):
+            normrope.q_kv_norms(q_a, torch.ones(1024, dtype=weight_dtype), kv_a, torch.ones(512, dtype=weight_dtype),
+                                1e-6, torch.zeros(rows, 32), torch.zeros(rows, 32))
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)

@@ -101,3 +101,55 @@ def test_model_through_the_fused_kernel(monkeypatch, device):
     separate = run()
     assert torch.equal(fused.argmax(-1), separate.argmax(-1))
     torch.testing.assert_close(fused, separate, rtol=0, atol=1e-5 * float(separate.abs().max()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight_dtype", ["x", torch.float32])
+def test_q_kv_norms_are_the_two_launches_bit_for_bit(device, dtype, weight_dtype):
+    """q_kv_norms (layout CONFIG pair_norms): q's latent norm and kv's norm and rope in one launch, each read as a
+    column slice of one stacked projection (as attention's wq_a/wkv output), give the bits of norm.rms_norm and
+    norm_rope launched apart: each program runs its own kernel's code."""
+    from dsv4.kernels import norm
+
+    g = torch.Generator().manual_seed(11)
+    T, N, dim, half = 3, 96, 64, 8
+    stacked = (torch.randn(T, N + dim, generator=g) * 3).to(dtype).to(device)
+    q_a, kv_a = stacked.split([N, dim], dim=-1)
+    wd = dtype if weight_dtype == "x" else weight_dtype
+    q_w = (torch.rand(N, generator=g) + 0.5).to(wd).to(device)
+    kv_w = (torch.rand(dim, generator=g) + 0.5).to(wd).to(device)
+    angles = torch.rand(T, half, generator=g) * 6.0
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    assert normrope.q_kv_supported(q_a, q_w, kv_a, kv_w, cos, sin)
+    q_res, kv = normrope.q_kv_norms(q_a, q_w, kv_a, kv_w, 1e-6, cos, sin)
+    assert torch.equal(q_res, norm.rms_norm(q_a, q_w, 1e-6))
+    assert torch.equal(kv, normrope.norm_rope(kv_a, kv_w, 1e-6, cos, sin))
+    assert not normrope.q_kv_supported(q_a, None, kv_a, kv_w, cos, sin)  # q's latent norm is weighted
+    assert not normrope.q_kv_supported(q_a[:2], q_w, kv_a, kv_w, cos, sin)  # rows of both
+
+
+def test_model_pair_norms_change_no_bit(monkeypatch):
+    """tiny's decode steps with q's and kv's norms in one launch (pair_norms): the logits and the state's bytes of
+    the separate launches, bit for bit (CPU: the interpreter; tests/test_normrope.py's kernel case covers CUDA)."""
+    from dsv4.layout import CONFIG
+
+    device = DEVICES[-1]
+    model = dsv4.load("tiny", device=device, dtype=torch.float32, seed=6)
+    launched = []
+    real = normrope.q_kv_norms
+    monkeypatch.setattr(normrope, "q_kv_norms", lambda *a: launched.append(1) or real(*a))
+
+    def run(on):
+        monkeypatch.setitem(CONFIG, "pair_norms", on)
+        monkeypatch.setenv("DSV4_KERNELS", "torch")
+        state = model.new_state(16)
+        model.prefill(state, [3, 1, 4, 1, 5])
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits = [model.decode(state, 9).reshape(-1)]
+        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), model.digests(state)
+
+    (paired, paired_digest), (apart, apart_digest) = run(True), run(False)
+    assert len(launched) == 2 * model.cfg.num_hidden_layers
+    assert torch.equal(paired, apart) and paired_digest == apart_digest

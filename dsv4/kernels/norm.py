@@ -10,7 +10,7 @@ q part of its stacked wq_a/wkv projection); the output is contiguous.
 
 import torch
 
-from . import launcher, next_pow2, pdl_wait, row_stride
+from . import device_function, launcher, next_pow2, pdl_wait, row_stride
 
 try:
     import triton.language as tl
@@ -25,14 +25,19 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, X_STRIDE: constex
                      BLOCK: constexpr):
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
+    _rms_row(x_ptr + r * X_STRIDE, w_ptr, out_ptr + r * N, eps, N, HAS_WEIGHT, BLOCK)
+
+
+@device_function
+def _rms_row(row, w_ptr, out_row, eps, N: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
+    """One row's norm (normrope's paired kernel runs it too: the same code, the same bits)."""
     i = tl.arange(0, BLOCK)
-    row = x_ptr + r * X_STRIDE
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for n0 in range(0, N, BLOCK):
         x = tl.load(row + n0 + i, mask=(n0 + i) < N, other=0.0).to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    dt = out_ptr.dtype.element_ty
+    dt = out_row.dtype.element_ty
     for n0 in range(0, N, BLOCK):
         m = (n0 + i) < N
         x = tl.load(row + n0 + i, mask=m, other=0.0)
@@ -41,7 +46,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, X_STRIDE: constex
             y = (tl.load(w_ptr + n0 + i, mask=m, other=0.0).to(tl.float32) * y.to(tl.float32)).to(dt)
         else:
             y = (x.to(tl.float32) * rstd.to(dt).to(tl.float32)).to(dt)
-        tl.store(out_ptr + r * N + n0 + i, y, mask=m)
+        tl.store(out_row + n0 + i, y, mask=m)
 
 
 def supported(x: torch.Tensor, weight) -> bool:

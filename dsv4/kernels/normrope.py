@@ -13,6 +13,8 @@ slice of attention's stacked wq_a/wkv output is read in place; the output is con
 import torch
 
 from . import device_function, launcher, next_pow2, pdl_wait, row_stride
+from . import norm
+from .norm import _rms_row
 
 try:
     import triton.language as tl
@@ -37,23 +39,45 @@ def _attn_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, H: cons
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
     t = r // H
-    dt = out_ptr.dtype.element_ty
+    _norm_rope_row(x_ptr + t * X_STRIDE + (r - t * H) * DIM, w_ptr, cos_ptr + t * HALF, sin_ptr + t * HALF,
+                   out_ptr + r * DIM, eps, DIM, HALF, HAS_WEIGHT, BLOCK)
+
+
+@device_function
+def _norm_rope_row(row, w_ptr, cos_row, sin_row, out_row, eps, DIM: constexpr, HALF: constexpr, HAS_WEIGHT: constexpr,
+                   BLOCK: constexpr):
+    """One row's norm and rope (the paired kernel below runs it too: the same code, the same bits)."""
+    dt = out_row.dtype.element_ty
     NOPE = DIM - 2 * HALF
     i = tl.arange(0, BLOCK)
-    row = x_ptr + t * X_STRIDE + (r - t * H) * DIM
     x = tl.load(row + i, mask=i < DIM, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / DIM + eps)
     nope = i < NOPE
-    tl.store(out_ptr + r * DIM + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
+    tl.store(out_row + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
     j = tl.arange(0, HALF)
     even_at = NOPE + 2 * j
     every = even_at < DIM
     even = _normed(tl.load(row + even_at).to(tl.float32), rstd, w_ptr, even_at, every, HAS_WEIGHT, dt)
     odd = _normed(tl.load(row + even_at + 1).to(tl.float32), rstd, w_ptr, even_at + 1, every, HAS_WEIGHT, dt)
-    c = tl.load(cos_ptr + t * HALF + j)
-    s = tl.load(sin_ptr + t * HALF + j)
-    tl.store(out_ptr + r * DIM + even_at, (even * c - odd * s).to(dt))
-    tl.store(out_ptr + r * DIM + even_at + 1, (odd * c + even * s).to(dt))
+    c = tl.load(cos_row + j)
+    s = tl.load(sin_row + j)
+    tl.store(out_row + even_at, (even * c - odd * s).to(dt))
+    tl.store(out_row + even_at + 1, (odd * c + even * s).to(dt))
+
+
+def _q_kv_norms_kernel(q_ptr, q_w_ptr, q_out_ptr, kv_ptr, kv_w_ptr, cos_ptr, sin_ptr, kv_out_ptr, eps, T,
+                       N: constexpr, Q_STRIDE: constexpr, Q_BLOCK: constexpr, DIM: constexpr, HALF: constexpr,
+                       KV_STRIDE: constexpr, BLOCK: constexpr):
+    """Grid (2 T,): programs 0..T-1 norm q's latent rows (norm.py's _rms_row, weighted), T..2T-1 norm and rope kv's
+    rows (_norm_rope_row, weighted): each row the code its own kernel runs."""
+    pdl_wait()
+    r = tl.program_id(0).to(tl.int64)
+    if r < T:
+        _rms_row(q_ptr + r * Q_STRIDE, q_w_ptr, q_out_ptr + r * N, eps, N, True, Q_BLOCK)
+    else:
+        t = r - T
+        _norm_rope_row(kv_ptr + t * KV_STRIDE, kv_w_ptr, cos_ptr + t * HALF, sin_ptr + t * HALF, kv_out_ptr + t * DIM,
+                       eps, DIM, HALF, True, BLOCK)
 
 
 def supported(x: torch.Tensor, weight, cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -85,3 +109,26 @@ def norm_rope(x: torch.Tensor, weight, eps: float, cos: torch.Tensor, sin: torch
         x, w, cos, sin.contiguous(), out, float(eps), H=heads, DIM=dim, HALF=half, X_STRIDE=_t_stride(x, cos),
         HAS_WEIGHT=weight is not None, BLOCK=next_pow2(dim))
     return out
+
+
+def q_kv_supported(q_a: torch.Tensor, q_w, kv_a: torch.Tensor, kv_w, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """q_a [T, N] with its norm weight, kv_a [T, dim] with its, cos/sin [T, half]: both norms as their own kernels
+    would take them (norm.supported, supported)."""
+    return (q_a.dim() == 2 and kv_a.dim() == 2 and cos.dim() == 2 and q_a.shape[0] == kv_a.shape[0]
+            and q_a.dtype == kv_a.dtype and norm.supported(q_a, q_w) and q_w is not None
+            and supported(kv_a, kv_w, cos, sin) and kv_w is not None)
+
+
+def q_kv_norms(q_a: torch.Tensor, q_w: torch.Tensor, kv_a: torch.Tensor, kv_w: torch.Tensor, eps: float,
+               cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(q_a, q_w), norm_rope(kv_a, kv_w)) in one launch: both read the same projection's output (attention's
+    stacked wq_a/wkv), so kv's norm and rope need not wait for wq_b. The bits of the two launches."""
+    T, N = q_a.shape
+    half, dim = cos.shape[-1], kv_a.shape[-1]
+    q_out = torch.empty(q_a.shape, dtype=q_a.dtype, device=q_a.device)
+    kv_out = torch.empty(kv_a.shape, dtype=kv_a.dtype, device=kv_a.device)
+    launcher(_q_kv_norms_kernel, q_a)[(2 * T,)](
+        q_a, q_w.contiguous(), q_out, kv_a, kv_w.contiguous(), cos, sin.contiguous(), kv_out, float(eps), T, N=N,
+        Q_STRIDE=norm._x_stride(q_a), Q_BLOCK=min(2048, next_pow2(N)), DIM=dim, HALF=half,
+        KV_STRIDE=_t_stride(kv_a, cos), BLOCK=next_pow2(dim))
+    return q_out, kv_out

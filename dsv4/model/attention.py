@@ -56,8 +56,8 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
-    q_res, kv_a = _q_res_kv(x, w, cfg)
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
+    q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     if m:
         with phase("compressor"):
@@ -66,7 +66,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
-    q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -92,12 +92,12 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
-    q_res, kv_a = _q_res_kv(x, w, cfg)
+    q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
     if m:
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
-    q, kv = _queries(q_res, kv_a, w, cfg, heads, cos, sin)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
@@ -107,17 +107,22 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
-def _q_res_kv(x, w: dict, cfg: ModelConfig):
-    """(q_res, kv_a): the normed query latent and the K=V projection, row-wise."""
+def _q_res_kv(x, w: dict, cfg: ModelConfig, cos, sin):
+    """(q_res, kv, roped): the normed query latent and the K=V projection, row-wise; kv normed and roped already
+    (roped) where both norms run in one launch (CONFIG pair_norms: kernels.normrope.q_kv_norms)."""
     q_a, kv_a = _q_a_kv(x, w)
-    return rms_norm(q_a, w["q_norm"], cfg.rms_norm_eps), kv_a
+    eps = cfg.rms_norm_eps
+    if (CONFIG["pair_norms"] and kernels.use_triton(q_a, gpu_checked=normrope.GPU_CHECKED)
+            and normrope.q_kv_supported(q_a, w["q_norm"], kv_a, w["kv_norm"], cos, sin)):
+        return (*normrope.q_kv_norms(q_a, w["q_norm"], kv_a, w["kv_norm"], eps, cos, sin), True)
+    return rms_norm(q_a, w["q_norm"], eps), kv_a, False
 
 
-def _queries(q_res, kv_a, w: dict, cfg: ModelConfig, heads: int, cos, sin):
-    """(roped queries [rows, heads, hd], roped K=V rows): row-wise."""
+def _queries(q_res, kv_a, roped: bool, w: dict, cfg: ModelConfig, heads: int, cos, sin):
+    """(roped queries [rows, heads, hd], roped K=V rows): row-wise (kv_a as it is where _q_res_kv roped it)."""
     eps = cfg.rms_norm_eps
     q = _norm_rope(linear(q_res, w["wq_b"]).view(q_res.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
-    return q, _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
+    return q, kv_a if roped else _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
 
 
 def _q_a_kv(x, w: dict):
