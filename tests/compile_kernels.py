@@ -235,8 +235,9 @@ geometry_variants()
 
 
 
-def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca")):
-    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows."""
+def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca"), q_eps=None):
+    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows (q_eps: q's norm and rope in
+    the split kernel)."""
     z = dict(dtype=dtype)
     args = (torch.zeros(T, H, hd, **z), torch.zeros(128, hd, **z), torch.zeros(T, hd, **z),
             torch.zeros(T, 128 + T, dtype=torch.bool), torch.zeros(H), torch.zeros(T, half), torch.zeros(T, half))
@@ -248,12 +249,17 @@ def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hc
                          new_visible=torch.zeros(T, 2, dtype=torch.bool))}
     for kind in kinds:
         assert attention.supported(*args, **extra[kind])
-        attention.attention(*args, **extra[kind])
+        attention.attention(*args, **extra[kind], q_eps=q_eps)
 
 
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)  # Flash, a rank of 2: tensor-core tiles
 attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU tests)
 attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
+# layout CONFIG fold_q_norm: q's norm and rope in the split kernel (Flash's rank, mini's 64 heads, fp32 tiles, tiny)
+for heads in (32, 64):
+    attention_variants(torch.bfloat16, 1, heads, 512, 32, 1026, q_eps=1e-6)
+attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",), q_eps=1e-6)
+attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",), q_eps=1e-6)
 # A launch variant benchmarks/attention_bench.py tries: several tiles per program.
 default = dict(attention.CONFIG)
 if SWEEPS:
@@ -271,7 +277,7 @@ attention_variants(torch.float32, 1, 2, 32, 8, 6, ("hca",))
 attention.CONFIG.update(default)
 
 
-def pooled_variants(dtype, H, hd, half):
+def pooled_variants(dtype, H, hd, half, q_eps=None):
     """The pooled decode variants (dsv4.kernels.pooled): 3 rows of a pool of 4 slots, Flash's compressors and
     indexer; attention with H heads of hd."""
     cfg = preset("flash")
@@ -299,11 +305,12 @@ def pooled_variants(dtype, H, hd, half):
                   dict(comp=comp, new=new, committed=torch.zeros(B, 1026, dtype=torch.bool),
                        new_visible=torch.zeros(B, 1, dtype=torch.bool))):
         assert attention.supported(*args, **extra, ids=ids)
-        attention.attention(*args, **extra, ids=ids)
+        attention.attention(*args, **extra, ids=ids, q_eps=q_eps)
 
 
 pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
+pooled_variants(torch.bfloat16, 32, 512, 32, q_eps=1e-6)  # fold_q_norm
 attention.CONFIG.update({"fused_combine": True})
 pooled_variants(torch.bfloat16, 32, 512, 32)
 attention.CONFIG.update(default)

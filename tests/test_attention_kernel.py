@@ -267,3 +267,58 @@ def test_fused_combine_pooled_rows_are_plain_rows(monkeypatch, fused_combine, de
                                 comp=extra["comp"][s], new=extra["new"][b], committed=extra["committed"][b],
                                 new_visible=extra["new_visible"][b:b + 1])
         assert torch.equal(got[b:b + 1], alone), b
+
+
+# ---- q's norm and rope inside the split kernel (q_eps; layout CONFIG fold_q_norm) ---------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind,pos,T,heads", [(SLIDING, 21, 3, 2), (CSA, 45, 2, 20), (HCA, 40, 1, 16)])
+def test_split_kernel_norms_and_ropes_q(monkeypatch, device, dtype, kind, pos, T, heads):
+    """fused.attention given wq_b's raw output and q_eps: the attention of normrope.norm_rope's queries. The norm's
+    sum of squares is another reduction of the same values (rstd's last fp32 bit), rounded to q's dtype before use: on
+    CPU the same bits; on the GPU the output within 1e-6 (fp32) or one bf16 rounding of the largest value."""
+    from dsv4.kernels import normrope
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    args, extra = case(kind, pos, T, heads, 64, dtype, device)
+    raw, cos, sin = args[0], args[5], args[6]
+    normed = normrope.norm_rope(raw, None, 1e-6, cos, sin)
+    want = fused.attention(normed, *args[1:], **extra)
+    got = fused.attention(raw, *args[1:], **extra, q_eps=1e-6)
+    if device == "cpu":
+        assert torch.equal(got, want)
+    else:
+        tol = 1e-6 if dtype == torch.float32 else 2 ** -7
+        assert float((got.float() - want.float()).abs().max()) <= tol * float(want.float().abs().max())
+
+
+@pytest.mark.parametrize("device", [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES])
+def test_model_fold_q_norm(monkeypatch, device):
+    """tiny with q's norm and rope in the split kernel (fold_q_norm): a prefill of 9 (the reference attention, its
+    rows normed as before) and two decode steps (the kernel). On CPU the logits and the state's bytes of the separate
+    launches, bit for bit; on the GPU the same greedy tokens and logits within 1e-5 of the largest (rstd's sum)."""
+    import dsv4
+    from dsv4.layout import CONFIG
+
+    model = dsv4.load("tiny", device=device, dtype=torch.float32, seed=3)
+    folded, real = [], fused.attention
+    monkeypatch.setattr(fused, "attention", lambda *a, **k: folded.append(k.get("q_eps") is not None) or real(*a, **k))
+
+    def run(on):
+        monkeypatch.setitem(CONFIG, "fold_q_norm", on)
+        monkeypatch.setenv("DSV4_KERNELS", "torch")
+        state = model.new_state(32)
+        logits = [model.prefill(state, list(range(1, 10))).reshape(-1)]
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits.append(model.decode(state, 10).reshape(-1))
+        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), model.digests(state)
+
+    (on, on_digest) = run(True)
+    assert folded and all(folded)
+    (off, off_digest) = run(False)
+    if device == "cpu":
+        assert torch.equal(on, off) and on_digest == off_digest
+    else:
+        assert torch.equal(on.argmax(-1), off.argmax(-1))
+        assert float((on - off).abs().max() / off.abs().max()) <= 1e-5

@@ -311,6 +311,7 @@ def test_deferred_sinkhorn_gives_the_next_boundary_the_same_comb(options, dtype,
         fused.boundary(a["out"], None, None, None, *args, comb_logits=True)
 
 
+@(pytest.mark.slow if DEVICE == "cpu" else lambda test: test)  # a whole model through the interpreter: the slow set
 def test_deferred_sinkhorn_in_the_decode_step(monkeypatch, tiny):
     """A decode step with defer_sinkhorn: every boundary but the streams' last leaves Sinkhorn to the next one. Two
     steps' logits and the state's bytes: on CPU those without it, bit for bit; on the GPU the same greedy tokens and

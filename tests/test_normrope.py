@@ -129,12 +129,12 @@ def test_q_kv_norms_are_the_two_launches_bit_for_bit(device, dtype, weight_dtype
     assert not normrope.q_kv_supported(q_a[:2], q_w, kv_a, kv_w, cos, sin)  # rows of both
 
 
-def test_model_pair_norms_change_no_bit(monkeypatch):
+@pytest.mark.parametrize("device", MODEL_DEVICES)
+def test_model_pair_norms_change_no_bit(monkeypatch, device):
     """tiny's decode steps with q's and kv's norms in one launch (pair_norms): the logits and the state's bytes of
-    the separate launches, bit for bit (CPU: the interpreter; tests/test_normrope.py's kernel case covers CUDA)."""
+    the separate launches, bit for bit (each program runs its own kernel's code)."""
     from dsv4.layout import CONFIG
 
-    device = DEVICES[-1]
     model = dsv4.load("tiny", device=device, dtype=torch.float32, seed=6)
     launched = []
     real = normrope.q_kv_norms
