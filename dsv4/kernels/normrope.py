@@ -38,31 +38,31 @@ def _attn_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, H: cons
                       X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
-    t = r // H
-    _norm_rope_row(x_ptr + t * X_STRIDE + (r - t * H) * DIM, w_ptr, cos_ptr + t * HALF, sin_ptr + t * HALF,
-                   out_ptr + r * DIM, eps, DIM, HALF, HAS_WEIGHT, BLOCK)
+    _norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, r, r // H, H, DIM, HALF, X_STRIDE, HAS_WEIGHT, BLOCK)
 
 
 @device_function
-def _norm_rope_row(row, w_ptr, cos_row, sin_row, out_row, eps, DIM: constexpr, HALF: constexpr, HAS_WEIGHT: constexpr,
-                   BLOCK: constexpr):
-    """One row's norm and rope (the paired kernel below runs it too: the same code, the same bits)."""
-    dt = out_row.dtype.element_ty
+def _norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, r, t, H: constexpr, DIM: constexpr, HALF: constexpr,
+                   X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
+    """Output row r (query t's head r - t * H) normed and roped (the paired kernel below runs it too: the same code;
+    its sm_90 SASS is the kernel's of before it moved here)."""
+    dt = out_ptr.dtype.element_ty
     NOPE = DIM - 2 * HALF
     i = tl.arange(0, BLOCK)
+    row = x_ptr + t * X_STRIDE + (r - t * H) * DIM
     x = tl.load(row + i, mask=i < DIM, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / DIM + eps)
     nope = i < NOPE
-    tl.store(out_row + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
+    tl.store(out_ptr + r * DIM + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
     j = tl.arange(0, HALF)
     even_at = NOPE + 2 * j
     every = even_at < DIM
     even = _normed(tl.load(row + even_at).to(tl.float32), rstd, w_ptr, even_at, every, HAS_WEIGHT, dt)
     odd = _normed(tl.load(row + even_at + 1).to(tl.float32), rstd, w_ptr, even_at + 1, every, HAS_WEIGHT, dt)
-    c = tl.load(cos_row + j)
-    s = tl.load(sin_row + j)
-    tl.store(out_row + even_at, (even * c - odd * s).to(dt))
-    tl.store(out_row + even_at + 1, (odd * c + even * s).to(dt))
+    c = tl.load(cos_ptr + t * HALF + j)
+    s = tl.load(sin_ptr + t * HALF + j)
+    tl.store(out_ptr + r * DIM + even_at, (even * c - odd * s).to(dt))
+    tl.store(out_ptr + r * DIM + even_at + 1, (odd * c + even * s).to(dt))
 
 
 def _q_kv_norms_kernel(q_ptr, q_w_ptr, q_out_ptr, kv_ptr, kv_w_ptr, cos_ptr, sin_ptr, kv_out_ptr, eps, T,
@@ -76,8 +76,7 @@ def _q_kv_norms_kernel(q_ptr, q_w_ptr, q_out_ptr, kv_ptr, kv_w_ptr, cos_ptr, sin
         _rms_row(q_ptr + r * Q_STRIDE, q_w_ptr, q_out_ptr + r * N, eps, N, True, Q_BLOCK)
     else:
         t = r - T
-        _norm_rope_row(kv_ptr + t * KV_STRIDE, kv_w_ptr, cos_ptr + t * HALF, sin_ptr + t * HALF, kv_out_ptr + t * DIM,
-                       eps, DIM, HALF, True, BLOCK)
+        _norm_rope_row(kv_ptr, kv_w_ptr, cos_ptr, sin_ptr, kv_out_ptr, eps, t, t, 1, DIM, HALF, KV_STRIDE, True, BLOCK)
 
 
 def supported(x: torch.Tensor, weight, cos: torch.Tensor, sin: torch.Tensor) -> bool:
