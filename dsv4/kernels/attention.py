@@ -56,11 +56,11 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
                        m_ptr, l_ptr, acc_ptr, ids_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, tickets_ptr, NS, NW,
-                       sel_stride, ok_stride, scale, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
+                       sel_stride, ok_stride, scale, q_eps, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
                        K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
                        BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
-                       MERGE_D: constexpr, Q_NORM: constexpr = False, q_eps=0.0):
+                       MERGE_D: constexpr, Q_NORM: constexpr):
     """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc).
     Q_NORM: q_ptr holds the queries before their per-head norm and rope, done here (_q_norm_rope)."""
     pdl_wait()
@@ -301,11 +301,12 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_attn_split_kernel, q)[(splits, blocks, T)](
         q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, sink, cos, sin, out, tickets, *counts,
         sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
+        0.0 if q_eps is None else float(q_eps),
         T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
         HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), Q_NORM=q_eps is not None,
-        q_eps=0.0 if q_eps is None else float(q_eps), **warps(c["num_warps"]))
+        **warps(c["num_warps"]))
     if fused:
         return out
     launcher(_attn_combine_kernel, q)[(H, T)](
