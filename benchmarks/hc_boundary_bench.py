@@ -31,7 +31,6 @@ One GPU, about a minute (Triton compiles each variant once). Prints:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 
 import torch
@@ -157,15 +156,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--arms", default=".", help="regex over arm names (e.g. 'unfused$|fused_default')")
-    ap.add_argument("--iters", type=int, default=None,
-                    help="Sinkhorn's iterations instead of the config's (a timing probe: what the finish's serial "
-                         "Sinkhorn costs, by difference; every arm, the unfused reference too, runs them)")
     args = ap.parse_args()
     cfg, rows_list = preset("flash"), [int(r) for r in args.rows.split(",")]
-    if args.iters is not None:
-        cfg = dataclasses.replace(cfg, hc_sinkhorn_iters=args.iters)
-    emit("DEVICE", name=torch.cuda.get_device_name(), hc=cfg.hc_mult, D=cfg.hidden_size, layers=cfg.num_hidden_layers,
-         iters=cfg.hc_sinkhorn_iters)
+    emit("DEVICE", name=torch.cuda.get_device_name(), hc=cfg.hc_mult, D=cfg.hidden_size, layers=cfg.num_hidden_layers)
     results: dict = {}
     with torch.inference_mode():
         for rows in rows_list:

@@ -51,10 +51,7 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
-         # comb_ptr: with COMB_LOGITS (hc_boundary's deferred Sinkhorn) the logits a boundary two or more kernels back
-         # wrote, complete and visible once this kernel starts (kernels' doc); else it is read after the wait
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr", "comb_ptr"},
-         "_route_kernel": {"bias_ptr"}}
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 
 
 def aligned(a) -> bool:
@@ -235,9 +232,8 @@ geometry_variants()
 
 
 
-def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca"), q_eps=None):
-    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows (q_eps: q's norm and rope in
-    the split kernel)."""
+def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hca")):
+    """Decode attention: sliding only, CSA (512 picks), HCA over a store of `rows` rows."""
     z = dict(dtype=dtype)
     args = (torch.zeros(T, H, hd, **z), torch.zeros(128, hd, **z), torch.zeros(T, hd, **z),
             torch.zeros(T, 128 + T, dtype=torch.bool), torch.zeros(H), torch.zeros(T, half), torch.zeros(T, half))
@@ -249,17 +245,12 @@ def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hc
                          new_visible=torch.zeros(T, 2, dtype=torch.bool))}
     for kind in kinds:
         assert attention.supported(*args, **extra[kind])
-        attention.attention(*args, **extra[kind], q_eps=q_eps)
+        attention.attention(*args, **extra[kind])
 
 
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)  # Flash, a rank of 2: tensor-core tiles
 attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU tests)
 attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
-# layout CONFIG fold_q_norm: q's norm and rope in the split kernel (Flash's rank, mini's 64 heads, fp32 tiles, tiny)
-for heads in (32, 64):
-    attention_variants(torch.bfloat16, 1, heads, 512, 32, 1026, q_eps=1e-6)
-attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",), q_eps=1e-6)
-attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",), q_eps=1e-6)
 # A launch variant benchmarks/attention_bench.py tries: several tiles per program.
 default = dict(attention.CONFIG)
 if SWEEPS:
@@ -277,7 +268,7 @@ attention_variants(torch.float32, 1, 2, 32, 8, 6, ("hca",))
 attention.CONFIG.update(default)
 
 
-def pooled_variants(dtype, H, hd, half, q_eps=None):
+def pooled_variants(dtype, H, hd, half):
     """The pooled decode variants (dsv4.kernels.pooled): 3 rows of a pool of 4 slots, Flash's compressors and
     indexer; attention with H heads of hd."""
     cfg = preset("flash")
@@ -305,12 +296,11 @@ def pooled_variants(dtype, H, hd, half, q_eps=None):
                   dict(comp=comp, new=new, committed=torch.zeros(B, 1026, dtype=torch.bool),
                        new_visible=torch.zeros(B, 1, dtype=torch.bool))):
         assert attention.supported(*args, **extra, ids=ids)
-        attention.attention(*args, **extra, ids=ids, q_eps=q_eps)
+        attention.attention(*args, **extra, ids=ids)
 
 
 pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
-pooled_variants(torch.bfloat16, 32, 512, 32, q_eps=1e-6)  # fold_q_norm
 attention.CONFIG.update({"fused_combine": True})
 pooled_variants(torch.bfloat16, 32, 512, 32)
 attention.CONFIG.update(default)
@@ -686,21 +676,6 @@ for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": 
             hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
                                  None if first else torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096),
                                  torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6)
-    hc_boundary.CONFIG.update(default)
-# the deferred Sinkhorn (CONFIG defer_sinkhorn): a boundary storing its logits, one reading them (and both), each
-# finish option, with and without a door
-for cfg in ({}, {"one_pass_finish": False, "warp_maps": False}):
-    hc_boundary.CONFIG.update(cfg)
-    for dtype in (torch.bfloat16, torch.float32):
-        for logits, defer in ((False, True), (True, False), (True, True)):
-            for opened in (None, *doors(dtype, False)):
-                hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
-                                     torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096), torch.zeros(24),
-                                     torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6, opened,
-                                     comb_logits=logits, defer=defer)
-        hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, torch.zeros(24, 4 * 4096),
-                             torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=dtype), 4, 20, 1e-6, 1e-6,
-                             ids=torch.zeros(1, dtype=torch.int64), defer=True)
     hc_boundary.CONFIG.update(default)
 
 # the sampler's draw: one row (the launcher makes n == 1 a constant) and a pooled step's rows

@@ -30,9 +30,7 @@ produces or writes, and only then release their own successor (griddepcontrol.la
 ahead of an unfinished one. pdl_wait is a kernel's first statement, except in the weight-streaming kernels (qgemv's
 linear and dense's on a stored weight, v2 and v3 alike, the shared expert's gate/up programs, the mHC boundary's hc_fn
 slice, a top-k layer's router bias), which load their first weight tile (a module parameter, never written by a step)
-before it, and the mHC boundary under its deferred Sinkhorn (hc_boundary's doc), which reads before it the logits
-a boundary two or more kernels back wrote: a kernel starts only once the one before it has released, which each does
-after its own wait, so whatever is two or more kernels back is complete and visible by then. tests/compile_kernels.py checks the PTX of every kernel against this contract. The arithmetic is the same,
+before it. tests/compile_kernels.py checks the PTX of every kernel against this contract. The arithmetic is the same,
 so are the bits. A kernel after a torch op (which never releases early) starts as it would without PDL.
 (Sessions 7-17 launched only the weight-streaming kernels this way, the others releasing first; session 18 put the
 whole chain under it.)

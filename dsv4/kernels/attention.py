@@ -56,13 +56,12 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
                        m_ptr, l_ptr, acc_ptr, ids_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, tickets_ptr, NS, NW,
-                       sel_stride, ok_stride, scale, q_eps, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
+                       sel_stride, ok_stride, scale, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
                        K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
                        BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
-                       MERGE_D: constexpr, Q_NORM: constexpr):
-    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc).
-    Q_NORM: q_ptr holds the queries before their per-head norm and rope, done here (_q_norm_rope)."""
+                       MERGE_D: constexpr):
+    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
     pdl_wait()
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -77,11 +76,7 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
             ok_ptr += t * NS
     h_ok = h < H
     d = tl.arange(0, HD)
-    if Q_NORM:
-        q = _q_norm_rope(q_ptr + (t * H + h[:, None]) * HD, h_ok, d, cos_ptr + t * HALF, sin_ptr + t * HALF, q_eps,
-                         HD, NOPE, HALF)
-    else:
-        q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
     dt = q.dtype
     if DOT_F32:  # Triton 3.6's interpreter multiplies 16-bit dot operands as raw bits: widen them (exactly)
         q = q.to(tl.float32)
@@ -136,25 +131,6 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
             _merge(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, t, h, h_ok, H, HD, NOPE, HALF, SPLITS,
                    SP, MERGE_D)
             tl.store(ticket, 0)
-
-
-@device_function
-def _q_norm_rope(rows, h_ok, d, cos_row, sin_row, eps, HD: constexpr, NOPE: constexpr, HALF: constexpr):
-    """The heads' query rows [BLOCK_H, HD] (at rows) normed and roped as kernels/normrope.py's unweighted rows are
-    (rstd rounded to q's dtype, the normed value rounded, pairs (2i, 2i + 1) of the trailing 2 * HALF channels rotated
-    in fp32 by the query's cos and sin): each channel's pair partner loaded as a second tile (channel d ^ 1)."""
-    x = tl.load(rows + d[None, :], mask=h_ok[:, None], other=0.0)
-    dt = x.dtype
-    x = x.to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=1) / HD + eps).to(dt).to(tl.float32)[:, None]
-    y = (x * r).to(dt).to(tl.float32)
-    partner = (tl.load(rows + (d ^ 1)[None, :], mask=h_ok[:, None], other=0.0).to(tl.float32) * r)
-    partner = partner.to(dt).to(tl.float32)
-    j = tl.maximum(d - NOPE, 0) // 2
-    c = tl.load(cos_row + j)[None, :]
-    s = tl.load(sin_row + j)[None, :]
-    rotated = tl.where((d % 2 == 0)[None, :], y * c - partner * s, y * c + partner * s)
-    return tl.where((d >= NOPE)[None, :], rotated, y).to(dt)
 
 
 @device_function
@@ -268,13 +244,11 @@ def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
 
 
 def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None, ids=None, q_eps: float | None = None) -> torch.Tensor:
+              new_visible=None, ids=None) -> torch.Tensor:
     """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
     (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype.
     Pooled (ids [B], T = B rows of one token): win [slots, W, hd], kv [B, hd], visible [B, W + 1],
-    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...].
-    q_eps: q is wq_b's output before its per-head norm (this eps) and rope, which the split kernel applies (the
-    values normrope.norm_rope would give; one launch fewer)."""
+    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...]."""
     T, H, hd = q.shape
     pooled = ids is not None
     chunk = 1 if pooled else T  # tokens of one sequence's chunk
@@ -301,12 +275,10 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_attn_split_kernel, q)[(splits, blocks, T)](
         q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, sink, cos, sin, out, tickets, *counts,
         sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
-        0.0 if q_eps is None else float(q_eps),
         T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
-        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), Q_NORM=q_eps is not None,
-        **warps(c["num_warps"]))
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
     if fused:
         return out
     launcher(_attn_combine_kernel, q)[(H, T)](

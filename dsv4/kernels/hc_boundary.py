@@ -27,16 +27,6 @@ kernel's (dsv4.kernels.door), so the door needs no launch of its own: the door's
 its payload, its census cell + 1, and the previous door's reduced flag (the sublayer output this boundary
 consumes carried it) added into the step's verdict. It touches nothing the boundary computes.
 
-Deferred Sinkhorn (CONFIG defer_sinkhorn, DSV4_BOUNDARY_DEFER; off until a GPU run): comb's 20 Sinkhorn iterations are
-a serial chain of row and column sums in the one finishing program, while nothing else of the row can run. comb is
-used by the next boundary only (its hc_post part), so a boundary whose next one also runs here (`defer`) stores comb's
-logits (the maps' mix times its scale plus base, before the softmax) and the next boundary (`comb_logits`) runs
-Sinkhorn on them in every program before its pdl_wait: the logits were written two or more kernels back (the
-sublayer's kernels lie between), and a kernel starts only once the one before it has released, which each does after
-its own wait, so they are complete and visible then. The chain then runs while the kernel before it still streams its
-weights. The same arithmetic on the same values; the tile's layout may order a sum of four differently (the bits
-may differ from the finish's, within float rounding).
-
 Every program first loads what no step writes: its slice of hc_fn (the boundary's bytes: 1.5 MB at Flash's
 shapes, 48 KB a program), base, scale and, with one_pass_finish, the norm weight. Only then does it read what the
 step produced. With DSV4_PDL the kernel is launched with launch_pdl and waits between the two (pdl_wait): the
@@ -67,8 +57,7 @@ GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under t
 # maps' [hc, hc] tiles inside one warp (_partials_in_warp). Both off until a GPU run: each may change the bits.
 CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
           "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "1") == "1",
-          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1",
-          "defer_sinkhorn": os.environ.get("DSV4_BOUNDARY_DEFER", "0") == "1"}
+          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1"}
 ONE_PASS_VALUES = 64  # the streams' fp32 values a thread may hold in one_pass (hc 4, D 4096, 8 warps: 64)
 
 
@@ -98,15 +87,13 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      seen_ptr, verdict_ptr, ids_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
                      FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr,
                      NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
-                     WARP_MAPS: constexpr, COMB_LOGITS: constexpr, DEFER: constexpr):
+                     WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     GATHER (with FIRST): out_ptr the embedding table, row t's embedded row the one of token ids_ptr[t].
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
     Every program loads the stored weights first (its slice of hc_fn, base, scale and, with ONE_PASS, the norm
     weight: module parameters, which no step writes), then pdl_wait (DSV4_PDL, launched with launch_pdl: the
-    previous kernel complete, the next released), then everything the step produces. COMB_LOGITS: comb_ptr holds
-    comb's logits (the boundary before deferred Sinkhorn), read and projected before the wait (the module's doc);
-    DEFER: comb_out_ptr gets this boundary's logits, not comb."""
+    previous kernel complete, the next released), then everything the step produces."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     k = tl.arange(0, HC)
@@ -122,8 +109,6 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
         norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
     else:  # the finish's _collapse reads it in chunks
         norm_w = norm_w_ptr
-    if COMB_LOGITS:  # written two or more kernels back: Sinkhorn while the kernel before this one runs
-        comb_in = _sinkhorn(_comb_logits(comb_ptr + t * HC * HC, HC, WARP_MAPS), eps, ITERS)
     pdl_wait()
     if DOOR:
         if (t == 0) & (s == 0):
@@ -141,10 +126,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     else:
         # hc_post.py's arithmetic: post and comb rounded to the streams' dtype, one rounding of the sum
         post = tl.load(post_ptr + t * HC + k).to(dt).to(tl.float32)
-        if COMB_LOGITS:
-            comb = comb_in.to(dt).to(tl.float32)
-        else:
-            comb = tl.load(comb_ptr + t * HC * HC + k[:, None] * HC + k[None, :]).to(dt).to(tl.float32)  # [j, k]
+        comb = tl.load(comb_ptr + t * HC * HC + k[:, None] * HC + k[None, :]).to(dt).to(tl.float32)  # [j, k]
         h = tl.load(h_ptr + t * HC * D + k[:, None] * D + d[None, :], mask=ok[None, :], other=0.0).to(tl.float32)
         new = post[:, None] * x[None, :] + tl.sum(comb[:, :, None] * h[:, None, :], axis=0)
     new = new.to(dt)
@@ -161,7 +143,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
         _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D, HC, ITERS,
-                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS, DEFER)
+                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
         tl.store(tickets_ptr + t, 0)
 
 
@@ -178,11 +160,10 @@ def _stored_maps(base_ptr, scale_ptr, HC: constexpr):
 @device_function
 def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D: constexpr,
             HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr,
-            ONE_PASS: constexpr, WARP_MAPS: constexpr, DEFER: constexpr):
+            ONE_PASS: constexpr, WARP_MAPS: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
-    hc.py's maps (their stored terms `stored`, _stored_maps'; DEFER: comb's logits stored, no Sinkhorn), then the
-    collapse and its RMSNorm (norm_w: the weight's values with ONE_PASS, else its pointer). Loads of what other
-    programs wrote go to L2 (.cg)."""
+    hc.py's maps (their stored terms `stored`, _stored_maps'), then the collapse and its RMSNorm (norm_w: the
+    weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg)."""
     k = tl.arange(0, HC)
     j = k[:, None] * HC + k[None, :]
     streams = new_ptr + t * HC * D + k[:, None] * D
@@ -193,8 +174,7 @@ def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr
         pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
     else:
         pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
-    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS,
-                   not DEFER)
+    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS)
     tl.store(comb_out_ptr + t * HC * HC + j, c)
     if ONE_PASS:
         _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
@@ -247,39 +227,21 @@ def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP
 
 @device_function
 def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
-          ITERS: constexpr, SINKHORN: constexpr):
+          ITERS: constexpr):
     """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r) and the stored
-    terms (_stored_maps'): post stored at post_out, (pre, comb) returned (SINKHORN false: comb's logits)."""
+    terms (_stored_maps'): post stored at post_out, (pre, comb) returned."""
     pre_b, post_b, comb_b, s0, s1, s2 = stored
     rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
     pre = tl.sigmoid(pre_w * rstd * s0 + pre_b) + eps
     tl.store(post_out + tl.arange(0, HC), 2 * tl.sigmoid(post_w * rstd * s1 + post_b))
     c = comb_w * rstd * s2 + comb_b
-    if SINKHORN:
-        c = _sinkhorn(c, eps, ITERS)
-    return pre, c
-
-
-@device_function
-def _comb_logits(row, HC: constexpr, WARP_MAPS: constexpr):
-    """A row's stored comb logits [HC, HC]; WARP_MAPS: loaded flat and reshaped, as _partials_in_warp shapes them, so
-    that Sinkhorn's sums stay inside one warp."""
-    if WARP_MAPS:
-        return tl.reshape(tl.load(row + tl.arange(0, HC * HC)), [HC, HC])
-    k = tl.arange(0, HC)
-    return tl.load(row + k[:, None] * HC + k[None, :])
-
-
-@device_function
-def _sinkhorn(c, eps, ITERS: constexpr):
-    """comb from its logits [HC, HC]: the rows' softmax plus eps, then Sinkhorn-Knopp (hc.py's, model/hc.sinkhorn)."""
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
     c = c / tl.sum(c, axis=1)[:, None] + eps
     c = c / (tl.sum(c, axis=0)[None, :] + eps)
     for _ in tl.static_range(ITERS - 1):
         c = c / (tl.sum(c, axis=1)[:, None] + eps)
         c = c / (tl.sum(c, axis=0)[None, :] + eps)
-    return c
+    return pre, c
 
 
 @device_function
@@ -317,7 +279,7 @@ def _collapse_in_registers(pre, hv, norm_w, x_row, norm_eps, D: constexpr, BLOCK
 
 
 def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float,
-             door=None, ids=None, comb_logits: bool = False, defer: bool = False):
+             door=None, ids=None):
     """The sublayer's reduced output out [T, D] placed into the streams h [T, hc, D] by post [T, hc] and
     comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
     from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
@@ -326,16 +288,11 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     [vocab, D] and each program reads its row's embedded row from it (the gather's launch saved; the same
     values as out.index_select(0, ids)). hc_fn, base, scale and norm_w are the model's stored weights, contiguous:
     the kernel reads them in place before it waits for the kernel before it (DSV4_PDL), so never a copy this step
-    writes. Deferred Sinkhorn (the module's doc): comb_logits, comb holds the logits a boundary two or more kernels
-    back stored with defer (read in place, contiguous); defer, the comb returned is this boundary's logits, for the
-    next boundary (or model.hc.sinkhorn) to project."""
+    writes."""
     if not all(w.is_contiguous() for w in (fn, base, scale, norm_w)):
         raise ValueError("hc_boundary.boundary: the stored weights must be contiguous (read in place before the wait)")
     if ids is not None and h is not None:
         raise ValueError("hc_boundary.boundary: ids (the embedding's gather) is for the first boundary only")
-    if comb_logits and (h is None or not comb.is_contiguous()):
-        raise ValueError("hc_boundary.boundary: comb_logits needs a boundary's own contiguous logits (not the first "
-                         "boundary's)")
     T, D = (ids.numel(), out.shape[1]) if ids is not None else out.shape
     first = h is None
     out = out.contiguous()
@@ -365,5 +322,5 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
         FIRST=first, GATHER=ids is not None, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
-        WARP_MAPS=CONFIG["warp_maps"], COMB_LOGITS=comb_logits, DEFER=defer, **extra)
+        WARP_MAPS=CONFIG["warp_maps"], **extra)
     return new, post_out, comb_out, x

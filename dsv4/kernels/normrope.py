@@ -8,6 +8,9 @@ so the rotation starts from the values the reference's rope reads; the trailing 
 rotate in fp32 pairs (2i, 2i+1) by the row's (cos, sin), the leading ones are stored as normed. x's
 rows along T are read with their stride (X_STRIDE; heads and channels contiguous within one), so kv's column
 slice of attention's stacked wq_a/wkv output is read in place; the output is contiguous.
+
+q_kv_norms (dsv4.layout CONFIG pair_norms, on): q's latent norm (kernels/norm.py's row) and kv's norm and rope read
+the same projection's output, so one launch does both, each program the code of its own kernel (the same bits).
 """
 
 import torch

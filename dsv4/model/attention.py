@@ -66,8 +66,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()})
-    fold = CONFIG["fold_q_norm"]  # q's norm and rope left to the decode kernel where it runs
-    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin, normed=not fold)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -79,11 +78,8 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
         cos_b, sin_b = step.cos_sin(kind)
         args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
-            outs.append(fused.attention(*args, **extra, q_eps=cfg.rms_norm_eps if fold else None))
-            continue
-        if fold:  # the rows' norm and rope as _queries gives them (a row's alone)
-            args = (_norm_rope(q[rows], None, cfg.rms_norm_eps, cos_b, sin_b), *args[1:])
-        if kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
+            outs.append(fused.attention(*args, **extra))
+        elif kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
             outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
             outs.append(_attend(*args, **extra))
@@ -101,16 +97,14 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     if m:
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
-    fold = CONFIG["fold_q_norm"]
-    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin, normed=not fold)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
-    return _output(fused.attention(*args, **extra, ids=step.ids, q_eps=cfg.rms_norm_eps if fold else None), w, cfg,
-                   heads, out)
+    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
 def _q_res_kv(x, w: dict, cfg: ModelConfig, cos, sin):
@@ -124,13 +118,10 @@ def _q_res_kv(x, w: dict, cfg: ModelConfig, cos, sin):
     return rms_norm(q_a, w["q_norm"], eps), kv_a, False
 
 
-def _queries(q_res, kv_a, roped: bool, w: dict, cfg: ModelConfig, heads: int, cos, sin, normed: bool = True):
-    """(roped queries [rows, heads, hd], roped K=V rows): row-wise (kv_a as it is where _q_res_kv roped it; the
-    queries before their norm and rope unless normed)."""
+def _queries(q_res, kv_a, roped: bool, w: dict, cfg: ModelConfig, heads: int, cos, sin):
+    """(roped queries [rows, heads, hd], roped K=V rows): row-wise (kv_a as it is where _q_res_kv roped it)."""
     eps = cfg.rms_norm_eps
-    q = linear(q_res, w["wq_b"]).view(q_res.shape[0], heads, cfg.head_dim)
-    if normed:
-        q = _norm_rope(q, None, eps, cos, sin)
+    q = _norm_rope(linear(q_res, w["wq_b"]).view(q_res.shape[0], heads, cfg.head_dim), None, eps, cos, sin)
     return q, kv_a if roped else _norm_rope(kv_a, w["kv_norm"], eps, cos, sin)
 
 

@@ -24,7 +24,7 @@ from ..state import DecodeState, StatePool, pool_of
 from . import attention as attention_module
 from .attention import attention, attention_pooled
 from .commit import Write, commit
-from .hc import hc_head, hc_post, hc_pre, sinkhorn
+from .hc import hc_head, hc_post, hc_pre
 from .rows import dense, rows_alone, short_chunk
 from .moe import moe
 from .norm import rms_norm
@@ -159,18 +159,17 @@ class Transformer:
         alone = short_chunk(T)
         comm = self.comm
         with rows_alone(alone, T):
-            h, post, comb, x, logits = self._first_boundary(tokens, alone)
+            h, post, comb, x = self._first_boundary(tokens, alone)
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
-                after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
-                # comb's Sinkhorn deferred to the next boundary where that one has maps (not the streams' last)
-                h, post, comb, x, logits = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn",
-                                                          alone, (i, "moe"), logits, defer=after is not None)
+                h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
+                                                  (i, "moe"))
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
-                h, post, comb, x, logits = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn",
-                                                          alone, (i + 1, "attention"), logits, defer=True)
+                after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
+                h, post, comb, x = self._boundary(self._reduce(f, i, "moe"), post, comb, h, after, "attn", alone,
+                                                  (i + 1, "attention"))
         return writes, h
 
     @staticmethod
@@ -205,45 +204,37 @@ class Transformer:
         rows = torch.empty(tokens.shape[0], cfg.hidden_size, dtype=self.dtype, device=tokens.device)  # no launch
         lean = bookkeeping.CONFIG["lean_prologue"] and self.embed.dtype == self.dtype
         if lean and self._fused(rows, L, "attn", alone):
-            defer = fused_boundary.CONFIG["defer_sinkhorn"]
             with phase("mhc"):
-                return (*fused_boundary.boundary(self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"],
-                                                 cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-                                                 self.comm.open_door(0, "attention", rows), ids=tokens, defer=defer),
-                        defer)
+                return fused_boundary.boundary(self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"],
+                                               cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(0, "attention", rows), ids=tokens)
         x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
-        return self._boundary(x, None, None, None, L, "attn", alone, (0, "attention"), False, defer=True)
+        return self._boundary(x, None, None, None, L, "attn", alone, (0, "attention"))
 
-    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str],
-                  logits: bool, defer: bool):
+    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str]):
         """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
         out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
-        normed input -> (streams, post, comb, x, logits); L None (after the last layer): the streams alone.
+        normed input -> (streams, post, comb, x); L None (after the last layer): the streams alone.
         Rows alone (a decode step, a short chunk) run it in one launch (dsv4.kernels.hc_boundary: per row),
-        which opens `door` (layer, site), the all-reduce after that sublayer, where Comm.open_door does.
-        logits: comb is the logits a boundary before deferred its Sinkhorn to this one. defer: the next boundary
-        has maps, so this one may leave its comb's Sinkhorn to it (hc_boundary CONFIG defer_sinkhorn); the comb
-        returned is then logits (the returned flag says which)."""
+        which opens `door` (layer, site), the all-reduce after that sublayer, where Comm.open_door does."""
         cfg = self.cfg
         if h is not None:
             self._count("collective")
             self._count("hc_post")
         if self._fused(out if h is None else h, L, site, alone):
-            defer = defer and fused_boundary.CONFIG["defer_sinkhorn"]
             with phase("mhc"):
-                return (*fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
-                                                 cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-                                                 self.comm.open_door(*door, out), comb_logits=logits, defer=defer),
-                        defer)
+                return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
+                                               cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(*door, out))
         with phase("mhc"):
             if h is None:
                 h = out.unsqueeze(1).expand(out.shape[0], cfg.hc_mult, cfg.hidden_size).contiguous()
             else:
-                h = hc_post(out, post, sinkhorn(comb, cfg) if logits else comb, h)
+                h = hc_post(out, post, comb, h)
             if L is None:
-                return h, None, None, None, False
+                return h, None, None, None
             post, comb, collapsed = hc_pre(h, *L["hc"][site], cfg)
-            return h, post, comb, rms_norm(collapsed, L[site + "_norm"], cfg.rms_norm_eps), False
+            return h, post, comb, rms_norm(collapsed, L[site + "_norm"], cfg.rms_norm_eps)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Streams [B, hc, D] of each sequence's last token -> fp32 logits [B, vocab] (vocab-parallel,

@@ -37,21 +37,14 @@ def _hc_pre(h, fn, base, scale, cfg: ModelConfig):
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = sinkhorn(comb_w.unflatten(-1, (hc, hc)) * scale[2] + comb_b.view(hc, hc), cfg)
-    collapsed = (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)
-    return post, comb, collapsed
-
-
-def sinkhorn(logits: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """comb [..., hc, hc] from its logits: the rows' softmax plus eps, then Sinkhorn-Knopp, alternate column and row
-    normalisation towards a doubly stochastic matrix."""
-    eps = cfg.hc_eps
-    comb = torch.softmax(logits, dim=-1) + eps
+    comb = torch.softmax(comb_w.unflatten(-1, (hc, hc)) * scale[2] + comb_b.view(hc, hc), dim=-1) + eps
+    # Sinkhorn-Knopp: alternate column and row normalisation towards a doubly stochastic matrix.
     comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
     for _ in range(cfg.hc_sinkhorn_iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    return comb
+    collapsed = (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)
+    return post, comb, collapsed
 
 
 def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
