@@ -586,9 +586,6 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
         gluon_variants()
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
-    for cap in (80, 64):  # DSV4_MOE_GL_SOLO_MAXNREG: a one-token step's kernel 1 capped
-        moe_gl.CONFIG.update(gate_up_maxnreg=0, solo_maxnreg=cap)
-        gluon_variants()
     moe_gl.CONFIG.update(_mma)
 
 

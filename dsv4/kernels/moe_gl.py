@@ -73,12 +73,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
-          "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
-          "solo_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0"))}
-# solo_maxnreg (DSV4_MOE_GL_SOLO_MAXNREG, 0: off by default, not yet measured): kernel 1's register cap in a step of one
-# token. Session 33 call 1's ncu of that launch (mini's shapes): 96 registers a thread, 5 blocks an SM (occupancy 31 %),
-# 1.94 waves of its 1,280 blocks, DRAM at 51 % of its peak: latency-bound. 80 registers would let 6 blocks an SM, 64
-# let 8 (1.2 waves). The same operations in the same order, so the same bits (as gate_up_maxnreg); spills may cost.
+          "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0"))}
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -772,9 +767,8 @@ def _options() -> dict:
 
 def _gate_up_options(T: int) -> dict:
     """Kernel 1's compile options beyond _options for a step of T tokens: CONFIG gate_up_maxnreg's cap where set and
-    T > 1, solo_maxnreg's where set and T == 1 (see CONFIG)."""
-    cap = CONFIG["gate_up_maxnreg"] if T > 1 else CONFIG["solo_maxnreg"]
-    return {"maxnreg": cap} if cap else {}
+    T > 1 (see CONFIG)."""
+    return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] and T > 1 else {}
 
 
 def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
