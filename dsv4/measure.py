@@ -342,6 +342,7 @@ SUB_PHASES = (
     ("dsv4.kernels.attention", "attention", "attention.core"),
     ("dsv4.model.compressor", "linear", "compressor.linear"),
     ("dsv4.model.attention", "compress", "compressor.pool"),
+    ("dsv4.model.attention", "compress_pair", "compressor.pool"),
     ("dsv4.model.attention", "index_topk", "indexer.scores_topk"),
     ("dsv4.model.moe", "linear", "moe.linear"),
     ("dsv4.model.moe", "route", "moe.route"),

@@ -137,9 +137,9 @@ i64 = dict(dtype=torch.int64)
 bookkeeping.begin(torch.zeros(43, 2, **i64), torch.zeros(43, 2), torch.zeros(()))
 for unseen in (None, torch.zeros((), dtype=torch.bfloat16)):
     bookkeeping.end(torch.zeros(43, 2, **i64), torch.zeros((), **i64), torch.zeros(3, **i64), torch.zeros(()), unseen)
-for dtype in (torch.float32, torch.bfloat16):
+for dtype in (torch.float32, torch.bfloat16):  # the head's logits in the model's dtype, the state's fp32
     bookkeeping.settle(torch.zeros((), dtype=torch.bool), torch.zeros(4, 4096, dtype=dtype),
-                       torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280), torch.zeros(129280),
+                       torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280, dtype=dtype), torch.zeros(129280),
                        torch.zeros((), **i64), torch.zeros((), **i64), 1)
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
@@ -336,6 +336,39 @@ def xproj_variants(dtype):
 
 for dtype in (torch.float32, torch.bfloat16):
     xproj_variants(dtype)
+
+
+def pool_switch_variants(dtype):
+    """dsv4.kernels.compressor's one_pass and pair switches: Flash's CSA pools (the compressor's 512 channels, the
+    indexer's 128) one pass each and paired, a token's and a pooled step's, on the stacked projections' column
+    views (strided rows, as the decode step reads them)."""
+    cfg = preset("flash")
+    B, slots, z = 3, 4, dict(dtype=dtype)
+    ids = torch.tensor([2, 0, 3])
+    rope = Rope(cfg, "cpu")
+    steps = {"plain": Step(torch.zeros((), dtype=torch.int64), 1, rope, cfg.sliding_window),
+             "pooled": PoolStep(torch.zeros(B, dtype=torch.int64), ids, rope, cfg.sliding_window)}
+    for kind, step in steps.items():
+        pooled = dict(ids=ids) if kind == "pooled" else {}
+        ring = (slots,) if pooled else ()
+        csa = torch.zeros(B if pooled else 1, 2624, **z).split([1024, 1024, 256, 256, 64], dim=-1)
+        win = step.windows(4, 8, 1026)
+        parts = [(kv, gate, torch.zeros(*ring, 8, 2 * dim, **z), torch.zeros(*ring, 8, 2 * dim, **z),
+                  torch.zeros(4, 2 * dim), torch.ones(dim)) for (kv, gate), dim in ((csa[0:2], 512), (csa[2:4], 128))]
+        for one_pass in (False, True):
+            compressor.CONFIG.update(one_pass=one_pass)
+            if one_pass:
+                for part in parts:
+                    compressor.pool(*part, win, True, 1e-6, **pooled)
+            assert compressor.pair_supported(*parts, win, True)
+            compressor.pool_pair(*parts, win, True, 1e-6, **pooled)
+    compressor.CONFIG.update(one_pass=False)
+
+
+pool_default = dict(compressor.CONFIG)
+for dtype in (torch.float32, torch.bfloat16):
+    pool_switch_variants(dtype)
+compressor.CONFIG.update(pool_default)
 
 
 def prefill_attention_variants(dtype, H, hd, half, window, rows, picks, kinds=("sliding", "csa", "hca")):

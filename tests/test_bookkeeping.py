@@ -64,11 +64,14 @@ def test_begin_and_end_equal_the_reference(monkeypatch, device, doors, unseen):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kept", [True, False])
-def test_settle_equals_the_reference(device, kept):
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+def test_settle_equals_the_reference(device, kept, logits_dtype):
+    """bf16 logits (the head's, since session 34) go into the state's fp32 ones widened by the store: torch's
+    promoting where and copy give the same bits."""
     g = torch.Generator().manual_seed(1)
     keep = torch.tensor(kept, device=device)
     last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
-    logits = torch.randn(5000, generator=g).to(device)
+    logits = torch.randn(5000, generator=g).to(logits_dtype).to(device)
     ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
            torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
     got = [t.clone() for t in ref]
@@ -83,6 +86,7 @@ def test_settle_equals_the_reference(device, kept):
         assert torch.equal(a, b)
     assert int(got[2]) == (20 if kept else 17) and got[3].tolist() == [30, 12 if kept else 11]
     assert not bookkeeping.settle_supported(keep, last.float(), got[0], logits, got[1])  # a promotion: torch's
+    assert not bookkeeping.settle_supported(keep, last, got[0], logits.to(torch.float64), got[1])  # a narrowing
 
 
 @pytest.mark.parametrize("device", DEVICES)

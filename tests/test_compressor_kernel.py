@@ -16,7 +16,7 @@ import torch
 from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import compressor as fused
-from dsv4.model.compressor import compress, index_topk
+from dsv4.model.compressor import compress, compress_pair, index_topk
 from dsv4.model.rope import Rope
 from dsv4.model.step import Step
 from dsv4.formats import QWeight
@@ -259,3 +259,119 @@ def test_pool_channel_split_is_bit_identical(monkeypatch, device, overlap, m, di
         monkeypatch.setattr(fused, "POOL_SPLIT_ABOVE", split_above)
         got[split_above] = run_compress(w, x, ring_kv, ring_gate, store, win, overlap)[0]
     assert torch.equal(got[0], got[1 << 30])
+
+
+# (pos, T): the first window (its previous half dead), a close, a ring wrap, a chunk touching several windows.
+PAIR_CASES = [(0, 1), (3, 1), (9, 1), (14, 3), (2, 7)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos,T", PAIR_CASES)
+def test_pool_one_pass_and_pair_are_bit_identical(monkeypatch, device, dtype, pos, T):
+    """A CSA layer's two pools (the compressor's, 32 channels; its indexer's, 16) each launched alone in two passes,
+    alone in one pass (CONFIG one_pass), and both in one launch (CONFIG pair, compress_pair) with either: the same
+    entries bit for bit and the same staged writes in the same order."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    m = 4
+    parts = []
+    for dim, seed in ((32, 1), (16, 2)):
+        w, x, ring_kv, ring_gate = compressor_inputs(m, dim, True, T, dtype, device, seed=pos * 31 + T + seed)
+        store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
+        parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
+    _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
+    got = {}
+    for one_pass in (False, True):
+        for pair in (False, True):
+            monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
+            monkeypatch.setitem(fused.CONFIG, "pair", pair)
+            writes = []
+            got[one_pass, pair] = (compress_pair(parts[0], parts[1], win, 1e-6, writes), writes)
+    assert fused.pair_supported((*parts[0][4], *parts[0][1:3], parts[0][0]["ape"], parts[0][0]["norm"]),
+                                (*parts[1][4], *parts[1][1:3], parts[1][0]["ape"], parts[1][0]["norm"]), win, True)
+    (base, base_writes) = got[False, False]
+    for key, (entries, writes) in got.items():
+        assert all(torch.equal(a, b) for a, b in zip(entries, base)), key
+        assert [w.buf for w in writes] == [w.buf for w in base_writes], key
+        for a, b in zip(writes, base_writes):
+            assert torch.equal(a.index, b.index) and torch.equal(a.rows, b.rows)
+            assert (a.keep is None) == (b.keep is None) and (a.keep is None or torch.equal(a.keep, b.keep))
+    # and the two-pass pair equals the reference within the pool's tolerance (test_pool's)
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    ref = compress_pair(parts[0], parts[1], win, 1e-6, [])
+    close = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-5)
+    for a, b in zip(base, ref):
+        torch.testing.assert_close(a.float(), b.float(), **close)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pooled_pool_pair_is_bit_identical(monkeypatch, device):
+    """The pooled step's pair (3 rows of a pool of 4 slots, each row its own window): the entries and the staged
+    writes of the two launches."""
+    from dsv4.model.step import PoolStep
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    m, B, slots, dtype = 4, 3, 4, torch.bfloat16
+    ids = torch.tensor([2, 0, 3], device=device)
+    step = PoolStep(torch.tensor([5, 0, 11], device=device), ids, Rope(CFG, device), CFG.sliding_window)
+    g = torch.Generator().manual_seed(7)
+    parts = []
+    for dim in (32, 16):
+        width, R = 2 * dim, 2 * m
+        rnd = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)  # noqa: E731
+        w = {"ape": torch.randn(m, width, generator=g).to(device), "norm": (torch.rand(dim, generator=g) + 0.5).to(device)}
+        parts.append((w, rnd(slots, R, width), rnd(slots, R, width), torch.zeros(slots, 10, dim, dtype=dtype,
+                                                                                  device=device),
+                      (rnd(B, width), rnd(B, width))))
+    win = step.windows(m, 2 * m, 10)
+    got = {}
+    for one_pass in (False, True):
+        for pair in (False, True):
+            monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
+            monkeypatch.setitem(fused.CONFIG, "pair", pair)
+            writes = []
+            got[one_pass, pair] = (compress_pair(parts[0], parts[1], win, 1e-6, writes, ids), writes)
+    base, base_writes = got[False, False]
+    for key, (entries, writes) in got.items():
+        assert all(torch.equal(a, b) for a, b in zip(entries, base)), key
+        assert len(writes) == len(base_writes) == 6
+        for a, b in zip(writes, base_writes):
+            assert a.buf.data_ptr() == b.buf.data_ptr() and torch.equal(a.index, b.index)
+            assert torch.equal(a.rows, b.rows)
+
+
+# A tiny model through every kernel: minutes under the interpreter, so its CPU case joins the slow set (DSV4_SLOW=1);
+# on a GPU machine the CUDA case runs.
+MODEL_DEVICES = [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES]
+
+
+@pytest.mark.parametrize("device", MODEL_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_pool_switches_and_xproj_first_change_no_bit(monkeypatch, device, dtype):
+    """tiny's decode steps with the pools in one pass and paired (compressor CONFIG one_pass, pair) and the stacked
+    x linear launched first (layout xproj_first): the logits and the state's bytes of the defaults' launches, bit
+    for bit; one paired launch a CSA layer a step."""
+    import dsv4
+    from dsv4.config import CSA
+    from dsv4.layout import CONFIG as LAYOUT
+
+    model = dsv4.load("tiny", device=device, dtype=dtype, seed=6)
+    launched = []
+    real = fused.pool_pair
+    monkeypatch.setattr(fused, "pool_pair", lambda *a, **k: launched.append(1) or real(*a, **k))
+
+    def run(on):
+        monkeypatch.setitem(fused.CONFIG, "one_pass", on)
+        monkeypatch.setitem(fused.CONFIG, "pair", on)
+        monkeypatch.setitem(LAYOUT, "xproj_first", on)
+        monkeypatch.setenv("DSV4_KERNELS", "torch")
+        state = model.new_state(16)
+        model.prefill(state, [3, 1, 4, 1, 5])
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits = [model.decode(state, 9).reshape(-1)]
+        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), model.digests(state)
+
+    (on, on_digest), (off, off_digest) = run(True), run(False)
+    assert len(launched) == 2 * sum(t == CSA for t in model.cfg.layer_types)
+    assert torch.equal(on, off) and on_digest == off_digest

@@ -19,6 +19,8 @@ stores the slot ids[b] of stacked pool buffers, its chunk row kv[b] / q[b]; each
 A row's program does exactly the arithmetic of the same row launched alone.
 """
 
+import os
+
 import torch
 
 from . import cdiv, device_function, launcher, next_pow2, pdl_wait, row_stride, use_triton
@@ -34,6 +36,13 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 
 # Keys below this hold a finite score (above -inf): (~ordered(-inf)) << 32, ordered(-inf) = 0x807FFFFF.
 _VISIBLE_BELOW = 0x7F800000 << 32
+# one_pass (DSV4_POOL_ONE_PASS=0 turns it off): a window whose slots are one block (CSA's 8 at one token) loads its
+# gates and rows together and weighs the rows from the gates it holds (_pool_window's ONE_PASS), where two passes
+# reload the gates: the same bits. pair (DSV4_POOL_PAIR=0 turns it off): a CSA layer's two pools, the compressor's
+# and its indexer's, over the same windows in one launch (pool_pair): the same bits, a launch fewer a CSA layer.
+# Both off until a GPU run measures them (session 34; DSV4_POOL_ONE_PASS=1, DSV4_POOL_PAIR=1 turn them on).
+CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "0") == "1",
+          "pair": os.environ.get("DSV4_POOL_PAIR", "0") == "1"}
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
@@ -42,71 +51,80 @@ INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
                  cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr, DIM: constexpr,
                  WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr,
-                 POOLED: constexpr):
+                 POOLED: constexpr, ONE_PASS: constexpr):
     """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
     only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel.
     POOLED: window w is row w's (one each): its slot's rings, its own chunk row. The chunk's rows are kv_stride and
     gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj)."""
     pdl_wait()
-    w = tl.program_id(0).to(tl.int64)
+    _pool_window(tl.program_id(0).to(tl.int64), tl.program_id(1), kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr,
+                 ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride,
+                 gate_stride, M, DIM, WIDTH, SLOTS, OVERLAP, HALF, BS, CB, POOLED, ONE_PASS)
+
+
+def _pool_pair_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, out_ptr, R, kv_stride,
+                      gate_stride, kv2_ptr, gate2_ptr, ring_kv2_ptr, ring_gate2_ptr, ape2_ptr, norm2_ptr, out2_ptr, R2,
+                      kv2_stride, gate2_stride, cur_ptr, prev_ptr, live_ptr, cos_ptr, sin_ptr, ids_ptr, eps, n_win,
+                      M: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, POOLED: constexpr,
+                      DIM: constexpr, WIDTH: constexpr, BS: constexpr, DIM2: constexpr, WIDTH2: constexpr,
+                      BS2: constexpr, ONE_PASS: constexpr, ONE_PASS2: constexpr):
+    """Two compressors' pools over the same windows in one launch (a CSA layer's compressor and its indexer's):
+    programs w < n_win pool the first's window w, the others the second's window w - n_win, each the whole of
+    _pool_kernel's one-program window (CB == DIM), so each entry has the bits of its own launch."""
+    pdl_wait()
+    p = tl.program_id(0).to(tl.int64)
+    if p < n_win:
+        _pool_window(p, 0, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr,
+                     live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M, DIM, WIDTH,
+                     SLOTS, OVERLAP, HALF, BS, DIM, POOLED, ONE_PASS)
+    else:
+        _pool_window(p - n_win, 0, kv2_ptr, gate2_ptr, ring_kv2_ptr, ring_gate2_ptr, ape2_ptr, norm2_ptr, cur_ptr,
+                     prev_ptr, live_ptr, cos_ptr, sin_ptr, out2_ptr, ids_ptr, eps, R2, kv2_stride, gate2_stride, M,
+                     DIM2, WIDTH2, SLOTS, OVERLAP, HALF, BS2, DIM2, POOLED, ONE_PASS2)
+
+
+@device_function
+def _slot_rows(w, j, inside, prev_ptr, cur_ptr, live_ptr, M: constexpr, DIM: constexpr, OVERLAP: constexpr):
+    """Slots j of window w: (stream row, live, whether a previous-window slot, the slot's ape row, its column)."""
+    if OVERLAP:  # slots [0, M): the previous window's first-half channels; [M, 2M): this window's second half
+        is_prev = j < M
+        jj = tl.where(is_prev, j, j - M)
+        col = tl.where(is_prev, 0, DIM)
+    else:
+        is_prev = j < 0
+        jj = j
+        col = j * 0
+    row = tl.where(is_prev, tl.load(prev_ptr + w * M + jj, mask=inside & is_prev, other=0),
+                   tl.load(cur_ptr + w * M + jj, mask=inside & ~is_prev, other=0))
+    live = inside & (~is_prev | (tl.load(live_ptr + w * M + jj, mask=inside & is_prev, other=0) != 0))
+    return row, live, jj, col
+
+
+@device_function
+def _pool_window(w, cblock, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr,
+                 live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr,
+                 DIM: constexpr, WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr,
+                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr):
+    """Window w's channel block cblock (_pool_kernel's program). ONE_PASS (the window's slots one block, SLOTS <= BS):
+    the gates and the rows are loaded together and the weights computed from the gates already held, where two passes
+    reload the gates after the softmax's denominator: the same operations on the same values, one round trip less."""
     if POOLED:
         slot = tl.load(ids_ptr + w)
         ring_kv_ptr += slot * R * WIDTH
         ring_gate_ptr += slot * R * WIDTH
         kv_ptr += w * kv_stride
         gate_ptr += w * gate_stride
-    c = tl.program_id(1) * CB + tl.arange(0, CB)
+    c = cblock * CB + tl.arange(0, CB)
     s = tl.arange(0, BS)
     dt = out_ptr.dtype.element_ty
 
     # Pass 1: per channel, the running max of gate + ape over the slots and the sum of exp below it.
     mx = tl.full([CB], float("-inf"), tl.float32)
     den = tl.zeros([CB], tl.float32)
-    for s0 in range(0, SLOTS, BS):
-        j = s0 + s
-        inside = j < SLOTS
-        if OVERLAP:  # slots [0, M): the previous window's first-half channels; [M, 2M): this window's second half
-            is_prev = j < M
-            jj = tl.where(is_prev, j, j - M)
-            col = tl.where(is_prev, 0, DIM)
-        else:
-            is_prev = j < 0
-            jj = j
-            col = j * 0
-        row = tl.where(is_prev, tl.load(prev_ptr + w * M + jj, mask=inside & is_prev, other=0),
-                       tl.load(cur_ptr + w * M + jj, mask=inside & ~is_prev, other=0))
-        live = inside & (~is_prev | (tl.load(live_ptr + w * M + jj, mask=inside & is_prev, other=0) != 0))
-        in_ring = row < R
-        off = col[:, None] + c[None, :]
-        ok = live[:, None] & (c[None, :] < DIM)
-        g = tl.where(in_ring[:, None],
-                     tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ok & in_ring[:, None], other=0.0),
-                     tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=ok & ~in_ring[:, None],
-                             other=0.0))
-        g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
-        g = tl.where(ok, g, float("-inf"))
-        new_mx = tl.maximum(mx, tl.max(g, axis=0))
-        # A block of dead slots only (the first window's previous half) leaves the max at -inf: no -inf - -inf.
-        shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
-        den = den * tl.exp(mx - shift) + tl.sum(tl.exp(g - shift[None, :]), axis=0)
-        mx = new_mx
-
-    # Pass 2: the weights (rounded to the rows' dtype) times kv, each product rounded, summed in fp32.
     acc = tl.zeros([CB], tl.float32)
-    for s0 in range(0, SLOTS, BS):
-        j = s0 + s
-        inside = j < SLOTS
-        if OVERLAP:
-            is_prev = j < M
-            jj = tl.where(is_prev, j, j - M)
-            col = tl.where(is_prev, 0, DIM)
-        else:
-            is_prev = j < 0
-            jj = j
-            col = j * 0
-        row = tl.where(is_prev, tl.load(prev_ptr + w * M + jj, mask=inside & is_prev, other=0),
-                       tl.load(cur_ptr + w * M + jj, mask=inside & ~is_prev, other=0))
-        live = inside & (~is_prev | (tl.load(live_ptr + w * M + jj, mask=inside & is_prev, other=0) != 0))
+    if ONE_PASS:
+        inside = s < SLOTS
+        row, live, jj, col = _slot_rows(w, s, inside, prev_ptr, cur_ptr, live_ptr, M, DIM, OVERLAP)
         in_ring = row < R
         off = col[:, None] + c[None, :]
         ok = live[:, None] & (c[None, :] < DIM)
@@ -114,11 +132,55 @@ def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr
         new_ok = ok & ~in_ring[:, None]
         g = tl.where(in_ring[:, None], tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
                      tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=new_ok, other=0.0))
-        g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
-        p = tl.where(ok, tl.exp(g - mx[None, :]) / den[None, :], 0.0).to(dt).to(tl.float32)
         v = tl.where(in_ring[:, None], tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
                      tl.load(kv_ptr + (row - R)[:, None] * kv_stride + off, mask=new_ok, other=0.0))
+        g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
+        g = tl.where(ok, g, float("-inf"))
+        new_mx = tl.maximum(mx, tl.max(g, axis=0))
+        shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+        den = den * tl.exp(mx - shift) + tl.sum(tl.exp(g - shift[None, :]), axis=0)
+        mx = new_mx
+        p = tl.where(ok, tl.exp(g - mx[None, :]) / den[None, :], 0.0).to(dt).to(tl.float32)
         acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
+    else:
+        for s0 in range(0, SLOTS, BS):
+            j = s0 + s
+            inside = j < SLOTS
+            row, live, jj, col = _slot_rows(w, j, inside, prev_ptr, cur_ptr, live_ptr, M, DIM, OVERLAP)
+            in_ring = row < R
+            off = col[:, None] + c[None, :]
+            ok = live[:, None] & (c[None, :] < DIM)
+            g = tl.where(in_ring[:, None],
+                         tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ok & in_ring[:, None], other=0.0),
+                         tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=ok & ~in_ring[:, None],
+                                 other=0.0))
+            g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
+            g = tl.where(ok, g, float("-inf"))
+            new_mx = tl.maximum(mx, tl.max(g, axis=0))
+            # A block of dead slots only (the first window's previous half) leaves the max at -inf: no -inf - -inf.
+            shift = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+            den = den * tl.exp(mx - shift) + tl.sum(tl.exp(g - shift[None, :]), axis=0)
+            mx = new_mx
+
+        # Pass 2: the weights (rounded to the rows' dtype) times kv, each product rounded, summed in fp32.
+        for s0 in range(0, SLOTS, BS):
+            j = s0 + s
+            inside = j < SLOTS
+            row, live, jj, col = _slot_rows(w, j, inside, prev_ptr, cur_ptr, live_ptr, M, DIM, OVERLAP)
+            in_ring = row < R
+            off = col[:, None] + c[None, :]
+            ok = live[:, None] & (c[None, :] < DIM)
+            ring_ok = ok & in_ring[:, None]
+            new_ok = ok & ~in_ring[:, None]
+            g = tl.where(in_ring[:, None],
+                         tl.load(ring_gate_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
+                         tl.load(gate_ptr + (row - R)[:, None] * gate_stride + off, mask=new_ok, other=0.0))
+            g = g.to(tl.float32) + tl.load(ape_ptr + jj[:, None] * WIDTH + off, mask=ok, other=0.0)
+            p = tl.where(ok, tl.exp(g - mx[None, :]) / den[None, :], 0.0).to(dt).to(tl.float32)
+            v = tl.where(in_ring[:, None],
+                         tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
+                         tl.load(kv_ptr + (row - R)[:, None] * kv_stride + off, mask=new_ok, other=0.0))
+            acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
     if CB < DIM:
         tl.store(out_ptr + w * DIM + c, acc.to(dt))
     else:
@@ -162,32 +224,69 @@ def pool_supported(kv: torch.Tensor, ring_kv: torch.Tensor, ape: torch.Tensor, n
             and dim == next_pow2(dim) and dim >= 2 and cos.dtype == torch.float32 and 2 * cos.shape[-1] <= dim)
 
 
-def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None) -> torch.Tensor:
-    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width] (rows read in place
-    wherever their channels are contiguous).
-    Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row."""
-    width = kv.shape[-1]
-    dim = width // 2 if overlap else width
+def _shape(kv, win, overlap: bool) -> tuple[int, int, int, int, int, int]:
+    """(dim, slots, channel block, slot block, warps, one_pass) of a pool launch: from the shapes alone."""
+    dim = kv.shape[-1] // 2 if overlap else kv.shape[-1]
     m = win.cur.shape[-1]
-    n_win, half = win.cur.shape[0], win.cos.shape[-1]
-    out = torch.empty(n_win, dim, dtype=kv.dtype, device=kv.device)
     slots = 2 * m if overlap else m
     # A long window (HCA's 128 slots x 512 channels) read by one program per window is one SM's worth of
     # bandwidth: split its channels over programs, then norm and rotate in a second launch.
     cb = min(dim, POOL_CHANNELS) if slots * dim > POOL_SPLIT_ABOVE else dim
     block = min(next_pow2(slots), max(1, 8192 // cb))
+    return dim, slots, cb, block, 4 if cb * block <= 4096 else 8, CONFIG["one_pass"] and slots <= block
+
+
+def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None) -> torch.Tensor:
+    """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width] (rows read in place
+    wherever their channels are contiguous).
+    Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row."""
+    width = kv.shape[-1]
+    dim, slots, cb, block, warps, one_pass = _shape(kv, win, overlap)
+    n_win, half = win.cur.shape[0], win.cos.shape[-1]
+    out = torch.empty(n_win, dim, dtype=kv.dtype, device=kv.device)
     pooled = torch.empty_like(out) if cb < dim else out
     gate, gate_stride = _in_place(gate)
     launcher(_pool_kernel, kv)[(n_win, dim // cb)](
         kv, gate, ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
         win.sin.contiguous(), pooled, kv if ids is None else ids, float(eps), ring_kv.shape[-2], row_stride(kv),
-        gate_stride, M=m, DIM=dim, WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb,
-        POOLED=ids is not None, num_warps=4 if cb * block <= 4096 else 8)
+        gate_stride, M=win.cur.shape[-1], DIM=dim, WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block,
+        CB=cb, POOLED=ids is not None, ONE_PASS=one_pass, num_warps=warps)
     if cb < dim:
         launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
                                                   win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
     return out
+
+
+def pair_supported(a: tuple, b: tuple, win, overlap: bool) -> bool:
+    """Two pools over the same windows in one launch (pool_pair): a and b (kv, gate, ring_kv, ring_gate, ape, norm)
+    each one pool takes (pool_supported), each window one program (no channel split) and their warps the same."""
+    if not all(pool_supported(t[0], t[2], t[4], t[5], win.cos, overlap) for t in (a, b)):
+        return False
+    sa, sb = _shape(a[0], win, overlap), _shape(b[0], win, overlap)
+    return sa[2] == sa[0] and sb[2] == sb[0] and sa[4] == sb[4] and a[0].dtype == b[0].dtype
+
+
+def pool_pair(a: tuple, b: tuple, win, overlap: bool, eps: float, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """pool(*a, win, ...) and pool(*b, win, ...) in one launch (pair_supported): their entries, each with the bits
+    of its own launch."""
+    dims, outs, runtime = [], [], []
+    for kv, gate, ring_kv, ring_gate, ape, norm in (a, b):
+        dim, slots, _, block, warps, one_pass = _shape(kv, win, overlap)
+        out = torch.empty(win.cur.shape[0], dim, dtype=kv.dtype, device=kv.device)
+        gate, gate_stride = _in_place(gate)
+        runtime += [kv, gate, ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(), out,
+                    ring_kv.shape[-2], row_stride(kv), gate_stride]
+        dims.append((dim, kv.shape[-1], block, one_pass))
+        outs.append(out)
+    n_win = win.cur.shape[0]
+    (dim, width, block, one_pass), (dim2, width2, block2, one_pass2) = dims
+    launcher(_pool_pair_kernel, a[0])[(2 * n_win,)](
+        *runtime, win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
+        win.sin.contiguous(), a[0] if ids is None else ids, float(eps), n_win, M=win.cur.shape[-1], SLOTS=slots,
+        OVERLAP=overlap, HALF=win.cos.shape[-1], POOLED=ids is not None, DIM=dim, WIDTH=width, BS=block, DIM2=dim2,
+        WIDTH2=width2, BS2=block2, ONE_PASS=one_pass, ONE_PASS2=one_pass2, num_warps=warps)
+    return outs[0], outs[1]
 
 
 def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -31,8 +31,8 @@ from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
-from .compressor import (Write, compress, compress_pooled, flat, index_project, index_queries, index_topk,
-                         index_topk_pooled, project)
+from .compressor import (Write, compress, compress_pair, compress_pooled, flat, index_project, index_queries,
+                         index_topk, index_topk_pooled, project)
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
@@ -57,11 +57,12 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
+    x_out = _x_proj_first(x, w, m)
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     if m:
         with phase("compressor"):
-            proj = _project(x, q_res, w, cfg)
+            proj = _project(x, q_res, w, cfg, x_out)
             for b, (step, cache) in enumerate(zip(steps, caches)):
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
@@ -92,11 +93,12 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
+    x_out = _x_proj_first(x, w, m)
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
     if m:
         with phase("compressor"):
-            extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg))
+            extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out))
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
@@ -105,6 +107,16 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
     return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
+
+
+def _x_proj_first(x, w: dict, m: int) -> torch.Tensor | None:
+    """The stacked linear of x (fuse_xproj) launched before the query chain (CONFIG xproj_first), else None (it runs
+    in _project, after q's and kv's norms). It reads x alone, so where it runs changes no value: launched right after
+    the mHC boundary, its first weight tiles load while the boundary runs (DSV4_PDL), not while a short norm does."""
+    if m and CONFIG["xproj_first"] and "x_proj" in w:
+        with phase("compressor"):
+            return linear(x, w["x_proj"])
+    return None
 
 
 def _q_res_kv(x, w: dict, cfg: ModelConfig, cos, sin):
@@ -154,10 +166,11 @@ def _rows(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor,
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def _project(x, q_res, w: dict, cfg: ModelConfig) -> dict:
-    """The compressors' and the indexer's projections of every row (row-wise, so once for all sequences)."""
+def _project(x, q_res, w: dict, cfg: ModelConfig, x_out: torch.Tensor | None = None) -> dict:
+    """The compressors' and the indexer's projections of every row (row-wise, so once for all sequences); x_out: the
+    stacked linear's output where _x_proj_first ran it."""
     if "x_proj" in w:
-        return _project_stacked(x, q_res, w, cfg)
+        return _project_stacked(x, q_res, w, cfg, x_out)
     proj = {"compressor": project(x, w["compressor"])}
     if "indexer" in w:
         proj["indexer"] = project(x, w["indexer"])
@@ -165,11 +178,12 @@ def _project(x, q_res, w: dict, cfg: ModelConfig) -> dict:
     return proj
 
 
-def _project_stacked(x, q_res, w: dict, cfg: ModelConfig) -> dict:
+def _project_stacked(x, q_res, w: dict, cfg: ModelConfig, x_out: torch.Tensor | None = None) -> dict:
     """_project with x's linears in one over the weight the load stacked (CONFIG fuse_xproj), split into column views
     (strided rows: the compressor's pool, the index keys and the commit read them in place)."""
     parts = [key for key in X_PROJ if key[0] in w]
-    y = dict(zip(parts, linear(x, w["x_proj"]).split([w[owner][name].shape[0] for owner, name in parts], dim=-1)))
+    out = linear(x, w["x_proj"]) if x_out is None else x_out
+    y = dict(zip(parts, out.split([w[owner][name].shape[0] for owner, name in parts], dim=-1)))
     proj = {"compressor": (y["compressor", "wkv"], y["compressor", "wgate"])}
     if "indexer" in w:
         proj["indexer"] = (y["indexer", "wkv"], y["indexer", "wgate"])
@@ -184,13 +198,14 @@ def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConf
     m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
     csa = cfg.layer_types[layer] == CSA
     win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
-    new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
-                   proj["compressor"])
     if not csa:
+        new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
+                       proj["compressor"])
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
     with phase("indexer"):
-        inew = compress(x, i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"])
+        new, inew = compress_pair((w["compressor"], cache.ckv, cache.cgate, cache.comp, proj["compressor"]),
+                                  (i, cache.ikv, cache.igate, cache.icomp, proj["indexer"]), win, eps, writes)
         ccos, csin = step.cos_sin("compress")
         rows = cache.icomp.shape[0]
         prefix = None if step.host_pos is None else (step.scored_rows(m, rows, INDEX_BLOCK),
@@ -215,14 +230,16 @@ def _compressed_pooled(step: PoolStep, w: dict, cache, layer: int, cfg: ModelCon
     m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
     csa = cfg.layer_types[layer] == CSA
     win = step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
-    new = compress_pooled(w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
-                          proj["compressor"], step.ids).unsqueeze(1)
     if not csa:
+        new = compress_pooled(w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
+                              proj["compressor"], step.ids).unsqueeze(1)
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
     with phase("indexer"):
-        inew = compress_pooled(i, cache.ikv, cache.igate, cache.icomp, win, True, eps, writes, proj["indexer"],
-                               step.ids)
+        new, inew = compress_pair((w["compressor"], cache.ckv, cache.cgate, cache.comp, proj["compressor"]),
+                                  (i, cache.ikv, cache.igate, cache.icomp, proj["indexer"]), win, eps, writes,
+                                  step.ids)
+        new = new.unsqueeze(1)
         ccos, csin = step.cos_sin("compress")
         sel, valid = index_topk_pooled(ccos, csin, cache.icomp, inew.unsqueeze(1), win, cfg.index_topk,
                                        proj["index_q"], step.ids)

@@ -34,17 +34,49 @@ def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool,
              writes: list[Write], proj=None) -> torch.Tensor:
     """Entries [n_win, dim] of the windows a chunk x [T, D] touches; stages its ring rows and closed entries.
     `proj`: the chunk's (kv, gate) when already projected (`project`)."""
-    T = x.shape[0]
     kv, gate = proj if proj is not None else project(x, w)
     if kernels.use_triton(kv, gpu_checked=fused.GPU_CHECKED) and fused.pool_supported(
             kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
         entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps)
     else:
         entries = _pool(kv, gate, ring_kv, ring_gate, w, win, overlap, eps)
-    n = min(T, ring_kv.shape[0])
-    writes.append(Write(ring_kv, win.slots, kv[T - n:], win.ring_keep))
-    writes.append(Write(ring_gate, win.slots, gate[T - n:], win.ring_keep))
+    _stage(writes, kv, gate, ring_kv, ring_gate, store, entries, win, None)
+    return entries
+
+
+def _stage(writes: list[Write], kv, gate, ring_kv, ring_gate, store, entries, win: Windows, ids) -> None:
+    """A pool's writes: the chunk's last ring rows (pooled, ids: each row's one into its slot's ring), then the
+    entries where their window closed."""
+    if ids is None:
+        T = kv.shape[0]
+        n = min(T, ring_kv.shape[0])
+        kv, gate = kv[T - n:], gate[T - n:]
+    else:
+        ring_kv, ring_gate, store = flat(ring_kv), flat(ring_gate), flat(store)
+    writes.append(Write(ring_kv, win.slots, kv, win.ring_keep))
+    writes.append(Write(ring_gate, win.slots, gate, win.ring_keep))
     writes.append(Write(store, win.store_index, entries, win.store_keep))
+
+
+def compress_pair(first: tuple, second: tuple, win: Windows, eps: float, writes: list[Write],
+                  ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compress` (or, with ids, `compress_pooled`) of two overlapping compressors over the same windows, a CSA
+    layer's and its indexer's: each (w, ring_kv, ring_gate, store, proj). One launch for both where the kernel
+    takes them (dsv4.kernels.compressor CONFIG pair), else one each; the same entries and the same staged writes,
+    in the same order, either way."""
+    (w, ring_kv, ring_gate, store, proj), (w2, ring_kv2, ring_gate2, store2, proj2) = first, second
+    a = (*proj, ring_kv, ring_gate, w["ape"], w["norm"])
+    b = (*proj2, ring_kv2, ring_gate2, w2["ape"], w2["norm"])
+    if not (fused.CONFIG["pair"] and kernels.use_triton(proj[0], gpu_checked=fused.GPU_CHECKED)
+            and fused.pair_supported(a, b, win, True)):
+        if ids is None:
+            return (compress(None, w, ring_kv, ring_gate, store, win, True, eps, writes, proj),
+                    compress(None, w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2))
+        return (compress_pooled(w, ring_kv, ring_gate, store, win, True, eps, writes, proj, ids),
+                compress_pooled(w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, ids))
+    entries = fused.pool_pair(a, b, win, True, eps, ids)
+    _stage(writes, *proj, ring_kv, ring_gate, store, entries[0], win, ids)
+    _stage(writes, *proj2, ring_kv2, ring_gate2, store2, entries[1], win, ids)
     return entries
 
 
@@ -62,9 +94,7 @@ def compress_pooled(w: dict, ring_kv, ring_gate, store, win: Windows, overlap: b
     if not fused.pool_supported(kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
         raise RuntimeError("the pooled compressor kernel does not take these shapes/dtypes")
     entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps, ids=ids)
-    writes.append(Write(flat(ring_kv), win.slots, kv, win.ring_keep))
-    writes.append(Write(flat(ring_gate), win.slots, gate, win.ring_keep))
-    writes.append(Write(flat(store), win.store_index, entries, win.store_keep))
+    _stage(writes, kv, gate, ring_kv, ring_gate, store, entries, win, ids)
     return entries
 
 

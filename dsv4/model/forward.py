@@ -237,15 +237,16 @@ class Transformer:
             return h, post, comb, rms_norm(collapsed, L[site + "_norm"], cfg.rms_norm_eps)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Streams [B, hc, D] of each sequence's last token -> fp32 logits [B, vocab] (vocab-parallel,
-        gathered); each row as it would be alone."""
+        """Streams [B, hc, D] of each sequence's last token -> logits [B, vocab] in the head's dtype (vocab-parallel,
+        gathered); each row as it would be alone. The states hold them in fp32: settle widens them as it stores them
+        (exact), so no launch of its own converts them."""
         B = h.shape[0]
         with phase("head"), rows_alone():
             y = rms_norm(hc_head(h, *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
             local = dense(y, self.head_w.dequant(self.dtype), source=self.head_w.data)  # [B, vocab / world]
             with phase("collective"):
                 full = self.comm.all_gather(local.reshape(-1))  # rank-major: [world * B * vocab / world]
-            return full.view(self.comm.world, B, -1).transpose(0, 1).reshape(B, -1).float()
+            return full.view(self.comm.world, B, -1).transpose(0, 1).reshape(B, -1)
 
     # ---- the transaction ---------------------------------------------------
     def transaction(self, states: list[DecodeState], tokens: torch.Tensor,
