@@ -26,7 +26,7 @@ from .checkpoint.init import random_weights
 from .checkpoint.load import load_weights
 from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
-from .kernels import moe as fused_moe
+from .kernels import bookkeeping, moe as fused_moe
 from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
@@ -431,7 +431,11 @@ class Model(ModelCommon):
         sampling's SamplingRows when the caller holds them (a graph's, built before its capture), else built here."""
         verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):
-            state.token.copy_(sample(state.logits, sampling, state.pos, rows))
+            drawn = sample(state.logits, sampling, state.pos, rows)
+        if (kernels.use_triton(drawn, gpu_checked=bookkeeping.GPU_CHECKED)
+                and bookkeeping.readback_supported(drawn, state.token, verdict)):
+            return bookkeeping.readback(drawn, state.token, verdict)
+        state.token.copy_(drawn)
         return torch.stack([state.token.double(), verdict.double()])
 
     # ---- batched decode (continuous batching) -------------------------------

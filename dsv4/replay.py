@@ -20,6 +20,7 @@ import contextlib
 import torch
 
 from . import profile
+from .kernels import commit_step
 from .sampler import SamplingParams, SamplingRows, restricts
 
 
@@ -63,6 +64,7 @@ class FullTokenReplay:
         try:
             with torch.inference_mode(), self._marking(state), torch.cuda.graph(graph):
                 self.out = model.step_device(state, self.sampling, self.rows)
+            commit_step.captured()  # the graph's commit table, before its first replay
         except Exception as e:  # a capture that breaks is the one unsupported thing
             self.census = {"unsupported": 1}
             raise ReplayError(f"capture failed: {e}") from e
@@ -158,6 +160,7 @@ class BatchReplay:
         try:
             with torch.inference_mode(), torch.cuda.graph(graph):
                 self.out = model.step_batch_device(batch)
+            commit_step.captured()
         except Exception as e:
             self.census = {"unsupported": 1}
             raise ReplayError(f"capture of a {len(batch.states)}-row batch failed: {e}") from e
@@ -193,6 +196,7 @@ class PrefillReplay:
         try:
             with torch.inference_mode(), torch.cuda.graph(self.graph, pool=pool):
                 self.verdict = model.transformer.transaction([state], self.tokens, by_position=False)
+            commit_step.captured()
         except Exception as e:
             raise ReplayError(f"capture of a {T}-token prefill chunk failed: {e}") from e
 

@@ -137,6 +137,7 @@ i64 = dict(dtype=torch.int64)
 bookkeeping.begin(torch.zeros(43, 2, **i64), torch.zeros(43, 2), torch.zeros(()))
 for unseen in (None, torch.zeros((), dtype=torch.bfloat16)):
     bookkeeping.end(torch.zeros(43, 2, **i64), torch.zeros((), **i64), torch.zeros(3, **i64), torch.zeros(()), unseen)
+bookkeeping.readback(torch.zeros((), **i64), torch.zeros((), **i64), torch.zeros(()))
 for dtype in (torch.float32, torch.bfloat16):  # the head's logits in the model's dtype, the state's fp32
     bookkeeping.settle(torch.zeros((), dtype=torch.bool), torch.zeros(4, 4096, dtype=dtype),
                        torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280, dtype=dtype), torch.zeros(129280),

@@ -90,6 +90,20 @@ def test_settle_equals_the_reference(device, kept, logits_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("verdict", [0.0, 3.0])
+def test_readback_equals_the_reference(device, verdict):
+    """A solo step's end: the drawn token into the state's, and [token, verdict] fp64 as torch's copy and stack."""
+    drawn = torch.tensor(129279, device=device)
+    token, v = torch.tensor(-1, device=device), torch.tensor(verdict, device=device)
+    assert bookkeeping.readback_supported(drawn, token, v)
+    out = bookkeeping.readback(drawn, token, v)
+    ref_token = torch.tensor(-1, device=device)
+    ref_token.copy_(drawn)
+    assert torch.equal(out, torch.stack([ref_token.double(), v.double()])) and torch.equal(token, ref_token)
+    assert not bookkeeping.readback_supported(drawn, token, v.double())  # another verdict type: torch's ops
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_model_steps_equal_with_the_kernels(monkeypatch, device):
     """tiny's steps, committed and refused (two doors armed in one step: the last one's word), with the kernels
     and with the torch ops (everything else as DSV4_KERNELS=auto runs it): the same tokens, words, fired doors and

@@ -124,17 +124,31 @@ def test_model_steps_through_one_launch_as_through_one_per_write(monkeypatch, de
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_captured_graph_replays_its_table(monkeypatch):
-    """The graph holds the table of its capture (from the pinned buffer an eager step made): replays
-    commit the rows' current contents, and a refused verdict writes nothing."""
+    """The graph holds the table of its capture (in the device buffer an eager step made, filled once the capture
+    ended): no memcpy node; replays commit the rows' current contents, and a refused verdict writes nothing.
+    Replayed before the fill (commit_step.captured), its table's rows are empty: it writes nothing."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     g = torch.Generator().manual_seed(13)
     writes = random_writes("cuda", g, count=5)
     verdict = torch.zeros((), device="cuda")
-    commit(writes, verdict)  # eager: compiles, and leaves a pinned spare for the capture
+    commit(writes, verdict)  # eager: compiles, and leaves a device spare for the capture
     assert commit_step.ready(writes)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         commit(writes, verdict)
+    before = [w.buf.clone() for w in writes]
+    for w in writes:
+        w.rows.add_(1)
+    graph.replay()  # not filled yet
+    torch.cuda.synchronize()
+    assert all(torch.equal(w.buf, b) for w, b in zip(writes, before))
+    commit_step.captured()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert not any("Memcpy" in n for n in names), names
     for w in writes:
         w.rows.copy_(torch.randn(w.rows.shape, generator=g).to(w.rows.dtype))
     want = run(writes, verdict, "torch", monkeypatch)

@@ -5,7 +5,8 @@ Integer and select operations only, so the results are the reference's bits:
 - begin: verdict = 0, refusing = (armed != 0) (3 launches in torch);
 - end: the last door's unseen flag added into the verdict, then the last armed door that fires (in door order)
   recorded as the rank's word and [code, layer, site], and armed cleared (14 launches in torch);
-- settle: where keep holds, hidden = last, logits = the step's logits, pos += T, commits += 1 (8 launches).
+- settle: where keep holds, hidden = last, logits = the step's logits, pos += T, commits += 1 (8 launches);
+- readback: a solo step's drawn token into the state and its [token, verdict] readback (4 launches).
 """
 
 import os
@@ -72,6 +73,27 @@ def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr,
         k = keep.to(tl.int64)
         tl.store(pos_ptr, tl.load(pos_ptr) + k * T)
         tl.store(commits_ptr, tl.load(commits_ptr) + k)
+
+
+def _readback_kernel(drawn_ptr, token_ptr, verdict_ptr, out_ptr):
+    pdl_wait()
+    t = tl.load(drawn_ptr)
+    tl.store(token_ptr, t)
+    tl.store(out_ptr, t.to(tl.float64))
+    tl.store(out_ptr + 1, tl.load(verdict_ptr).to(tl.float64))
+
+
+def readback(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) -> torch.Tensor:
+    """A solo step's end (engine.Model.step_device): token = drawn, and the readback [token, verdict] fp64 (torch's
+    copy, two conversions and a stack: four launches)."""
+    out = torch.empty(2, dtype=torch.float64, device=token.device)
+    launcher(_readback_kernel, token)[(1,)](drawn, token, verdict, out)
+    return out
+
+
+def readback_supported(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) -> bool:
+    return (drawn.numel() == token.numel() == verdict.numel() == 1 and drawn.dtype == token.dtype == torch.int64
+            and verdict.dtype == torch.float32)
 
 
 def begin(armed: torch.Tensor, refusing: torch.Tensor, verdict: torch.Tensor):

@@ -13,8 +13,11 @@ through fp32 and rounds to nearest even, as torch's `.to` does. Each write has i
 
 The table is built on the host from the tensors' addresses and copied to the device without a sync
 (`_Tables`). An eager step's intermediates may land at other addresses each step, so its table may
-change (an unchanged one is reused, nothing copied). In a CUDA graph capture the copy becomes one
-memcpy node of the graph, from a pinned host buffer made before the capture and kept ever after.
+change (an unchanged one is reused, nothing copied). A CUDA graph capture takes a device buffer made before
+it (zeros) and keeps it ever after; its table, fixed for the graph's life, is copied in once the capture has
+ended (`captured`, which dsv4.replay calls after each capture), so the graph holds no memcpy node: the copy,
+~2.4 us a token, and the break of the PDL chain it made (a memcpy never releases early) leave the step. A graph
+replayed before `captured` commits nothing (its table's rows are empty), never a stray write.
 """
 
 from __future__ import annotations
@@ -105,36 +108,44 @@ def _entry(w) -> tuple:
 class _Tables:
     """Where each step's table comes from. Eager: a fresh pinned host copy whenever the addresses change
     (torch's pinned allocator keeps it until the copy is done), else the last device table, unchanged.
-    Capture: a copy from `spare`, a pinned buffer made before the capture (pinning during a capture is an
-    API call the capture refuses), which the graph then reads at every replay: it is kept for the life of
-    the process, a few KB per capture."""
+    Capture: `spare`, a device buffer of zeros made by an eager step before the capture (a fill during a capture
+    would be a node of its graph), which the graph then reads at every replay: it is kept for the life of the
+    process, a few KB per capture, and filled with the capture's table by `captured` after the capture ends."""
 
     def __init__(self):
         self.last = None  # (device, stream, entries, device table) of the last eager step
         self.spare: torch.Tensor | None = None
         self.captured: list[torch.Tensor] = []
+        self.pending: list[tuple[torch.Tensor, tuple]] = []  # (device table, entries) of captures not yet filled
 
     def ready(self, n: int, device: torch.device) -> bool:
         """Whether a table of n writes can be made now (in a capture: whether the spare holds it)."""
-        return not _capturing(device) or (self.spare is not None and self.spare.shape[0] >= n)
+        return not _capturing(device) or (self.spare is not None and self.spare.shape[0] >= n
+                                          and self.spare.device == device)
 
     def get(self, entries: tuple, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             return torch.tensor(entries, dtype=torch.int64, device=device)
         if _capturing(device):
-            host = self.spare[:len(entries)]
-            host.copy_(torch.tensor(entries, dtype=torch.int64))
+            table = self.spare[:len(entries)]
             self.captured.append(self.spare)
+            self.pending.append((table, entries))
             self.spare = None
-            return host.to(device, non_blocking=True)
+            return table
         stream = torch.cuda.current_stream(device).cuda_stream
         if self.last is None or self.last[:3] != (device, stream, entries):
             host = torch.tensor(entries, dtype=torch.int64).pin_memory()
             self.last = (device, stream, entries, host.to(device, non_blocking=True))
-        if self.spare is None or self.spare.shape[0] < len(entries):
-            with torch.inference_mode(False):  # a normal tensor: a capture in or out of inference mode writes it
-                self.spare = torch.empty(len(entries), FIELDS, dtype=torch.int64).pin_memory()
+        if self.spare is None or self.spare.shape[0] < len(entries) or self.spare.device != device:
+            with torch.inference_mode(False):  # a normal tensor: a capture in or out of inference mode reads it
+                self.spare = torch.zeros(len(entries), FIELDS, dtype=torch.int64, device=device)
         return self.last[3]
+
+    def fill(self):
+        """The tables of the captures since the last call, into their device buffers (outside any capture)."""
+        while self.pending:
+            table, entries = self.pending.pop(0)
+            table.copy_(torch.tensor(entries, dtype=torch.int64), non_blocking=False)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -142,6 +153,11 @@ def _capturing(device: torch.device) -> bool:
 
 
 _tables = _Tables()
+
+
+def captured() -> None:
+    """After a CUDA graph capture (dsv4.replay's, each): its commit tables filled in, before its first replay."""
+    _tables.fill()
 
 
 def ready(writes) -> bool:
