@@ -185,6 +185,9 @@ class Batch:
         # step launched before the previous one's token reached the host); else input[b], from the host.
         self.feed = torch.zeros(len(states), dtype=torch.bool, device=device)
         self.rows = SamplingRows(len(states), device, restricted=restricted)
+        # the states' token tensors' addresses: the step's start reads them and its end writes them in one launch each
+        # (kernels.bookkeeping.batch_begin / batch_end); a state's tensors live as long as the state
+        self.token_addr = torch.tensor([s.token.data_ptr() for s in states], dtype=torch.int64, device=device)
         self.process, self.counts = process, counts
         self.replay = None  # a dsv4.replay.BatchReplay when the step runs as a graph
         self.loaded: dict[str, tuple] = {}  # what each host-written buffer holds: unchanged ones are not rewritten
@@ -621,20 +624,33 @@ class Model(ModelCommon):
         """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64
         (then, with processors reporting logprobs, `_sample_processed`'s values and ids)."""
         # A hold (an unsettled refusal) masks every row: the step computes and commits nothing.
-        held = self.hold.clone()
-        active = batch.active & ~held
-        last = torch.stack([s.token for s in batch.states])
-        tokens = torch.where(batch.feed, last, batch.input)
+        fused = (kernels.use_triton(batch.input, gpu_checked=bookkeeping.GPU_CHECKED)
+                 and bookkeeping.batch_supported(self.hold, batch.input, batch.token_addr))
+        if fused:  # the lines below in one launch
+            held, active, tokens = bookkeeping.batch_begin(self.hold, batch.active, batch.feed, batch.input,
+                                                           batch.token_addr)
+        else:
+            held = self.hold.clone()
+            active = batch.active & ~held
+            last = torch.stack([s.token for s in batch.states])
+            tokens = torch.where(batch.feed, last, batch.input)
         verdict = self.transformer.transaction(batch.states, tokens, active)
-        self.hold.logical_or_(verdict != 0)
-        # the readback's status: the verdict; -1 where it was 0 but the step was held (StepHeld)
-        status = torch.where(verdict != 0, verdict.double(), -held.double()).view(1)
+        plain = batch.process is None  # decided on the host: a batch without processors
+        if not (fused and plain):
+            self.hold.logical_or_(verdict != 0)
+            # the readback's status: the verdict; -1 where it was 0 but the step was held (StepHeld)
+            status = torch.where(verdict != 0, verdict.double(), -held.double()).view(1)
         with phase("sampler"):
-            logits = torch.stack([s.logits for s in batch.states])
-            pos = torch.stack([s.pos for s in batch.states])
-            if batch.process is not None:  # decided on the host: a batch without processors runs the lines below
+            if plain and len(batch.states) == 1:  # the draw only reads them: the state's own, no stacked copy
+                logits, pos = batch.states[0].logits.unsqueeze(0), batch.states[0].pos.unsqueeze(0)
+            else:
+                logits = torch.stack([s.logits for s in batch.states])
+                pos = torch.stack([s.pos for s in batch.states])
+            if not plain:
                 return self._sample_processed(batch, active, logits, pos, status)
             drawn = sample_rows(logits, batch.rows, pos)
+            if fused:  # the hold, the status, the rows' state tokens and the readback below in one launch
+                return bookkeeping.batch_end(self.hold, held, verdict, drawn, active, batch.token_addr)
             for b, s in enumerate(batch.states):
                 s.token.copy_(torch.where(active[b], drawn[b], s.token))
         return torch.cat([drawn.double(), status])

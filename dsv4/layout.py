@@ -42,9 +42,11 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # fewer a layer; on by default since session 33 (call 1: mini's pipelined decode +0.45 %), 0 turns it off
           "pair_norms": os.environ.get("DSV4_PAIR_NORMS", "1") == "1",
           # a compressed layer's stacked linear of x (fuse_xproj) launched first, right after the mHC boundary, instead
-          # of after q's and kv's norms (model.attention._x_proj_first): the same values, another launch order.
-          # Off until a GPU run measures it (session 34; DSV4_XPROJ_FIRST=1 turns it on)
-          "xproj_first": os.environ.get("DSV4_XPROJ_FIRST", "0") == "1"}
+          # of after q's and kv's norms (model.attention._x_proj_first): the same values, another launch order. On by
+          # default since session 34 (call 1: alone 876.19 against the defaults' 876.98 pipelined tok/s, with the
+          # compressor's paired one-pass pools 886.21 against 883.32 for the pair alone); DSV4_XPROJ_FIRST=0 turns
+          # it off
+          "xproj_first": os.environ.get("DSV4_XPROJ_FIRST", "1") == "1"}
 from .formats import QWeight
 
 

@@ -33,7 +33,7 @@ from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
 from dsv4.model.commit import Write  # noqa: E402
 
-TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
+TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8", torch.int8: "i8",
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
 compiled: set = set()
 pending: list = []  # (key, source, options) of each variant, in launch order
@@ -138,6 +138,12 @@ bookkeeping.begin(torch.zeros(43, 2, **i64), torch.zeros(43, 2), torch.zeros(())
 for unseen in (None, torch.zeros((), dtype=torch.bfloat16)):
     bookkeeping.end(torch.zeros(43, 2, **i64), torch.zeros((), **i64), torch.zeros(3, **i64), torch.zeros(()), unseen)
 bookkeeping.readback(torch.zeros((), **i64), torch.zeros((), **i64), torch.zeros(()))
+for B in (1, 3, 32):  # a pipelined solo step's batch of one, and batched steps
+    held, act, tokens = bookkeeping.batch_begin(torch.zeros((), dtype=torch.bool), torch.zeros(B, dtype=torch.bool),
+                                                torch.zeros(B, dtype=torch.bool), torch.zeros(B, **i64),
+                                                torch.zeros(B, **i64))
+    bookkeeping.batch_end(torch.zeros((), dtype=torch.bool), held, torch.zeros(()), torch.zeros(B, **i64), act,
+                          torch.zeros(B, **i64))
 for dtype in (torch.float32, torch.bfloat16):  # the head's logits in the model's dtype, the state's fp32
     bookkeeping.settle(torch.zeros((), dtype=torch.bool), torch.zeros(4, 4096, dtype=dtype),
                        torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280, dtype=dtype), torch.zeros(129280),
@@ -340,9 +346,9 @@ for dtype in (torch.float32, torch.bfloat16):
 
 
 def pool_switch_variants(dtype):
-    """dsv4.kernels.compressor's one_pass and pair switches: Flash's CSA pools (the compressor's 512 channels, the
-    indexer's 128) one pass each and paired, a token's and a pooled step's, on the stacked projections' column
-    views (strided rows, as the decode step reads them)."""
+    """dsv4.kernels.compressor's one_pass and pair switches, each way: Flash's CSA pools (the compressor's 512
+    channels, the indexer's 128) alone and paired, and its HCA pool, a token's and a pooled step's, on the stacked
+    projections' column views (strided rows, as the decode step reads them)."""
     cfg = preset("flash")
     B, slots, z = 3, 4, dict(dtype=dtype)
     ids = torch.tensor([2, 0, 3])
@@ -356,14 +362,16 @@ def pool_switch_variants(dtype):
         win = step.windows(4, 8, 1026)
         parts = [(kv, gate, torch.zeros(*ring, 8, 2 * dim, **z), torch.zeros(*ring, 8, 2 * dim, **z),
                   torch.zeros(4, 2 * dim), torch.ones(dim)) for (kv, gate), dim in ((csa[0:2], 512), (csa[2:4], 128))]
+        hca = torch.zeros(B if pooled else 1, 1024, **z).split([512, 512], dim=-1)
+        hca_win = step.windows(128, 128, 1026)
         for one_pass in (False, True):
             compressor.CONFIG.update(one_pass=one_pass)
-            if one_pass:
-                for part in parts:
-                    compressor.pool(*part, win, True, 1e-6, **pooled)
+            for part in parts:
+                compressor.pool(*part, win, True, 1e-6, **pooled)
+            compressor.pool(*hca, torch.zeros(*ring, 128, 512, **z), torch.zeros(*ring, 128, 512, **z),
+                            torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
             assert compressor.pair_supported(*parts, win, True)
             compressor.pool_pair(*parts, win, True, 1e-6, **pooled)
-    compressor.CONFIG.update(one_pass=False)
 
 
 pool_default = dict(compressor.CONFIG)

@@ -104,6 +104,42 @@ def test_readback_equals_the_reference(device, verdict):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hold,verdict", [(False, 0.0), (True, 0.0), (False, 2.0), (True, 5.0)])
+@pytest.mark.parametrize("B", [1, 5])
+def test_batch_begin_and_end_equal_the_reference(device, hold, verdict, B):
+    """A batched step's start (held, active rows, input tokens: fed rows from their state's token) and end (hold,
+    status, the active rows' state tokens, the readback) against engine.Model.step_batch_device's torch ops, bit
+    for bit (the status's -0.0 included)."""
+    g = torch.Generator().manual_seed(B + 7 * hold)
+    tokens = [torch.tensor(int(t), device=device) for t in torch.randint(0, 1000, (B,), generator=g)]
+    active = torch.rand(B, generator=g).to(device) > 0.3
+    feed = torch.rand(B, generator=g).to(device) > 0.5
+    inp = torch.randint(0, 1000, (B,), generator=g).to(device)
+    drawn = torch.randint(0, 1000, (B,), generator=g).to(device)
+    addr = torch.tensor([t.data_ptr() for t in tokens], dtype=torch.int64, device=device)
+    h = torch.tensor(hold, device=device)
+    v = torch.tensor(verdict, device=device)
+    assert bookkeeping.batch_supported(h, inp, addr)
+
+    ref_h, ref_tokens = h.clone(), [t.clone() for t in tokens]
+    ref_held = ref_h.clone()
+    ref_active = active & ~ref_held
+    ref_in = torch.where(feed, torch.stack(ref_tokens), inp)
+    ref_h.logical_or_(v != 0)
+    status = torch.where(v != 0, v.double(), -ref_held.double()).view(1)
+    for b, t in enumerate(ref_tokens):
+        t.copy_(torch.where(ref_active[b], drawn[b], t))
+    ref_out = torch.cat([drawn.double(), status])
+
+    held, act, got_in = bookkeeping.batch_begin(h, active, feed, inp, addr)
+    assert torch.equal(held, ref_held) and torch.equal(act, ref_active) and torch.equal(got_in, ref_in)
+    out = bookkeeping.batch_end(h, held, v, drawn, act, addr)
+    assert torch.equal(h, ref_h) and all(torch.equal(a, b) for a, b in zip(tokens, ref_tokens))
+    assert torch.equal(out.view(torch.int64), ref_out.view(torch.int64))  # -0.0 and 0.0 apart
+    assert not bookkeeping.batch_supported(h, inp, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_model_steps_equal_with_the_kernels(monkeypatch, device):
     """tiny's steps, committed and refused (two doors armed in one step: the last one's word), with the kernels
     and with the torch ops (everything else as DSV4_KERNELS=auto runs it): the same tokens, words, fired doors and

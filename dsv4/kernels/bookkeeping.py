@@ -6,7 +6,9 @@ Integer and select operations only, so the results are the reference's bits:
 - end: the last door's unseen flag added into the verdict, then the last armed door that fires (in door order)
   recorded as the rank's word and [code, layer, site], and armed cleared (14 launches in torch);
 - settle: where keep holds, hidden = last, logits = the step's logits, pos += T, commits += 1 (8 launches);
-- readback: a solo step's drawn token into the state and its [token, verdict] readback (4 launches).
+- readback: a solo step's drawn token into the state and its [token, verdict] readback (4 launches);
+- batch_begin / batch_end: a batched step's held flag, active rows and input tokens (5 launches), then its hold, the
+  active rows' state tokens and its readback (2 B + 9 launches).
 """
 
 import os
@@ -28,8 +30,16 @@ GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "1") == "1"
 # lean_prologue (DSV4_LEAN_PROLOGUE=0 turns it off): a decode step opens with fewer launches, the same values: its one
 # position is a view of the state's pos (model.step.Step), and the first mHC boundary reads the embedded rows from
 # the embedding table itself (model.forward._first_boundary: no gather launch before it).
-CONFIG = {"lean_prologue": os.environ.get("DSV4_LEAN_PROLOGUE", "1") == "1"}
-SETTLE_BLOCK = 4096
+# batch_ends (DSV4_BATCH_ENDS=0 turns it off): a batched step's start and end in one launch each (batch_begin,
+# batch_end; engine.Model.step_batch_device), the pipelined solo step's and the server's: integer and select operations
+# and exact conversions, the torch ops' bits. On since session 34.
+CONFIG = {"lean_prologue": os.environ.get("DSV4_LEAN_PROLOGUE", "1") == "1",
+          "batch_ends": os.environ.get("DSV4_BATCH_ENDS", "1") == "1"}
+# Elements a settle program copies: 1,024 (127 programs for Flash's 129,280 logits). At 4,096 (32 programs) the
+# settle of the head's bf16 logits into the state's fp32 ones advanced a token by 6.8 us (session 34 call 1), the
+# conversion launch it replaced and the settle before it 3.9 + 2.7: too few programs for 0.8 MB.
+SETTLE_BLOCK = 1024
+BATCH_ROWS = 1024  # rows of a batched step whose start and end take one program each
 
 
 def _begin_kernel(armed_ptr, refusing_ptr, verdict_ptr, N, BLOCK: constexpr):
@@ -94,6 +104,68 @@ def readback(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) ->
 def readback_supported(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) -> bool:
     return (drawn.numel() == token.numel() == verdict.numel() == 1 and drawn.dtype == token.dtype == torch.int64
             and verdict.dtype == torch.float32)
+
+
+def _batch_begin_kernel(hold_ptr, active_ptr, feed_ptr, input_ptr, token_addr_ptr, held_ptr, act_ptr, tokens_ptr, B,
+                        BLOCK: constexpr):
+    pdl_wait()
+    b = tl.arange(0, BLOCK)
+    ok = b < B
+    held = tl.load(hold_ptr) != 0
+    tl.store(held_ptr, held)
+    tl.store(act_ptr + b, (tl.load(active_ptr + b, mask=ok, other=0) != 0) & ~held, mask=ok)
+    state_token = tl.load(token_addr_ptr + b, mask=ok, other=0).to(tl.pointer_type(tl.int64), bitcast=True)
+    last = tl.load(state_token, mask=ok, other=0)
+    feed = tl.load(feed_ptr + b, mask=ok, other=0) != 0
+    tl.store(tokens_ptr + b, tl.where(feed, last, tl.load(input_ptr + b, mask=ok, other=0)), mask=ok)
+
+
+def _batch_end_kernel(hold_ptr, held_ptr, verdict_ptr, drawn_ptr, act_ptr, token_addr_ptr, out_ptr, B,
+                      BLOCK: constexpr):
+    pdl_wait()
+    v = tl.load(verdict_ptr)
+    refused = v != 0
+    tl.store(hold_ptr, (tl.load(hold_ptr) != 0) | refused)
+    held = (tl.load(held_ptr) != 0).to(tl.float64)
+    b = tl.arange(0, BLOCK)
+    ok = b < B
+    drawn = tl.load(drawn_ptr + b, mask=ok, other=0)
+    tl.store(out_ptr + b, drawn.to(tl.float64), mask=ok)
+    # held * -1.0, not -held: Triton's negation is 0 - x, +0.0 where torch's -held.double() is -0.0
+    tl.store(out_ptr + B, tl.where(refused, v.to(tl.float64), held * -1.0))
+    state_token = tl.load(token_addr_ptr + b, mask=ok, other=0).to(tl.pointer_type(tl.int64), bitcast=True)
+    tl.store(state_token, drawn, mask=ok & (tl.load(act_ptr + b, mask=ok, other=0) != 0))
+
+
+def batch_begin(hold: torch.Tensor, active: torch.Tensor, feed: torch.Tensor, input: torch.Tensor,
+                token_addr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batched step's start (engine.Model.step_batch_device): (held, active rows, tokens) = (a copy of hold,
+    active & ~held, feed ? the row's state's last token : input), the state tokens read at token_addr [B] (their
+    addresses, dsv4.engine.Batch's). torch's clone, not, and, stack and where: 5 launches."""
+    B = input.shape[0]
+    held = torch.empty((), dtype=torch.bool, device=input.device)
+    act = torch.empty(B, dtype=torch.bool, device=input.device)
+    tokens = torch.empty(B, dtype=torch.int64, device=input.device)
+    launcher(_batch_begin_kernel, input)[(1,)](hold, active, feed, input, token_addr, held, act, tokens, B,
+                                               BLOCK=next_pow2(B))
+    return held, act, tokens
+
+
+def batch_end(hold: torch.Tensor, held: torch.Tensor, verdict: torch.Tensor, drawn: torch.Tensor,
+              active: torch.Tensor, token_addr: torch.Tensor) -> torch.Tensor:
+    """A batched step's end: hold |= verdict != 0, each active row's state token = its drawn one, and the readback
+    [drawn..., status] fp64, status the verdict where it refused, else -held (-1: a held step; -0.0 otherwise, as
+    torch's where of -held.double()). torch's 2 + 5 + 2 B + 2 launches."""
+    B = drawn.shape[0]
+    out = torch.empty(B + 1, dtype=torch.float64, device=drawn.device)
+    launcher(_batch_end_kernel, drawn)[(1,)](hold, held, verdict, drawn, active, token_addr, out, B,
+                                             BLOCK=next_pow2(B))
+    return out
+
+
+def batch_supported(hold: torch.Tensor, input: torch.Tensor, token_addr: torch.Tensor | None) -> bool:
+    return (CONFIG["batch_ends"] and token_addr is not None and hold.dim() == 0 and hold.dtype == torch.bool and input.dtype == torch.int64
+            and token_addr.shape == input.shape and input.shape[0] <= BATCH_ROWS)
 
 
 def begin(armed: torch.Tensor, refusing: torch.Tensor, verdict: torch.Tensor):

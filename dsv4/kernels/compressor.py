@@ -36,13 +36,14 @@ GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs 
 
 # Keys below this hold a finite score (above -inf): (~ordered(-inf)) << 32, ordered(-inf) = 0x807FFFFF.
 _VISIBLE_BELOW = 0x7F800000 << 32
-# one_pass (DSV4_POOL_ONE_PASS=0 turns it off): a window whose slots are one block (CSA's 8 at one token) loads its
-# gates and rows together and weighs the rows from the gates it holds (_pool_window's ONE_PASS), where two passes
-# reload the gates: the same bits. pair (DSV4_POOL_PAIR=0 turns it off): a CSA layer's two pools, the compressor's
-# and its indexer's, over the same windows in one launch (pool_pair): the same bits, a launch fewer a CSA layer.
-# Both off until a GPU run measures them (session 34; DSV4_POOL_ONE_PASS=1, DSV4_POOL_PAIR=1 turn them on).
-CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "0") == "1",
-          "pair": os.environ.get("DSV4_POOL_PAIR", "0") == "1"}
+# one_pass (DSV4_POOL_ONE_PASS=0 turns it off): a window whose slots are one block (CSA's 8 and HCA's 128 at one
+# token) loads its gates and rows together and weighs the rows from the gates it holds (_pool_window's ONE_PASS), where
+# two passes reload the gates: the same bits. pair (DSV4_POOL_PAIR=0 turns it off): a CSA layer's two pools, the
+# compressor's and its indexer's, over the same windows in one launch (pool_pair): the same bits, a launch fewer a CSA
+# layer. Both on by default since session 34 (call 1, mini's decode_ab in one process, pipelined tok/s: defaults
+# 876.98, one_pass 877.34, pair 883.32 (+0.7 %), both with layout's xproj_first 886.21 (+1.05 %); the same stream).
+CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "1") == "1",
+          "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1"}
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
