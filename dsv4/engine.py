@@ -624,8 +624,7 @@ class Model(ModelCommon):
         """The batched step as device work (what a batch graph captures): -> [tokens..., verdict] fp64
         (then, with processors reporting logprobs, `_sample_processed`'s values and ids)."""
         # A hold (an unsettled refusal) masks every row: the step computes and commits nothing.
-        fused = (kernels.use_triton(batch.input, gpu_checked=bookkeeping.GPU_CHECKED)
-                 and bookkeeping.batch_supported(self.hold, batch.input, batch.token_addr))
+        fused = self._fused_ends(batch)
         if fused:  # the lines below in one launch
             held, active, tokens = bookkeeping.batch_begin(self.hold, batch.active, batch.feed, batch.input,
                                                            batch.token_addr)
@@ -654,6 +653,11 @@ class Model(ModelCommon):
             for b, s in enumerate(batch.states):
                 s.token.copy_(torch.where(active[b], drawn[b], s.token))
         return torch.cat([drawn.double(), status])
+
+    def _fused_ends(self, batch: "Batch") -> bool:
+        """Whether a batched step's start and end run as one launch each (kernels.bookkeeping.batch_begin / end)."""
+        return (kernels.use_triton(batch.input, gpu_checked=bookkeeping.GPU_CHECKED)
+                and bookkeeping.batch_supported(self.hold, batch.input, batch.token_addr))
 
     def _sample_processed(self, batch: "Batch", active: torch.Tensor, logits: torch.Tensor, pos: torch.Tensor,
                           status: torch.Tensor) -> torch.Tensor:

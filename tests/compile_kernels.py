@@ -372,6 +372,10 @@ def pool_switch_variants(dtype):
                             torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
             assert compressor.pair_supported(*parts, win, True)
             compressor.pool_pair(*parts, win, True, 1e-6, **pooled)
+            compressor.CONFIG.update(ticket_norm=True)  # HCA's channel split finished by its last programs
+            compressor.pool(*hca, torch.zeros(*ring, 128, 512, **z), torch.zeros(*ring, 128, 512, **z),
+                            torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
+            compressor.CONFIG.update(ticket_norm=pool_default["ticket_norm"])
 
 
 pool_default = dict(compressor.CONFIG)

@@ -199,7 +199,15 @@ def _pipelined(model, rows, steps, arm=None):
     return states, out
 
 
-def test_pipelined_steps_equal_solo(model, solos):
+@pytest.fixture(params=[False, True], ids=["torch_ends", "fused_ends"])
+def ends(request, monkeypatch):
+    """A batched step's start and end as torch's ops or as one launch each (kernels.bookkeeping.batch_begin / end,
+    the interpreter's on CPU; everything else as the process runs it)."""
+    monkeypatch.setattr(dsv4.engine.Model, "_fused_ends", lambda self, batch: request.param)
+    return request.param
+
+
+def test_pipelined_steps_equal_solo(model, solos, ends):
     """Launch N+1 (its inputs read on the device) before settling N: every token is the solo stream's."""
     rows = [0, 1, 4, 7]
     states, out = _pipelined(model, rows, STEPS)
@@ -208,7 +216,7 @@ def test_pipelined_steps_equal_solo(model, solos):
         assert out[b][-1][1] == solos[i][1][STEPS - 1] and states[b].host_pos == len(PROMPTS[i]) - 1 + STEPS
 
 
-def test_a_refusal_holds_the_step_launched_behind_it(model, solos):
+def test_a_refusal_holds_the_step_launched_behind_it(model, solos, ends):
     """Step N refuses while N+1 is already launched: N quarantines its states; N+1 commits nothing for any row
     (a row that was not in N too) and says so (StepHeld); the joiner then runs on as if nothing happened."""
     states = [prefilled(model, i) for i in range(3)]

@@ -259,6 +259,20 @@ def test_pool_channel_split_is_bit_identical(monkeypatch, device, overlap, m, di
         monkeypatch.setattr(fused, "POOL_SPLIT_ABOVE", split_above)
         got[split_above] = run_compress(w, x, ring_kv, ring_gate, store, win, overlap)[0]
     assert torch.equal(got[0], got[1 << 30])
+    # the split's norm and rope in its windows' last programs (CONFIG ticket_norm), one pass or two: the same bits,
+    # and the tickets back to 0 for the next launch
+    monkeypatch.setattr(fused, "POOL_SPLIT_ABOVE", 0)
+    from dsv4.kernels import qgemv
+    for one_pass in (False, True):
+        monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
+        monkeypatch.setitem(fused.CONFIG, "ticket_norm", True)
+        launches = []
+        real = fused.launcher
+        monkeypatch.setattr(fused, "launcher", lambda fn, t: launches.append(fn.__name__) or real(fn, t))
+        assert torch.equal(run_compress(w, x, ring_kv, ring_gate, store, win, overlap)[0], got[0])
+        assert launches == ["_pool_kernel"]  # no _norm_rope_kernel
+        monkeypatch.setattr(fused, "launcher", real)
+        assert int(qgemv.tickets_for(1, torch.device(device)).abs().sum()) == 0
 
 
 # (pos, T): the first window (its previous half dead), a close, a ring wrap, a chunk touching several windows.

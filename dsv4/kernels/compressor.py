@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from . import cdiv, device_function, launcher, next_pow2, pdl_wait, row_stride, use_triton
+from . import cdiv, device_function, launcher, next_pow2, pdl_wait, qgemv, row_stride, use_triton
 from . import topk as topk_kernel
 
 try:
@@ -42,25 +42,39 @@ _VISIBLE_BELOW = 0x7F800000 << 32
 # compressor's and its indexer's, over the same windows in one launch (pool_pair): the same bits, a launch fewer a CSA
 # layer. Both on by default since session 34 (call 1, mini's decode_ab in one process, pipelined tok/s: defaults
 # 876.98, one_pass 877.34, pair 883.32 (+0.7 %), both with layout's xproj_first 886.21 (+1.05 %); the same stream).
+# ticket_norm (DSV4_POOL_TICKET_NORM=1 turns it on; off until a GPU run measures it): a channel-split pool (HCA's 128
+# slots x 512 channels) norms and rotates each window's row in its last program (_pool_kernel's TICKET), not in a
+# second launch: the same operations on the same rounded row, a launch fewer an HCA layer.
 CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "1") == "1",
-          "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1"}
+          "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1",
+          "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "0") == "1"}
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
 
 
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
-                 cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr, DIM: constexpr,
-                 WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, BS: constexpr, CB: constexpr,
-                 POOLED: constexpr, ONE_PASS: constexpr):
+                 cos_ptr, sin_ptr, out_ptr, ids_ptr, ticket_ptr, final_ptr, eps, R, kv_stride, gate_stride,
+                 M: constexpr, DIM: constexpr, WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr,
+                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr, TICKET: constexpr):
     """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
-    only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel.
+    only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel, or, with
+    TICKET (CONFIG ticket_norm), for the window's last program to finish (an int32 ticket a window, put back to 0),
+    which norms and rotates the row into final as _norm_rope_kernel does.
     POOLED: window w is row w's (one each): its slot's rings, its own chunk row. The chunk's rows are kv_stride and
     gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj)."""
     pdl_wait()
-    _pool_window(tl.program_id(0).to(tl.int64), tl.program_id(1), kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr,
-                 ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride,
-                 gate_stride, M, DIM, WIDTH, SLOTS, OVERLAP, HALF, BS, CB, POOLED, ONE_PASS)
+    w = tl.program_id(0).to(tl.int64)
+    _pool_window(w, tl.program_id(1), kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr,
+                 prev_ptr, live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M, DIM, WIDTH,
+                 SLOTS, OVERLAP, HALF, BS, CB, POOLED, ONE_PASS)
+    if TICKET:
+        tl.debug_barrier()  # every thread's channels stored before the ticket's release
+        if tl.atomic_add(ticket_ptr + w, 1, sem="acq_rel", scope="gpu") == DIM // CB - 1:
+            # the row's other blocks from L2 (.cg: L1 is not coherent across SMs)
+            pooled = tl.load(out_ptr + w * DIM + tl.arange(0, DIM), cache_modifier=".cg").to(tl.float32)
+            _norm_rope(pooled, norm_ptr, cos_ptr, sin_ptr, final_ptr, w, eps, DIM, HALF)
+            tl.store(ticket_ptr + w, 0)
 
 
 def _pool_pair_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, out_ptr, R, kv_stride,
@@ -247,13 +261,15 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
     out = torch.empty(n_win, dim, dtype=kv.dtype, device=kv.device)
     pooled = torch.empty_like(out) if cb < dim else out
     gate, gate_stride = _in_place(gate)
+    tickets = qgemv.tickets_for(n_win, kv.device) if cb < dim and CONFIG["ticket_norm"] else None
     launcher(_pool_kernel, kv)[(n_win, dim // cb)](
         kv, gate, ring_kv, ring_gate.contiguous(), ape.contiguous(), norm.contiguous(),
         win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
-        win.sin.contiguous(), pooled, kv if ids is None else ids, float(eps), ring_kv.shape[-2], row_stride(kv),
-        gate_stride, M=win.cur.shape[-1], DIM=dim, WIDTH=width, SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block,
-        CB=cb, POOLED=ids is not None, ONE_PASS=one_pass, num_warps=warps)
-    if cb < dim:
+        win.sin.contiguous(), pooled, kv if ids is None else ids, pooled if tickets is None else tickets, out,
+        float(eps), ring_kv.shape[-2], row_stride(kv), gate_stride, M=win.cur.shape[-1], DIM=dim, WIDTH=width,
+        SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb, POOLED=ids is not None, ONE_PASS=one_pass,
+        TICKET=tickets is not None, num_warps=warps)
+    if cb < dim and tickets is None:
         launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
                                                   win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
     return out
