@@ -368,14 +368,13 @@ def pool_switch_variants(dtype):
             compressor.CONFIG.update(one_pass=one_pass)
             for part in parts:
                 compressor.pool(*part, win, True, 1e-6, **pooled)
-            compressor.pool(*hca, torch.zeros(*ring, 128, 512, **z), torch.zeros(*ring, 128, 512, **z),
-                            torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
+            for ticket in (False, True):  # HCA's channel split normed by a second launch / by its last programs
+                compressor.CONFIG.update(ticket_norm=ticket)
+                compressor.pool(*hca, torch.zeros(*ring, 128, 512, **z), torch.zeros(*ring, 128, 512, **z),
+                                torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
+            compressor.CONFIG.update(ticket_norm=pool_default["ticket_norm"])
             assert compressor.pair_supported(*parts, win, True)
             compressor.pool_pair(*parts, win, True, 1e-6, **pooled)
-            compressor.CONFIG.update(ticket_norm=True)  # HCA's channel split finished by its last programs
-            compressor.pool(*hca, torch.zeros(*ring, 128, 512, **z), torch.zeros(*ring, 128, 512, **z),
-                            torch.zeros(128, 512), torch.ones(512), hca_win, False, 1e-6, **pooled)
-            compressor.CONFIG.update(ticket_norm=pool_default["ticket_norm"])
 
 
 pool_default = dict(compressor.CONFIG)

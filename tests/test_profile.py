@@ -51,9 +51,13 @@ def test_phase_is_free_outside_the_modes():
 
 
 def _expected_intervals(cfg) -> dict:
+    from dsv4.layout import CONFIG as LAYOUT
+
     n = cfg.num_hidden_layers
     compressed = sum(1 for i in range(n) if cfg.compress_rate(i))
-    return {"attention": n, "moe": n, "mhc": 2 * n + 1, "collective": 2 * n + 1, "compressor": compressed,
+    # the stacked x linear launched first (layout xproj_first) is a compressor interval of its own before the query's
+    first = 2 if LAYOUT["xproj_first"] and LAYOUT["fuse_xproj"] else 1
+    return {"attention": n, "moe": n, "mhc": 2 * n + 1, "collective": 2 * n + 1, "compressor": first * compressed,
             "indexer": sum(1 for t in cfg.layer_types if t == CSA), "head": 1, "sampler": 1, "commit": 1}
 
 
