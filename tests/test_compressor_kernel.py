@@ -333,10 +333,10 @@ def test_pooled_pool_pair_is_bit_identical(monkeypatch, device):
     for dim in (32, 16):
         width, R = 2 * dim, 2 * m
         rnd = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)  # noqa: E731
-        w = {"ape": torch.randn(m, width, generator=g).to(device), "norm": (torch.rand(dim, generator=g) + 0.5).to(device)}
-        parts.append((w, rnd(slots, R, width), rnd(slots, R, width), torch.zeros(slots, 10, dim, dtype=dtype,
-                                                                                  device=device),
-                      (rnd(B, width), rnd(B, width))))
+        w = {"ape": torch.randn(m, width, generator=g).to(device),
+             "norm": (torch.rand(dim, generator=g) + 0.5).to(device)}
+        store = torch.zeros(slots, 10, dim, dtype=dtype, device=device)
+        parts.append((w, rnd(slots, R, width), rnd(slots, R, width), store, (rnd(B, width), rnd(B, width))))
     win = step.windows(m, 2 * m, 10)
     got = {}
     for one_pass in (False, True):

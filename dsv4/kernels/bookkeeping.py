@@ -164,8 +164,8 @@ def batch_end(hold: torch.Tensor, held: torch.Tensor, verdict: torch.Tensor, dra
 
 
 def batch_supported(hold: torch.Tensor, input: torch.Tensor, token_addr: torch.Tensor | None) -> bool:
-    return (CONFIG["batch_ends"] and token_addr is not None and hold.dim() == 0 and hold.dtype == torch.bool and input.dtype == torch.int64
-            and token_addr.shape == input.shape and input.shape[0] <= BATCH_ROWS)
+    return (CONFIG["batch_ends"] and token_addr is not None and hold.dim() == 0 and hold.dtype == torch.bool
+            and input.dtype == torch.int64 and token_addr.shape == input.shape and input.shape[0] <= BATCH_ROWS)
 
 
 def begin(armed: torch.Tensor, refusing: torch.Tensor, verdict: torch.Tensor):
