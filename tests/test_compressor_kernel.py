@@ -275,6 +275,18 @@ def test_pool_channel_split_is_bit_identical(monkeypatch, device, overlap, m, di
         assert int(qgemv.tickets_for(1, torch.device(device)).abs().sum()) == 0
 
 
+def _pair_arms(monkeypatch, parts, win, ids=None) -> dict:
+    """compress_pair of the two parts under each (one_pass, pair) setting -> {(one_pass, pair): (entries, writes)}."""
+    got = {}
+    for one_pass in (False, True):
+        for pair in (False, True):
+            monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
+            monkeypatch.setitem(fused.CONFIG, "pair", pair)
+            writes = []
+            got[one_pass, pair] = (compress_pair(parts[0], parts[1], win, 1e-6, writes, ids), writes)
+    return got
+
+
 # (pos, T): the first window (its previous half dead), a close, a ring wrap, a chunk touching several windows.
 PAIR_CASES = [(0, 1), (3, 1), (9, 1), (14, 3), (2, 7)]
 
@@ -294,13 +306,7 @@ def test_pool_one_pass_and_pair_are_bit_identical(monkeypatch, device, dtype, po
         store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
         parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
     _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
-    got = {}
-    for one_pass in (False, True):
-        for pair in (False, True):
-            monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
-            monkeypatch.setitem(fused.CONFIG, "pair", pair)
-            writes = []
-            got[one_pass, pair] = (compress_pair(parts[0], parts[1], win, 1e-6, writes), writes)
+    got = _pair_arms(monkeypatch, parts, win)
     assert fused.pair_supported((*parts[0][4], *parts[0][1:3], parts[0][0]["ape"], parts[0][0]["norm"]),
                                 (*parts[1][4], *parts[1][1:3], parts[1][0]["ape"], parts[1][0]["norm"]), win, True)
     (base, base_writes) = got[False, False]
@@ -338,13 +344,7 @@ def test_pooled_pool_pair_is_bit_identical(monkeypatch, device):
         store = torch.zeros(slots, 10, dim, dtype=dtype, device=device)
         parts.append((w, rnd(slots, R, width), rnd(slots, R, width), store, (rnd(B, width), rnd(B, width))))
     win = step.windows(m, 2 * m, 10)
-    got = {}
-    for one_pass in (False, True):
-        for pair in (False, True):
-            monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
-            monkeypatch.setitem(fused.CONFIG, "pair", pair)
-            writes = []
-            got[one_pass, pair] = (compress_pair(parts[0], parts[1], win, 1e-6, writes, ids), writes)
+    got = _pair_arms(monkeypatch, parts, win, ids)
     base, base_writes = got[False, False]
     for key, (entries, writes) in got.items():
         assert all(torch.equal(a, b) for a, b in zip(entries, base)), key

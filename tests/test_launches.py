@@ -104,6 +104,9 @@ def test_lean_prologue_launches(monkeypatch):
     from dsv4.kernels import bookkeeping
 
     monkeypatch.setenv("DSV4_KERNELS", "triton")
+    # the census runs no Triton kernel: the batched step's input tokens must come from torch's ops (batch_ends off),
+    # not from batch_begin's unwritten output, for the gather of the step without the lean prologue to read
+    monkeypatch.setitem(bookkeeping.CONFIG, "batch_ends", False)
     model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
     counts = {}
     for lean in (False, True):
