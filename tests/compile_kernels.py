@@ -52,6 +52,20 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
          "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
+# A variant compiled with the constant EARLY = 1 of a kernel here may read these before its wait too: what the caller
+# says was written two or more kernels back (each kernel releases the next only after its own wait, so the kernel
+# two back is complete when this one starts). Checked as "<kernel>:behind".
+BEHIND = {"_down_gl_kernel": {"w_ptr", "s_ptr", "ids_ptr", "wt_ptr", "h_ptr"},
+          "_attn_split_kernel": {"win_ptr", "kv_ptr", "vis_ptr", "comp_ptr", "new_ptr", "sel_ptr", "ok_ptr",
+                                 "ok_new_ptr", "ids_ptr"},
+          "_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr", "ape_ptr", "norm_ptr", "cur_ptr",
+                           "prev_ptr", "live_ptr", "cos_ptr", "sin_ptr", "ids_ptr"},
+          "_pool_pair_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr", "ape_ptr", "norm_ptr", "kv2_ptr",
+                                "gate2_ptr", "ring_kv2_ptr", "ring_gate2_ptr", "ape2_ptr", "norm2_ptr", "cur_ptr",
+                                "prev_ptr", "live_ptr", "cos_ptr", "sin_ptr", "ids_ptr"},
+          "_index_keys_kernel": {"q_ptr", "wts_ptr", "cos_ptr", "sin_ptr", "icomp_ptr", "committed_ptr", "visible_ptr",
+                                 "ids_ptr"}}
+EARLY.update({f"{name}:behind": pointers for name, pointers in BEHIND.items()})
 
 
 def aligned(a) -> bool:
@@ -89,10 +103,14 @@ def _recorder(jit, kernel_name: str, source):
                     if aligned(a) and name not in jit.do_not_specialize:
                         attrs[(i,)] = [["tt.divisibility", 16]]
                         key.append("D")
+                for p in jit.params[len(args):]:  # a constant left to its default: the default, as a launch takes it
+                    if p.name not in constexprs and p.has_default:
+                        constexprs[p.name] = p.default
                 for name, v in constexprs.items():
                     sig[name] = "constexpr"
                     key.append((name, v))
-                k = (kernel_name, tuple(key), tuple(sorted(options.items())))
+                behind = kernel_name in BEHIND and constexprs.get("EARLY", 0) == 1
+                k = (kernel_name + ":behind" * behind, tuple(key), tuple(sorted(options.items())))
                 if k in compiled:
                     return
                 src = source(fn=jit, signature=sig, constexprs={(names.index(n),): v for n, v in constexprs.items()},
@@ -100,7 +118,8 @@ def _recorder(jit, kernel_name: str, source):
                 compiled.add(k)
                 params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]  # the PTX's, in order
                 # a variant that may stream a stored weight before its wait must (the point of the early launch)
-                early = kernel_name in EARLY and constexprs.get("EARLY", True) and not constexprs.get("HASH", False)
+                early = behind or (kernel_name in EARLY and constexprs.get("EARLY", True)
+                                   and not constexprs.get("HASH", False))
                 pending.append((k, src, options, params, early))  # compiled at the end, on every core (compile_pending)
             return run
     return Launch()
@@ -311,6 +330,17 @@ pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast pat
 attention.CONFIG.update({"fused_combine": True})
 pooled_variants(torch.bfloat16, 32, 512, 32)
 attention.CONFIG.update(default)
+# The first tile's keys before the wait (DSV4_ATTN_EARLY, where the model says only q comes from the kernel before):
+# every kind, the tensor-core and the broadcast tiles, decode and pooled.
+attention.CONFIG.update({"early": True})
+_attention = attention.attention
+attention.attention = lambda *a, **kw: _attention(*a, **kw, early=True)
+attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)
+attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))
+pooled_variants(torch.bfloat16, 32, 512, 32)
+pooled_variants(torch.float32, 2, 512, 32)
+attention.attention = _attention
+attention.CONFIG.update(default)
 
 
 def xproj_variants(dtype):
@@ -380,6 +410,19 @@ def pool_switch_variants(dtype):
 pool_default = dict(compressor.CONFIG)
 for dtype in (torch.float32, torch.bfloat16):
     pool_switch_variants(dtype)
+compressor.CONFIG.update(pool_default)
+# The pools before their wait and the index keys' loads but the new keys' (DSV4_POOL_EARLY, where the model says so):
+# every pool form above, a token's and a pooled step's, and the index keys of both.
+_plain = {name: getattr(compressor, name) for name in ("pool", "pool_pair", "index_keys")}
+compressor.CONFIG.update(early=True)
+for name, fn in _plain.items():
+    setattr(compressor, name, lambda *a, _fn=fn, **kw: _fn(*a, **kw, early=True))
+for dtype in (torch.float32, torch.bfloat16):
+    compressor_variants(dtype)
+    pool_switch_variants(dtype)
+pooled_variants(torch.bfloat16, 32, 512, 32)
+for name, fn in _plain.items():
+    setattr(compressor, name, fn)
 compressor.CONFIG.update(pool_default)
 
 
@@ -632,6 +675,16 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
+    if PDL:  # kernel 2's terms before its wait (DSV4_MOE_DOWN_EARLY, where the model says a kernel runs between)
+        moe_gl.CONFIG.update(down_early=True)
+        for T, groups in ((1, None), (3, torch.zeros(18, expert_groups.GROUP_ROW, dtype=torch.int32))):
+            ids = torch.zeros(T, 6, dtype=torch.int64)
+            w2 = QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8),
+                         torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu), "fp4")
+            for add in (torch.zeros(T, 4096, dtype=torch.bfloat16), None):
+                moe_gl.down(torch.zeros(T * 6, 2048, dtype=torch.bfloat16), ids, torch.zeros(T, 6, dtype=torch.bfloat16),
+                            w2, 0, add, torch.zeros(T, 4096, dtype=torch.bfloat16), groups, early=True)
+        moe_gl.CONFIG.update(_mma)
 
 
 def qgemv_mma_variants():
@@ -952,7 +1005,7 @@ def sampler_layouts() -> list[str]:
 failures = compile_pending() + sampler_layouts()
 for message in failures:
     print("FAILED", message)
-names = sorted({k[0] for k in compiled})
+names = sorted({k[0].split(":")[0] for k in compiled})
 print("COMPILED", len(compiled), names)
 waiting = sorted({v[0] for v in pdl_variants if v[1]})
 print("PDL", "waiting:", waiting) if PDL else None

@@ -389,3 +389,91 @@ def test_model_pool_switches_and_xproj_first_change_no_bit(monkeypatch, device, 
     (on, on_digest), (off, off_digest) = run(True), run(False)
     assert len(launched) == 2 * sum(t == CSA for t in model.cfg.layer_types)
     assert torch.equal(on, off) and on_digest == off_digest
+
+
+# ---- the pools and the index keys before their PDL wait (CONFIG early) ------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pos,T", [(0, 1), (9, 1), (14, 3)])
+def test_pool_early_keeps_the_bits(monkeypatch, device, pos, T):
+    """early (the caller's word that the pools' inputs are two or more kernels back): the pair's entries, a lone
+    pool's (one pass and two) and a channel-split pool's (norm in the second launch, or by ticket) are the plain
+    launches' bits; the caller's word without the switch changes nothing."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    m, dtype = 4, torch.bfloat16
+    parts = []
+    for dim, seed in ((32, 1), (16, 2)):
+        w, x, ring_kv, ring_gate = compressor_inputs(m, dim, True, T, dtype, device, seed=pos * 31 + T + seed)
+        store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
+        parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
+    _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
+
+    def arms():
+        got = []
+        for pair in (True, False):
+            monkeypatch.setitem(fused.CONFIG, "pair", pair)
+            for one_pass in (True, False):
+                monkeypatch.setitem(fused.CONFIG, "one_pass", one_pass)
+                got += compress_pair(parts[0], parts[1], win, 1e-6, [], early=True)
+        return got
+
+    plain = arms()
+    monkeypatch.setitem(fused.CONFIG, "early", True)
+    assert all(torch.equal(a, b) for a, b in zip(arms(), plain))
+    # HCA's shape: one window's 64 slots x 256 channels split over programs
+    w, x, ring_kv, ring_gate = compressor_inputs(64, 256, False, 1, dtype, device, seed=pos)
+    store = torch.zeros(3, 256, dtype=dtype, device=device)
+    _, win = windows(130 + pos, 1, 64, ring_kv.shape[0], 3, device)
+    proj = (x @ w["wkv"].data.T, x @ w["wgate"].data.T)
+    got = {}
+    for early in (False, True):
+        monkeypatch.setitem(fused.CONFIG, "early", early)
+        for ticket in (False, True):
+            monkeypatch.setitem(fused.CONFIG, "ticket_norm", ticket)
+            got[early, ticket] = compress(x, w, ring_kv, ring_gate, store, win, False, 1e-6, [], proj, early=True)
+    assert all(torch.equal(v, got[False, False]) for v in got.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pos,T,m,H,dI,topk", [INDEX_CASES[1], INDEX_CASES[3]])
+def test_index_keys_early_keep_the_bits(monkeypatch, device, pos, T, m, H, dI, topk):
+    """early (all but the new keys before the wait): the sort keys of the plain launch, bit for bit."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    rows = 64 // m + 2
+    step, win = windows(pos, T, m, 2 * m, rows, device)
+    q_res, x, w, icomp, inew = indexer_inputs(T, H, dI, win.cur.shape[0], rows, device, seed=pos + T)
+    cos, sin = step.cos_sin("compress")
+    q = (q_res @ w["wq_b"].data.T).view(T, H, dI)
+    weights = x @ w["weights_proj"].data.T
+    plain = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
+    monkeypatch.setitem(fused.CONFIG, "early", True)
+    assert torch.equal(fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, early=True),
+                       plain)
+    assert torch.equal(index_topk(q_res, x, cos, sin, w, icomp, inew, win, topk, H, dI, (q, weights), early=True)[0],
+                       index_topk(q_res, x, cos, sin, w, icomp, inew, win, topk, H, dI, (q, weights))[0])
+
+
+@pytest.mark.parametrize("device", MODEL_DEVICES)
+def test_model_early_switches_change_no_bit(monkeypatch, device):
+    """tiny's decode steps with every kernel that may start on its inputs before its PDL wait doing so (the
+    compressor's pools and index keys, the attention's first tile, kernel 2 of the experts where it runs): the
+    logits and the state's bytes of the plain launches, bit for bit."""
+    import dsv4
+    from dsv4.kernels import attention, moe_gl
+
+    model = dsv4.load("tiny", device=device, dtype=torch.bfloat16, seed=8)
+
+    def run(on):
+        monkeypatch.setitem(fused.CONFIG, "early", on)
+        monkeypatch.setitem(attention.CONFIG, "early", on)
+        monkeypatch.setitem(moe_gl.CONFIG, "down_early", on)
+        monkeypatch.setenv("DSV4_KERNELS", "torch")
+        state = model.new_state(16)
+        model.prefill(state, [3, 1, 4, 1, 5])
+        monkeypatch.setenv("DSV4_KERNELS", "triton")
+        logits = [model.decode(state, 9).reshape(-1)]
+        for _ in range(3):
+            logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
+        return torch.stack(logits), model.digests(state)
+
+    (on, on_digest), (off, off_digest) = run(True), run(False)
+    assert torch.equal(on, off) and on_digest == off_digest

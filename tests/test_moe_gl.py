@@ -227,3 +227,49 @@ def test_kernel1_register_cap_keeps_the_bits(monkeypatch, T):
         results[cap] = (h[mine], sh, alone[mine], _routed(stacks, x, shared, ids, weights))
     for name, a, b in zip(("h", "shared h", "h alone", "y"), results[0], results[128]):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("T", [1, 5])
+def test_kernel2_early_terms_keep_the_bits(monkeypatch, T):
+    """CONFIG down_early (kernel 2's terms before its PDL wait, where the caller says a kernel ran after kernel 1):
+    the model's order (kernel 1 with the shared expert's rows, the shared down projection's GEMV, kernel 2) gives
+    the bits of the plain kernel 2, eagerly and replayed from a CUDA graph, one token (ungrouped) and five (the
+    groups' table); the tickets back at 0. mini's expert shapes (I = 2,048: kernel 2 on the tensor cores)."""
+    from dsv4 import kernels
+    from quantised_cases import quantised
+
+    if not kernels.PDL:
+        pytest.skip("DSV4_PDL is off: EARLY is never compiled")
+    stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T, D=4096, I=2048)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    for key, value in {"on": True, "mma": True, "grouped": True}.items():
+        monkeypatch.setitem(moe_gl.CONFIG, key, value)
+    assert moe_gl._mma(x, stacks["w2"])
+    g = torch.Generator().manual_seed(5)
+    sw1, sw3 = (quantised("fp8", 2048, 4096, g).to("cuda") for _ in range(2))
+    sw2 = quantised("fp8", 4096, 2048, g).to("cuda")
+    table = moe_gl.groups_for(x, ids, stacks["w1"], stacks["w3"])
+    assert (table is not None) == (T > 1)
+    y = torch.empty_like(x)
+
+    def layer(early: bool) -> torch.Tensor:
+        h, sh = moe_gl.gate_up_shared(x, ids, stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0, table)
+        add = qgemv.linear(sh, sw2)  # the kernel between (a PDL launch of its own)
+        moe_gl.down(h, ids, weights, stacks["w2"], 16, add, y, table, early=early)
+        return y.clone()
+
+    plain = layer(False)
+    monkeypatch.setitem(moe_gl.CONFIG, "down_early", True)
+    assert moe_gl._early(True, moe_gl._mma(x, stacks["w2"])) == {"EARLY": 1}
+    assert torch.equal(layer(True), plain)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer(True)
+    for _ in range(3):
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, plain)
+    assert not bool(qgemv.tickets_for(1, x.device).any())

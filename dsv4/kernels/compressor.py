@@ -49,7 +49,14 @@ _VISIBLE_BELOW = 0x7F800000 << 32
 # within the rows' spread (call 3: pipelined 901.73 against 900.78 tok/s); it is for Flash, to measure on two GPUs.
 CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "1") == "1",
           "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1",
-          "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "0") == "1"}
+          "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "0") == "1",
+          "early": os.environ.get("DSV4_POOL_EARLY", "0") == "1"}
+# early (DSV4_POOL_EARLY=1; off until a GPU run measures it): where the caller says so (pool's, pool_pair's and
+# index_keys' `early`: dsv4.model.attention makes the step's window geometry and the stacked x linear before q's
+# latent, so a pool follows kernels whose outputs it does not read, and the index keys follow the pool), the pools run
+# before their PDL wait (DSV4_PDL: the kernel two back is complete when one starts), their stores after it, and the
+# index keys load the queries, head weights and stored keys before it, this step's new keys after it. The same
+# operations: the same bits.
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
@@ -58,18 +65,22 @@ INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)
 def _pool_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr, live_ptr,
                  cos_ptr, sin_ptr, out_ptr, ids_ptr, ticket_ptr, final_ptr, eps, R, kv_stride, gate_stride,
                  M: constexpr, DIM: constexpr, WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr,
-                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr, TICKET: constexpr):
+                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr, TICKET: constexpr,
+                 EARLY: constexpr = 0):
     """CB == DIM: one program per window does everything. CB < DIM: programs (window, channel block)
     only pool (the softmax is per channel), leaving the rounded pooled rows in out for _norm_rope_kernel, or, with
     TICKET (CONFIG ticket_norm), for the window's last program to finish (an int32 ticket a window, put back to 0),
     which norms and rotates the row into final as _norm_rope_kernel does.
     POOLED: window w is row w's (one each): its slot's rings, its own chunk row. The chunk's rows are kv_stride and
-    gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj)."""
-    pdl_wait()
+    gate_stride apart (column views of one wider output: dsv4.layout CONFIG fuse_xproj).
+    EARLY (CONFIG early, where the caller says every input was written two or more kernels back): the pool before the
+    program's wait, its stores after it."""
+    if not EARLY:
+        pdl_wait()
     w = tl.program_id(0).to(tl.int64)
     _pool_window(w, tl.program_id(1), kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr,
                  prev_ptr, live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M, DIM, WIDTH,
-                 SLOTS, OVERLAP, HALF, BS, CB, POOLED, ONE_PASS)
+                 SLOTS, OVERLAP, HALF, BS, CB, POOLED, ONE_PASS, EARLY)
     if TICKET:
         tl.debug_barrier()  # every thread's channels stored before the ticket's release
         if tl.atomic_add(ticket_ptr + w, 1, sem="acq_rel", scope="gpu") == DIM // CB - 1:
@@ -84,20 +95,22 @@ def _pool_pair_kernel(kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, nor
                       kv2_stride, gate2_stride, cur_ptr, prev_ptr, live_ptr, cos_ptr, sin_ptr, ids_ptr, eps, n_win,
                       M: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr, POOLED: constexpr,
                       DIM: constexpr, WIDTH: constexpr, BS: constexpr, DIM2: constexpr, WIDTH2: constexpr,
-                      BS2: constexpr, ONE_PASS: constexpr, ONE_PASS2: constexpr):
+                      BS2: constexpr, ONE_PASS: constexpr, ONE_PASS2: constexpr, EARLY: constexpr = 0):
     """Two compressors' pools over the same windows in one launch (a CSA layer's compressor and its indexer's):
     programs w < n_win pool the first's window w, the others the second's window w - n_win, each the whole of
-    _pool_kernel's one-program window (CB == DIM), so each entry has the bits of its own launch."""
-    pdl_wait()
+    _pool_kernel's one-program window (CB == DIM), so each entry has the bits of its own launch. EARLY: as
+    _pool_kernel's."""
+    if not EARLY:
+        pdl_wait()
     p = tl.program_id(0).to(tl.int64)
     if p < n_win:
         _pool_window(p, 0, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr,
                      live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M, DIM, WIDTH,
-                     SLOTS, OVERLAP, HALF, BS, DIM, POOLED, ONE_PASS)
+                     SLOTS, OVERLAP, HALF, BS, DIM, POOLED, ONE_PASS, EARLY)
     else:
         _pool_window(p - n_win, 0, kv2_ptr, gate2_ptr, ring_kv2_ptr, ring_gate2_ptr, ape2_ptr, norm2_ptr, cur_ptr,
                      prev_ptr, live_ptr, cos_ptr, sin_ptr, out2_ptr, ids_ptr, eps, R2, kv2_stride, gate2_stride, M,
-                     DIM2, WIDTH2, SLOTS, OVERLAP, HALF, BS2, DIM2, POOLED, ONE_PASS2)
+                     DIM2, WIDTH2, SLOTS, OVERLAP, HALF, BS2, DIM2, POOLED, ONE_PASS2, EARLY)
 
 
 @device_function
@@ -121,8 +134,8 @@ def _slot_rows(w, j, inside, prev_ptr, cur_ptr, live_ptr, M: constexpr, DIM: con
 def _pool_window(w, cblock, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_ptr, norm_ptr, cur_ptr, prev_ptr,
                  live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr,
                  DIM: constexpr, WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr,
-                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr):
-    """Window w's channel block cblock (_pool_kernel's program). ONE_PASS (the window's slots one block, SLOTS <= BS):
+                 BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr, EARLY: constexpr):
+    """Window w's channel block cblock (_pool_kernel's program); EARLY: the PDL wait before its stores. ONE_PASS (the window's slots one block, SLOTS <= BS):
     the gates and the rows are loaded together and the weights computed from the gates already held, where two passes
     reload the gates after the softmax's denominator: the same operations on the same values, one round trip less."""
     if POOLED:
@@ -198,6 +211,8 @@ def _pool_window(w, cblock, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_pt
                          tl.load(ring_kv_ptr + row[:, None] * WIDTH + off, mask=ring_ok, other=0.0),
                          tl.load(kv_ptr + (row - R)[:, None] * kv_stride + off, mask=new_ok, other=0.0))
             acc += tl.sum((v.to(tl.float32) * p).to(dt).to(tl.float32), axis=0)
+    if EARLY:
+        pdl_wait()
     if CB < DIM:
         tl.store(out_ptr + w * DIM + c, acc.to(dt))
     else:
@@ -253,10 +268,12 @@ def _shape(kv, win, overlap: bool) -> tuple[int, int, int, int, int, int]:
     return dim, slots, cb, block, 4 if cb * block <= 4096 else 8, CONFIG["one_pass"] and slots <= block
 
 
-def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None) -> torch.Tensor:
+def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float, ids=None,
+         early: bool = False) -> torch.Tensor:
     """Entries [n_win, dim] of the windows `win` of a chunk's projected rows kv, gate [T, width] (rows read in place
     wherever their channels are contiguous).
-    Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row."""
+    Pooled (ids [B]): kv, gate [B, width] one row each, rings [slots, R, width], win of one window per row.
+    early: the caller's word that every input was written two or more kernels before this launch (CONFIG early)."""
     width = kv.shape[-1]
     dim, slots, cb, block, warps, one_pass = _shape(kv, win, overlap)
     n_win, half = win.cur.shape[0], win.cos.shape[-1]
@@ -270,7 +287,7 @@ def pool(kv, gate, ring_kv, ring_gate, ape, norm, win, overlap: bool, eps: float
         win.sin.contiguous(), pooled, kv if ids is None else ids, pooled if tickets is None else tickets, out,
         float(eps), ring_kv.shape[-2], row_stride(kv), gate_stride, M=win.cur.shape[-1], DIM=dim, WIDTH=width,
         SLOTS=slots, OVERLAP=overlap, HALF=half, BS=block, CB=cb, POOLED=ids is not None, ONE_PASS=one_pass,
-        TICKET=tickets is not None, num_warps=warps)
+        TICKET=tickets is not None, **_early(early), num_warps=warps)
     if cb < dim and tickets is None:
         launcher(_norm_rope_kernel, kv)[(n_win,)](pooled, norm.contiguous(), win.cos.contiguous(),
                                                   win.sin.contiguous(), out, float(eps), DIM=dim, HALF=half)
@@ -286,9 +303,10 @@ def pair_supported(a: tuple, b: tuple, win, overlap: bool) -> bool:
     return sa[2] == sa[0] and sb[2] == sb[0] and sa[4] == sb[4] and a[0].dtype == b[0].dtype
 
 
-def pool_pair(a: tuple, b: tuple, win, overlap: bool, eps: float, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+def pool_pair(a: tuple, b: tuple, win, overlap: bool, eps: float, ids=None,
+              early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """pool(*a, win, ...) and pool(*b, win, ...) in one launch (pair_supported): their entries, each with the bits
-    of its own launch."""
+    of its own launch (early: pool's)."""
     dims, outs, runtime = [], [], []
     for kv, gate, ring_kv, ring_gate, ape, norm in (a, b):
         dim, slots, _, block, warps, one_pass = _shape(kv, win, overlap)
@@ -304,8 +322,13 @@ def pool_pair(a: tuple, b: tuple, win, overlap: bool, eps: float, ids=None) -> t
         *runtime, win.cur.contiguous(), win.prev.contiguous(), win.prev_live.contiguous(), win.cos.contiguous(),
         win.sin.contiguous(), a[0] if ids is None else ids, float(eps), n_win, M=win.cur.shape[-1], SLOTS=slots,
         OVERLAP=overlap, HALF=win.cos.shape[-1], POOLED=ids is not None, DIM=dim, WIDTH=width, BS=block, DIM2=dim2,
-        WIDTH2=width2, BS2=block2, ONE_PASS=one_pass, ONE_PASS2=one_pass2, num_warps=warps)
+        WIDTH2=width2, BS2=block2, ONE_PASS=one_pass, ONE_PASS2=one_pass2, **_early(early), num_warps=warps)
     return outs[0], outs[1]
+
+
+def _early(early: bool) -> dict:
+    """A launch's EARLY constant where the caller allows it and CONFIG early is on; {} (compiled as before) else."""
+    return {"EARLY": 1} if early and CONFIG["early"] else {}
 
 
 def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -317,8 +340,12 @@ def _in_place(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, committed_ptr, visible_ptr, keys_ptr,
                        ids_ptr, Ns, N, n_win, wts_stride, w_scale, q_scale, H: constexpr, H_PAD: constexpr,
-                       DI: constexpr, HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr):
-    pdl_wait()
+                       DI: constexpr, HALF: constexpr, BN: constexpr, IEEE: constexpr, POOLED: constexpr,
+                       EARLY: constexpr = 0):
+    """EARLY (CONFIG early, where the caller says only inew comes from the kernel before): everything else loaded
+    before the PDL wait, the new rows after it."""
+    if not EARLY:
+        pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     if POOLED:  # t is a row: its slot's stored keys, its own new rows and committed mask
         icomp_ptr += tl.load(ids_ptr + t) * Ns * DI
@@ -343,8 +370,11 @@ def _index_keys_kernel(q_ptr, wts_ptr, cos_ptr, sin_ptr, icomp_ptr, inew_ptr, co
 
     stored = n < Ns
     new = (n >= Ns) & (n < N)
-    rows = tl.where(stored[:, None], tl.load(icomp_ptr + n[:, None] * DI + d[None, :], mask=stored[:, None], other=0.0),
-                    tl.load(inew_ptr + (n - Ns)[:, None] * DI + d[None, :], mask=new[:, None], other=0.0))
+    kept = tl.load(icomp_ptr + n[:, None] * DI + d[None, :], mask=stored[:, None], other=0.0)
+    if EARLY:
+        pdl_wait()
+    rows = tl.where(stored[:, None], kept, tl.load(inew_ptr + (n - Ns)[:, None] * DI + d[None, :], mask=new[:, None],
+                                                   other=0.0))
     if IEEE:
         dots = tl.dot(q, tl.trans(rows), input_precision="ieee")  # [H_PAD, BN]
     else:
@@ -369,10 +399,11 @@ def index_supported(q: torch.Tensor, icomp: torch.Tensor, inew: torch.Tensor, co
             and icomp.shape[-2] + inew.shape[-2] < 2 ** 31)
 
 
-def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) -> torch.Tensor:
+def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None, early: bool = False) -> torch.Tensor:
     """Sort keys [T, Ns + n_win] int64 of q [T, heads, dI] (before RoPE) against [icomp | inew]; the head weights
     [T, heads] read in place wherever each row's are contiguous.
-    Pooled (ids [B], T = B rows of one token): icomp [slots, Ns, dI], inew [B, n_win, dI], committed [B, Ns]."""
+    Pooled (ids [B], T = B rows of one token): icomp [slots, Ns, dI], inew [B, n_win, dI], committed [B, Ns].
+    early: the caller's word that every input but inew was written two or more kernels before this launch."""
     T, H, dI = q.shape
     Ns, n_win = icomp.shape[-2], inew.shape[-2]
     N = Ns + n_win
@@ -383,7 +414,7 @@ def index_keys(q, weights, cos, sin, icomp, inew, committed, visible, ids=None) 
         q, weights, cos.contiguous(), sin.contiguous(), icomp, inew.contiguous(),
         committed.contiguous(), visible.contiguous(), keys, q if ids is None else ids, Ns, N, n_win, wts_stride,
         float(H ** -0.5), float(dI ** -0.5), H=H, H_PAD=max(16, next_pow2(H)), DI=dI, HALF=cos.shape[-1], BN=block,
-        IEEE=q.dtype == torch.float32, POOLED=ids is not None, num_warps=4)
+        IEEE=q.dtype == torch.float32, POOLED=ids is not None, **_early(early), num_warps=4)
     return keys
 
 

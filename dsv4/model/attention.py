@@ -58,6 +58,9 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     kind = "compress" if m else "main"
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
     x_out = _x_proj_first(x, w, m)
+    if m:  # the windows' geometry before q's latent: see _pool_early
+        for step, cache in zip(steps, caches):
+            step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
     if m:
@@ -66,20 +69,22 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             for b, (step, cache) in enumerate(zip(steps, caches)):
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
-                                        {k: tuple(t[rows] for t in v) for k, v in proj.items()})
+                                        {k: tuple(t[rows] for t in v) for k, v in proj.items()},
+                                        _pool_early(x_out, w))
+    windows = [step.sliding() for step in steps]  # before q's kernels: see _early
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
         rows = slice(b * T, (b + 1) * T)
-        visible, slots = step.sliding()
+        visible, slots = windows[b]
         writes.append(Write(cache.win, slots, kv[rows][T - min(T, cfg.sliding_window):], step.keep(slots.shape[0])))
         writes.extend(staged[b])
         extra = extras[b]
         cos_b, sin_b = step.cos_sin(kind)
         args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
-            outs.append(fused.attention(*args, **extra))
+            outs.append(fused.attention(*args, **extra, early=_early(roped)))
         elif kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
             outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
@@ -94,19 +99,38 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
     x_out = _x_proj_first(x, w, m)
+    if m:  # the windows' geometry before q's latent: see _pool_early
+        step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
     if m:
         with phase("compressor"):
-            extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out))
+            extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out),
+                                       _pool_early(x_out, w))
+    visible, slots = step.sliding()  # before q's kernels: see _early
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
-    visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
-    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
+    return _output(fused.attention(*args, **extra, ids=step.ids, early=_early(roped)), w, cfg, heads, out)
+
+
+def _early(roped: bool) -> bool:
+    """Whether the attention kernel may read everything but q before its PDL wait (dsv4.kernels.attention's early):
+    the step's window geometry, the compressed rows and picks are made before q's kernels (the callers' order), and
+    kv's norm and rope ran in q_res's launch (roped), so q's norm and rope is the only kernel the attention follows
+    directly."""
+    return roped
+
+
+def _pool_early(x_out, w: dict) -> bool:
+    """Whether a compressed layer's pools may run before their PDL wait and its index keys load all but the new keys
+    before theirs (dsv4.kernels.compressor's early): the windows' geometry is made before q's latent (the callers'
+    order), and the pools' rows two or more kernels back: the stacked x linear launched first (x_out), or a CSA layer,
+    whose indexer's query projection runs after every x linear; the index keys follow the pool."""
+    return x_out is not None or "indexer" in w
 
 
 def _x_proj_first(x, w: dict, m: int) -> torch.Tensor | None:
@@ -193,25 +217,27 @@ def _project_stacked(x, q_res, w: dict, cfg: ModelConfig, x_out: torch.Tensor | 
 
 
 def _compressed(x, q_res, step: Step, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write],
-                proj: dict) -> dict:
-    """The compressed rows this layer's queries see: the compressor's entries and, for CSA, the indexer's picks."""
+                proj: dict, early: bool = False) -> dict:
+    """The compressed rows this layer's queries see: the compressor's entries and, for CSA, the indexer's picks
+    (early: _pool_early's)."""
     m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
     csa = cfg.layer_types[layer] == CSA
     win = step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
     if not csa:
         new = compress(x, w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
-                       proj["compressor"])
+                       proj["compressor"], early)
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
     with phase("indexer"):
         new, inew = compress_pair((w["compressor"], cache.ckv, cache.cgate, cache.comp, proj["compressor"]),
-                                  (i, cache.ikv, cache.igate, cache.icomp, proj["indexer"]), win, eps, writes)
+                                  (i, cache.ikv, cache.igate, cache.icomp, proj["indexer"]), win, eps, writes,
+                                  early=early)
         ccos, csin = step.cos_sin("compress")
         rows = cache.icomp.shape[0]
         prefix = None if step.host_pos is None else (step.scored_rows(m, rows, INDEX_BLOCK),
                                                      step.committed_rows(m, rows))
         sel, valid = index_topk(q_res, x, ccos, csin, i, cache.icomp, inew, win, cfg.index_topk,
-                                cfg.index_n_heads, cfg.index_head_dim, proj["index_q"], prefix)
+                                cfg.index_n_heads, cfg.index_head_dim, proj["index_q"], prefix, early)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 
@@ -225,24 +251,24 @@ def _scored(extra: dict, step: Step, m: int) -> dict:
 
 
 def _compressed_pooled(step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, writes: list[Write],
-                       proj: dict) -> dict:
+                       proj: dict, early: bool = False) -> dict:
     """_compressed for pooled rows: each row's one window, its new entry new[b] [1, hd]."""
     m, eps = cfg.compress_rate(layer), cfg.rms_norm_eps
     csa = cfg.layer_types[layer] == CSA
     win = step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
     if not csa:
         new = compress_pooled(w["compressor"], cache.ckv, cache.cgate, cache.comp, win, csa, eps, writes,
-                              proj["compressor"], step.ids).unsqueeze(1)
+                              proj["compressor"], step.ids, early).unsqueeze(1)
         return dict(comp=cache.comp, new=new, committed=win.committed, new_visible=win.visible)
     i = w["indexer"]
     with phase("indexer"):
         new, inew = compress_pair((w["compressor"], cache.ckv, cache.cgate, cache.comp, proj["compressor"]),
                                   (i, cache.ikv, cache.igate, cache.icomp, proj["indexer"]), win, eps, writes,
-                                  step.ids)
+                                  step.ids, early)
         new = new.unsqueeze(1)
         ccos, csin = step.cos_sin("compress")
         sel, valid = index_topk_pooled(ccos, csin, cache.icomp, inew.unsqueeze(1), win, cfg.index_topk,
-                                       proj["index_q"], step.ids)
+                                       proj["index_q"], step.ids, early)
     return dict(comp=cache.comp, new=new, sel=sel, valid=valid)
 
 

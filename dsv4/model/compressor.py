@@ -31,13 +31,15 @@ def project(x, w: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def compress(x, w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool, eps: float,
-             writes: list[Write], proj=None) -> torch.Tensor:
+             writes: list[Write], proj=None, early: bool = False) -> torch.Tensor:
     """Entries [n_win, dim] of the windows a chunk x [T, D] touches; stages its ring rows and closed entries.
-    `proj`: the chunk's (kv, gate) when already projected (`project`)."""
+    `proj`: the chunk's (kv, gate) when already projected (`project`); early: the caller's word that they and the
+    windows were made two or more kernels before the pool (dsv4.kernels.compressor.pool's)."""
+    early = early and proj is not None
     kv, gate = proj if proj is not None else project(x, w)
     if kernels.use_triton(kv, gpu_checked=fused.GPU_CHECKED) and fused.pool_supported(
             kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
-        entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps)
+        entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps, early=early)
     else:
         entries = _pool(kv, gate, ring_kv, ring_gate, w, win, overlap, eps)
     _stage(writes, kv, gate, ring_kv, ring_gate, store, entries, win, None)
@@ -59,22 +61,22 @@ def _stage(writes: list[Write], kv, gate, ring_kv, ring_gate, store, entries, wi
 
 
 def compress_pair(first: tuple, second: tuple, win: Windows, eps: float, writes: list[Write],
-                  ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  ids: torch.Tensor | None = None, early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`compress` (or, with ids, `compress_pooled`) of two overlapping compressors over the same windows, a CSA
     layer's and its indexer's: each (w, ring_kv, ring_gate, store, proj). One launch for both where the kernel
     takes them (dsv4.kernels.compressor CONFIG pair), else one each; the same entries and the same staged writes,
-    in the same order, either way."""
+    in the same order, either way. early: compress's (both projections made two or more kernels back)."""
     (w, ring_kv, ring_gate, store, proj), (w2, ring_kv2, ring_gate2, store2, proj2) = first, second
     a = (*proj, ring_kv, ring_gate, w["ape"], w["norm"])
     b = (*proj2, ring_kv2, ring_gate2, w2["ape"], w2["norm"])
     if not (fused.CONFIG["pair"] and kernels.use_triton(proj[0], gpu_checked=fused.GPU_CHECKED)
             and fused.pair_supported(a, b, win, True)):
         if ids is None:
-            return (compress(None, w, ring_kv, ring_gate, store, win, True, eps, writes, proj),
-                    compress(None, w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2))
-        return (compress_pooled(w, ring_kv, ring_gate, store, win, True, eps, writes, proj, ids),
-                compress_pooled(w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, ids))
-    entries = fused.pool_pair(a, b, win, True, eps, ids)
+            return (compress(None, w, ring_kv, ring_gate, store, win, True, eps, writes, proj, early),
+                    compress(None, w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, early))
+        return (compress_pooled(w, ring_kv, ring_gate, store, win, True, eps, writes, proj, ids, early),
+                compress_pooled(w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, ids, early))
+    entries = fused.pool_pair(a, b, win, True, eps, ids, early)
     _stage(writes, *proj, ring_kv, ring_gate, store, entries[0], win, ids)
     _stage(writes, *proj2, ring_kv2, ring_gate2, store2, entries[1], win, ids)
     return entries
@@ -86,14 +88,14 @@ def flat(buf: torch.Tensor) -> torch.Tensor:
 
 
 def compress_pooled(w: dict, ring_kv, ring_gate, store, win: Windows, overlap: bool, eps: float,
-                    writes: list[Write], proj, ids: torch.Tensor) -> torch.Tensor:
+                    writes: list[Write], proj, ids: torch.Tensor, early: bool = False) -> torch.Tensor:
     """`compress` for one token of each of B pooled sequences (model.step.PoolStep's windows): rings and store
     stacked [slots, ...], proj the rows' (kv, gate) [B, width] -> each row's window entry [B, dim]. The pooled
-    kernel only (dsv4.kernels.pooled): it does each row's arithmetic as the row alone does."""
+    kernel only (dsv4.kernels.pooled): it does each row's arithmetic as the row alone does. early: compress's."""
     kv, gate = proj
     if not fused.pool_supported(kv, ring_kv, w["ape"], w["norm"], win.cos, overlap):
         raise RuntimeError("the pooled compressor kernel does not take these shapes/dtypes")
-    entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps, ids=ids)
+    entries = fused.pool(kv, gate, ring_kv, ring_gate, w["ape"], w["norm"], win, overlap, eps, ids=ids, early=early)
     _stage(writes, kv, gate, ring_kv, ring_gate, store, entries, win, ids)
     return entries
 
@@ -127,20 +129,23 @@ def index_queries(q_res, w: dict, n_heads: int, head_dim: int) -> torch.Tensor:
 
 
 def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int, n_heads: int, head_dim: int,
-               proj=None, prefix: tuple[int, int] | None = None):
+               proj=None, prefix: tuple[int, int] | None = None, early: bool = False):
     """Lightning indexer: pick each query's top-k compressed entries (ties to the lowest index).
 
     Index space: [committed rows 0..Ns) then [this chunk's windows Ns..Ns+n_win).
     Returns (selected [T, K] indices into that space, valid [T, K] bool). `proj`: (q, weights) when
     already projected (`index_project`). `prefix` (n, c): the kernel scores only the store's rows [0, n),
     which hold its c committed ones (model.step.Step.scored_rows); the answer is the same (_as_whole_store).
+    early: the caller's word that a kernel (the pool) ran between proj's and the index keys
+    (dsv4.kernels.compressor.index_keys').
     """
+    early = early and proj is not None
     T = x.shape[0]
     q, weights = proj if proj is not None else index_project(q_res, x, w, n_heads, head_dim)
     if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.index_supported(q, icomp, inew, cos):
         if prefix is not None and prefix[0] < icomp.shape[0]:
-            return _topk_over_prefix(q, weights, cos, sin, icomp, inew, win, topk, *prefix)
-        keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible)
+            return _topk_over_prefix(q, weights, cos, sin, icomp, inew, win, topk, *prefix, early)
+        keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, early=early)
         return fused.topk(keys, min(topk, keys.shape[-1]))
     q = apply_rope(q, cos, sin).float()
     scores = torch.cat([torch.einsum("thd,nd->thn", q, icomp.float()),
@@ -155,11 +160,12 @@ def index_topk(q_res, x, cos, sin, w: dict, icomp, inew, win: Windows, topk: int
     return order[:, :k], sorted_scores[:, :k] > float("-inf")
 
 
-def _topk_over_prefix(q, weights, cos, sin, icomp, inew, win: Windows, topk: int, n: int, c: int):
+def _topk_over_prefix(q, weights, cos, sin, icomp, inew, win: Windows, topk: int, n: int, c: int,
+                      early: bool = False):
     """The kernel's top-k over the store's rows [0, n) (holding its c committed ones) and the new windows,
     in the whole store's index space."""
     Ns, K = icomp.shape[0], min(topk, icomp.shape[0] + inew.shape[0])
-    keys = fused.index_keys(q, weights, cos, sin, icomp[:n], inew, win.committed[:n], win.visible)
+    keys = fused.index_keys(q, weights, cos, sin, icomp[:n], inew, win.committed[:n], win.visible, early=early)
     sel, valid = fused.topk(keys, min(K, keys.shape[-1]))
     return _as_whole_store(sel, valid, n, Ns, c, win.visible, K)
 
@@ -180,11 +186,11 @@ def _as_whole_store(sel, valid, n: int, Ns: int, c: int, visible, K: int):
     return torch.where(first, sel, tail), first
 
 
-def index_topk_pooled(cos, sin, icomp, inew, win: Windows, topk: int, proj, ids: torch.Tensor):
+def index_topk_pooled(cos, sin, icomp, inew, win: Windows, topk: int, proj, ids: torch.Tensor, early: bool = False):
     """`index_topk` for one token of each of B pooled sequences: icomp [slots, Ns, dI] stacked, inew [B, 1, dI],
     proj the rows' (q, weights). The keys are distinct, so each row's top-k is what it is alone."""
     q, weights = proj
     if not fused.index_supported(q, icomp, inew, cos):
         raise RuntimeError("the pooled index kernel does not take these shapes/dtypes")
-    keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, ids=ids)
+    keys = fused.index_keys(q, weights, cos, sin, icomp, inew, win.committed, win.visible, ids=ids, early=early)
     return fused.topk(keys, min(topk, keys.shape[-1]))
