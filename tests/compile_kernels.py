@@ -55,10 +55,7 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
 # A variant compiled with the constant EARLY = 1 of a kernel here may read these before its wait too: what the caller
 # says was written two or more kernels back (each kernel releases the next only after its own wait, so the kernel
 # two back is complete when this one starts). Checked as "<kernel>:behind".
-BEHIND = {"_down_gl_kernel": {"w_ptr", "s_ptr", "ids_ptr", "wt_ptr", "h_ptr"},
-          "_attn_split_kernel": {"win_ptr", "kv_ptr", "vis_ptr", "comp_ptr", "new_ptr", "sel_ptr", "ok_ptr",
-                                 "ok_new_ptr", "ids_ptr"},
-          "_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr", "ape_ptr", "norm_ptr", "cur_ptr",
+BEHIND = {"_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr", "ape_ptr", "norm_ptr", "cur_ptr",
                            "prev_ptr", "live_ptr", "cos_ptr", "sin_ptr", "ids_ptr"},
           "_pool_pair_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr", "ape_ptr", "norm_ptr", "kv2_ptr",
                                 "gate2_ptr", "ring_kv2_ptr", "ring_gate2_ptr", "ape2_ptr", "norm2_ptr", "cur_ptr",
@@ -329,17 +326,6 @@ pooled_variants(torch.bfloat16, 32, 512, 32)  # Flash, a rank of 2
 pooled_variants(torch.float32, 2, 512, 32)  # fp32, few heads: the broadcast path
 attention.CONFIG.update({"fused_combine": True})
 pooled_variants(torch.bfloat16, 32, 512, 32)
-attention.CONFIG.update(default)
-# The first tile's keys before the wait (DSV4_ATTN_EARLY, where the model says only q comes from the kernel before):
-# every kind, the tensor-core and the broadcast tiles, decode and pooled.
-attention.CONFIG.update({"early": True})
-_attention = attention.attention
-attention.attention = lambda *a, **kw: _attention(*a, **kw, early=True)
-attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)
-attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))
-pooled_variants(torch.bfloat16, 32, 512, 32)
-pooled_variants(torch.float32, 2, 512, 32)
-attention.attention = _attention
 attention.CONFIG.update(default)
 
 
@@ -675,16 +661,6 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
-    if PDL:  # kernel 2's terms before its wait (DSV4_MOE_DOWN_EARLY, where the model says a kernel runs between)
-        moe_gl.CONFIG.update(down_early=True)
-        for T, groups in ((1, None), (3, torch.zeros(18, expert_groups.GROUP_ROW, dtype=torch.int32))):
-            ids = torch.zeros(T, 6, dtype=torch.int64)
-            w2 = QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8),
-                         torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu), "fp4")
-            for add in (torch.zeros(T, 4096, dtype=torch.bfloat16), None):
-                moe_gl.down(torch.zeros(T * 6, 2048, dtype=torch.bfloat16), ids, torch.zeros(T, 6, dtype=torch.bfloat16),
-                            w2, 0, add, torch.zeros(T, 4096, dtype=torch.bfloat16), groups, early=True)
-        moe_gl.CONFIG.update(_mma)
 
 
 def qgemv_mma_variants():

@@ -158,31 +158,6 @@ def test_model_decode_takes_the_kernel(monkeypatch):
     assert len(calls) == model.cfg.num_hidden_layers
 
 
-@pytest.mark.parametrize("device", [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else []) for d in DEVICES])
-def test_model_decode_says_early_and_keeps_the_bits(monkeypatch, device):
-    """The model's word (dsv4.model.attention._early): with kv's norm and rope in q_res's launch (pair_norms) every
-    layer's kernel may take its keys before the wait; with CONFIG early on the decode step's logits are the bits
-    of the plain launches. Only dsv4.model.attention's dispatches take the kernels (as the test above)."""
-    import types
-
-    import dsv4
-    from dsv4.model import attention as model_attention
-
-    said, kernel = [], fused.attention
-    monkeypatch.setattr(fused, "attention", lambda *a, **k: said.append(k.get("early")) or kernel(*a, **k))
-    monkeypatch.setattr(model_attention, "kernels", types.SimpleNamespace(use_triton=lambda *a, **k: True))
-    model = dsv4.load("tiny", device=device, dtype=torch.float32)  # a minute through the interpreter: slow set on CPU
-    logits = []
-    for early in (False, True):
-        monkeypatch.setitem(fused.CONFIG, "early", early)
-        state = model.new_state(32)
-        model.prefill(state, list(range(1, 10)))
-        model.decode(state, 10)
-        logits.append(state.logits.clone())
-    assert said == [True] * (2 * model.cfg.num_hidden_layers)
-    assert torch.equal(logits[0], logits[1])
-
-
 # ---- the combine inside the split launch (CONFIG fused_combine) -------------------------------------------
 def launched(monkeypatch) -> list:
     """The names of the attention kernels launched, in order."""
@@ -292,29 +267,3 @@ def test_fused_combine_pooled_rows_are_plain_rows(monkeypatch, fused_combine, de
                                 comp=extra["comp"][s], new=extra["new"][b], committed=extra["committed"][b],
                                 new_visible=extra["new_visible"][b:b + 1])
         assert torch.equal(got[b:b + 1], alone), b
-
-
-# ---- the first tile's keys before the PDL wait (CONFIG early) ---------------------------------------------------
-EARLY_CASES = [({}, SLIDING, 21, 3, 20, torch.bfloat16), ({"block_n": 16, "tiles": 3}, CSA, 45, 2, 20, torch.bfloat16),
-               ({"fused_combine": True, "block_n": 16}, HCA, 12, 8, 2, torch.float32),
-               ({}, HCA, 40, 1, 2, torch.float32), ({"block_n": 16, "tiles": 3}, CSA, 21, 1, 2, torch.float32)]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("config,kind,pos,T,heads,dtype", EARLY_CASES)
-def test_early_keys_keep_the_bits(monkeypatch, device, config, kind, pos, T, heads, dtype):
-    """early (the caller's word that only q comes from the kernel before): the same bits as the plain launch (the
-    same operations; tile 0 taken before the wait, the others in the loop), one tile a program or three, with the
-    combine in its own launch or fused, tensor-core tiles (20 heads, bf16) and the broadcast path (2 heads)."""
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    for key, value in config.items():
-        monkeypatch.setitem(fused.CONFIG, key, value)
-    args, extra = case(kind, pos, T, heads, 64, dtype, device, window=72, capacity=256)
-    plain = fused.attention(*args, **extra)
-    monkeypatch.setitem(fused.CONFIG, "early", True)
-    names = launched(monkeypatch)
-    early = fused.attention(*args, **extra, early=True)
-    assert torch.equal(early, plain)
-    assert names[0] == "_attn_split_kernel"
-    monkeypatch.setitem(fused.CONFIG, "early", False)  # the switch off: the caller's word alone changes nothing
-    assert torch.equal(fused.attention(*args, **extra, early=True), plain)

@@ -453,19 +453,20 @@ def test_index_keys_early_keep_the_bits(monkeypatch, device, pos, T, m, H, dI, t
 
 
 @pytest.mark.parametrize("device", MODEL_DEVICES)
-def test_model_early_switches_change_no_bit(monkeypatch, device):
-    """tiny's decode steps with every kernel that may start on its inputs before its PDL wait doing so (the
-    compressor's pools and index keys, the attention's first tile, kernel 2 of the experts where it runs): the
-    logits and the state's bytes of the plain launches, bit for bit."""
+def test_model_early_pools_change_no_bit(monkeypatch, device):
+    """tiny's decode steps with the compressor's pools and index keys starting on their inputs before their PDL wait
+    (CONFIG early, where dsv4.model.attention says so): the logits and the state's bytes of the plain launches, bit
+    for bit; every compressed layer's pool told so."""
     import dsv4
-    from dsv4.kernels import attention, moe_gl
 
     model = dsv4.load("tiny", device=device, dtype=torch.bfloat16, seed=8)
+    said = []
+    real = fused.pool_pair, fused.pool
+    monkeypatch.setattr(fused, "pool_pair", lambda *a, **k: said.append(k.get("early")) or real[0](*a, **k))
+    monkeypatch.setattr(fused, "pool", lambda *a, **k: said.append(k.get("early")) or real[1](*a, **k))
 
     def run(on):
         monkeypatch.setitem(fused.CONFIG, "early", on)
-        monkeypatch.setitem(attention.CONFIG, "early", on)
-        monkeypatch.setitem(moe_gl.CONFIG, "down_early", on)
         monkeypatch.setenv("DSV4_KERNELS", "torch")
         state = model.new_state(16)
         model.prefill(state, [3, 1, 4, 1, 5])
@@ -477,3 +478,5 @@ def test_model_early_switches_change_no_bit(monkeypatch, device):
 
     (on, on_digest), (off, off_digest) = run(True), run(False)
     assert torch.equal(on, off) and on_digest == off_digest
+    compressed = sum(m > 0 for m in map(model.cfg.compress_rate, range(model.cfg.num_hidden_layers)))
+    assert said == [True] * (2 * 4 * compressed)  # one pool launch a compressed layer a step, each told early

@@ -32,9 +32,8 @@ linear and dense's on a stored weight, v2 and v3 alike, the shared expert's gate
 slice, a top-k layer's router bias), which load their first weight tile (a module parameter, never written by a step)
 before it. A kernel may also read before its wait what the kernel two or more launches back wrote, where its caller
 says that is all it reads (an `early` argument; the kernel's constant EARLY): each kernel releases the next only after
-its own wait, so when a kernel starts, every kernel but the one right before it is complete. The experts' kernel 2,
-the attention's split, the compressor's pools and index keys have such forms (switches, see their CONFIGs), and the
-model's order makes their inputs old enough. tests/compile_kernels.py checks the PTX of every kernel against this
+its own wait, so when a kernel starts, every kernel but the one right before it is complete. The compressor's pools and
+index keys have such forms (dsv4.kernels.compressor CONFIG early), and the model's order makes their inputs old enough. tests/compile_kernels.py checks the PTX of every kernel against this
 contract (its EARLY and BEHIND tables). The arithmetic is the same, so are the bits. A kernel after a torch op (which never releases early) starts as it would without PDL.
 (Sessions 7-17 launched only the weight-streaming kernels this way, the others releasing first; session 18 put the
 whole chain under it.)

@@ -49,13 +49,7 @@ MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the refere
 # block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
 # times variants.
 CONFIG = {"block_n": 32, "tiles": 1, "block_h": 32, "num_warps": 8, "combine_warps": 4,
-          "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8,
-          "early": os.environ.get("DSV4_ATTN_EARLY", "0") == "1"}
-# early (DSV4_ATTN_EARLY=1; off until a GPU run measures it): where the caller says only q comes from the kernel
-# before (attention's `early`: the model computes the step's geometry, the compressed rows, the picks and kv's norm
-# before q's last kernel), each split program loads its first tile's masks, picks and K=V rows before its wait
-# (DSV4_PDL: the kernel two back is complete when this one starts), so their dependent round trips run while q's
-# norm and rope do. The same operations: the same bits.
+          "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8}
 MERGE_VALUES = 64  # fp32 values of the partials a thread of the merging program holds per chunk
 _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
 
@@ -66,12 +60,9 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
                        K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
                        BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
-                       MERGE_D: constexpr, EARLY: constexpr = 0):
-    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc).
-    EARLY (CONFIG early, where the caller says only q comes from the kernel before): the first tile's keys, masks
-    and picks loaded before the wait, q after it."""
-    if not EARLY:
-        pdl_wait()
+                       MERGE_D: constexpr):
+    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
+    pdl_wait()
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t = tl.program_id(2).to(tl.int64)
@@ -85,23 +76,50 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
             ok_ptr += t * NS
     h_ok = h < H
     d = tl.arange(0, HD)
-    if EARLY:
-        ok0, kt0 = _keys(s * TILES, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr, t, d,
-                         NS, NW, sel_stride, ok_stride, T, HD, W, K, PICKS, ALL_ROWS, BLOCK_N, DOT_F32)
-        pdl_wait()
     q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
     dt = q.dtype
     if DOT_F32:  # Triton 3.6's interpreter multiplies 16-bit dot operands as raw bits: widen them (exactly)
         q = q.to(tl.float32)
+    S0 = W + T
     m = tl.full([BLOCK_H], _NO_MAX, dtype=tl.float32)
     l = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, HD], dtype=tl.float32)
-    if EARLY:
-        m, l, acc = _online(q, ok0, kt0, m, l, acc, scale, dt, USE_DOT, DOT_F32)
-    for i in range(EARLY, TILES):
-        ok, kt = _keys(s * TILES + i, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr, t, d,
-                       NS, NW, sel_stride, ok_stride, T, HD, W, K, PICKS, ALL_ROWS, BLOCK_N, DOT_F32)
-        m, l, acc = _online(q, ok, kt, m, l, acc, scale, dt, USE_DOT, DOT_F32)
+    for i in range(TILES):
+        j = (s * TILES + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        in0 = j < S0
+        ok = tl.load(vis_ptr + t * S0 + j, mask=in0, other=0) != 0
+        row = tl.where(j < W, win_ptr + j * HD, kv_ptr + (j - W) * HD)
+        j1 = j - S0
+        if PICKS:  # CSA
+            in1 = (j1 >= 0) & (j1 < K)
+            idx = tl.load(sel_ptr + t * sel_stride + j1, mask=in1, other=0)
+            row = tl.where(in1, tl.where(idx < NS, comp_ptr + idx * HD, new_ptr + (idx - NS) * HD), row)
+            ok = tl.where(in1, tl.load(ok_ptr + t * ok_stride + j1, mask=in1, other=0) != 0, ok)
+        if ALL_ROWS:  # HCA
+            in1 = (j1 >= 0) & (j1 < NS)
+            j2 = j1 - NS
+            in2 = (j2 >= 0) & (j2 < NW)
+            row = tl.where(in1, comp_ptr + j1 * HD, tl.where(in2, new_ptr + j2 * HD, row))
+            ok = tl.where(in1, tl.load(ok_ptr + j1, mask=in1, other=0) != 0, ok)
+            ok = tl.where(in2, tl.load(ok_new_ptr + t * NW + j2, mask=in2, other=0) != 0, ok)
+        kt = tl.load(row[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, HD], K = V
+        if DOT_F32:
+            kt = kt.to(tl.float32)
+        if USE_DOT:
+            sc = tl.dot(q, tl.trans(kt), input_precision="ieee")
+        else:  # too few heads for a tensor-core tile
+            sc = tl.sum(q[:, None, :].to(tl.float32) * kt[None, :, :].to(tl.float32), axis=2)
+        sc = tl.where(ok[None, :], sc * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            pv = tl.dot(p.to(dt).to(kt.dtype), kt, input_precision="ieee")
+        else:
+            pv = tl.sum(p[:, :, None] * kt[None, :, :].to(tl.float32), axis=1)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
     part = (t * H + h) * SPLITS + s
     tl.store(m_ptr + part, m, mask=h_ok)
     tl.store(l_ptr + part, l, mask=h_ok)
@@ -113,54 +131,6 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
             _merge(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, t, h, h_ok, H, HD, NOPE, HALF, SPLITS,
                    SP, MERGE_D)
             tl.store(ticket, 0)
-
-
-@device_function
-def _keys(tile, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr, t, d, NS, NW, sel_stride,
-          ok_stride, T: constexpr, HD: constexpr, W: constexpr, K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr,
-          BLOCK_N: constexpr, DOT_F32: constexpr):
-    """Tile `tile` of query t's index space: (the keys' visibility [BLOCK_N], their K=V rows [BLOCK_N, HD])."""
-    S0 = W + T
-    j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    in0 = j < S0
-    ok = tl.load(vis_ptr + t * S0 + j, mask=in0, other=0) != 0
-    row = tl.where(j < W, win_ptr + j * HD, kv_ptr + (j - W) * HD)
-    j1 = j - S0
-    if PICKS:  # CSA
-        in1 = (j1 >= 0) & (j1 < K)
-        idx = tl.load(sel_ptr + t * sel_stride + j1, mask=in1, other=0)
-        row = tl.where(in1, tl.where(idx < NS, comp_ptr + idx * HD, new_ptr + (idx - NS) * HD), row)
-        ok = tl.where(in1, tl.load(ok_ptr + t * ok_stride + j1, mask=in1, other=0) != 0, ok)
-    if ALL_ROWS:  # HCA
-        in1 = (j1 >= 0) & (j1 < NS)
-        j2 = j1 - NS
-        in2 = (j2 >= 0) & (j2 < NW)
-        row = tl.where(in1, comp_ptr + j1 * HD, tl.where(in2, new_ptr + j2 * HD, row))
-        ok = tl.where(in1, tl.load(ok_ptr + j1, mask=in1, other=0) != 0, ok)
-        ok = tl.where(in2, tl.load(ok_new_ptr + t * NW + j2, mask=in2, other=0) != 0, ok)
-    kt = tl.load(row[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, HD], K = V
-    if DOT_F32:
-        kt = kt.to(tl.float32)
-    return ok, kt
-
-
-@device_function
-def _online(q, ok, kt, m, l, acc, scale, dt: constexpr, USE_DOT: constexpr, DOT_F32: constexpr):
-    """One tile's step of the online softmax: (m, l, acc) updated with the tile's keys kt where ok."""
-    if USE_DOT:
-        sc = tl.dot(q, tl.trans(kt), input_precision="ieee")
-    else:  # too few heads for a tensor-core tile
-        sc = tl.sum(q[:, None, :].to(tl.float32) * kt[None, :, :].to(tl.float32), axis=2)
-    sc = tl.where(ok[None, :], sc * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(sc, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(sc - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    if USE_DOT:
-        pv = tl.dot(p.to(dt).to(kt.dtype), kt, input_precision="ieee")
-    else:
-        pv = tl.sum(p[:, :, None] * kt[None, :, :].to(tl.float32), axis=1)
-    return m_new, l, acc * alpha[:, None] + pv
 
 
 @device_function
@@ -274,12 +244,11 @@ def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
 
 
 def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None, ids=None, early: bool = False) -> torch.Tensor:
+              new_visible=None, ids=None) -> torch.Tensor:
     """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
     (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype.
     Pooled (ids [B], T = B rows of one token): win [slots, W, hd], kv [B, hd], visible [B, W + 1],
-    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...]. early: the caller's word
-    that every input but q was written two or more kernels before this launch (CONFIG early)."""
+    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...]."""
     T, H, hd = q.shape
     pooled = ids is not None
     chunk = 1 if pooled else T  # tokens of one sequence's chunk
@@ -309,8 +278,7 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
         T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
-        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half),
-        **({"EARLY": 1} if early and c["early"] else {}), **warps(c["num_warps"]))
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
     if fused:
         return out
     launcher(_attn_combine_kernel, q)[(H, T)](

@@ -50,13 +50,16 @@ _VISIBLE_BELOW = 0x7F800000 << 32
 CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "1") == "1",
           "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1",
           "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "0") == "1",
-          "early": os.environ.get("DSV4_POOL_EARLY", "0") == "1"}
-# early (DSV4_POOL_EARLY=1; off until a GPU run measures it): where the caller says so (pool's, pool_pair's and
-# index_keys' `early`: dsv4.model.attention makes the step's window geometry and the stacked x linear before q's
-# latent, so a pool follows kernels whose outputs it does not read, and the index keys follow the pool), the pools run
-# before their PDL wait (DSV4_PDL: the kernel two back is complete when one starts), their stores after it, and the
-# index keys load the queries, head weights and stored keys before it, this step's new keys after it. The same
-# operations: the same bits.
+          "early": os.environ.get("DSV4_POOL_EARLY", "1") == "1"}
+# early (DSV4_POOL_EARLY=0 turns it off): where the caller says so (pool's, pool_pair's and index_keys' `early`:
+# dsv4.model.attention makes the step's window geometry and the stacked x linear before q's latent, so a pool follows
+# kernels whose outputs it does not read, and the index keys follow the pool), the pools run before their PDL wait
+# (DSV4_PDL: the kernel two back is complete when one starts), their stores after it, and the index keys load the
+# queries, head weights and stored keys before it, this step's new keys after it. The same operations: the same bits
+# (the gate's stream unchanged). On by default since session 35 (call 1, mini's decode_ab in one process: pipelined
+# 903.0 -> 907.4 tok/s, +0.5 % in every round; graph 834.6 -> 838.3). The same form for the experts' kernel 2 (its
+# terms while the shared expert's down GEMV runs) measured -0.9 % and for the attention's split (its first tile of keys
+# while q's norm and rope run) -0.2 %: both removed (kept in commit 0461baf).
 POOL_SPLIT_ABOVE = 8192  # slots x channels of a window above which pool splits channels over programs
 POOL_CHANNELS = 64
 INDEX_BLOCK = 64  # entries per index_keys program (half that above 64 heads)

@@ -73,15 +73,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "shared_tokens_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED", "1")),
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
-          "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
-          "down_early": getenv("DSV4_MOE_DOWN_EARLY", "0") == "1"}
-# down_early (DSV4_MOE_DOWN_EARLY=1 under DSV4_PDL; off until a GPU run measures it): kernel 2's tensor-core programs
-# compute their terms before their wait where the caller says a kernel runs between kernel 1 and kernel 2 (down's
-# `early`: the model's shared expert's down projection, dsv4.model.moe): ids and the routing weights are then three
-# kernels back, h two, all complete before kernel 2 can start (each kernel releases the next only after its own wait),
-# so the routed experts' bytes stream while the shared down projection runs; the stores, the shared output's read and
-# the ticketed sum stay after the wait. The same operations: the same bits. (Session 19 measured it only with the
-# expert-loop kernel 2, which was slower for its own reasons.)
+          "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0"))}
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -413,17 +405,9 @@ def _mma_word(wg, wh, mg, mh, b, c, F16: gl.constexpr):
 
 
 @_jit
-def _x_word(at, live, XCG: gl.constexpr):
-    if XCG:
-        return gl.load(at, mask=live, other=0, cache_modifier=".cg")
-    else:
-        return gl.load(at, mask=live, other=0)
-
-
-@_jit
 def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, s_expert_stride, K: gl.constexpr,
               S_STRIDE: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, PAIR: gl.constexpr, GROUPED: gl.constexpr,
-              group_row, cols, XDIV: gl.constexpr, XCG: gl.constexpr = False):
+              group_row, cols, XDIV: gl.constexpr):
     """The sums of rows nb * 16 RT.. of expert e's FP4 weight a (and, with PAIR, of b: gate and up read one x) with
     row r of x [*, K], on the tensor cores: RT tiles of 16 rows a warp, the K axis split over the warps (chunks of 128
     inputs, 64 bytes a row: warp w takes chunks w, w + W, ..., U of them a step), summed over the warps at the end.
@@ -436,9 +420,7 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
     GROUPED (dsv4.kernels.expert_groups): columns 0..cols-1 are the pairs of the group whose table row is group_row,
     column j x's row (pair j) // XDIV (lanes g = j load it); returns the four accumulators (rows g, g, g + 8, g + 8;
     columns 2 t, 2 t + 1, 2 t, 2 t + 1) summed over the warps, for a, then for b. Column j's sums are those of its pair
-    alone in column 0: an MMA's column reads its own column of x only, and the warps' sum is the same reduction.
-
-    XCG: x's loads from L2 (.cg), where they run before the program's wait (kernel 2's EARLY)."""
+    alone in column 0: an MMA's column reads its own column of x only, and the warps' sum is the same reduction."""
     W: gl.constexpr = gl.num_warps()
     L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
                                         warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
@@ -472,8 +454,8 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
             scs = sc0 + c * 4
             step = (gl.load(wa_ptr + at), gl.load(wa_ptr + at + 8 * (K // 8)),
                     _multiplier(sa_ptr + scs, F16), _multiplier(sa_ptr + scs + 8 * S_STRIDE, F16),
-                    _x_word(x_words + xs, x_live, XCG), _x_word(x_words + xs + 4, x_live, XCG),
-                    _x_word(x_words + xs + 8, x_live, XCG), _x_word(x_words + xs + 12, x_live, XCG))
+                    gl.load(x_words + xs, mask=x_live, other=0), gl.load(x_words + xs + 4, mask=x_live, other=0),
+                    gl.load(x_words + xs + 8, mask=x_live, other=0), gl.load(x_words + xs + 12, mask=x_live, other=0))
             if PAIR:
                 step = step + (gl.load(wb_ptr + at), gl.load(wb_ptr + at + 8 * (K // 8)),
                                _multiplier(sb_ptr + scs, F16), _multiplier(sb_ptr + scs + 8 * S_STRIDE, F16))
@@ -561,24 +543,21 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
-                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
+                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
     bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows). GROUPED
-    (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group). EARLY (with MMA; the
-    caller's word that a kernel runs between kernel 1 and this one, see down): each program's products before its
-    wait, its stores after it."""
-    if not EARLY:
-        _pdl_wait()
+    (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group)."""
+    _pdl_wait()
     if GROUPED:
         _down_mma_group(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
-                        w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U, EARLY)
+                        w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
     elif MMA:
         _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first,
-                          n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U, EARLY)
+                          n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
     else:
         _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                          w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, RN, FUSED_SUM)
@@ -621,11 +600,9 @@ def _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr
 @_jit
 def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                       w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                      ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr,
-                      EARLY: gl.constexpr):
+                      ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
     """_down_gl_kernel's program (nb, t, j), the term's sums on the tensor cores (_mma_rows, rows nb * 16 RT..):
-    the same rounding of the term and the same ticketed sum. EARLY: the sums (ids, h and the routing weight read
-    from L2) before the program's wait."""
+    the same rounding of the term and the same ticketed sum."""
     nb = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
     j = gl.program_id(2)
@@ -635,16 +612,12 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
-                         RT, U, False, False, ids_ptr, 1, 1, EARLY)
+                         RT, U, False, False, ids_ptr, 1, 1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
-        if EARLY:
-            _pdl_wait()
         for h in gl.static_range(2):  # rows g, then g + 8
             term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
             gl.store(p_ptr + r * D + row + 8 * h, term, mask=t3 == 0)
     else:
-        if EARLY:
-            _pdl_wait()
         for h in gl.static_range(2):  # another rank's expert: a zero term
             gl.store(p_ptr + r * D + row + 8 * h, (row * 0).to(gl.float32), mask=t3 == 0)
     if FUSED_SUM:
@@ -657,12 +630,11 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
 @_jit
 def _down_mma_group(h_ptr, w_ptr, s_ptr, groups_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                     w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                    ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr,
-                    EARLY: gl.constexpr):
+                    ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
     """Program (nb, p) of the grouped kernel 2: where table row p leads a group, each of its pairs' terms (a column
     each, _mma_rows GROUPED on h's rows) rounded and stored as _down_mma_program's (zeros for another rank's
     expert); then, for each pair in turn, its token's ticket (the terms of the token's TOPK pairs summed in routing
-    order by whichever program comes last, as ungrouped). EARLY: the sums before the program's wait."""
+    order by whichever program comes last, as ungrouped)."""
     nb = gl.program_id(0)
     p = gl.program_id(1).to(gl.int64)
     group_row = groups_ptr + p * _GROUP_ROW
@@ -673,9 +645,7 @@ def _down_mma_group(h_ptr, w_ptr, s_ptr, groups_ptr, wt_ptr, add_ptr, y_ptr, p_p
         e = gl.load(group_row).to(gl.int64) - first
         if (e >= 0) & (e < n_local):
             sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, 0, nb, w_expert_stride, s_expert_stride, I,
-                             S_STRIDE, RT, U, False, True, group_row, cols, 1, EARLY)
-            if EARLY:
-                _pdl_wait()
+                             S_STRIDE, RT, U, False, True, group_row, cols, 1)
             for hh in gl.static_range(2):  # rows g, then g + 8
                 for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
                     col = 2 * t3 + cc
@@ -685,8 +655,6 @@ def _down_mma_group(h_ptr, w_ptr, s_ptr, groups_ptr, wt_ptr, add_ptr, y_ptr, p_p
                     term = (sums[2 * hh + cc].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
                     gl.store(p_ptr + member * D + row + 8 * hh, term, mask=live & (row >= 0))
         else:  # another rank's expert: zero terms
-            if EARLY:
-                _pdl_wait()
             for hh in gl.static_range(2):
                 for cc in gl.static_range(2):
                     col = 2 * t3 + cc
@@ -879,14 +847,11 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
 
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
-         add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None,
-         early: bool = False) -> torch.Tensor | None:
+         add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
     as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
-    the same operations). groups: groups_for's table, or None. early: the caller's word that h, ids and weights
-    were written two or more kernels before this launch (CONFIG down_early then computes the terms before the
-    programs' wait)."""
+    the same operations). groups: groups_for's table, or None."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
@@ -901,11 +866,5 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
-        FUSED_SUM=tickets is not None, **mma, **grouped, **_early(early, mma), **_options())
+        FUSED_SUM=tickets is not None, **mma, **grouped, **_options())
     return terms if tickets is None else None
-
-
-def _early(early: bool, mma: dict) -> dict:
-    """Kernel 2's EARLY constant: the tensor-core programs under DSV4_PDL with CONFIG down_early, where the caller
-    allows it; {} (compiled as before) otherwise."""
-    return {"EARLY": 1} if early and mma and PDL and CONFIG["down_early"] else {}

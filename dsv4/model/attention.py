@@ -71,20 +71,19 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()},
                                         _pool_early(x_out, w))
-    windows = [step.sliding() for step in steps]  # before q's kernels: see _early
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
         rows = slice(b * T, (b + 1) * T)
-        visible, slots = windows[b]
+        visible, slots = step.sliding()
         writes.append(Write(cache.win, slots, kv[rows][T - min(T, cfg.sliding_window):], step.keep(slots.shape[0])))
         writes.extend(staged[b])
         extra = extras[b]
         cos_b, sin_b = step.cos_sin(kind)
         args = (q[rows], cache.win, kv[rows], visible, w["attn_sink"], cos_b, sin_b)
         if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
-            outs.append(fused.attention(*args, **extra, early=_early(roped)))
+            outs.append(fused.attention(*args, **extra))
         elif kernels.use_triton(q, gpu_checked=prefill.GPU_CHECKED) and prefill.supported(*args, **extra):
             outs.append(prefill.attention(*args, **_scored(extra, step, m)))  # chunks past the decode kernel's MAX_T
         else:
@@ -107,22 +106,14 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
         with phase("compressor"):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out),
                                        _pool_early(x_out, w))
-    visible, slots = step.sliding()  # before q's kernels: see _early
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
+    visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
     if not fused.supported(*args, **extra, ids=step.ids):
         raise RuntimeError(f"layer {layer}: the pooled attention kernel does not take these shapes/dtypes")
-    return _output(fused.attention(*args, **extra, ids=step.ids, early=_early(roped)), w, cfg, heads, out)
-
-
-def _early(roped: bool) -> bool:
-    """Whether the attention kernel may read everything but q before its PDL wait (dsv4.kernels.attention's early):
-    the step's window geometry, the compressed rows and picks are made before q's kernels (the callers' order), and
-    kv's norm and rope ran in q_res's launch (roped), so q's norm and rope is the only kernel the attention follows
-    directly."""
-    return roped
+    return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
 def _pool_early(x_out, w: dict) -> bool:

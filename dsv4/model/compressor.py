@@ -76,7 +76,7 @@ def compress_pair(first: tuple, second: tuple, win: Windows, eps: float, writes:
                     compress(None, w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, early))
         return (compress_pooled(w, ring_kv, ring_gate, store, win, True, eps, writes, proj, ids, early),
                 compress_pooled(w2, ring_kv2, ring_gate2, store2, win, True, eps, writes, proj2, ids, early))
-    entries = fused.pool_pair(a, b, win, True, eps, ids, early)
+    entries = fused.pool_pair(a, b, win, True, eps, ids, early=early)
     _stage(writes, *proj, ring_kv, ring_gate, store, entries[0], win, ids)
     _stage(writes, *proj2, ring_kv2, ring_gate2, store2, entries[1], win, ids)
     return entries

@@ -86,14 +86,13 @@ PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a de
 
 
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None,
-           h=None, groups=None, behind: bool = False) -> torch.Tensor:
+           h=None, groups=None) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
     it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]). out [T, D]: where the fused kernels write the
     result when they run (the door's payload: dsv4.parallel.Comm.payload); the result is what is returned.
     h: the fused kernel 1's output when moe() already ran it (with the shared expert's: _fused_routed holds), groups
-    the table of pairs by expert it ran with (dsv4.kernels.moe.groups_for, or None); behind: a kernel ran after
-    the one that wrote h (dsv4.kernels.moe.routed's).
+    the table of pairs by expert it ran with (dsv4.kernels.moe.groups_for, or None).
 
     Rows alone (decode steps and short prefill chunks: model.rows.short_chunk) always take the per-(token,
     expert) path, whatever their number: the grouped path's sums would depend on which other rows share the
@@ -117,8 +116,7 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
         if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups,
-                                    behind)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -258,8 +256,7 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
         groups = fused_moe.groups_for(x, ids, e["w1"], e["w3"])  # a batched step's pairs by expert, or None
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
                                                           cfg.swiglu_limit, groups)
-        # the shared expert's down projection runs between the two kernels: kernel 2 may start on h early
-        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups, behind=True)
+        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
 
