@@ -173,8 +173,8 @@ def test_model_prefill_with_the_limit_is_bit_identical(monkeypatch, small_tiles,
     monkeypatch.setattr(pattn, "GPU_CHECKED", _MARK)
     monkeypatch.setattr(index_kernel, "GPU_CHECKED", _MARK)
     scored, keys, attend = [], index_kernel.index_keys, pattn.attention
-    monkeypatch.setattr(index_kernel, "index_keys", lambda q, w, c, s, icomp, *a: scored.append(
-        ("csa", icomp.shape[0])) or keys(q, w, c, s, icomp, *a))
+    monkeypatch.setattr(index_kernel, "index_keys", lambda q, w, c, s, icomp, *a, **kw: scored.append(
+        ("csa", icomp.shape[0])) or keys(q, w, c, s, icomp, *a, **kw))
     monkeypatch.setattr(pattn, "attention", lambda *a, **k: (
         "committed" in k and scored.append(("hca", k["comp"].shape[0]))) or attend(*a, **k))
     whole = prefill(model, plan, False, monkeypatch)
