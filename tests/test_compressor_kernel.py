@@ -287,6 +287,18 @@ def _pair_arms(monkeypatch, parts, win, ids=None) -> dict:
     return got
 
 
+def csa_pair_parts(m: int, pos: int, T: int, dtype, device) -> tuple[list, object]:
+    """A CSA layer's two pools' inputs (the compressor's, 32 channels; its indexer's, 16), each (w, ring_kv,
+    ring_gate, store, (kv, gate)), and the chunk's windows."""
+    parts = []
+    for dim, seed in ((32, 1), (16, 2)):
+        w, x, ring_kv, ring_gate = compressor_inputs(m, dim, True, T, dtype, device, seed=pos * 31 + T + seed)
+        store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
+        parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
+    _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
+    return parts, win
+
+
 # (pos, T): the first window (its previous half dead), a close, a ring wrap, a chunk touching several windows.
 PAIR_CASES = [(0, 1), (3, 1), (9, 1), (14, 3), (2, 7)]
 
@@ -300,12 +312,7 @@ def test_pool_one_pass_and_pair_are_bit_identical(monkeypatch, device, dtype, po
     entries bit for bit and the same staged writes in the same order."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     m = 4
-    parts = []
-    for dim, seed in ((32, 1), (16, 2)):
-        w, x, ring_kv, ring_gate = compressor_inputs(m, dim, True, T, dtype, device, seed=pos * 31 + T + seed)
-        store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
-        parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
-    _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
+    parts, win = csa_pair_parts(m, pos, T, dtype, device)
     got = _pair_arms(monkeypatch, parts, win)
     assert fused.pair_supported((*parts[0][4], *parts[0][1:3], parts[0][0]["ape"], parts[0][0]["norm"]),
                                 (*parts[1][4], *parts[1][1:3], parts[1][0]["ape"], parts[1][0]["norm"]), win, True)
@@ -400,12 +407,7 @@ def test_pool_early_keeps_the_bits(monkeypatch, device, pos, T):
     launches' bits; the caller's word without the switch changes nothing."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     m, dtype = 4, torch.bfloat16
-    parts = []
-    for dim, seed in ((32, 1), (16, 2)):
-        w, x, ring_kv, ring_gate = compressor_inputs(m, dim, True, T, dtype, device, seed=pos * 31 + T + seed)
-        store = torch.zeros(64 // m + 2, dim, dtype=dtype, device=device)
-        parts.append((w, ring_kv, ring_gate, store, (x @ w["wkv"].data.T, x @ w["wgate"].data.T)))
-    _, win = windows(pos, T, m, parts[0][1].shape[0], parts[0][3].shape[0], device)
+    parts, win = csa_pair_parts(m, pos, T, dtype, device)
 
     def arms():
         got = []
