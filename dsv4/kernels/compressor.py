@@ -138,9 +138,10 @@ def _pool_window(w, cblock, kv_ptr, gate_ptr, ring_kv_ptr, ring_gate_ptr, ape_pt
                  live_ptr, cos_ptr, sin_ptr, out_ptr, ids_ptr, eps, R, kv_stride, gate_stride, M: constexpr,
                  DIM: constexpr, WIDTH: constexpr, SLOTS: constexpr, OVERLAP: constexpr, HALF: constexpr,
                  BS: constexpr, CB: constexpr, POOLED: constexpr, ONE_PASS: constexpr, EARLY: constexpr):
-    """Window w's channel block cblock (_pool_kernel's program); EARLY: the PDL wait before its stores. ONE_PASS (the window's slots one block, SLOTS <= BS):
+    """Window w's channel block cblock (_pool_kernel's program). ONE_PASS (the window's slots one block, SLOTS <= BS):
     the gates and the rows are loaded together and the weights computed from the gates already held, where two passes
-    reload the gates after the softmax's denominator: the same operations on the same values, one round trip less."""
+    reload the gates after the softmax's denominator: the same operations on the same values, one round trip less.
+    EARLY: the program's PDL wait after the pool, before its stores."""
     if POOLED:
         slot = tl.load(ids_ptr + w)
         ring_kv_ptr += slot * R * WIDTH
