@@ -33,10 +33,20 @@ step() {  # step LIMIT_S OUTPUT_FILE COMMAND...
 
 # Every test file with CUDA cases (the CPU-only files are CI's), and gpu_suite LIMIT_S OUTPUT_FILE [PYTEST ARGS...]:
 # them in 5 xdist workers, one file a worker (pytest-xdist carried in .whl; 5 keeps the files that build mini,
-# ~22 GB each, within an H200's memory).
-GPU_SUITE_FILES="tests/test_attention_kernel.py tests/test_bookkeeping.py tests/test_cli.py tests/test_commit_step.py tests/test_compressor_kernel.py tests/test_dense_kernel.py tests/test_door_kernel.py tests/test_draw_kernel.py tests/test_expert_groups.py tests/test_geometry_kernel.py tests/test_hc_boundary.py tests/test_hc_head.py tests/test_kernels.py tests/test_moe_decode.py tests/test_moe_decode_options.py tests/test_moe_gl.py tests/test_moe_options_gpu.py tests/test_moe_tc.py tests/test_normrope.py tests/test_pool.py tests/test_prefill.py tests/test_prefill_attention.py tests/test_prefill_batch.py tests/test_prefill_graphs.py tests/test_prefill_limit.py tests/test_profile.py tests/test_qgemv.py tests/test_qgemv_mma.py tests/test_qkvfuse.py tests/test_replay_gpu.py tests/test_rope_table.py tests/test_route_kernel.py tests/test_sample_kernel.py tests/test_sampler.py tests/test_topk_kernel.py tests/test_xproj.py tests/test_generation_gpu.py"
-gpu_suite() {  # gpu_suite LIMIT_S OUTPUT_FILE [PYTEST ARGS...]
-  local limit=$1 file=$2; shift 2
+# ~22 GB each, within an H200's memory). The suite outgrew one call in session 35 (838 tests, cut at 575 s near its
+# end twice), so it comes in two halves (session 36): GPU_SUITE_MODEL_FILES (the files that build a model or run
+# a whole step) and GPU_SUITE_KERNEL_FILES; GPU_SUITE_FILES is both. test_kernels' sm_90 compile (a CPU test, CI's
+# longest: minutes in one process) is deselected here. With $DURATIONS_FILE set (the plugin pytest_failures) every
+# test's seconds are written as it ends.
+GPU_SUITE_MODEL_FILES="tests/test_replay_gpu.py tests/test_generation_gpu.py tests/test_pool.py tests/test_cli.py tests/test_profile.py tests/test_prefill_graphs.py tests/test_prefill_batch.py tests/test_prefill_limit.py tests/test_prefill.py tests/test_moe_options_gpu.py tests/test_moe_tc.py tests/test_qkvfuse.py tests/test_xproj.py tests/test_commit_step.py tests/test_moe_decode_options.py tests/test_kernels.py"
+GPU_SUITE_KERNEL_FILES="tests/test_attention_kernel.py tests/test_bookkeeping.py tests/test_compressor_kernel.py tests/test_dense_kernel.py tests/test_door_kernel.py tests/test_draw_kernel.py tests/test_expert_groups.py tests/test_geometry_kernel.py tests/test_hc_boundary.py tests/test_hc_head.py tests/test_moe_decode.py tests/test_moe_gl.py tests/test_normrope.py tests/test_prefill_attention.py tests/test_qgemv.py tests/test_qgemv_mma.py tests/test_rope_table.py tests/test_route_kernel.py tests/test_sample_kernel.py tests/test_sampler.py tests/test_topk_kernel.py"
+GPU_SUITE_FILES="$GPU_SUITE_MODEL_FILES $GPU_SUITE_KERNEL_FILES"
+gpu_suite() {  # gpu_suite LIMIT_S OUTPUT_FILE [PYTEST ARGS...]: every file of $GPU_SUITE_FILES
+  gpu_suite_of "$GPU_SUITE_FILES" "$@"
+}
+gpu_suite_of() {  # gpu_suite_of "FILES" LIMIT_S OUTPUT_FILE [PYTEST ARGS...]
+  local files=$1 limit=$2 file=$3; shift 3
   # shellcheck disable=SC2086
-  step "$limit" "$file" python -m pytest -q -p no:cacheprovider -n 5 --dist loadfile -rfE "$@" $GPU_SUITE_FILES
+  step "$limit" "$file" python -m pytest -q -p no:cacheprovider -n 5 --dist loadfile -rfE \
+    --deselect tests/test_kernels.py::test_every_kernel_compiles_for_sm90 "$@" $files
 }

@@ -104,7 +104,8 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_rows": int(os.environ.get("DSV4_GEMV_ROWS", "8")),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
-          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1"}
+          "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
+          "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096"))}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -115,9 +116,12 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
 # wo_b 9.72 -> 8.24 (64-row blocks, one 512-input tile a program); mini's wo_b 12.87 -> 12.08 (32-row blocks of
 # 1,024 inputs); the other shapes are fastest at CONFIG's tiles. The tiles depend on the weight alone: a row's bits
 # are the same whatever the batch.
+# "v2_wide_max_n" (DSV4_QGEMV_WIDE_MAX_N; 4,096 by default): the most rows the 64-row blocks of 512 inputs take at
+# K = 4,096 (a Flash rank's wo_a and wo_b); 8,192 takes mini's wo_a (its 8 groups of 1,024 rows on one GPU) too,
+# split 8 ways along K (other bits than its 16-row blocks of the whole K: an arm of benchmarks/decode_ab_bench.py).
 SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4, None),
                (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None),
-               (lambda N, K: K == 4096 and 2048 <= N <= 4096, 64, 512, 4, 2048),
+               (lambda N, K: K == 4096 and 2048 <= N <= CONFIG["v2_wide_max_n"], 64, 512, 4, 2048),
                (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
 
 
