@@ -61,6 +61,9 @@ def compile_only(fn, t, jit=None, source=ASTSource):
                         sig[name] = "fp32" if isinstance(a, float) else "i32"
                         if isinstance(a, int) and a % 16 == 0:
                             attrs[(i,)] = [["tt.divisibility", 16]]
+                for p in jit.params[len(args):]:  # a constant left to its default: the default, as a launch takes it
+                    if p.name not in constexprs and p.has_default:
+                        constexprs[p.name] = p.default
                 for name in constexprs:
                     sig[name] = "constexpr"
                 src = source(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v

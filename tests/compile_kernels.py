@@ -61,7 +61,8 @@ BEHIND = {"_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr",
                                 "gate2_ptr", "ring_kv2_ptr", "ring_gate2_ptr", "ape2_ptr", "norm2_ptr", "cur_ptr",
                                 "prev_ptr", "live_ptr", "cos_ptr", "sin_ptr", "ids_ptr"},
           "_index_keys_kernel": {"q_ptr", "wts_ptr", "cos_ptr", "sin_ptr", "icomp_ptr", "committed_ptr", "visible_ptr",
-                                 "ids_ptr"}}
+                                 "ids_ptr"},
+          "_gate_up_shared_gl_kernel": {"x_ptr", "sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"}}
 EARLY.update({f"{name}:behind": pointers for name, pointers in BEHIND.items()})
 
 
@@ -624,6 +625,23 @@ def gluon_compile_only(kernel):
     return kernels.with_pdl(_recorder(kernel, kernel.fn.__name__, GluonASTSource))
 
 
+def shared_switches(defaults: dict):
+    """Kernel 1 with the shared programs' switches (moe_gl CONFIG shared_depth, shared_early, session 37) at one token
+    and at 16 (grouped), the caller saying early: the early variants' PTX holds the BEHIND contract."""
+    shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=torch.float8_e8m0fnu),
+                     "fp8", 1024, 0)
+    stacks = [QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128, dtype=torch.float8_e8m0fnu),
+                      "fp4") for _ in range(2)]
+    for switches in ({"shared_depth": 1}, {"shared_depth": 2}, {"shared_depth": 1, "shared_early": True},
+                     {"shared_depth": 2, "shared_early": True}):
+        moe_gl.CONFIG.update(switches)
+        for T in (1, 16):
+            x, ids = torch.zeros(T, 4096, dtype=torch.bfloat16), torch.zeros(T, 6, dtype=torch.int64)
+            groups = torch.zeros(T * 6, expert_groups.GROUP_ROW, dtype=torch.int32) if T > 1 else None
+            moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0, groups, early=True)
+        moe_gl.CONFIG.update(defaults)
+
+
 def gluon_variants():
     """dsv4.kernels.moe_gl (DSV4_MOE_GLUON) at Flash's shapes: kernel 1 of a 1-, 3- and 16-token step, alone and with
     the shared expert's rows (rank 1 of 2's), kernel 2 with the shared output added and without, its ticketed sum and
@@ -661,6 +679,7 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
+    shared_switches(_mma)
 
 
 def qgemv_mma_variants():

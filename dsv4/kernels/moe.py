@@ -390,10 +390,12 @@ def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> 
 
 def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int,
                               sw1: QWeight, sw3: QWeight, limit: float,
-                              groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              groups: torch.Tensor | None = None,
+                              early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(h [T * k, I] of the routed rows, h [T, SI] of the shared expert): kernel 1 for both in one launch
     (_gate_up_shared_kernel; CONFIG shared_launch), each row's bits those of its own launch. Without tickets for
-    both (a capture before any eager launch, or too many rows) it is the two launches. groups: groups_for's."""
+    both (a capture before any eager launch, or too many rows) it is the two launches. groups: groups_for's. early:
+    the caller's word that x was written two or more launches back (moe_gl.gate_up_shared)."""
     T, k = ids.shape
     n_local = w1.data.shape[0]
     ids = ids.contiguous()
@@ -401,7 +403,7 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     shared_args = (0, 1, 1, limit, CONFIG["shared_block_n"], CONFIG["shared_split_k"])
     if moe_gl.chosen_gate_up(x, w1, w3):  # the Gluon kernels (DSV4_MOE_GLUON): the shared expert's in one launch
         if CONFIG["shared_launch"] and moe_gl.shared_fits(x, sw1, sw3):
-            return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit, groups)
+            return moe_gl.gate_up_shared(x, ids, w1, w3, first, sw1, sw3, limit, groups, early)
         return _gate_up(x, w1, w3, ids, *routed_args, groups), _gate_up(x, sw1, sw3, None, *shared_args)
     I, rows, block_k, k_chunk, splits, blocks = _geometry(x, w1, k, CONFIG["gate_up_block_n"],
                                                           CONFIG["gate_up_split_k"])

@@ -254,8 +254,10 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
         # Both kernel 1s read only x: one launch for the routed rows and the shared expert (the pair kernels').
         e, s = w["experts"], w["shared"]
         groups = fused_moe.groups_for(x, ids, e["w1"], e["w3"])  # a batched step's pairs by expert, or None
+        # early: route() launched the router's linear and at least one kernel after x's writer, so x is two or
+        # more launches back when kernel 1 starts (dsv4.kernels' contract; groups_for's launch only adds one).
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
-                                                          cfg.swiglu_limit, groups)
+                                                          cfg.swiglu_limit, groups, early=True)
         return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
