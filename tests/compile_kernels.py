@@ -16,6 +16,7 @@ import os
 import pkgutil
 import re
 import sys
+import time
 
 import torch
 
@@ -43,6 +44,8 @@ SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 # DSV4_COMPILE_DIGEST=1: a line `SASS kernel key options digest` a variant, the digest of its SASS (sass_digest): a
 # refactor's kernels proven unchanged by the same lines before and after.
 DIGEST = os.environ.get("DSV4_COMPILE_DIGEST", "0") == "1"
+# DSV4_COMPILE_TIMES=1: a line `COMPILE_S kernel seconds` a variant (where the check's minutes go).
+TIMES = os.environ.get("DSV4_COMPILE_TIMES", "0") == "1"
 PDL = kernels.PDL
 pdl_variants: set = set()  # (kernel, launch_pdl) compiled under PDL
 # The pointer arguments a kernel launched with launch_pdl may load from before its wait: stored weights
@@ -625,21 +628,18 @@ def gluon_compile_only(kernel):
     return kernels.with_pdl(_recorder(kernel, kernel.fn.__name__, GluonASTSource))
 
 
-def shared_switches(defaults: dict):
-    """Kernel 1 with the shared programs' switches (moe_gl CONFIG shared_depth, shared_early, session 37) at one token
-    and at 16 (grouped), the caller saying early: the early variants' PTX holds the BEHIND contract."""
+def shared_early():
+    """Kernel 1 with its shared programs first, their sums before their wait (moe_gl CONFIG shared_early, the model's
+    form: the caller says x was written two launches back), 1, 3 and 16 tokens (grouped): their PTX holds BEHIND."""
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=torch.float8_e8m0fnu),
                      "fp8", 1024, 0)
     stacks = [QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128, dtype=torch.float8_e8m0fnu),
                       "fp4") for _ in range(2)]
-    for switches in ({"shared_depth": 1}, {"shared_depth": 2}, {"shared_depth": 1, "shared_early": True},
-                     {"shared_depth": 2, "shared_early": True}):
-        moe_gl.CONFIG.update(switches)
-        for T in (1, 16):
-            x, ids = torch.zeros(T, 4096, dtype=torch.bfloat16), torch.zeros(T, 6, dtype=torch.int64)
+    for dtype in (torch.bfloat16, torch.float16):
+        for T in (1, 3, 16):
+            x, ids = torch.zeros(T, 4096, dtype=dtype), torch.zeros(T, 6, dtype=torch.int64)
             groups = torch.zeros(T * 6, expert_groups.GROUP_ROW, dtype=torch.int32) if T > 1 else None
             moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0, groups, early=True)
-        moe_gl.CONFIG.update(defaults)
 
 
 def gluon_variants():
@@ -679,7 +679,7 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
-    shared_switches(_mma)
+    shared_early()
 
 
 def qgemv_mma_variants():
@@ -796,10 +796,13 @@ for per_thread in (8, 32):
 
 def _compile(i: int) -> str | None:
     k, src, options, params, early = pending[i]
+    start = time.perf_counter()
     try:
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     except Exception as e:  # reported with the variant's key; the parent exits 1
         return f"{k}: {type(e).__name__}: {e}"[-3000:]
+    if TIMES:
+        print("COMPILE_S", k[0], round(time.perf_counter() - start, 2), flush=True)
     if not out.asm.get("cubin"):
         return f"{k}: no cubin"
     problems = check_pdl(out.asm["ptx"], k[0], params, options.get("launch_pdl", False), early) if PDL else \

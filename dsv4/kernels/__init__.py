@@ -33,7 +33,8 @@ slice, a top-k layer's router bias), which load their first weight tile (a modul
 before it. A kernel may also read before its wait what the kernel two or more launches back wrote, where its caller
 says that is all it reads (an `early` argument; the kernel's constant EARLY): each kernel releases the next only after
 its own wait, so when a kernel starts, every kernel but the one right before it is complete. The compressor's pools and
-index keys have such forms (dsv4.kernels.compressor CONFIG early), and the model's order makes their inputs old enough. tests/compile_kernels.py checks the PTX of every kernel against this
+index keys have such forms (dsv4.kernels.compressor CONFIG early), as have kernel 1's shared expert programs
+(dsv4.kernels.moe_gl CONFIG shared_early), and the model's order makes their inputs old enough. tests/compile_kernels.py checks the PTX of every kernel against this
 contract (its EARLY and BEHIND tables). The arithmetic is the same, so are the bits. A kernel after a torch op (which never releases early) starts as it would without PDL.
 (Sessions 7-17 launched only the weight-streaming kernels this way, the others releasing first; session 18 put the
 whole chain under it.)

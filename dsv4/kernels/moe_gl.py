@@ -51,8 +51,8 @@ GPU_CHECKED = True  # session 14 calls 1-5; the tensor-core programs session 16 
 # on: a decode step's routed experts run here (FP4 experts, bf16/fp16 activations), by default since session 14
 # (DSV4_MOE_GLUON=0: moe's pair kernels). Under DSV4_PDL=1 (since session 15) they keep its contract (dsv4.kernels'
 # doc): launched with launch_pdl, kernel 1's routed programs wait first (their weights depend on the step's ids), its
-# shared programs once their first weight tile is in flight; the other two wait first. Without DSV4_PDL the compiled
-# kernels are the ones before (the same PTX).
+# shared programs once their first weight tile is in flight (where the caller says x is two launches back, after their
+# sums: CONFIG shared_early); the other two wait first. Without DSV4_PDL no griddepcontrol instruction is compiled.
 # rows_per_thread (RN) x warps = outputs a program; the K step is 1,024 inputs (32 lanes x 32). Session 14 calls 1-2
 # (benchmarks/moe_bench.py, one Flash layer, world 1): 4 rows a thread and 4 warps the fastest of 2 / 4 / 8 rows and
 # 4 / 8 warps; loading the next K step's tiles before this one's sums was slower (167 registers: 3 programs an SM)
@@ -74,19 +74,20 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
           "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
-          "shared_depth": int(getenv("DSV4_MOE_GL_SHARED_DEPTH", "0")),
-          "shared_rows_per_thread_solo": int(getenv("DSV4_MOE_GL_SOLO_SHARED_RN", "1")),
-          "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "0") == "1"}
-# Session 37 (arms, not yet measured on a GPU: off, the kernel as before, by default), the shared programs of kernel 1
-# at one token, where they are the launch's tail (512 programs at Flash's widths of 768 routed, each a serial chain of
-# 8 K steps with 32 bytes a thread in flight: 20 KB an SM at 5 blocks, below what the copy bandwidth needs at DRAM's
-# latency). shared_depth (DSV4_MOE_GL_SHARED_DEPTH): 0 the loop as it was; 1 the same loads and sums written with
-# _fp8_sums (78 registers a thread where 0 takes 96: 6 blocks an SM for 5); 2 as 1, the next K step's tiles loaded
-# before this step's sums (twice the bytes in flight). shared_rows_per_thread_solo (DSV4_MOE_GL_SOLO_SHARED_RN=2): in a one-token step 2 rows a
-# thread (half the programs, x's 16 inputs widened once for both). shared_early (DSV4_MOE_GL_SHARED_EARLY=1, under
-# DSV4_PDL where the caller says x was written two launches back: dsv4.model.moe, the router's linear and its top-k
-# between): the shared programs first in the grid, their sums made before their wait, so that they stream while the
-# route kernel runs. Each the same operations in the same order: the same bits (tests/test_moe_gl.py on the GPU).
+          "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1"}
+# The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
+# routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
+# the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
+# the next K step's tiles before this step's sums (twice the bytes in flight; its sums in _fp8_sums: 78 registers a
+# thread where the loop before took 96, 86 for 128 at 16 tokens), and with shared_early (on by default;
+# DSV4_MOE_GL_SHARED_EARLY=0 turns it off), under DSV4_PDL where the caller says x was written two launches back
+# (dsv4.model.moe: the router's linear and its top-k between), the shared programs come first in the grid and make
+# their sums before their wait (dsv4.kernels' contract; their stores after it), streaming while the route kernel
+# runs. The same operations in the same order: the same bits (tests/test_moe_gl.py on the GPU; the gate's stream).
+# mini's solo decode, one process (decode_ab_bench): pipelined 907.1 -> 913.3 (the sums' form) -> 918.1 (the next
+# step first) -> 921.6 tok/s (and early), graph 849.6 -> 865.5; kernel 1's advance 166.4 -> 138.9 us a token, the
+# route kernel's 18.9 -> 24.2 (the shared programs beside it). Two rows a thread at one token (126-166 registers)
+# was not measured.
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -266,7 +267,7 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
                               S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
-                              GROUPED: gl.constexpr = 0, DEPTH: gl.constexpr = 0, EARLY: gl.constexpr = 0):
+                              GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest; GROUPED: _routed_mma_group, ids_ptr the groups' table), then
     the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time). EARLY (the
@@ -275,103 +276,35 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
     routed = blocks * T * TOPK
-    if EARLY:  # the shared programs first (session 37's arm; one dispatch form stays after its A/B)
-        s_blocks = SI // (S_RN * gl.num_warps())
-        s_programs = s_blocks * ((T + S_ROWS - 1) // S_ROWS)
-        if pid < s_programs:
-            _shared_streamed(pid % s_blocks, pid // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T,
-                             SI, s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, DEPTH, EARLY)
-        else:
-            p = pid - s_programs
-            _pdl_wait()
-            _routed(p % blocks, (p // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
-                    first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
-    elif pid < routed:
+    s_blocks = SI // (S_RN * gl.num_warps())
+    if EARLY:  # the shared programs first: they start on x while the kernel before runs
+        p = pid - s_blocks * ((T + S_ROWS - 1) // S_ROWS)
+        is_routed = p >= 0
+        q = pid
+    else:
+        p = pid
+        is_routed = pid < routed
+        q = pid - routed
+    if is_routed:
         _pdl_wait()
-        _routed(pid % blocks, (pid // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
+        _routed(p % blocks, (p // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                 first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
     else:
-        q = pid - routed
-        s_blocks = SI // (S_RN * gl.num_warps())
-        if DEPTH == 0:
-            _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
-                            s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS)
-        else:
-            _shared_streamed(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
-                             s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, DEPTH, EARLY)
+        _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
+                        s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, EARLY)
 
 
 @_jit
 def _shared_program(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, SI, row_skew, limit,
-                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr):
+                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr,
+                    EARLY: gl.constexpr = 0):
     """Outputs nb * BLOCK_N.. of the shared expert's gate and up (FP8 e4m3 [SI, K], 128 x 128 block scales; the
     rank's rows start row_skew into their first scale block) for tokens chunk * ROWS.. (fewer at the end), then the
     activation into h [T, SI]. A thread holds RN rows x 16 consecutive inputs of its lane's 512-input slice; each
     K step's tile is read and widened once for all ROWS tokens, and each token's sums are the operations it gets
-    alone (its own products, in the same order): its bits do not depend on the others."""
-    G: gl.constexpr = 32
-    LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 16], threads_per_warp=[1, 32, 1],
-                                        warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])
-    L2: gl.constexpr = gl.SliceLayout(2, LF)
-    LN: gl.constexpr = gl.SliceLayout(1, L2)
-    BLOCK_N: gl.constexpr = RN * gl.num_warps()
-    n1 = nb * BLOCK_N + gl.arange(0, BLOCK_N, layout=LN)
-    g1 = gl.arange(0, G, layout=gl.SliceLayout(0, L2))
-    j1 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, LF)))
-    n3 = gl.expand_dims(gl.expand_dims(n1, 1), 2).to(gl.int64)
-    k3 = gl.expand_dims(gl.expand_dims(g1, 0), 2) * 16 + gl.expand_dims(gl.expand_dims(j1, 0), 1)  # [1, G, 16]
-    s_rows = gl.expand_dims(((n1 + row_skew) // 128).to(gl.int64), 1) * S_STRIDE  # [BLOCK_N, 1]
-    g2 = gl.expand_dims(g1, 0)
-    t0 = chunk * ROWS
-    acc_g = ()
-    acc_u = ()
-    for i in gl.static_range(ROWS):
-        acc_g = acc_g + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
-        acc_u = acc_u + (gl.zeros([BLOCK_N, G], gl.float32, L2),)
-    if _PDL:  # the first K step's tile (stored weights) in flight while the kernel waits for the one before
-        wq0, uq0, sq0, tq0 = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, 0, K)
-        _pdl_wait()
-    for k0 in range(0, K, 512):
-        if _PDL:
-            if k0 == 0:
-                wq, uq, sq, tq = wq0, uq0, sq0, tq0
-            else:
-                wq, uq, sq, tq = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K)
-            wg = wq.to(gl.float32)
-            wu = uq.to(gl.float32)
-            sg = (sq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
-            su = (tq.to(gl.int32) << 23).to(gl.float32, bitcast=True)
-        else:  # main's loads as they were (the kernel without DSV4_PDL compiles as before)
-            wg = gl.load(w1_ptr + n3 * K + k0 + k3).to(gl.float32)
-            wu = gl.load(w3_ptr + n3 * K + k0 + k3).to(gl.float32)
-            blk = (k0 + g2 * 16) // 128
-            sg = (gl.load(s1_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
-            su = (gl.load(s3_ptr + s_rows + blk).to(gl.int32) << 23).to(gl.float32, bitcast=True)
-        new_g = ()
-        new_u = ()
-        for i in gl.static_range(ROWS):
-            t = t0 + i
-            xv = gl.load(x_ptr + t.to(gl.int64) * K + k0 + k3, mask=(k3 >= 0) & (t < T), other=0.0).to(gl.float32)
-            new_g = new_g + (acc_g[i] + gl.sum(wg * xv, axis=2) * sg,)
-            new_u = new_u + (acc_u[i] + gl.sum(wu * xv, axis=2) * su,)
-        acc_g = new_g
-        acc_u = new_u
-    dt: gl.constexpr = h_ptr.dtype.element_ty
-    for i in gl.static_range(ROWS):
-        t = t0 + i
-        gate = gl.minimum(gl.sum(acc_g[i], axis=1).to(dt).to(gl.float32), limit)
-        up = gl.minimum(gl.maximum(gl.sum(acc_u[i], axis=1).to(dt).to(gl.float32), -limit), limit)
-        act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
-        gl.store(h_ptr + t.to(gl.int64) * SI + n1, (act * up).to(dt), mask=(n1 >= 0) & (t < T))
-
-
-@_jit
-def _shared_streamed(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T, SI, row_skew, limit,
-                    K: gl.constexpr, S_STRIDE: gl.constexpr, RN: gl.constexpr, ROWS: gl.constexpr,
-                    DEPTH: gl.constexpr = 0, EARLY: gl.constexpr = 0):
-    """_shared_program's outputs (the same loads, sums and stores) with the K loop's sums in _fp8_sums. Under
-    DSV4_PDL DEPTH K steps' tiles are in flight while a step's sums are made (2: the next step's loads issued before
-    this one's sums; the same sums in the same order). EARLY: the wait after the sums, before the stores."""
+    alone (its own products, in the same order): its bits do not depend on the others. Under DSV4_PDL the next K
+    step's tiles are loaded before this step's sums (the first step's before the wait); EARLY: the wait after the
+    sums, before the stores (x was written two launches back: the caller's word)."""
     G: gl.constexpr = 32
     LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[RN, 1, 16], threads_per_warp=[1, 32, 1],
                                         warps_per_cta=[gl.num_warps(), 1, 1], order=[2, 1, 0])
@@ -395,20 +328,14 @@ def _shared_streamed(nb, chunk, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, T,
         step = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, 0, K)
         if not EARLY:
             _pdl_wait()
-        if DEPTH == 2:
-            for k0 in range(0, K - 512, 512):
-                ahead = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0 + 512, K)
-                acc_g, acc_u = _fp8_sums(acc_g, acc_u, _fp8_widened(step), x_ptr, t0, T, k0, k3, K, ROWS)
-                step = ahead
-            acc_g, acc_u = _fp8_sums(acc_g, acc_u, _fp8_widened(step), x_ptr, t0, T, K - 512, k3, K, ROWS)
-        else:
-            for k0 in range(0, K, 512):
-                if k0 != 0:
-                    step = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0, K)
-                acc_g, acc_u = _fp8_sums(acc_g, acc_u, _fp8_widened(step), x_ptr, t0, T, k0, k3, K, ROWS)
+        for k0 in range(0, K - 512, 512):
+            ahead = _fp8_step(w1_ptr, s1_ptr, w3_ptr, s3_ptr, n3, k3, s_rows, g2, k0 + 512, K)
+            acc_g, acc_u = _fp8_sums(acc_g, acc_u, _fp8_widened(step), x_ptr, t0, T, k0, k3, K, ROWS)
+            step = ahead
+        acc_g, acc_u = _fp8_sums(acc_g, acc_u, _fp8_widened(step), x_ptr, t0, T, K - 512, k3, K, ROWS)
         if EARLY:
             _pdl_wait()
-    else:  # main's loads as they were (the kernel without DSV4_PDL compiles as before)
+    else:  # without DSV4_PDL one K step's tiles at a time (the same sums)
         for k0 in range(0, K, 512):
             wg = gl.load(w1_ptr + n3 * K + k0 + k3).to(gl.float32)
             wu = gl.load(w3_ptr + n3 * K + k0 + k3).to(gl.float32)
@@ -928,8 +855,7 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
         return (w.fmt == "fp8" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 2
                 and w.data.is_contiguous() and w.scale.is_contiguous() and w.col0 == 0 and w.shape[1] == x.shape[1]
                 and x.shape[1] % 512 == 0 and w.scale.shape[-1] == x.shape[1] // 128
-                and w.shape[0] % (rows * CONFIG["num_warps"]) == 0)
-    rows = max(CONFIG["shared_rows_per_thread"], CONFIG["shared_rows_per_thread_solo"])
+                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * CONFIG["num_warps"]) == 0)
     return fits(w1) and fits(w3) and w1.shape == w3.shape and w1.row0 == w3.row0
 
 
@@ -950,11 +876,8 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     # A token's sums are the same operations in either size (its own products in its own order, _shared_program);
     # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
-    s_rn = CONFIG["shared_rows_per_thread_solo"] if T == 1 else CONFIG["shared_rows_per_thread"]
-    warps = CONFIG["num_warps"]
-    shared = {"DEPTH": CONFIG["shared_depth"]} if CONFIG["shared_depth"] != 0 else {}
-    if early and CONFIG["shared_early"] and PDL:
-        shared["EARLY"] = 1
+    s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
+    shared = {"EARLY": 1} if early and CONFIG["shared_early"] and PDL else {}
     mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
     programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
