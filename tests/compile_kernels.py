@@ -39,7 +39,8 @@ TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", t
 compiled: set = set()
 pending: list = []  # (key, source, options) of each variant, in launch order
 # DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
-# variant the model launches by default or under a DSV4_* switch compiles, in about half the time.
+# variant the model launches by default or under a DSV4_* switch compiles, in about half the time (but moe_tc's
+# other orders and its bf16_decode's other side: the slow set since session 37, CI's 15 minutes).
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 # DSV4_COMPILE_DIGEST=1: a line `SASS kernel key options digest` a variant, the digest of its SASS (sass_digest): a
 # refactor's kernels proven unchanged by the same lines before and after.
@@ -598,7 +599,7 @@ def tensor_core_variants(dtype, scale_dtype):
         x = torch.zeros(T, 4096, dtype=dtype)
         moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
     order = moe_tc.CONFIG["order"]
-    for other in moe_tc.ORDERS:  # DSV4_MOE_TC_ORDER
+    for other in moe_tc.ORDERS if SWEEPS else ():  # DSV4_MOE_TC_ORDER's other orders: the slow set (CI's minutes)
         moe_tc.CONFIG["order"] = other
         moe_tc.routed(x, torch.zeros(T, 6, dtype=torch.int64), torch.zeros(T, 6, dtype=dtype), stacks, 0, 10.0, add=x)
     moe_tc.CONFIG["order"] = order
@@ -611,8 +612,9 @@ def tensor_core_variants(dtype, scale_dtype):
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 tensor_core_variants(torch.float32, torch.float32)
 bf16_decode = moe_tc.CONFIG["bf16_decode"]
-moe_tc.CONFIG["bf16_decode"] = not bf16_decode  # DSV4_MOE_TC_BF16_DECODE's other side (bf16 x, ue8m0 scales)
-tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
+if SWEEPS:  # DSV4_MOE_TC_BF16_DECODE's other side (bf16 x, ue8m0 scales): the slow set (CI's minutes, session 37)
+    moe_tc.CONFIG["bf16_decode"] = not bf16_decode
+    tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
 moe_tc.CONFIG["bf16_decode"] = bf16_decode
 plan_fixed = moe_tc.CONFIG["plan_fixed"]
 for fixed in (True, False):  # the plan at plan_pairs' sizes (default), and per wave size (DSV4_MOE_TC_PLAN_FIXED=0)
