@@ -40,7 +40,8 @@ compiled: set = set()
 pending: list = []  # (key, source, options) of each variant, in launch order
 # DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
 # variant the model launches by default or under a DSV4_* switch compiles, in about half the time (but moe_tc's
-# other orders and its bf16_decode's other side: the slow set since session 37, CI's 15 minutes).
+# other orders, its bf16_decode's other side and its fp32 tiles: the slow set since session 37, CI's 15 minutes;
+# DSV4_COMPILE_TIMES=1 says where the minutes go).
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 # DSV4_COMPILE_DIGEST=1: a line `SASS kernel key options digest` a variant, the digest of its SASS (sass_digest): a
 # refactor's kernels proven unchanged by the same lines before and after.
@@ -610,7 +611,8 @@ def tensor_core_variants(dtype, scale_dtype):
 
 
 tensor_core_variants(torch.bfloat16, torch.float8_e8m0fnu)
-tensor_core_variants(torch.float32, torch.float32)
+if SWEEPS:  # an fp32 model's (the tests' dtype on a GPU, IEEE dots): the slow set (CI's minutes, session 37)
+    tensor_core_variants(torch.float32, torch.float32)
 bf16_decode = moe_tc.CONFIG["bf16_decode"]
 if SWEEPS:  # DSV4_MOE_TC_BF16_DECODE's other side (bf16 x, ue8m0 scales): the slow set (CI's minutes, session 37)
     moe_tc.CONFIG["bf16_decode"] = not bf16_decode
