@@ -83,6 +83,8 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     # session 26: kernel 1's registers follow the shared programs' tokens (sm_90 under PDL, a 16-token step: 8 tokens
     # 131 registers, 3 blocks an SM; 4 tokens 128, 4 blocks; 2 tokens 96, 5 blocks); each token's sums the same
     "gl_s2": {"gl": {"shared_tokens": 2}},
+    # session 37 (the shared programs' next K step first): grouped at 16 tokens 8 tokens 128 registers, 4 96, 2 86
+    "gl_s8": {"gl": {"shared_tokens": 8}},
     "gl_solo8": {"gl": {"shared_tokens_solo": 8}},  # a one-token step's shared programs of 8 (before session 16)
     "gl_srn2": {"gl": {"shared_rows_per_thread": 2}},  # the shared expert's rows a thread
     # kernel 1's routed programs on the tensor cores (moe_gl CONFIG mma): 16-row tiles a program x groups a step
