@@ -261,8 +261,8 @@ class Bench:
             return qb.rel_err(got, expected), torch.equal(got, base)
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
-        for variant in ("base", "gl", "gl_s8", "gl_s4", "gl_s2", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4", "gl_mma1x8",
-                        "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120"):
+        for variant in ("base", "gl", "gl_s8", "gl_s4", "gl_s2", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4",
+                        "gl_mma1x8", "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 
