@@ -100,6 +100,11 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     # kernel 1's registers capped at 128 a thread (moe_gl CONFIG gate_up_maxnreg): 4 blocks an SM where 131 allow 3
     "gl_maxnreg128": {"gl": {"gate_up_maxnreg": 128}},
     "gl_maxnreg120": {"gl": {"gate_up_maxnreg": 120}},
+    # a one-token step's kernels capped so that the launch is one wave (moe_gl CONFIG solo_gate_up_maxnreg,
+    # solo_down_maxnreg): kernel 1 at 72 / 64 registers (7 / 8 blocks an SM for 6), kernel 2 at 40 (12 for 9)
+    "gl_solo72": {"gl": {"solo_gate_up_maxnreg": 72}},
+    "gl_solo64": {"gl": {"solo_gate_up_maxnreg": 64}},
+    "gl_down40": {"gl": {"solo_down_maxnreg": 40}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -262,7 +267,8 @@ class Bench:
 
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
         for variant in ("base", "gl", "gl_s8", "gl_s4", "gl_s2", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4",
-                        "gl_mma1x8", "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120"):
+                        "gl_mma1x8", "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120", "gl_solo72",
+                        "gl_solo64"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

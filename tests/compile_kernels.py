@@ -680,7 +680,10 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     for tiles, unroll in ((1, 2), (1, 4), (1, 8)) if SWEEPS else ((1, 4),):  # the tensor-core programs (default 1 x 4)
         moe_gl.CONFIG.update(mma=True, mma_tiles=tiles, mma_unroll=unroll)
         gluon_variants()
-    moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128)  # DSV4_MOE_GL_MAXNREG=128
+    # DSV4_MOE_GL_MAXNREG=128 (steps of more than one token), DSV4_MOE_GL_SOLO_MAXNREG=64 and
+    # DSV4_MOE_GL_SOLO_DOWN_MAXNREG=40 (one token)
+    moe_gl.CONFIG.update(mma=True, mma_tiles=1, mma_unroll=4, gate_up_maxnreg=128, solo_gate_up_maxnreg=64,
+                         solo_down_maxnreg=40)
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
     shared_early()

@@ -205,9 +205,9 @@ def test_grouped_pairs_have_the_ungrouped_bits(monkeypatch, dtype, unroll, T):
 @pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
 @pytest.mark.parametrize("T", [1, 16])
 def test_kernel1_register_cap_keeps_the_bits(monkeypatch, T):
-    """CONFIG gate_up_maxnreg (DSV4_MOE_GL_MAXNREG): kernel 1 built with its registers capped has the uncapped
-    build's bits (routed and shared rows, one launch and alone; the layer's output), 16 tokens (grouped); one token
-    keeps the uncapped build (the same bits trivially: the case checks the choice does not break it)."""
+    """CONFIG gate_up_maxnreg (DSV4_MOE_GL_MAXNREG; 16 tokens, grouped), solo_gate_up_maxnreg and solo_down_maxnreg
+    (one token): kernels 1 and 2 built with their registers capped have the uncapped builds' bits (routed and shared
+    rows, one launch and alone; the layer's output, kernel 2's)."""
     from quantised_cases import quantised
 
     stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T)
@@ -221,6 +221,8 @@ def test_kernel1_register_cap_keeps_the_bits(monkeypatch, T):
     results = {}
     for cap in (0, 128):
         monkeypatch.setitem(moe_gl.CONFIG, "gate_up_maxnreg", cap)
+        monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_maxnreg", cap // 2)  # 64
+        monkeypatch.setitem(moe_gl.CONFIG, "solo_down_maxnreg", cap * 5 // 16)  # 40
         table = moe_gl.groups_for(x, ids, stacks["w1"], stacks["w3"])
         h, sh = fused_moe.routed_and_shared_gate_up(x, ids, *args, table)
         alone = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0, table)

@@ -74,6 +74,8 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "mma": getenv("DSV4_MOE_MMA", "1") == "1", "mma_tiles": 1, "mma_unroll": 4, "mma_down": True,
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
           "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
+          "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
+          "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "0")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
@@ -96,6 +98,12 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # the loop's 1,514 instructions unchanged. The same operations in the same order: the same bits, so the cap may
 # follow the step's size: only steps of more than one token take it (a one-token step's build, its shared programs
 # of one token, takes 96 registers, and 128 under the cap: ptxas spends what it is allowed, 4 blocks an SM for 5).
+# solo_gate_up_maxnreg, solo_down_maxnreg (DSV4_MOE_GL_SOLO_MAXNREG, DSV4_MOE_GL_SOLO_DOWN_MAXNREG; 0, off, by
+# default): the registers a thread of kernel 1 / kernel 2 in a step of one token, capped so that the launch is one wave.
+# At one token kernel 2 is 1,536 programs (D / 16 x 6 pairs) of 54 registers: 9 blocks an SM, 1,188 on 132 SMs, 1.3
+# waves (session 33's ncu: 1.3 waves, DRAM 36 %); capped at 40 (sm_90 census: no spill) 12 blocks an SM, 1,584. Kernel
+# 1 at one token is 1,280 programs on mini (768 routed, 512 shared), 1,024 on a Flash rank, of 78 registers: 6 an SM;
+# capped at 64 (40 bytes of stack) 8 an SM. The same operations in the same order: the same bits.
 # grouped (on by default since session 26; DSV4_MOE_GL_GROUPED=0 turns it off): in a step of more than one token, the
 # tensor-core programs of both kernels take a group of up to 8 pairs of one expert (dsv4.kernels.expert_groups, one
 # launch a layer before kernel 1), a pair a column of the m16n8k16 products, so that an expert picked by several of the
@@ -807,8 +815,15 @@ def _options() -> dict:
 
 def _gate_up_options(T: int) -> dict:
     """Kernel 1's compile options beyond _options for a step of T tokens: CONFIG gate_up_maxnreg's cap where set and
-    T > 1 (see CONFIG)."""
-    return {"maxnreg": CONFIG["gate_up_maxnreg"]} if CONFIG["gate_up_maxnreg"] and T > 1 else {}
+    T > 1, solo_gate_up_maxnreg's where set and T == 1 (see CONFIG)."""
+    cap = CONFIG["solo_gate_up_maxnreg"] if T == 1 else CONFIG["gate_up_maxnreg"]
+    return {"maxnreg": cap} if cap else {}
+
+
+def _down_options(T: int) -> dict:
+    """Kernel 2's compile options beyond _options for a step of T tokens: CONFIG solo_down_maxnreg's cap where set and
+    T == 1 (see CONFIG)."""
+    return {"maxnreg": CONFIG["solo_down_maxnreg"]} if CONFIG["solo_down_maxnreg"] and T == 1 else {}
 
 
 def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
@@ -909,5 +924,5 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
-        FUSED_SUM=tickets is not None, **mma, **grouped, **_options())
+        FUSED_SUM=tickets is not None, **mma, **grouped, **_options(), **_down_options(T))
     return terms if tickets is None else None
