@@ -75,7 +75,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "grouped": getenv("DSV4_MOE_GL_GROUPED", "1") == "1",
           "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
-          "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "0")),
+          "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
@@ -98,12 +98,15 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # the loop's 1,514 instructions unchanged. The same operations in the same order: the same bits, so the cap may
 # follow the step's size: only steps of more than one token take it (a one-token step's build, its shared programs
 # of one token, takes 96 registers, and 128 under the cap: ptxas spends what it is allowed, 4 blocks an SM for 5).
-# solo_gate_up_maxnreg, solo_down_maxnreg (DSV4_MOE_GL_SOLO_MAXNREG, DSV4_MOE_GL_SOLO_DOWN_MAXNREG; 0, off, by
-# default): the registers a thread of kernel 1 / kernel 2 in a step of one token, capped so that the launch is one wave.
+# solo_down_maxnreg (DSV4_MOE_GL_SOLO_DOWN_MAXNREG; 40 by default since session 38, 0 uncapped), solo_gate_up_maxnreg
+# (DSV4_MOE_GL_SOLO_MAXNREG; 0, off): the registers a thread of kernel 2 / kernel 1 in a step of one token, capped so
+# that the launch is one wave. The same operations in the same order: the same bits (tests/test_moe_gl.py on the GPU).
 # At one token kernel 2 is 1,536 programs (D / 16 x 6 pairs) of 54 registers: 9 blocks an SM, 1,188 on 132 SMs, 1.3
-# waves (session 33's ncu: 1.3 waves, DRAM 36 %); capped at 40 (sm_90 census: no spill) 12 blocks an SM, 1,584. Kernel
-# 1 at one token is 1,280 programs on mini (768 routed, 512 shared), 1,024 on a Flash rank, of 78 registers: 6 an SM;
-# capped at 64 (40 bytes of stack) 8 an SM. The same operations in the same order: the same bits.
+# waves (session 33's ncu: 1.3 waves, DRAM 36 %); capped at 40 (sm_90 census: no spill) 12 blocks an SM, 1,584.
+# Session 38 call 2 (benchmarks/RESULTS.md): mini's solo decode pipelined 924.2 -> 928.7 tok/s (+0.5 %, ahead in every
+# round, the same stream); kernel 2 at one token 14.2 -> 13.6 us (mini's layer), 9.7 -> 9.1 (a Flash rank's). Kernel
+# 1 (78 registers, 6 blocks an SM) capped at 72 / 64 spills (16 / 40 bytes of stack): pipelined -1.1 / -2.5 % (as
+# session 33's solo_maxnreg, -1.4 / -4.5 %); the switch stays, off, for the next shape that wants it.
 # grouped (on by default since session 26; DSV4_MOE_GL_GROUPED=0 turns it off): in a step of more than one token, the
 # tensor-core programs of both kernels take a group of up to 8 pairs of one expert (dsv4.kernels.expert_groups, one
 # launch a layer before kernel 1), a pair a column of the m16n8k16 products, so that an expert picked by several of the
