@@ -52,7 +52,6 @@ VARIANTS = {  # hc_boundary.CONFIG overrides (tests/compile_kernels.py compiles 
     "one_pass": {"one_pass_finish": True},
     "warp_maps": {"warp_maps": True},
     "one_pass_warp_maps": {"one_pass_finish": True, "warp_maps": True},
-    "scalar": {"one_pass_finish": True, "warp_maps": True, "scalar_sinkhorn": True},
 }
 L2_DEFEAT = 256 << 20
 DEVICE = "cuda"

@@ -45,8 +45,7 @@ def inputs(T, hc_mult, D, dtype, seed):
 
 # hc_boundary.CONFIG's finish options (off by default): each arm must meet the same bounds and row invariance.
 OPTIONS = {"plain": {}, "one_pass": {"one_pass_finish": True}, "warp_maps": {"warp_maps": True},
-           "both": {"one_pass_finish": True, "warp_maps": True},
-           "scalar": {"one_pass_finish": True, "warp_maps": True, "scalar_sinkhorn": True}}
+           "both": {"one_pass_finish": True, "warp_maps": True}}
 
 
 @pytest.fixture(params=list(OPTIONS))

@@ -55,15 +55,12 @@ GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under t
 # one_pass_finish (DSV4_BOUNDARY_ONE_PASS=0 turns it off, read at import): where the row fits (one_pass), the collapse and its norm
 # in one pass over the row held in registers (_collapse_in_registers). warp_maps (DSV4_BOUNDARY_WARP_MAPS=0 turns it off): the
 # maps' [hc, hc] tiles inside one warp (_partials_in_warp). Both off until a GPU run: each may change the bits.
-# scalar_sinkhorn (DSV4_BOUNDARY_SCALAR_SINKHORN=1; off by default, hc 4 only): comb's 16 values split out of their
-# tile once (_scalars16) and Sinkhorn's 20 iterations run on them as scalars, every thread the whole matrix in its
-# registers: no shuffle and no barrier in the iterations (with warp_maps each row or column sum is a warp's butterfly,
-# two shuffles' latency in the finish's serial chain, 80 of them). Its sums of four are (a + b) + (c + d), the
-# butterfly's order.
 CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
           "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "1") == "1",
-          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1",
-          "scalar_sinkhorn": os.environ.get("DSV4_BOUNDARY_SCALAR_SINKHORN", "0") == "1"}
+          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1"}
+# Session 38 call 3 (benchmarks/RESULTS.md) measured Sinkhorn on comb's 16 values as scalars in every thread (no
+# shuffle, no barrier; commit 0c87aaa): a mid boundary 6.71 -> 8.69 us, mini's pipelined decode -6.9 %: each thread's 640
+# divisions, in all 8 warps, cost more than warp_maps' 80 shuffles. Removed.
 ONE_PASS_VALUES = 64  # the streams' fp32 values a thread may hold in one_pass (hc 4, D 4096, 8 warps: 64)
 
 
@@ -93,7 +90,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      seen_ptr, verdict_ptr, ids_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
                      FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr,
                      NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
-                     WARP_MAPS: constexpr, SCALAR: constexpr = False):
+                     WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     GATHER (with FIRST): out_ptr the embedding table, row t's embedded row the one of token ids_ptr[t].
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
@@ -149,7 +146,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
         _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D, HC, ITERS,
-                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS, SCALAR)
+                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
         tl.store(tickets_ptr + t, 0)
 
 
@@ -166,11 +163,10 @@ def _stored_maps(base_ptr, scale_ptr, HC: constexpr):
 @device_function
 def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D: constexpr,
             HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr,
-            ONE_PASS: constexpr, WARP_MAPS: constexpr, SCALAR: constexpr):
+            ONE_PASS: constexpr, WARP_MAPS: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
-    hc.py's maps (their stored terms `stored`, _stored_maps'; SCALAR: Sinkhorn on scalars), then the collapse and its
-    RMSNorm (norm_w: the weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2
-    (.cg)."""
+    hc.py's maps (their stored terms `stored`, _stored_maps'), then the collapse and its RMSNorm (norm_w: the
+    weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg)."""
     k = tl.arange(0, HC)
     j = k[:, None] * HC + k[None, :]
     streams = new_ptr + t * HC * D + k[:, None] * D
@@ -181,13 +177,8 @@ def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr
         pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
     else:
         pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
-    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC)
-    if SCALAR:
-        cs = _sinkhorn_scalars(_scalars16(tl.reshape(c, [HC * HC])), eps, ITERS)
-        for e in tl.static_range(HC * HC):
-            tl.store(comb_out_ptr + t * HC * HC + e, cs[e])
-    else:
-        tl.store(comb_out_ptr + t * HC * HC + j, _sinkhorn(c, eps, ITERS))
+    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS)
+    tl.store(comb_out_ptr + t * HC * HC + j, c)
     if ONE_PASS:
         _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
     else:
@@ -238,84 +229,22 @@ def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP
 
 
 @device_function
-def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr):
+def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
+          ITERS: constexpr):
     """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r) and the stored
-    terms (_stored_maps'): post stored at post_out, (pre, comb's logits) returned (comb's Sinkhorn: _sinkhorn or
-    _sinkhorn_scalars)."""
+    terms (_stored_maps'): post stored at post_out, (pre, comb) returned."""
     pre_b, post_b, comb_b, s0, s1, s2 = stored
     rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
     pre = tl.sigmoid(pre_w * rstd * s0 + pre_b) + eps
     tl.store(post_out + tl.arange(0, HC), 2 * tl.sigmoid(post_w * rstd * s1 + post_b))
-    return pre, comb_w * rstd * s2 + comb_b
-
-
-@device_function
-def _sinkhorn(c, eps, ITERS: constexpr):
-    """hc.py's Sinkhorn on comb's logits c [HC, HC]: each row's max off and exp, rows then columns normalised (+ eps
-    as hc.py), ITERS - 1 more rounds."""
+    c = comb_w * rstd * s2 + comb_b
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
     c = c / tl.sum(c, axis=1)[:, None] + eps
     c = c / (tl.sum(c, axis=0)[None, :] + eps)
     for _ in tl.static_range(ITERS - 1):
         c = c / (tl.sum(c, axis=1)[:, None] + eps)
         c = c / (tl.sum(c, axis=0)[None, :] + eps)
-    return c
-
-
-@device_function
-def _scalars16(v):
-    """A [16] tensor's values as 16 scalars (a tuple, in order), each in every thread's registers."""
-    a, b = tl.split(tl.reshape(v, [8, 2]))  # even, odd
-    a0, a1 = tl.split(tl.reshape(a, [4, 2]))  # 0 mod 4, 2 mod 4
-    b0, b1 = tl.split(tl.reshape(b, [4, 2]))  # 1 mod 4, 3 mod 4
-    a00, a01 = tl.split(tl.reshape(a0, [2, 2]))  # 0 mod 8, 4 mod 8
-    a10, a11 = tl.split(tl.reshape(a1, [2, 2]))
-    b00, b01 = tl.split(tl.reshape(b0, [2, 2]))
-    b10, b11 = tl.split(tl.reshape(b1, [2, 2]))
-    e0, e8 = tl.split(a00)
-    e4, e12 = tl.split(a01)
-    e2, e10 = tl.split(a10)
-    e6, e14 = tl.split(a11)
-    e1, e9 = tl.split(b00)
-    e5, e13 = tl.split(b01)
-    e3, e11 = tl.split(b10)
-    e7, e15 = tl.split(b11)
-    return (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15)
-
-
-@device_function
-def _sum4(a, b, c, d):
-    return (a + b) + (c + d)
-
-
-@device_function
-def _sinkhorn_scalars(c, eps, ITERS: constexpr):
-    """_sinkhorn's arithmetic (hc 4) on comb's 16 logits as scalars c (row-major); returns the 16 scalars."""
-    n = ()
-    for i in tl.static_range(4):
-        m = tl.maximum(tl.maximum(c[4 * i], c[4 * i + 1]), tl.maximum(c[4 * i + 2], c[4 * i + 3]))
-        e = (tl.exp(c[4 * i] - m), tl.exp(c[4 * i + 1] - m), tl.exp(c[4 * i + 2] - m), tl.exp(c[4 * i + 3] - m))
-        s = _sum4(e[0], e[1], e[2], e[3])
-        n = n + (e[0] / s + eps, e[1] / s + eps, e[2] / s + eps, e[3] / s + eps)
-    c = _columns(n, eps)
-    for _ in tl.static_range(ITERS - 1):
-        n = ()
-        for i in tl.static_range(4):
-            s = _sum4(c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]) + eps
-            n = n + (c[4 * i] / s, c[4 * i + 1] / s, c[4 * i + 2] / s, c[4 * i + 3] / s)
-        c = _columns(n, eps)
-    return c
-
-
-@device_function
-def _columns(c, eps):
-    """The 16 scalars c (row-major) with each column divided by its sum + eps."""
-    s = (_sum4(c[0], c[4], c[8], c[12]) + eps, _sum4(c[1], c[5], c[9], c[13]) + eps,
-         _sum4(c[2], c[6], c[10], c[14]) + eps, _sum4(c[3], c[7], c[11], c[15]) + eps)
-    n = ()
-    for e in tl.static_range(16):
-        n = n + (c[e] / s[e % 4],)
-    return n
+    return pre, c
 
 
 @device_function
@@ -396,5 +325,5 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
         FIRST=first, GATHER=ids is not None, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
-        WARP_MAPS=CONFIG["warp_maps"], **({"SCALAR": True} if CONFIG["scalar_sinkhorn"] and hc == 4 else {}), **extra)
+        WARP_MAPS=CONFIG["warp_maps"], **extra)
     return new, post_out, comb_out, x
