@@ -38,10 +38,12 @@ TYPES = {torch.float32: "fp32", torch.float64: "fp64", torch.bfloat16: "bf16", t
          torch.int64: "i64", torch.int32: "i32", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1"}
 compiled: set = set()
 pending: list = []  # (key, source, options) of each variant, in launch order
-# DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep; without it (CI) every
-# variant the model launches by default or under a DSV4_* switch compiles, in about half the time (but moe_tc's
-# other orders, its bf16_decode's other side and its fp32 tiles: the slow set since session 37, CI's 15 minutes;
-# DSV4_COMPILE_TIMES=1 says where the minutes go).
+# DSV4_COMPILE_SWEEPS=1 (tests/test_kernels.py's slow test) adds the tiles the benchmarks sweep and compiles every
+# variant recorded; without it (CI) every variant the model launches by default or under a DSV4_* switch is recorded
+# (but moe_tc's other orders, its bf16_decode's other side and its fp32 tiles: the slow set since session 37) and
+# one of each class compiles (_one_of_each_class, since session 38: each kernel's flags and options, not each size or
+# argument type; DSV4_COMPILE_ALL=1 compiles every recorded variant). CI's 15 minutes; DSV4_COMPILE_TIMES=1 says
+# where the minutes go.
 SWEEPS = os.environ.get("DSV4_COMPILE_SWEEPS", "0") == "1"
 # DSV4_COMPILE_DIGEST=1: a line `SASS kernel key options digest` a variant, the digest of its SASS (sass_digest): a
 # refactor's kernels proven unchanged by the same lines before and after.
@@ -963,11 +965,28 @@ def _bracketed(instr: str) -> str:
     return instr[instr.index("["):instr.index("]") + 1] if "[" in instr else ""
 
 
+def _one_of_each_class(variants: list) -> list:
+    """The first variant of each class: a kernel, its flags (the constants that are bools, 0 / 1 or strings: its
+    constexpr branches) and its options. The others differ from it in sizes (tiles, widths, the shapes' constants) or
+    in their arguments' types (an fp32 model's against bf16's) only. CI compiles the classes (its 15 minutes: 257 of
+    463 variants, 3 min 44 s -> ~2 min alone on 2 cores); the slow set (sweeps) and DSV4_COMPILE_ALL=1 every variant."""
+    seen, kept = set(), []
+    for v in variants:
+        name, key, options = v[0]
+        flags = tuple(x for x in key if isinstance(x, tuple) and (isinstance(x[1], (bool, str)) or x[1] in (0, 1)))
+        if (name, flags, options) not in seen:
+            seen.add((name, flags, options))
+            kept.append(v)
+    return kept
+
+
 def compile_pending() -> list[str]:
     """Every recorded variant compiled in forked workers (the variants are independent; CI's 2 cores halve the
     check's minutes): the failures' messages."""
     import multiprocessing
 
+    if not (SWEEPS or DIGEST or os.environ.get("DSV4_COMPILE_ALL", "0") == "1"):
+        pending[:] = _one_of_each_class(pending)
     workers = min(4, os.cpu_count() or 1)
     if workers == 1:
         return [m for m in map(_compile, range(len(pending))) if m]
@@ -1011,7 +1030,7 @@ failures = compile_pending() + sampler_layouts()
 for message in failures:
     print("FAILED", message)
 names = sorted({k[0].split(":")[0] for k in compiled})
-print("COMPILED", len(compiled), names)
+print("COMPILED", len(pending), "of", len(compiled), "variants", names)
 waiting = sorted({v[0] for v in pdl_variants if v[1]})
 print("PDL", "waiting:", waiting) if PDL else None
 if PDL and waiting != names:

@@ -404,8 +404,9 @@ def test_pdl_keeps_the_bits_of_the_boundary_and_the_router():
                                         pytest.param(True, False, id="sweeps", marks=pytest.mark.slow)])
 @pytest.mark.timeout(960)  # the compile's own limit (480 s, 900 with the sweeps) decides, not the suite's 300 s
 def test_every_kernel_compiles_for_sm90(sweeps, pdl):
-    """The interpreter runs Python the GPU compiler refuses; compile each launched variant for sm_90 (and, in the
-    slow set, the tiles the benchmarks sweep). Cold (no Triton cache, as in CI) the launched set takes ~2 minutes.
+    """The interpreter runs Python the GPU compiler refuses; compile each kernel's launched classes for sm_90 (its
+    flags and options: compile_kernels._one_of_each_class; in the slow set every variant, and the tiles the
+    benchmarks sweep). Cold (no Triton cache, as in CI) the classes take ~2 minutes on 2 cores.
     pdl: with DSV4_PDL=1, each variant's PTX checked for the wait and release (compile_kernels's check_pdl)."""
     import os
     import subprocess

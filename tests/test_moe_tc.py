@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import moe_tc
 from dsv4.model import moe as moe_mod
@@ -21,6 +22,9 @@ from dsv4.model.rows import rows_alone
 pytest.importorskip("triton")
 
 from quantised_cases import DEVICES, close_chain, expert_stacks, moe_configured, per_device  # noqa: E402
+
+# The interpreter's seconds (12 and 20 s on CPU): the slow set on CPU (CI's 15 minutes, session 38); CUDA runs them always
+SLOW_ON_CPU = pytest.mark.slow if kernels.interpreting() else (lambda f: f)
 
 
 @pytest.mark.parametrize("device,fixed", [pytest.param(d, f, marks=[pytest.mark.slow] if d == "cpu" and f else [])
@@ -182,6 +186,7 @@ def long_case(monkeypatch, seed: int):
 
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@SLOW_ON_CPU
 @torch.inference_mode()
 def test_a_long_chunk_takes_the_tiles_by_its_pairs_per_expert(monkeypatch):
     """A long prefill chunk (not rows alone) takes the tensor cores while its pairs per expert (tokens * k / routed
@@ -241,6 +246,7 @@ def test_long_tile_chunks_take_each_reachable_long_tile_shape():
 
 
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
+@SLOW_ON_CPU
 @torch.inference_mode()
 def test_a_wave_takes_tiles_by_its_pairs_and_keeps_each_rows_bits(monkeypatch):
     """DSV4_MOE_TC_WAVE_TILES: a rows-alone chunk step (a grouped prefill wave) takes the long chunks' tile table by

@@ -52,7 +52,12 @@ def checkpoint(request, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("prompt_len", [16, 13])  # ends on a CSA+HCA window boundary / does not
+# A prompt that ends on a CSA+HCA window boundary (16) and one that does not (13), each checkpoint once in CI; the
+# other two pairs in the slow set (CI's 15 minutes, session 38).
+@pytest.mark.parametrize("checkpoint,prompt_len", [("none", 16), ("fp8", 13),
+                                                   pytest.param("none", 13, marks=pytest.mark.slow),
+                                                   pytest.param("fp8", 16, marks=pytest.mark.slow)],
+                         indirect=["checkpoint"])
 @torch.inference_mode()
 def test_matches_hf_prefill_and_300_decode_steps(checkpoint, prompt_len):
     ours = dsv4.load(checkpoint, device="cpu", dtype=torch.float32)

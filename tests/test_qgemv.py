@@ -412,6 +412,7 @@ def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")
+@pytest.mark.slow  # 15 s of interpreter (CI's 15 minutes, session 38); the benchmark runs on the GPU in device calls
 def test_benchmark_runs_on_cpu(monkeypatch, capsys):
     """benchmarks/qgemv_bench.py end to end on `tiny` widths through the interpreter (timings faked): every
     arm it prints is correct against its reference, and the summaries come out."""
