@@ -102,7 +102,8 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # (DSV4_MOE_GL_SOLO_MAXNREG; 0, off): the registers a thread of kernel 2 / kernel 1 in a step of one token, capped so
 # that the launch is one wave. The same operations in the same order: the same bits (tests/test_moe_gl.py on the GPU).
 # At one token kernel 2 is 1,536 programs (D / 16 x 6 pairs) of 54 registers: 9 blocks an SM, 1,188 on 132 SMs, 1.3
-# waves (session 33's ncu: 1.3 waves, DRAM 36 %); capped at 40 (sm_90 census: no spill) 12 blocks an SM, 1,584.
+# waves (session 33's ncu: 1.3 waves, DRAM 36 %); capped at 40 (sm_90 census: no spill) 12 blocks an SM, 1,584. Its
+# tensor-core programs only (the CUDA-core programs, DSV4_MOE_MMA=0, take 92 registers and would spill at 40).
 # Session 38 call 2 (benchmarks/RESULTS.md): mini's solo decode pipelined 924.2 -> 928.7 tok/s (+0.5 %, ahead in every
 # round, the same stream); kernel 2 at one token 14.2 -> 13.6 us (mini's layer), 9.7 -> 9.1 (a Flash rank's). Kernel
 # 1 (78 registers, 6 blocks an SM) capped at 72 / 64 spills (16 / 40 bytes of stack): pipelined -1.1 / -2.5 % (as
@@ -823,10 +824,10 @@ def _gate_up_options(T: int) -> dict:
     return {"maxnreg": cap} if cap else {}
 
 
-def _down_options(T: int) -> dict:
-    """Kernel 2's compile options beyond _options for a step of T tokens: CONFIG solo_down_maxnreg's cap where set and
-    T == 1 (see CONFIG)."""
-    return {"maxnreg": CONFIG["solo_down_maxnreg"]} if CONFIG["solo_down_maxnreg"] and T == 1 else {}
+def _down_options(T: int, mma: dict) -> dict:
+    """Kernel 2's compile options beyond _options for a step of T tokens: CONFIG solo_down_maxnreg's cap where set, T
+    == 1 and the programs are the tensor cores' (mma; the CUDA-core programs take 92 registers: 40 would spill)."""
+    return {"maxnreg": CONFIG["solo_down_maxnreg"]} if CONFIG["solo_down_maxnreg"] and T == 1 and mma else {}
 
 
 def groups_for(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight) -> torch.Tensor | None:
@@ -927,5 +928,5 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
-        FUSED_SUM=tickets is not None, **mma, **grouped, **_options(), **_down_options(T))
+        FUSED_SUM=tickets is not None, **mma, **grouped, **_options(), **_down_options(T, mma))
     return terms if tickets is None else None
