@@ -46,6 +46,24 @@ def _routed(stacks, x, shared, ids, weights, rows=slice(None), shared_on=True):
                               shared[rows] if shared_on else None)
 
 
+def test_one_token_register_caps_follow_the_step_and_the_programs(monkeypatch):
+    """Kernel 2's one-token cap (CONFIG solo_down_maxnreg, 40 by default) goes to its tensor-core programs in a step
+    of one token only: the CUDA-core programs take 92 registers (40 would spill, sm_90 census) and a batched step's
+    launch is another grid; kernel 1's caps follow the step's size (solo_gate_up_maxnreg at one token, gate_up_maxnreg
+    above)."""
+    mma = {"MMA": 1, "U": 4}
+    monkeypatch.setitem(moe_gl.CONFIG, "solo_down_maxnreg", 40)
+    assert moe_gl._down_options(1, mma) == {"maxnreg": 40}
+    assert moe_gl._down_options(1, {}) == {} and moe_gl._down_options(3, mma) == {}
+    monkeypatch.setitem(moe_gl.CONFIG, "solo_down_maxnreg", 0)
+    assert moe_gl._down_options(1, mma) == {}
+    monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_maxnreg", 64)
+    monkeypatch.setitem(moe_gl.CONFIG, "gate_up_maxnreg", 128)
+    assert moe_gl._gate_up_options(1) == {"maxnreg": 64} and moe_gl._gate_up_options(16) == {"maxnreg": 128}
+    monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_maxnreg", 0)
+    assert moe_gl._gate_up_options(1) == {}
+
+
 @pytest.mark.skipif(not DEVICES, reason="needs triton's interpreter or a GPU")
 def test_never_chosen_without_the_compiler(monkeypatch):
     """With DSV4_MOE_GLUON on, a CPU step (the interpreter) keeps moe's kernels: the same bytes as with it off."""
