@@ -23,7 +23,8 @@ pytest.importorskip("triton")
 
 from quantised_cases import DEVICES, close_chain, expert_stacks, moe_configured, per_device  # noqa: E402
 
-# The interpreter's seconds (12 and 20 s on CPU): the slow set on CPU (CI's 15 minutes, session 38); CUDA runs them always
+# The interpreter's seconds (12 and 20 s on CPU): the slow set on CPU (CI's 15 minutes, session 38); CUDA runs
+# them always
 SLOW_ON_CPU = pytest.mark.slow if kernels.interpreting() else (lambda f: f)
 
 
