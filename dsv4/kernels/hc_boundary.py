@@ -59,8 +59,8 @@ CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
           "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "1") == "1",
           "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1"}
 # Session 38 call 3 (benchmarks/RESULTS.md) measured Sinkhorn on comb's 16 values as scalars in every thread (no
-# shuffle, no barrier; commit 0c87aaa): a mid boundary 6.71 -> 8.69 us, mini's pipelined decode -6.9 %: each thread's 640
-# divisions, in all 8 warps, cost more than warp_maps' 80 shuffles. Removed.
+# shuffle, no barrier; commit 0c87aaa): a mid boundary 6.71 -> 8.69 us, mini's pipelined decode -6.9 %: each
+# thread's 640 divisions, in all 8 warps, cost more than warp_maps' 80 shuffles. Removed.
 ONE_PASS_VALUES = 64  # the streams' fp32 values a thread may hold in one_pass (hc 4, D 4096, 8 warps: 64)
 
 
