@@ -164,6 +164,12 @@ def build(kernel: str, rows: int = 1):
     elif kernel == "qgemv":
         qgemv.linear(rows_x, QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn),
                                      torch.zeros(8, 32, dtype=e8), "fp8"))
+    elif kernel == "wo":  # mini's wo_a (8 groups of 1,024 rows over 4,096 inputs each) and wo_b (4,096 x 8,192)
+        qgemv.grouped_linear(torch.zeros(rows, 8 * 4096, dtype=torch.bfloat16),
+                             QWeight(torch.zeros(8192, 4096, dtype=torch.float8_e4m3fn),
+                                     torch.zeros(64, 32, dtype=e8), "fp8"), 8)
+        qgemv.linear(torch.zeros(rows, 8192, dtype=torch.bfloat16),
+                     QWeight(torch.zeros(4096, 8192, dtype=torch.float8_e4m3fn), torch.zeros(32, 64, dtype=e8), "fp8"))
     elif kernel == "qgemv_fp4":
         qgemv.linear(rows_x, QWeight(torch.zeros(2048, 2048, dtype=torch.int8), torch.zeros(2048, 128, dtype=e8),
                                      "fp4"))
@@ -180,7 +186,7 @@ def build(kernel: str, rows: int = 1):
             route.route(torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                         tid2eid, 6, True, 1.5)
     else:
-        raise SystemExit(f"--kernel {kernel!r}: allowed gl, gl_grouped, gate_up, down, tc, qgemv, qgemv_fp4, dense, "
+        raise SystemExit(f"--kernel {kernel!r}: allowed gl, gl_grouped, gate_up, down, tc, qgemv, wo, qgemv_fp4, dense, "
                          "boundary, route")
 
 
