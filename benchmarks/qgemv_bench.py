@@ -89,23 +89,9 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v2_n32_k1024_w8_p2048": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8,
                               "v2_programs": 2048},
     "v2_n32_k1024_unroll": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_unroll": True},
-    # session 39: the tile loop software-pipelined through shared memory (Triton's cp.async stages, v2_stages): at the
-    # default tiles the same bits (a shape with one or two tiles a program is unchanged); and programs that each
-    # stream a whole row block's K (no split, or 2) through those stages: other bits
-    "v2_stages2": {"kernel": "v2", "v2_stages": 2},
-    "v2_stages3": {"kernel": "v2", "v2_stages": 3},
-    "v2_stages4": {"kernel": "v2", "v2_stages": 4},
-    "v2_n16_k512_s1_st4": {**FLAT, "v2_split_k": 1, "v2_stages": 4},
-    "v2_n16_k512_s2_st4": {**FLAT, "v2_split_k": 2, "v2_stages": 4},
-    "v2_n8_k512_s1_st4": {**FLAT, "v2_block_n": 8, "v2_split_k": 1, "v2_stages": 4},
-    "v2_n8_k1024_s1_st3": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_split_k": 1, "v2_stages": 3},
-    "v2_n16_k1024_s1_st3": {**FLAT, "v2_block_k_fp8": 1024, "v2_split_k": 1, "v2_stages": 3},
-    "v2_n32_k512_s1_st4": {**FLAT, "v2_block_n": 32, "v2_split_k": 1, "v2_stages": 4},
-    "v2_n16_k512_s1_st6": {**FLAT, "v2_split_k": 1, "v2_stages": 6},
 }
 TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528",  # variant -> same bits as
-         "v2_unroll": "v2_default", "v2_flat_unroll": "v2_flat", "v2_k1024_unroll": "v2_k1024",
-         "v2_stages2": "v2_default", "v2_stages3": "v2_default", "v2_stages4": "v2_default"}
+         "v2_unroll": "v2_default", "v2_flat_unroll": "v2_flat", "v2_k1024_unroll": "v2_k1024"}
 ROWS_VARIANTS = {  # --rows: a batched step's rows on one weight, a program per row or v2_rows per program
     "v2_rows1": {"kernel": "v2", "v2_rows": 1},
     "v2_rows8": {"kernel": "v2", "v2_rows": 8},

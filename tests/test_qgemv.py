@@ -382,11 +382,10 @@ def test_v3_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("K,split_k", [(400, 1), (1152, 2), (1700, 1)],
                          ids=["masked_second_tile", "split_with_a_masked_tail", "seven_tiles"])
-def test_tile_loop_forms_keep_the_bits(monkeypatch, device, K, split_k):
-    """v2's FP8 tile loop as a loop, unrolled at compile time (v2_unroll) or software-pipelined through shared memory
-    (v2_stages 3: Triton's cp.async stages): the same bits (test_v2_early_tile_keeps_the_bits holds the first tile
-    summed before the loop to the plain loop). Two to seven tiles a program, the last masked, 1 and 9 rows (v2_rows
-    groups of 8 with a repeated last row). Two splits (summed by the ticket) whose last runs past K; bf16 and fp32 x,
+def test_unrolled_tile_loop_keeps_the_bits(monkeypatch, device, K, split_k):
+    """v2's FP8 tile loop unrolled at compile time or not (v2_unroll): the same bits (test_v2_early_tile_keeps_the_bits
+    holds the first tile summed before the loop to the plain loop). Two to seven tiles a program, the last masked,
+    1 and 9 rows (v2_rows groups of 8 with a repeated last row). Two splits (summed by the ticket) whose last runs past K; bf16 and fp32 x,
     and the grouped wo_a; against float64 too."""
     row_counts = (1, 9)
     config = {"kernel": "v2", "v2_shape_tiles": False, "v2_block_k_fp8": 256}
@@ -398,20 +397,19 @@ def test_tile_loop_forms_keep_the_bits(monkeypatch, device, K, split_k):
 
     def forms(fn):
         outs = []
-        for unroll, stages in ((False, 0), (True, 0), (False, 3)):
+        for unroll in (False, True):
             monkeypatch.setitem(qgemv.CONFIG, "v2_unroll", unroll)
-            monkeypatch.setitem(qgemv.CONFIG, "v2_stages", stages)
             outs.append(fn())
         return outs
 
     for rows, dtype in zip(row_counts, (torch.bfloat16, torch.float32, torch.bfloat16)):
         x = torch.randn(rows, K, generator=g).to(dtype).to(device)
-        loop, unrolled, pipelined = forms(lambda: qgemv.linear(x, w))
-        assert torch.equal(loop, unrolled) and torch.equal(loop, pipelined), (rows, dtype)
+        loop, unrolled = forms(lambda: qgemv.linear(x, w))
+        assert torch.equal(loop, unrolled), (rows, dtype)
         close(loop, torch.nn.functional.linear(x.double(), w.dequant(torch.float64)).to(dtype), dtype)
         x2 = torch.randn(rows, 2 * K, generator=g).to(dtype).to(device)
-        loop, unrolled, pipelined = forms(lambda: qgemv.grouped_linear(x2, grouped, 2))
-        assert torch.equal(loop, unrolled) and torch.equal(loop, pipelined), ("grouped", rows, dtype)
+        loop, unrolled = forms(lambda: qgemv.grouped_linear(x2, grouped, 2))
+        assert torch.equal(loop, unrolled), ("grouped", rows, dtype)
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="the benchmark's CPU run needs Triton's interpreter")

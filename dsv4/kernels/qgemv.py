@@ -105,8 +105,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
-          "v2_stages": int(os.environ.get("DSV4_QGEMV_STAGES", "0"))}
+          "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096"))}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -224,8 +223,7 @@ def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
 
 @device_function
 def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False, UNROLL: constexpr = False,
-              STAGES: constexpr = 0):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False, UNROLL: constexpr = False):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
     scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
     inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
@@ -252,10 +250,6 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
         accs = _fp8_products(accs, xs, wq, sq, k_lo, col, K, E8M0)
     if UNROLL:
         for k0 in tl.static_range(FIRST, SPAN, BLOCK_K):
-            wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
-            accs = _fp8_products(accs, xs, wq, sq, k_lo + k0, col, K, E8M0)
-    elif STAGES > 0:
-        for k0 in tl.range(FIRST, SPAN, BLOCK_K, num_stages=STAGES):
             wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
             accs = _fp8_products(accs, xs, wq, sq, k_lo + k0, col, K, E8M0)
     else:
@@ -413,7 +407,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
-                   EARLY: constexpr, UNROLL: constexpr = False, STAGES: constexpr = 0):
+                   EARLY: constexpr, UNROLL: constexpr = False):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
@@ -440,7 +434,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
         accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     else:
         accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY,
-                         UNROLL, STAGES)
+                         UNROLL)
     if SPLITS == 1:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
@@ -745,7 +739,6 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
     # experts' weights depend on the step's ids.
     early = experts is None
     extra = {} if interpreting() else {"num_warps": warps}
-    stages = {"STAGES": c["v2_stages"]} if c["v2_stages"] and not fp4 and k_chunk > block_k else {}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
@@ -754,7 +747,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
-        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k and not c["v2_stages"], **stages, **extra)
+        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k, **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
     return y
