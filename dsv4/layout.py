@@ -46,7 +46,11 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # default since session 34 (call 1: alone 876.19 against the defaults' 876.98 pipelined tok/s, with the
           # compressor's paired one-pass pools 886.21 against 883.32 for the pair alone); DSV4_XPROJ_FIRST=0 turns
           # it off
-          "xproj_first": os.environ.get("DSV4_XPROJ_FIRST", "1") == "1"}
+          "xproj_first": os.environ.get("DSV4_XPROJ_FIRST", "1") == "1",
+          # a compressed layer's compressor and indexer on the device's second stream (dsv4.kernels.lanes), beside the
+          # queries' projection, norm and RoPE, the two chains joined before the attention kernel: the same kernels
+          # on the same inputs, so the same bits; off until a GPU run (DSV4_LANE=1 turns it on)
+          "lane": os.environ.get("DSV4_LANE", "0") == "1"}
 from .formats import QWeight
 
 

@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, launcher, next_pow2, pdl_wait, qgemv_mma
+from . import cdiv, device_function, interpreting, lanes, launcher, next_pow2, pdl_wait, qgemv_mma
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -780,7 +780,7 @@ def _launch3(x, w: QWeight, y, rows: int, group_n: int):
 
 
 TICKETS = 1 << 16  # int32 split counters per device: rows * row blocks of any split launch (decode: a few thousand)
-_tickets: dict[torch.device, torch.Tensor] = {}
+_tickets: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
@@ -788,18 +788,20 @@ def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
     the caller must sum its splits in a second launch: more tickets than TICKETS, or none made yet and a
     CUDA graph capture under way.
 
-    One buffer per device, made once outside any capture and never freed: a captured graph keeps its
-    address, and a buffer from a capture's private pool would be freed with that graph. Made by the
-    first eager launch (dsv4.replay warms up eagerly before it captures). The launches of one device
-    share it, so they must not run concurrently (dsv4's step runs on one stream)."""
+    One buffer per device and lane (dsv4.kernels.lanes: the launches on a device's second stream, which may run
+    beside the main stream's, count in a buffer of their own), made once outside any capture and never freed: a
+    captured graph keeps its address, and a buffer from a capture's private pool would be freed with that graph.
+    Made by the first eager launch (dsv4.replay warms up eagerly before it captures). The launches of one stream
+    share it: one at a time, each leaving it zero for the next."""
     if count > TICKETS:
         return None
-    buf = _tickets.get(device)
+    key = (device, lanes.current)
+    buf = _tickets.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         with torch.inference_mode(False):  # a normal tensor, whichever mode made it
-            buf = _tickets[device] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+            buf = _tickets[key] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
     return buf
 
 

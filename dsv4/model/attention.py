@@ -27,6 +27,7 @@ import torch
 from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
+from ..kernels import lanes
 from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
@@ -63,8 +64,9 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
+    beside = bool(m) and CONFIG["lane"]
     if m:
-        with phase("compressor"):
+        with phase("compressor"), lanes.beside(x.device, beside):
             proj = _project(x, q_res, w, cfg, x_out)
             for b, (step, cache) in enumerate(zip(steps, caches)):
                 rows = slice(b * T, (b + 1) * T)
@@ -72,6 +74,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()},
                                         _pool_early(x_out, w))
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
+    lanes.join(x.device, beside)
 
     outs = []
     for b, (step, cache) in enumerate(zip(steps, caches)):
@@ -102,11 +105,13 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
         step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
+    beside = bool(m) and CONFIG["lane"]
     if m:
-        with phase("compressor"):
+        with phase("compressor"), lanes.beside(x.device, beside):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out),
                                        _pool_early(x_out, w))
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
+    lanes.join(x.device, beside)
     visible, slots = step.sliding()
     writes.append(Write(flat(cache.win), slots, kv, step.keep()))
     writes.extend(staged)

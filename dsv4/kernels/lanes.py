@@ -1,0 +1,60 @@
+"""A second stream on the device (a lane) for a chain of kernels that does not depend on the main chain's next ones.
+
+A decode step is a chain of latency-bound kernels, most of which leave most of the GPU idle. In a compressed layer the
+compressor's pools and, on CSA layers, the indexer (its query projection, the index keys, the top-k) need only x, q's
+latent and the caches, and the queries (wq_b's GEMV, their norm and RoPE) need only q's latent: the two chains can run
+at once and meet at the attention kernel. `beside` forks the lane off the current stream (the lane waits for all that
+stream has enqueued), runs its body on the lane, and `join` makes the current stream wait for the lane. Both are
+stream-ordered: no host sync, and a CUDA graph captures them as a fork and a join of its nodes.
+
+The same kernels read the same inputs: the values, hence the bits, are those of the one-stream order. What two
+concurrent chains must not share is scratch: the split-K tickets (dsv4.kernels.qgemv.tickets_for) are per lane, so a
+kernel on the lane counts its splits in a buffer of its own. Inputs of the lane's kernels made on the current stream
+stay referenced until the join (the caller's frame holds them), and what the lane makes is consumed after the join;
+so the caching allocator, which reuses a block in the order of the stream that freed it, never hands out a block a
+running kernel of the other stream still reads.
+
+Under PDL each kernel's wait also covers a dependency across the fork or the join: a kernel waits for every kernel it
+depends on, and every kernel releases its successors only after its own wait, so the contract of dsv4.kernels (when a
+kernel starts, every kernel but those right before it is complete) holds on both chains."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+current = 0  # the lane the launches of this moment run on: 0 the caller's stream, 1 the lane (tickets_for reads it)
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def stream(device: torch.device) -> torch.cuda.Stream:
+    """The device's lane, made once (a graph keeps the streams it captured)."""
+    lane = _streams.get(device)
+    if lane is None:
+        lane = _streams[device] = torch.cuda.Stream(device)
+    return lane
+
+
+@contextlib.contextmanager
+def beside(device: torch.device, on: bool = True):
+    """The body's launches on the device's lane, after everything enqueued so far on the current stream (on False, or a
+    device that is not CUDA: the body on the current stream, as without lanes)."""
+    global current
+    if not on or device.type != "cuda":
+        yield
+        return
+    lane = stream(device)
+    lane.wait_stream(torch.cuda.current_stream(device))
+    current = 1
+    try:
+        with torch.cuda.stream(lane):
+            yield
+    finally:
+        current = 0
+
+
+def join(device: torch.device, on: bool = True) -> None:
+    """The current stream's later launches after everything enqueued so far on the lane."""
+    if on and device.type == "cuda":
+        torch.cuda.current_stream(device).wait_stream(stream(device))

@@ -1,0 +1,94 @@
+"""The device's second stream (dsv4.kernels.lanes; layout CONFIG lane): a compressed layer's compressor and indexer
+beside the queries' chain. The split-K tickets are per lane (CPU), and on CUDA the lane changes no bit: tiny's sampled
+decode eager and replayed, plain and pooled (attention_pooled), batched in a graph, gives the one-stream order's
+tokens, logits and committed bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4.kernels import lanes, qgemv
+from dsv4.layout import CONFIG as LAYOUT
+from dsv4.state import StatePool
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+PROMPTS = [list(range(20, 35)), [7, 8, 9], [(11 * i) % 500 + 1 for i in range(30)]]
+SAMPLING = dsv4.SamplingParams(temperature=1.0, seed=11)
+STEPS = 20  # tiny's CSA (rate 4) and HCA (rate 16) windows close several times
+
+
+def test_tickets_are_per_lane(monkeypatch):
+    """A launch on the lane counts its splits in a buffer of its own, zeroed, made once; the main stream's is
+    unchanged."""
+    monkeypatch.setattr(qgemv, "_tickets", {})
+    cpu = torch.device("cpu")
+    main = qgemv.tickets_for(8, cpu)
+    monkeypatch.setattr(lanes, "current", 1)
+    lane = qgemv.tickets_for(8, cpu)
+    assert lane is not main and lane.shape == main.shape == (qgemv.TICKETS,) and not lane.any()
+    assert qgemv.tickets_for(5, cpu) is lane
+    monkeypatch.setattr(lanes, "current", 0)
+    assert qgemv.tickets_for(5, cpu) is main
+
+
+def test_beside_is_the_current_stream_off_cuda_or_switched_off():
+    """Off (on=False) or on a CPU device the body runs as without lanes: no stream made, the tickets the main
+    stream's."""
+    seen = []
+    with lanes.beside(torch.device("cpu")):
+        seen.append(lanes.current)
+    with lanes.beside(torch.device("cuda", 0), on=False):  # never touches CUDA
+        seen.append(lanes.current)
+    lanes.join(torch.device("cpu"))
+    lanes.join(torch.device("cuda", 0), on=False)
+    assert seen == [0, 0] and lanes.current == 0
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dsv4.load("tiny", device="cuda", dtype=torch.bfloat16, seed=6)
+
+
+def _solo(model, monkeypatch, lane: bool, graph: bool, pooled: bool):
+    monkeypatch.setitem(LAYOUT, "lane", lane)
+    state = StatePool(model.cfg, 2, 64, model.device, model.dtype).state(1) if pooled else model.new_state(64)
+    model.prefill(state, PROMPTS[2])
+    if graph:
+        model.enable_replay(state, SAMPLING)
+    token, tokens, shas = PROMPTS[2][-1], [], []
+    for _ in range(STEPS):
+        token = model.step(state, token, SAMPLING)
+        tokens.append(token)
+        shas.append(model.logits_sha(state))
+    return tokens, shas, model.digests(state)
+
+
+@cuda
+@pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pooled"])
+def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, pooled):
+    lanes._streams.clear()
+    base = _solo(model, monkeypatch, False, False, pooled)
+    assert not lanes._streams
+    assert _solo(model, monkeypatch, True, False, pooled) == base
+    assert lanes._streams  # the lane ran
+    assert _solo(model, monkeypatch, True, True, pooled) == base
+    assert _solo(model, monkeypatch, False, True, pooled) == base
+
+
+@cuda
+def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch):
+    def run(lane):
+        monkeypatch.setitem(LAYOUT, "lane", lane)
+        pool = StatePool(model.cfg, 3, 64, model.device, model.dtype)
+        states = [pool.state(slot) for slot in (2, 0, 1)]
+        for state, prompt in zip(states, PROMPTS):
+            model.prefill(state, prompt)
+        tokens, drawn = [p[-1] for p in PROMPTS], []
+        for _ in range(STEPS):
+            tokens = list(model.step_batch(states, tokens, [SAMPLING] * 3, graph=True))
+            drawn.append(tokens)
+        return drawn, [model.digests(s) for s in states]
+
+    assert run(True) == run(False)
