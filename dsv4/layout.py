@@ -48,9 +48,10 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # it off
           "xproj_first": os.environ.get("DSV4_XPROJ_FIRST", "1") == "1",
           # a compressed layer's compressor and indexer on the device's second stream (dsv4.kernels.lanes), beside the
-          # queries' projection, norm and RoPE, the two chains joined before the attention kernel: the same kernels
-          # on the same inputs, so the same bits; off until a GPU run (DSV4_LANE=1 turns it on)
-          "lane": os.environ.get("DSV4_LANE", "0") == "1"}
+          # queries' projection, norm and RoPE, the two chains joined before the attention kernel, in a captured graph:
+          # the same kernels on the same inputs, so the same bits. On by default since session 39 (call 3: mini's
+          # pipelined decode +0.87 %, ahead in every round; the gate's stream); DSV4_LANE=0 turns it off
+          "lane": os.environ.get("DSV4_LANE", "1") == "1"}
 from .formats import QWeight
 
 

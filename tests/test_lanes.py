@@ -1,7 +1,7 @@
 """The device's second stream (dsv4.kernels.lanes; layout CONFIG lane): a compressed layer's compressor and indexer
-beside the queries' chain. The split-K tickets are per lane (CPU), and on CUDA the lane changes no bit: tiny's sampled
-decode eager and replayed, plain and pooled (attention_pooled), batched in a graph, gives the one-stream order's
-tokens, logits and committed bytes."""
+beside the queries' chain, in a captured graph. The split-K tickets are per lane (CPU), and on CUDA the lane changes
+no bit: tiny's sampled decode replayed, plain and pooled (attention_pooled), and batched in a graph gives the
+one-stream order's tokens, logits and committed bytes; an eager step never takes the lane."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def test_tickets_are_per_lane(monkeypatch):
 
 def test_beside_is_the_current_stream_off_cuda_or_switched_off():
     """Off (on=False) or on a CPU device the body runs as without lanes: no stream made, the tickets the main
-    stream's."""
+    stream's; `use` says no."""
+    assert not lanes.use(torch.device("cpu"), True) and not lanes.use(torch.device("cuda", 0), False)
     seen = []
     with lanes.beside(torch.device("cpu")):
         seen.append(lanes.current)
@@ -65,20 +66,30 @@ def _solo(model, monkeypatch, lane: bool, graph: bool, pooled: bool):
     return tokens, shas, model.digests(state)
 
 
+@pytest.fixture
+def sides(monkeypatch):
+    """The `on` of every lanes.beside the model enters (True: its chain ran on the lane)."""
+    seen, real = [], lanes.beside
+    monkeypatch.setattr(lanes, "beside", lambda device, on=True: seen.append(on) or real(device, on))
+    return seen
+
+
 @cuda
 @pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pooled"])
-def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, pooled):
-    lanes._streams.clear()
+def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, sides, pooled):
     base = _solo(model, monkeypatch, False, False, pooled)
-    assert not lanes._streams
     assert _solo(model, monkeypatch, True, False, pooled) == base
-    assert lanes._streams  # the lane ran
+    assert sides and not any(sides)  # eager: every compressed layer on the one stream
+    sides.clear()
     assert _solo(model, monkeypatch, True, True, pooled) == base
+    assert any(sides)  # the capture's compressed layers on the lane
+    sides.clear()
     assert _solo(model, monkeypatch, False, True, pooled) == base
+    assert sides and not any(sides)
 
 
 @cuda
-def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch):
+def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch, sides):
     def run(lane):
         monkeypatch.setitem(LAYOUT, "lane", lane)
         pool = StatePool(model.cfg, 3, 64, model.device, model.dtype)
@@ -91,4 +102,6 @@ def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch):
             drawn.append(tokens)
         return drawn, [model.digests(s) for s in states]
 
-    assert run(True) == run(False)
+    on = run(True)
+    assert any(sides)
+    assert on == run(False)

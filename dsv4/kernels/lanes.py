@@ -14,6 +14,10 @@ stay referenced until the join (the caller's frame holds them), and what the lan
 so the caching allocator, which reuses a block in the order of the stream that freed it, never hands out a block a
 running kernel of the other stream still reads.
 
+The lane runs in a captured graph only (`use`): an eager step launches its kernels one by one from the host, which
+is its bound, and the stream switches cost the host there (session 39 call 3: mini's eager decode 90.5 -> 45 tok/s
+with the lane, the graph's +0.9 %); a graph pays them once, at its capture. The bits are the same either way.
+
 Under PDL each kernel's wait also covers a dependency across the fork or the join: a kernel waits for every kernel it
 depends on, and every kernel releases its successors only after its own wait, so the contract of dsv4.kernels (when a
 kernel starts, every kernel but those right before it is complete) holds on both chains."""
@@ -34,6 +38,15 @@ def stream(device: torch.device) -> torch.cuda.Stream:
     if lane is None:
         lane = _streams[device] = torch.cuda.Stream(device)
     return lane
+
+
+def use(device: torch.device, on: bool) -> bool:
+    """Whether a caller whose switch is `on` runs its side chain on the lane now: on a CUDA device, while a graph is
+    being captured. The lane's stream is made at the first call (an eager warm-up before a capture), never during one."""
+    if not on or device.type != "cuda":
+        return False
+    stream(device)
+    return torch.cuda.is_current_stream_capturing()
 
 
 @contextlib.contextmanager

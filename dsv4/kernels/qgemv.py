@@ -791,17 +791,18 @@ def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
     One buffer per device and lane (dsv4.kernels.lanes: the launches on a device's second stream, which may run
     beside the main stream's, count in a buffer of their own), made once outside any capture and never freed: a
     captured graph keeps its address, and a buffer from a capture's private pool would be freed with that graph.
-    Made by the first eager launch (dsv4.replay warms up eagerly before it captures). The launches of one stream
-    share it: one at a time, each leaving it zero for the next."""
+    Made by the first eager launch (dsv4.replay warms up eagerly before it captures), both lanes' at once. The
+    launches of one stream share it: one at a time, each leaving it zero for the next."""
     if count > TICKETS:
         return None
-    key = (device, lanes.current)
-    buf = _tickets.get(key)
+    buf = _tickets.get((device, lanes.current))
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        with torch.inference_mode(False):  # a normal tensor, whichever mode made it
-            buf = _tickets[key] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+        with torch.inference_mode(False):  # normal tensors, whichever mode made them; every lane's at once (the
+            for lane in (0, 1):            # lane runs only in a capture)
+                _tickets[device, lane] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+        buf = _tickets[device, lanes.current]
     return buf
 
 

@@ -64,7 +64,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
             step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
-    beside = bool(m) and CONFIG["lane"]
+    beside = bool(m) and lanes.use(x.device, CONFIG["lane"])
     if m:
         with phase("compressor"), lanes.beside(x.device, beside):
             proj = _project(x, q_res, w, cfg, x_out)
@@ -105,7 +105,7 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
         step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
-    beside = bool(m) and CONFIG["lane"]
+    beside = bool(m) and lanes.use(x.device, CONFIG["lane"])
     if m:
         with phase("compressor"), lanes.beside(x.device, beside):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out),
