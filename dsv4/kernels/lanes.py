@@ -28,6 +28,7 @@ import contextlib
 
 import torch
 
+GPU_CHECKED = True  # session 39, calls 3-4: tests/test_lanes.py, the replay test and the gate on mini with the lane
 current = 0  # the lane the launches of this moment run on: 0 the caller's stream, 1 the lane (tickets_for reads it)
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
