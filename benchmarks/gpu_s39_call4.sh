@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 39, call 4: the lane on by default, in captured graphs only (dsv4.kernels.lanes.use: call 3 measured mini's
-# eager decode 90.5 -> 45 tok/s with the lane in eager steps too), both lanes' tickets made at once.
+# Session 39, call 4: the lane on by default, in captured graphs only (dsv4.kernels.lanes.use: call 3's gate measured
+# mini's eager decode 90.5 -> 45 tok/s with the lane in eager steps too; call 5 showed that figure to be the fresh
+# machine's first minute, not the lane), both lanes' tickets made at once.
 #   1. the gate on mini under the defaults (the stream 6dd64d77 and final logits 2c87c0e8 expected; the eager arm's
 #      speed back at ~90 tok/s);
 #   2. tests/test_lanes.py (the lane in graphs only; the same bits plain, pooled and batched);

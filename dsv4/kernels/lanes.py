@@ -14,9 +14,11 @@ stay referenced until the join (the caller's frame holds them), and what the lan
 so the caching allocator, which reuses a block in the order of the stream that freed it, never hands out a block a
 running kernel of the other stream still reads.
 
-The lane runs in a captured graph only (`use`): an eager step launches its kernels one by one from the host, which
-is its bound, and the stream switches cost the host there (session 39 call 3: mini's eager decode 90.5 -> 45 tok/s
-with the lane, the graph's +0.9 %); a graph pays them once, at its capture. The bits are the same either way.
+The lane runs in a captured graph only (`use`): an eager step is bound by the host, which launches its kernels one by
+one, so a second stream cannot shorten it and its switches would cost the host every step; a graph pays them once, at
+its capture. The bits are the same either way (tests/test_lanes.py runs both). (Session 39's call 3 read its gate's
+eager 45 tok/s as the lane's cost; call 5 showed a fresh machine's first minute instead: one package 51.2, then 89.5
+and 93.5 tok/s in the same call.)
 
 Under PDL each kernel's wait also covers a dependency across the fork or the join: a kernel waits for every kernel it
 depends on, and every kernel releases its successors only after its own wait, so the contract of dsv4.kernels (when a
