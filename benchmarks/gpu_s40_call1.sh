@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# For session 40 (built in session 39, never run on a GPU): layout CONFIG lane_xproj (DSV4_LANE_XPROJ=1, off): with the
+# lane (on by default since session 39), a compressed layer's stacked x linear on it too, forked right after the mHC
+# boundary, so that the main chain (rope table, wq_a + wkv, their norms, wq_b) does not wait for it; an HCA layer's
+# pool then reads x's projection after its PDL wait (attention._pool_early). The same bits expected.
+#   1. tests/test_lanes.py (tiny: the lane with and without the x linear, eager, graph, pooled, batched);
+#   2. the gate on mini with DSV4_LANE_XPROJ=1 (the stream 6dd64d77 and final logits 2c87c0e8 expected);
+#   3. decode_ab_bench on mini: the defaults against xlane=layout.lane_xproj=1.
+# Usage: OUT=dir bash benchmarks/gpu_s40_call1.sh   (carry .whl)
+source benchmarks/gpu_env.sh
+SUMMARY_LINES=30
+export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests"
+step 120 "$OUT/pytest_lanes.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_lanes.py
+step 120 "$OUT/gate_mini_xlane.txt" env DSV4_LANE_XPROJ=1 python -m dsv4.cli gate --preset mini --device cuda \
+  --ranks 1 --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini-xlane.txt"
+step 130 "$OUT/decode_ab_xlane.txt" python benchmarks/decode_ab_bench.py --preset mini --steps 64 --rounds 4 \
+  --arm xlane=layout.lane_xproj=1
