@@ -89,6 +89,14 @@ QGEMV_VARIANTS = {  # qgemv.CONFIG overrides
     "v2_n32_k1024_w8_p2048": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_num_warps": 8,
                               "v2_programs": 2048},
     "v2_n32_k1024_unroll": {**FLAT, "v2_block_n": 32, "v2_block_k_fp8": 1024, "v2_unroll": True},
+    # session 39 call 2 measured mini's wo_a at 12.0 us (13.3 at the defaults) with 8-row blocks of 1,024 inputs or
+    # 32-row blocks of 512, no split, through Triton's cp.async stages (removed); these are those tiles with the
+    # unrolled loop instead (other bits than the defaults')
+    "v2_n8_k1024_s1_unroll": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_split_k": 1, "v2_unroll": True},
+    "v2_n32_k512_s1_unroll": {**FLAT, "v2_block_n": 32, "v2_split_k": 1, "v2_unroll": True},
+    "v2_n8_k1024_s1_w8_unroll": {**FLAT, "v2_block_n": 8, "v2_block_k_fp8": 1024, "v2_split_k": 1, "v2_num_warps": 8,
+                                 "v2_unroll": True},
+    "v2_n32_k512_s2_unroll": {**FLAT, "v2_block_n": 32, "v2_split_k": 2, "v2_unroll": True},
 }
 TWINS = {"v2_fused_sum": "v2_flat", "v2_fused_sum_programs528": "v2_programs528",  # variant -> same bits as
          "v2_unroll": "v2_default", "v2_flat_unroll": "v2_flat", "v2_k1024_unroll": "v2_k1024"}
