@@ -45,10 +45,17 @@ def pageable_step(model, state, token: int, sp, t: dict, span: tuple) -> int:
     t4 = time.perf_counter()
     model._settle(state, verdict, 1)
     t5 = time.perf_counter()
-    for key, a, b in (("prepare", t0, t1), ("input", t1, t2), ("launch", t2, t3), ("readback", t3, t4),
-                      ("settle", t4, t5)):
-        t.setdefault(key, []).append((b - a) * 1e6)
+    _record(t, (t0, t1, t2, t3, t4, t5))
     return int(token_out)
+
+
+PARTS = ("prepare", "input", "launch", "readback", "settle")
+
+
+def _record(t: dict, stamps: tuple) -> None:
+    """The step's parts (PARTS, between consecutive perf_counter stamps) appended to t, in us."""
+    for key, a, b in zip(PARTS, stamps, stamps[1:]):
+        t.setdefault(key, []).append((b - a) * 1e6)
 
 
 class Pinned:
@@ -83,9 +90,7 @@ class Pinned:
         t4 = time.perf_counter()
         model._settle(state, verdict, 1)
         t5 = time.perf_counter()
-        for key, a, b in (("prepare", t0, t1), ("input", t1, t2), ("launch", t2, t3), ("readback", t3, t4),
-                          ("settle", t4, t5)):
-            t.setdefault(key, []).append((b - a) * 1e6)
+        _record(t, (t0, t1, t2, t3, t4, t5))
         return int(token_out)
 
 
