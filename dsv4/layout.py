@@ -52,7 +52,11 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # the same kernels on the same inputs, so the same bits. On by default since session 39 (call 3: mini's
           # pipelined decode +0.87 %, ahead in every round; call 4, on by default: +1.1 % against DSV4_LANE=0; the
           # gate's stream); DSV4_LANE=0 turns it off
-          "lane": os.environ.get("DSV4_LANE", "1") == "1"}
+          "lane": os.environ.get("DSV4_LANE", "1") == "1",
+          # with the lane, the stacked linear of x (xproj_first) on it too, forked right after the mHC boundary, so
+          # that the main chain (the rope table, wq_a + wkv, their norms) does not wait for it; the lane waits for q's
+          # latent before the indexer as before. Off until a GPU run (DSV4_LANE_XPROJ=1 turns it on)
+          "lane_xproj": os.environ.get("DSV4_LANE_XPROJ", "0") == "1"}
 from .formats import QWeight
 
 

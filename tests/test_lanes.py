@@ -75,8 +75,11 @@ def sides(monkeypatch):
 
 
 @cuda
+@pytest.mark.parametrize("xproj", [False, True], ids=["indexer", "indexer_and_xproj"])
 @pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pooled"])
-def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, sides, pooled):
+def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, sides, pooled, xproj):
+    """xproj: the stacked x linear on the lane too (layout CONFIG lane_xproj)."""
+    monkeypatch.setitem(LAYOUT, "lane_xproj", xproj)
     base = _solo(model, monkeypatch, False, False, pooled)
     assert _solo(model, monkeypatch, True, False, pooled) == base
     assert sides and not any(sides)  # eager: every compressed layer on the one stream
@@ -89,7 +92,10 @@ def test_lane_changes_no_bit_eager_and_graph(model, monkeypatch, sides, pooled):
 
 
 @cuda
-def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch, sides):
+@pytest.mark.parametrize("xproj", [False, True], ids=["indexer", "indexer_and_xproj"])
+def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch, sides, xproj):
+    monkeypatch.setitem(LAYOUT, "lane_xproj", xproj)
+
     def run(lane):
         monkeypatch.setitem(LAYOUT, "lane", lane)
         pool = StatePool(model.cfg, 3, 64, model.device, model.dtype)

@@ -58,13 +58,12 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
     cos, sin = _rows([s.cos_sin(kind) for s in steps])
-    x_out = _x_proj_first(x, w, m)
+    beside, x_lane, x_out = _lanes_and_x_proj(x, w, m)
     if m:  # the windows' geometry before q's latent: see _pool_early
         for step, cache in zip(steps, caches):
             step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extras, staged = [{} for _ in steps], [[] for _ in steps]  # each sequence's compressed rows and their writes
-    beside = bool(m) and lanes.use(x.device, CONFIG["lane"])
     if m:
         with phase("compressor"), lanes.beside(x.device, beside):
             proj = _project(x, q_res, w, cfg, x_out)
@@ -72,7 +71,7 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
                 rows = slice(b * T, (b + 1) * T)
                 extras[b] = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged[b],
                                         {k: tuple(t[rows] for t in v) for k, v in proj.items()},
-                                        _pool_early(x_out, w))
+                                        _pool_early(x_out, w, x_lane))
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     lanes.join(x.device, beside)
 
@@ -100,16 +99,15 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     LayerCache of this layer. Every row's arithmetic is that of the same row stepped alone."""
     m = cfg.compress_rate(layer)
     cos, sin = step.cos_sin("compress" if m else "main")
-    x_out = _x_proj_first(x, w, m)
+    beside, x_lane, x_out = _lanes_and_x_proj(x, w, m)
     if m:  # the windows' geometry before q's latent: see _pool_early
         step.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
     q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
     extra, staged = {}, []
-    beside = bool(m) and lanes.use(x.device, CONFIG["lane"])
     if m:
         with phase("compressor"), lanes.beside(x.device, beside):
             extra = _compressed_pooled(step, w, cache, layer, cfg, staged, _project(x, q_res, w, cfg, x_out),
-                                       _pool_early(x_out, w))
+                                       _pool_early(x_out, w, x_lane))
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     lanes.join(x.device, beside)
     visible, slots = step.sliding()
@@ -121,12 +119,22 @@ def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelCo
     return _output(fused.attention(*args, **extra, ids=step.ids), w, cfg, heads, out)
 
 
-def _pool_early(x_out, w: dict) -> bool:
+def _pool_early(x_out, w: dict, x_on_lane: bool = False) -> bool:
     """Whether a compressed layer's pools may run before their PDL wait and its index keys load all but the new keys
     before theirs (dsv4.kernels.compressor's early): the windows' geometry is made before q's latent (the callers'
     order), and the pools' rows two or more kernels back: the stacked x linear launched first (x_out), or a CSA layer,
-    whose indexer's query projection runs after every x linear; the index keys follow the pool."""
-    return x_out is not None or "indexer" in w
+    whose indexer's query projection runs after every x linear; the index keys follow the pool. x_on_lane: the
+    stacked linear ran on the lane (layout CONFIG lane_xproj), where an HCA layer's pool is the next kernel after it."""
+    return "indexer" in w or (x_out is not None and not x_on_lane)
+
+
+def _lanes_and_x_proj(x, w: dict, m: int) -> tuple[bool, bool, torch.Tensor | None]:
+    """(beside: a compressed layer's compressor and indexer run on the lane (dsv4.kernels.lanes, layout CONFIG lane),
+    x_lane: the stacked x linear does too (CONFIG lane_xproj), its output where _x_proj_first ran it)."""
+    beside = bool(m) and lanes.use(x.device, CONFIG["lane"])
+    x_lane = beside and CONFIG["lane_xproj"]
+    with lanes.beside(x.device, x_lane):
+        return beside, x_lane, _x_proj_first(x, w, m)
 
 
 def _x_proj_first(x, w: dict, m: int) -> torch.Tensor | None:
