@@ -50,22 +50,28 @@ def test_v2_linear(monkeypatch, v2, device, fmt, T, N, K, dtype):
     assert torch.equal(got, linear_mod.linear(x, w))  # deterministic, split or not
 
 
-def test_v2_shape_tiles_rule():
-    """The tiles by shape (qgemv.SHAPE_TILES) at Flash's and mini's FP8 weights: one pass over K up to 2,048 inputs,
-    64-row blocks split to one tile a program for the square 4,096-input slices, 32-row blocks for 8,192 inputs,
-    CONFIG's tiles elsewhere, for the routed experts and FP4, and for a grouped weight whose groups would split a
-    row block."""
+@pytest.mark.parametrize("wo_tiles", [True, False], ids=["wo_tiles", "wide_tiles"])
+def test_v2_shape_tiles_rule(monkeypatch, wo_tiles):
+    """The tiles by shape (qgemv.SHAPE_TILES) at Flash's and mini's FP8 weights: one pass over K up to 2,048 inputs;
+    the output linears (wo_a, wo_b) in 8-row blocks of 1,024-input tiles, 8 warps, unsplit (WO_TILES, CONFIG
+    v2_wo_tiles), or, with it off, 64-row blocks split to one tile a program for the square 4,096-input slices and
+    32-row blocks for 8,192 inputs (WIDE_TILES); CONFIG's tiles elsewhere, for the routed experts and FP4, and for a
+    grouped weight whose groups would split a row block."""
+    monkeypatch.setitem(qgemv.CONFIG, "v2_wo_tiles", wo_tiles)
     c = qgemv.CONFIG
     flat = (c["v2_block_n"], c["v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"])
+    wo = (8, 1024, 8, c["v2_programs"])
     assert qgemv.v2_tiles(32768, 1024, False, False) == (16, 1024, 4, c["v2_programs"])  # wq_b
     assert qgemv.v2_tiles(4096, 2048, False, False) == (8, 2048, 8, c["v2_programs"])  # shared w2 (mini)
-    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=1024) == (64, 512, 4, 2048)  # wo_a (Flash rank)
-    assert qgemv.v2_tiles(4096, 4096, False, False) == (64, 512, 4, 2048)  # wo_b (Flash rank)
-    assert qgemv.v2_tiles(4096, 8192, False, False) == (32, 1024, 4, c["v2_programs"])  # wo_b (mini)
-    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=16) == flat
+    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=1024) == (wo if wo_tiles else (64, 512, 4, 2048))  # wo_a
+    assert qgemv.v2_tiles(4096, 4096, False, False) == (wo if wo_tiles else (64, 512, 4, 2048))  # wo_b (Flash rank)
+    assert qgemv.v2_tiles(4096, 8192, False, False) == (wo if wo_tiles else (32, 1024, 4, c["v2_programs"]))  # mini
+    assert qgemv.v2_tiles(4096, 4096, False, False, group_n=12) == flat  # groups of 12 rows: no 8-row blocks
     assert qgemv.v2_tiles(1024, 4096, False, False) == flat  # wq_a
-    assert qgemv.v2_tiles(8192, 4096, False, False) == flat  # wo_a (mini)
+    assert qgemv.v2_tiles(8192, 4096, False, False, group_n=1024) == (wo if wo_tiles else flat)  # wo_a (mini)
     assert qgemv.v2_tiles(4096, 512, False, False) == flat
+    # the output linears unsplit at their shapes: 512 or 1,024 row blocks, past the split's target
+    assert qgemv.splits_for(4096 // 8, 4096 // 1024, c["v2_programs"]) == 1
     assert qgemv.v2_tiles(2048, 1024, False, True)[1] == qgemv.CONFIG["v2_block_k_fp8"]  # experts: CONFIG's
     assert qgemv.v2_tiles(2048, 1024, True, False) == (flat[0], c["v2_block_k_fp4"], flat[2], flat[3])
     # the split's target: one 512-input tile a program at a Flash rank's wo_b (64 row blocks x 8 splits)

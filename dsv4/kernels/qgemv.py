@@ -105,7 +105,8 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v3_block_n": 32, "v3_block_k_fp8": 512, "v3_block_k_fp4": 128, "v3_num_warps": 4,
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
-          "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096"))}
+          "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
+          "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -116,13 +117,20 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
 # wo_b 9.72 -> 8.24 (64-row blocks, one 512-input tile a program); mini's wo_b 12.87 -> 12.08 (32-row blocks of
 # 1,024 inputs); the other shapes are fastest at CONFIG's tiles. The tiles depend on the weight alone: a row's bits
 # are the same whatever the batch.
-# "v2_wide_max_n" (DSV4_QGEMV_WIDE_MAX_N; 4,096 by default): the most rows the 64-row blocks of 512 inputs take at
+# "v2_wide_max_n" (DSV4_QGEMV_WIDE_MAX_N; 4,096 by default; WIDE_TILES, with "v2_wo_tiles" off): the most rows the 64-row blocks of 512 inputs take at
 # K = 4,096 (a Flash rank's wo_a and wo_b); 8,192 takes mini's wo_a (its 8 groups of 1,024 rows on one GPU) too,
 # split 8 ways along K (other bits than its 16-row blocks of the whole K: an arm of benchmarks/decode_ab_bench.py).
+# "v2_wo_tiles" (DSV4_QGEMV_WO_TILES=0 turns it off): the attention's output linears (wo_a, wo_b: K of 4,096 with
+# 2,048-8,192 rows, K of 8,192 with at most 4,096) in 8-row blocks of 1,024-input tiles, 8 warps, the whole K a
+# program (at these shapes 512-1,024 row blocks, past the split's 264-program target: no split), instead of session
+# 17's rules (WIDE_TILES). Session 40 call 1 (qgemv_bench, copy bandwidth measured in the run): mini's wo_a 13.79 ->
+# 11.43 us, wo_b 11.79 -> 10.86; a Flash rank's wo_a 7.22 -> 6.14, wo_b 7.35 -> 5.93. Other bits than the rules before
+# (no split: one order over K), the same whatever the batch.
 SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4, None),
-               (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None),
-               (lambda N, K: K == 4096 and 2048 <= N <= CONFIG["v2_wide_max_n"], 64, 512, 4, 2048),
-               (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
+               (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None))
+WO_TILES = ((lambda N, K: (K == 4096 and 2048 <= N <= 8192) or (K == 8192 and N <= 4096), 8, 1024, 8, None),)
+WIDE_TILES = ((lambda N, K: K == 4096 and 2048 <= N <= CONFIG["v2_wide_max_n"], 64, 512, 4, 2048),
+              (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
 
 
 def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tuple[int, int, int, int]:
@@ -130,7 +138,7 @@ def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tupl
     (a grouped one's groups holding whole row blocks), else CONFIG's."""
     c = CONFIG
     if c["v2_shape_tiles"] and not fp4 and not experts:
-        for holds, block_n, block_k, warps, programs in SHAPE_TILES:
+        for holds, block_n, block_k, warps, programs in SHAPE_TILES + (WO_TILES if c["v2_wo_tiles"] else WIDE_TILES):
             if holds(N, K) and (not group_n or group_n % block_n == 0):
                 return block_n, block_k, warps, programs or c["v2_programs"]
     return c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"]
