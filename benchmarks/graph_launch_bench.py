@@ -9,9 +9,9 @@ which read each token back before the next launch, pay it every token. This benc
   synthetic: `nodes` launches of one trivial Triton kernel (pdl_wait first, under the process's DSV4_PDL, through
              dsv4.kernels.launcher like every kernel of a step), on one stream or alternating between the stream and a
              lane (forked and joined around each pair), captured in one graph;
-  tick_after_profiler: the one-stream graphs again after a torch.profiler session in the process (the replay's
-             census profiles a state's first replay);
-  mini:      the full-token graph of a mini state (Model.enable_replay), replayed with its input unchanged.
+  mini:      the full-token graph of a mini state (Model.enable_replay), replayed with its input unchanged;
+  *_after_profiler: the same after a torch.profiler session in the process (the replay's census profiled a
+             state's first replay until session 40).
 
 Each is replayed with the GPU idle before it (synchronize, then replay(), timed by perf_counter: `idle_host_us`) and
 back to back (`queued_host_us`, the host time of a replay while earlier ones run). Run it once per DSV4_PDL value (PDL
@@ -95,33 +95,38 @@ def main():
     ap.add_argument("--nodes", default="1,32,128,512")
     ap.add_argument("--mini", action="store_true", help="also mini's full-token graph")
     a = ap.parse_args()
+    sizes = [int(v) for v in a.nodes.split(",")]
     where = provenance(torch.device("cuda"), "synthetic")
     for two in (False, True):
-        for n in (int(v) for v in a.nodes.split(",")):
+        for n in sizes:
             g, _ = synthetic_graph(n, two)
             emit("GRAPH_LAUNCH", where, what="tick_two_streams" if two else "tick", nodes=n, pdl=kernels.PDL,
                  **timings(g.replay))
-    # the same graphs after one torch.profiler session (the replay census profiles a state's first replay: does the
-    # profiler leave every later launch slower?)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-        g, _ = synthetic_graph(8, False)
-        g.replay()
-        torch.cuda.synchronize()
-    for n in (int(v) for v in a.nodes.split(",")):
-        g, _ = synthetic_graph(n, False)
-        emit("GRAPH_LAUNCH", where, what="tick_after_profiler", nodes=n, pdl=kernels.PDL, **timings(g.replay))
-    if a.mini:
+    graph = None
+    if a.mini:  # its census read from the graph (dsv4.graph_nodes): no profiler session in the process yet
         model = dsv4.load("mini", device="cuda", seed=0)
         sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
         state = model.new_state(256)
         model.prefill(state, list(range(2, 66)))
         model.enable_replay(state, sp)
         model.step(state, 7, sp)  # the capture
-        graph = state.replay.graph
-        # replays of the same input: each commits a step, so the state gets room for them all
-        emit("GRAPH_LAUNCH", provenance(model.device, "mini"), what="mini_full_token",
-             nodes=state.replay.census.get("kernel_nodes"), pdl=kernels.PDL,
-             **timings(graph.replay, reps=48))
+        graph, census = state.replay.graph, state.replay.census
+        mini = provenance(model.device, "mini")
+        # replays of the same input, each a committed step: the state has room for all of them (96 + 65 < 256)
+        emit("GRAPH_LAUNCH", mini, what="mini_full_token", nodes=census.get("kernel_nodes"), pdl=kernels.PDL,
+             census=census, **timings(graph.replay, reps=24))
+    # the same graphs after one torch.profiler session in the process (what the replay census did until session 40:
+    # it profiled a state's first replay)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        g, _ = synthetic_graph(8, False)
+        g.replay()
+        torch.cuda.synchronize()
+    for n in sizes:
+        g, _ = synthetic_graph(n, False)
+        emit("GRAPH_LAUNCH", where, what="tick_after_profiler", nodes=n, pdl=kernels.PDL, **timings(g.replay))
+    if graph is not None:
+        emit("GRAPH_LAUNCH", mini, what="mini_full_token_after_profiler", nodes=census.get("kernel_nodes"),
+             pdl=kernels.PDL, **timings(graph.replay, reps=24))
 
 
 if __name__ == "__main__":

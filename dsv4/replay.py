@@ -7,8 +7,9 @@ in a static output buffer: the only readback. Counters:
 * captures: graphs captured for this state (must stay 1: nothing recaptures silently);
 * replays [forward, commit]: the state's device counters, advanced inside the graph;
 * census: what the captured graph holds: collectives, embedding lookups and mHC posts
-  counted while it was captured, and its kernel / memcpy / memset nodes counted from the
-  profiler's activities during the first replay (a one-off cost inside the first step).
+  counted while it was captured, and its kernel / memcpy / memset nodes read from the graph
+  before it is instantiated (dsv4.graph_nodes; until session 40 the profiler's activities of the
+  first replay, which left CUPTI slowing every later launch of the process).
   "unsupported" counts what would break replay (a capture that failed), and must be 0.
 """
 
@@ -19,7 +20,7 @@ import contextlib
 
 import torch
 
-from . import profile
+from . import graph_nodes, profile
 from .kernels import commit_step
 from .sampler import SamplingParams, SamplingRows, restricts
 
@@ -58,7 +59,7 @@ class FullTokenReplay:
         # The warm-up's reductions are not the state's: take them back out of the census.
         model.comm.census.copy_(census_before)
         del scratch
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)  # its nodes read before it is instantiated (_instantiate)
         trace = collections.Counter()
         model.transformer.trace = trace
         try:
@@ -73,7 +74,7 @@ class FullTokenReplay:
         self.graph = graph
         self.captures += 1
         self.census = {"collectives": trace["collective"], "embedding": trace["embedding"],
-                       "hc_posts": trace["hc_post"], "unsupported": 0}
+                       "hc_posts": trace["hc_post"], "unsupported": 0, **_instantiate(graph)}
 
     def _marking(self, state):
         return contextlib.nullcontext()
@@ -84,9 +85,7 @@ class FullTokenReplay:
                               "(a new graph would be a silent recapture)")
         if self.graph is None:
             self._capture(state)
-            _replay_counting_nodes(self.graph, self.census)
-        else:
-            self.graph.replay()
+        self.graph.replay()
         return self.out
 
 
@@ -136,9 +135,7 @@ class BatchReplay:
     def run(self) -> torch.Tensor:
         if self.graph is None:
             self._capture()
-            _replay_counting_nodes(self.graph, self.census)
-        else:
-            self.graph.replay()
+        self.graph.replay()
         return self.out
 
     def _capture(self):
@@ -154,7 +151,7 @@ class BatchReplay:
         torch.cuda.current_stream().wait_stream(side)
         model.comm.census.copy_(census_before)
         batch.active.copy_(active)
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         trace = collections.Counter()
         model.transformer.trace = trace
         try:
@@ -168,7 +165,8 @@ class BatchReplay:
             model.transformer.trace = None
         self.graph = graph
         self.captures += 1
-        self.census = {"rows": len(batch.states), "collectives": trace["collective"], "unsupported": 0}
+        self.census = {"rows": len(batch.states), "collectives": trace["collective"], "unsupported": 0,
+                       **_instantiate(graph)}
 
 
 class PrefillReplay:
@@ -208,24 +206,16 @@ class PrefillReplay:
         return self.verdict
 
 
-def _replay_counting_nodes(graph, census: dict):
-    """The first replay, under the profiler: its kernel / memcpy / memset activities are the graph's nodes."""
-    replayed = False
+def _instantiate(graph: torch.cuda.CUDAGraph) -> dict:
+    """Instantiate a graph captured with keep_graph=True, its nodes counted first (dsv4.graph_nodes: from the graph
+    itself, not a profiled replay, which would leave every later launch of the process slower): the census' kernel /
+    memcpy / memset / other nodes, or "nodes_uncounted" with why; counting never costs the capture."""
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            graph.replay()
-            replayed = True
-            torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - counting must never cost the replay
-        census["nodes_uncounted"] = str(e)[:200]
-        if not replayed:
-            graph.replay()
-        return
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    memcpy = sum(n.startswith("Memcpy") for n in names)
-    memset = sum(n.startswith("Memset") for n in names)
-    census.update(kernel_nodes=len(names) - memcpy - memset, memcpy_nodes=memcpy, memset_nodes=memset,
-                  collective_kernels=sum("nccl" in n.lower() or "all_reduce" in n.lower() for n in names))
+        nodes = graph_nodes.census(graph.raw_cuda_graph())
+    except Exception as e:  # noqa: BLE001 - a census, not the step
+        nodes = {"nodes_uncounted": f"{type(e).__name__}: {e}"[:200]}
+    graph.instantiate()
+    return nodes
 
 
 def enable(model, state, sampling):

@@ -76,6 +76,8 @@ def test_graph_replay_bit_identical_to_eager(model, prefix):
     assert census["collectives"] == 2 * model.cfg.num_hidden_layers
     assert census["hc_posts"] == 2 * model.cfg.num_hidden_layers
     assert census["embedding"] == 1 and census["unsupported"] == 0
+    # the nodes read from the graph itself (dsv4.graph_nodes), no profiler in the process
+    assert census["kernel_nodes"] > 0 and "nodes_uncounted" not in census, census
 
 
 ROWS, STEPS = 4, 48
