@@ -63,10 +63,10 @@ def test_census_matches_the_profiled_replay():
         graph.replay()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    memcpy = sum(n.startswith("Memcpy") for n in names)
-    memset = sum(n.startswith("Memset") for n in names)
-    assert nodes["kernel_nodes"] == len(names) - memcpy - memset
-    assert nodes["kernel_nodes"] + memcpy == 4  # two Triton kernels, the multiply, the copy (a kernel or a memcpy)
-    assert (nodes["memcpy_nodes"], nodes["memset_nodes"]) == (memcpy, memset)
-    assert nodes.get("collective_kernels", 0) == 0
+    # Every node ran once. The copy is a memcpy node, which the driver may run as a kernel of its own: session 40
+    # call 3 saw 4 kernel activities and no memcpy one for the census' 3 kernel nodes, so the kinds are compared
+    # where they must agree (the kernels captured, the total).
+    assert len(names) == sum(nodes[f"{k}_nodes"] for k in ("kernel", "memcpy", "memset", "other")) == 4, names
+    assert nodes["kernel_nodes"] == 3 and nodes["memcpy_nodes"] == 1, nodes  # two Triton kernels, the multiply
+    assert nodes.get("collective_kernels") == 0, nodes  # the driver named every kernel, none a collective
     assert torch.equal(x, torch.full_like(x, 3.0)) and torch.equal(y, torch.full_like(x, 2.0))

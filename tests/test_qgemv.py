@@ -70,6 +70,10 @@ def test_v2_shape_tiles_rule(monkeypatch, wo_tiles):
     assert qgemv.v2_tiles(1024, 4096, False, False) == flat  # wq_a
     assert qgemv.v2_tiles(8192, 4096, False, False, group_n=1024) == (wo if wo_tiles else flat)  # wo_a (mini)
     assert qgemv.v2_tiles(4096, 512, False, False) == flat
+    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", True)  # the stacked wq_a + wkv's (off by default)
+    assert qgemv.v2_tiles(1536, 4096, False, False) == (8, 2048, 8, c["v2_programs"])
+    assert qgemv.v2_tiles(8192, 4096, False, False, group_n=1024) == (wo if wo_tiles else flat)  # not a wo_a
+    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", False)
     # the output linears unsplit at their shapes: 512 or 1,024 row blocks, past the split's target
     assert qgemv.splits_for(4096 // 8, 4096 // 1024, c["v2_programs"]) == 1
     assert qgemv.v2_tiles(2048, 1024, False, True)[1] == qgemv.CONFIG["v2_block_k_fp8"]  # experts: CONFIG's
@@ -89,6 +93,21 @@ def test_v2_shape_tiles(monkeypatch, device, N, K):
     g = torch.Generator().manual_seed(N * K)
     w = quantised("fp8", N, K, g).to(device)
     x = torch.randn(3, K, generator=g).to(torch.bfloat16).to(device)
+    ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
+    close(got, ref, torch.bfloat16)
+    for r in range(3):
+        assert torch.equal(linear_mod.linear(x[r:r + 1], w), got[r:r + 1]), r
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v2_xq_tiles(monkeypatch, device):
+    """The stacked wq_a + wkv's tiles (CONFIG v2_xq_tiles: 8-row blocks of 2,048 inputs, split in two at K 4,096)
+    against the reference, and each row of three equal to that row alone, bit for bit."""
+    monkeypatch.setitem(qgemv.CONFIG, "kernel", "v2")
+    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", True)
+    g = torch.Generator().manual_seed(40)
+    w = quantised("fp8", 24, 4096, g).to(device)
+    x = torch.randn(3, 4096, generator=g).to(torch.bfloat16).to(device)
     ref, got = both(monkeypatch, lambda: linear_mod.linear(x, w))
     close(got, ref, torch.bfloat16)
     for r in range(3):

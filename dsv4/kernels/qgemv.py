@@ -106,7 +106,8 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_shape_tiles": os.environ.get("DSV4_QGEMV_SHAPE_TILES", "1") == "1",
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
           "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
-          "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1"}
+          "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1",
+          "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "0") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -129,6 +130,10 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
 SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4, None),
                (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None))
 WO_TILES = ((lambda N, K: (K == 4096 and 2048 <= N <= 8192) or (K == 8192 and N <= 4096), 8, 1024, 8, None),)
+# "v2_xq_tiles" (DSV4_QGEMV_XQ_TILES=1; off until a decode A/B): the stacked wq_a + wkv (K of 4,096, fewer than
+# 2,048 rows) in 8-row blocks of 2,048-input tiles, 8 warps, split in two (session 40 call 2's qgemv_bench: wq_a
+# alone 4.04 -> 3.49 us, wkv 3.22 -> 3.00). Other bits than CONFIG's tiles.
+XQ_TILES = ((lambda N, K: K == 4096 and N < 2048, 8, 2048, 8, None),)
 WIDE_TILES = ((lambda N, K: K == 4096 and 2048 <= N <= CONFIG["v2_wide_max_n"], 64, 512, 4, 2048),
               (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
 
@@ -138,7 +143,8 @@ def v2_tiles(N: int, K: int, fp4: bool, experts: bool, group_n: int = 0) -> tupl
     (a grouped one's groups holding whole row blocks), else CONFIG's."""
     c = CONFIG
     if c["v2_shape_tiles"] and not fp4 and not experts:
-        for holds, block_n, block_k, warps, programs in SHAPE_TILES + (WO_TILES if c["v2_wo_tiles"] else WIDE_TILES):
+        rules = SHAPE_TILES + (WO_TILES if c["v2_wo_tiles"] else WIDE_TILES) + (XQ_TILES if c["v2_xq_tiles"] else ())
+        for holds, block_n, block_k, warps, programs in rules:
             if holds(N, K) and (not group_n or group_n % block_n == 0):
                 return block_n, block_k, warps, programs or c["v2_programs"]
     return c["v2_block_n"], c["v2_block_k_fp4" if fp4 else "v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"]
