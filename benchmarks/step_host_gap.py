@@ -6,7 +6,8 @@ memory, the graph's replay (its launch), `out.tolist()` (the wait for the graph 
 settle. The GPU idles from the graph's end to the next graph's start: the readback's copy, the host's wake-up, the
 Python of the next step, its input copy and its launch. This bench times each part with perf_counter and the replay's
 GPU span with two CUDA events around it, for two forms of the host I/O:
-  pageable: Model.step's own calls (its private _tokens and _settle, the same order);
+  pageable: Model.step's own calls before session 40's pinned_io (dsv4.engine.CONFIG; its private _tokens and
+            _settle, the same order);
   pinned:   the token written into a pinned host tensor and copied without blocking, the readback copied into a
             pinned host tensor and waited for by an event.
 Both read the same graph and draw the same tokens (checked). Rows alternate ABBA; medians per token.

@@ -241,6 +241,37 @@ def _drawn(out: list[float], B: int, active: list[bool], processing: list[Proces
     return rows
 
 
+# "pinned_io" (DSV4_PINNED_IO=0 turns it off): Model.step on CUDA writes its token into a pinned host buffer copied
+# without blocking and reads [token, verdict] back through another (_HostIO), instead of a new host tensor copied
+# from pageable memory and `.tolist()` on the device tensor. The graph arm's GPU idles from one graph's end to the
+# next one's start (the readback, the host's step, the input's copy, the launch): session 40 call 1
+# (benchmarks/step_host_gap.py) pinned I/O 1,281 -> 1,244 us a step, call 4 1,066 -> 1,055.
+CONFIG = {"pinned_io": os.environ.get("DSV4_PINNED_IO", "1") == "1"}
+
+
+class _HostIO:
+    """Pinned host buffers of one device for a solo step's input token and its readback. Reused step after step:
+    each step waits for its readback, which follows its input's copy in the stream, so the buffer is free again
+    when the next step writes it."""
+
+    def __init__(self):
+        self.token = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        self._token = self.token.numpy()  # a view: writing it costs no torch dispatch
+        self.out: dict[tuple, torch.Tensor] = {}
+
+    def put(self, dst: torch.Tensor, token: int) -> None:
+        self._token[0] = token
+        dst.copy_(self.token, non_blocking=True)
+
+    def get(self, out: torch.Tensor) -> list:
+        host = self.out.get((out.shape, out.dtype))
+        if host is None:
+            host = self.out[(out.shape, out.dtype)] = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+        host.copy_(out, non_blocking=True)
+        torch.cuda.current_stream(out.device).synchronize()
+        return host.numpy().tolist()
+
+
 class Model(ModelCommon):
     def __init__(self, cfg: ModelConfig, transformer: Transformer, tokenizer=None):
         self.cfg, self.transformer, self.tokenizer = cfg, transformer, tokenizer
@@ -256,6 +287,7 @@ class Model(ModelCommon):
         # pipeline). Its readback says so (StepHeld).
         self.hold = torch.zeros((), dtype=torch.bool, device=self.device)
         self._pending: list[_Pending] = []  # launched pipelined steps, oldest first
+        self._host_io: dict[torch.device, _HostIO] = {}  # Model.step's pinned token in / readback out (CONFIG)
         # DSV4_PREFILL_GRAPHS=1: a state's short prefill chunks replayed from CUDA graphs (prefill_graph_tokens)
         self.prefill_graphs = kernels.getenv("DSV4_PREFILL_GRAPHS", "0") == "1"
         # The memory pool the prefill graphs share, and the graphs alive in it: torch frees a pool with its last
@@ -419,15 +451,28 @@ class Model(ModelCommon):
         sampling = sampling or SamplingParams()
         state.check_open()
         state.check_room(1)
-        state.input.copy_(self._tokens([token], "step"))
+        io = self._io(state.device)
+        if io is not None and type(token) is int and 0 <= token < self.cfg.vocab_size:
+            io.put(state.input, token)
+        else:  # validated (and refused, where wrong) as every other entry's tokens
+            state.input.copy_(self._tokens([token], "step"))
         if state.replay is not None:
             out = state.replay.replay(state, sampling)
         else:
             with torch.inference_mode():
                 out = self.step_device(state, sampling)
-        token_out, verdict = out.tolist()
+        token_out, verdict = out.tolist() if io is None else io.get(out)
         self._settle(state, verdict, 1)
         return int(token_out)
+
+    def _io(self, device: torch.device) -> "_HostIO | None":
+        """The device's pinned step I/O (CONFIG pinned_io, CUDA), made at its first step."""
+        if not CONFIG["pinned_io"] or device.type != "cuda":
+            return None
+        io = self._host_io.get(device)
+        if io is None:
+            io = self._host_io[device] = _HostIO()
+        return io
 
     def step_device(self, state: DecodeState, sampling, rows=None) -> torch.Tensor:
         """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64. rows: the
