@@ -58,6 +58,7 @@ def test_v2_shape_tiles_rule(monkeypatch, wo_tiles):
     32-row blocks for 8,192 inputs (WIDE_TILES); CONFIG's tiles elsewhere, for the routed experts and FP4, and for a
     grouped weight whose groups would split a row block."""
     monkeypatch.setitem(qgemv.CONFIG, "v2_wo_tiles", wo_tiles)
+    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", False)  # the stacked wq_a + wkv's rule: below
     c = qgemv.CONFIG
     flat = (c["v2_block_n"], c["v2_block_k_fp8"], c["v2_num_warps"], c["v2_programs"])
     wo = (8, 1024, 8, c["v2_programs"])
@@ -70,7 +71,7 @@ def test_v2_shape_tiles_rule(monkeypatch, wo_tiles):
     assert qgemv.v2_tiles(1024, 4096, False, False) == flat  # wq_a
     assert qgemv.v2_tiles(8192, 4096, False, False, group_n=1024) == (wo if wo_tiles else flat)  # wo_a (mini)
     assert qgemv.v2_tiles(4096, 512, False, False) == flat
-    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", True)  # the stacked wq_a + wkv's (off by default)
+    monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", True)  # the stacked wq_a + wkv's (on by default)
     assert qgemv.v2_tiles(1536, 4096, False, False) == (8, 2048, 8, c["v2_programs"])
     assert qgemv.v2_tiles(8192, 4096, False, False, group_n=1024) == (wo if wo_tiles else flat)  # not a wo_a
     monkeypatch.setitem(qgemv.CONFIG, "v2_xq_tiles", False)

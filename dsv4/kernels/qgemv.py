@@ -107,7 +107,7 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
           "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
           "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1",
-          "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "0") == "1"}
+          "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "1") == "1"}
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -130,9 +130,10 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
 SHAPE_TILES = ((lambda N, K: 512 < K <= 1024, 16, 1024, 4, None),
                (lambda N, K: 1024 < K <= 2048, 8, 2048, 8, None))
 WO_TILES = ((lambda N, K: (K == 4096 and 2048 <= N <= 8192) or (K == 8192 and N <= 4096), 8, 1024, 8, None),)
-# "v2_xq_tiles" (DSV4_QGEMV_XQ_TILES=1; off until a decode A/B): the stacked wq_a + wkv (K of 4,096, fewer than
-# 2,048 rows) in 8-row blocks of 2,048-input tiles, 8 warps, split in two (session 40 call 2's qgemv_bench: wq_a
-# alone 4.04 -> 3.49 us, wkv 3.22 -> 3.00). Other bits than CONFIG's tiles.
+# "v2_xq_tiles" (DSV4_QGEMV_XQ_TILES=0 turns it off): the stacked wq_a + wkv (K of 4,096, fewer than 2,048 rows) in
+# 8-row blocks of 2,048-input tiles, 8 warps, split in two (session 40 call 2's qgemv_bench: wq_a alone 4.04 -> 3.49
+# us, wkv 3.22 -> 3.00; decode_ab on mini, pipelined: call 5 969.3 -> 972.9 tok/s, ahead in every round, call 6
+# 965.4 -> 968.7). Other bits than CONFIG's tiles.
 XQ_TILES = ((lambda N, K: K == 4096 and N < 2048, 8, 2048, 8, None),)
 WIDE_TILES = ((lambda N, K: K == 4096 and 2048 <= N <= CONFIG["v2_wide_max_n"], 64, 512, 4, 2048),
               (lambda N, K: K == 8192 and N <= 4096, 32, 1024, 4, None))
