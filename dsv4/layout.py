@@ -57,7 +57,12 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # that the main chain (the rope table, wq_a + wkv, their norms) does not wait for it; the lane waits for q's
           # latent before the indexer as before. On by default since session 40 (call 1: mini's pipelined decode
           # 930.8 -> 949.9 tok/s, +2.05 %, ahead in every round; the gate's stream); DSV4_LANE_XPROJ=0 turns it off
-          "lane_xproj": os.environ.get("DSV4_LANE_XPROJ", "1") == "1"}
+          "lane_xproj": os.environ.get("DSV4_LANE_XPROJ", "1") == "1",
+          # a profile's graphs (dsv4.replay.TimedReplay, `dsv4 bench --profile`) with the lane as production graphs
+          # have it: their phase stamps are events on the current stream, so the compressor and indexer's phase
+          # then times the fork alone. DSV4_PROFILE_LANE=0 captures them on one stream (lanes.one_stream), each
+          # phase timed whole; built in session 40 without device time left, so on (as before) until a GPU run
+          "profile_lane": os.environ.get("DSV4_PROFILE_LANE", "1") == "1"}
 from .formats import QWeight
 
 

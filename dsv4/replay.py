@@ -21,7 +21,8 @@ import contextlib
 import torch
 
 from . import graph_nodes, profile
-from .kernels import commit_step
+from .kernels import commit_step, lanes
+from .layout import CONFIG as LAYOUT
 from .sampler import SamplingParams, SamplingRows, restricts
 
 
@@ -93,7 +94,8 @@ class TimedReplay(FullTokenReplay):
     """A FullTokenReplay for a profile (dsv4.measure.graph_phases), never a state's production graph: every
     replay is bracketed by two timing events on the stream, outside the graph (`spans`: its span on the GPU),
     and, `marked`, the graph is captured under dsv4.profile.timing, so it holds an event-record node at each
-    phase's enter and exit (`marks`: that capture's log, which also keeps its events alive)."""
+    phase's enter and exit (`marks`: that capture's log, which also keeps its events alive). With layout CONFIG
+    profile_lane off both arms are captured on one stream (lanes.one_stream), each phase timed whole."""
 
     def __init__(self, model, state, sampling, marked: bool):
         super().__init__(model, state, sampling)
@@ -104,12 +106,16 @@ class TimedReplay(FullTokenReplay):
 
     @contextlib.contextmanager
     def _marking(self, state):
-        if not self.marked:
-            yield
-            return
-        with profile.timing(state.device) as log:
-            yield
-        self.marks = log
+        # one stream, marked or not (layout CONFIG profile_lane off): a phase's stamps are events on the current
+        # stream, so a chain on the lane (dsv4.kernels.lanes) is timed as its fork; the plain arm is the same graph
+        # without the stamps
+        with contextlib.nullcontext() if LAYOUT["profile_lane"] else lanes.one_stream():
+            if not self.marked:
+                yield
+                return
+            with profile.timing(state.device) as log:
+                yield
+            self.marks = log
 
     def replay(self, state, sampling) -> torch.Tensor:
         begin = self._clock()

@@ -111,3 +111,30 @@ def test_lane_changes_no_bit_in_a_batched_graph(model, monkeypatch, sides, xproj
     on = run(True)
     assert any(sides)
     assert on == run(False)
+
+
+def test_one_stream_keeps_callers_off_the_lane():
+    """Inside lanes.one_stream (a profile's graphs, dsv4.replay.TimedReplay) no switch takes the lane, nested or not;
+    after it, as before (CPU: use says no either way; the capture below on CUDA)."""
+    cpu = torch.device("cpu")
+    with lanes.one_stream():
+        with lanes.one_stream():
+            assert not lanes.use(cpu, True)
+        assert lanes._one_stream == 1
+    assert lanes._one_stream == 0
+
+
+@cuda
+def test_one_stream_inside_a_capture():
+    """While a graph is captured, use() says yes to a switched-on caller, and no inside one_stream."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    lanes.stream(device)
+    x = torch.zeros(4, device=device)
+    seen = []
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seen.append(lanes.use(device, True))
+        with lanes.one_stream():
+            seen.append(lanes.use(device, True))
+        x.add_(1)
+    assert seen == [True, False]

@@ -33,6 +33,19 @@ import torch
 GPU_CHECKED = True  # session 39, calls 3-4: tests/test_lanes.py, the replay test and the gate on mini with the lane
 current = 0  # the lane the launches of this moment run on: 0 the caller's stream, 1 the lane (tickets_for reads it)
 _streams: dict[torch.device, torch.cuda.Stream] = {}
+_one_stream = 0  # inside one_stream(): no caller takes the lane
+
+
+@contextlib.contextmanager
+def one_stream():
+    """Captures within keep one stream whatever the callers' switches: a profile's graphs (dsv4.replay.TimedReplay),
+    whose phase stamps are events on the current stream and would time a chain on the lane as its fork alone."""
+    global _one_stream
+    _one_stream += 1
+    try:
+        yield
+    finally:
+        _one_stream -= 1
 
 
 def stream(device: torch.device) -> torch.cuda.Stream:
@@ -46,7 +59,7 @@ def stream(device: torch.device) -> torch.cuda.Stream:
 def use(device: torch.device, on: bool) -> bool:
     """Whether a caller whose switch is `on` runs its side chain on the lane now: on a CUDA device, while a graph is
     being captured. The lane's stream is made at the first call (an eager warm-up before a capture), never during one."""
-    if not on or device.type != "cuda":
+    if not on or device.type != "cuda" or _one_stream:
         return False
     stream(device)
     return torch.cuda.is_current_stream_capturing()
