@@ -4,7 +4,10 @@
 # that `dsv4 bench --profile` times the compressor and indexer's phase whole instead of the lane's fork alone).
 #   1. tests/test_lanes.py (one_stream inside a capture) and tests/test_profile.py under DSV4_PROFILE_LANE=0;
 #   2. dsv4 bench --profile on mini, the default (the lane in the profile's graphs) and DSV4_PROFILE_LANE=0: the
-#      compressor phase's us a token in each (then flip the default to 0 if the one-stream profile reads right).
+#      compressor phase's us a token in each (then flip the default to 0 if the one-stream profile reads right);
+#   3. where the pipelined arm's one-row batch graph spends ~20 us a token more than the solo graph (session 40: 1,033
+#      against 1,013 us): the batch graph's kernels at B = 1 (batch_bench --profile 1) beside the solo graph's
+#      (kernel_table).
 # Usage: OUT=dir bash benchmarks/gpu_s41_call1.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=30
@@ -14,3 +17,5 @@ step 120 "$OUT/pytest_lanes_profile.txt" env DSV4_PROFILE_LANE=0 python -m pytes
 step 120 "$OUT/bench_profile_lane.txt" python -m dsv4.cli bench --preset mini --device cuda --profile
 step 120 "$OUT/bench_profile_one_stream.txt" env DSV4_PROFILE_LANE=0 python -m dsv4.cli bench --preset mini \
   --device cuda --profile
+step 150 "$OUT/batch_kernels_b1.txt" python benchmarks/batch_bench.py mini --sizes 1 --rows 2 --profile 1 --top 60
+step 90 "$OUT/kernel_table_solo.txt" python benchmarks/kernel_table.py --preset mini --steps 16 --top 60
