@@ -62,7 +62,13 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # have it: their phase stamps are events on the current stream, so the compressor and indexer's phase
           # then times the fork alone. DSV4_PROFILE_LANE=0 captures them on one stream (lanes.one_stream), each
           # phase timed whole; built in session 40 without device time left, so on (as before) until a GPU run
-          "profile_lane": os.environ.get("DSV4_PROFILE_LANE", "1") == "1"}
+          "profile_lane": os.environ.get("DSV4_PROFILE_LANE", "1") == "1",
+          # a batched step's bookkeeping without three torch launches a step (each also breaks the PDL chain:
+          # the kernel after a torch op starts as without PDL): the rows' step counters add the active mask as it
+          # is (no int64 copy), and a write's keep mask of B rows is the active mask itself (no clone; it is [B],
+          # contiguous). The same values, so the same bits (tests/test_batch.py). Built in session 40 with no
+          # device time left: off (DSV4_BATCH_LEAN=1 on) until a GPU run (benchmarks/gpu_s41_call1.sh)
+          "batch_lean": os.environ.get("DSV4_BATCH_LEAN", "0") == "1"}
 from .formats import QWeight
 
 

@@ -53,8 +53,17 @@ def solos(model):
     return [solo(model, i) for i in range(len(PROMPTS))]
 
 
+@pytest.fixture(params=[False, True], ids=["", "lean"])
+def lean(request, monkeypatch):
+    """layout CONFIG batch_lean (the step's bookkeeping without its int64 copy and keep-mask clone): the same bits."""
+    from dsv4.layout import CONFIG as LAYOUT
+
+    monkeypatch.setitem(LAYOUT, "batch_lean", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("rows", [[0, 1], [2, 5, 7], list(range(8))])
-def test_batched_equals_solo(model, solos, rows):
+def test_batched_equals_solo(model, solos, rows, lean):
     states = [prefilled(model, i) for i in rows]
     tokens = [PROMPTS[i][-1] for i in rows]
     for step in range(STEPS):
@@ -85,7 +94,7 @@ def test_sequences_join_and_leave_between_steps(model, solos):
         assert done[i] == solos[i][0][:length[i]], f"sequence {i}"
 
 
-def test_inactive_rows_commit_nothing(model, solos):
+def test_inactive_rows_commit_nothing(model, solos, lean):
     states = [prefilled(model, i) for i in range(3)]
     idle = states[1].digest()
     tokens = [PROMPTS[i][-1] for i in range(3)]
@@ -94,7 +103,7 @@ def test_inactive_rows_commit_nothing(model, solos):
     assert states[1].digest() == idle and states[1].host_pos == len(PROMPTS[1]) - 1
 
 
-def test_refused_batch_commits_nothing_for_any_row(model):
+def test_refused_batch_commits_nothing_for_any_row(model, lean):
     states = [prefilled(model, i) for i in range(3)]
     before = [s.digest() for s in states]
     model.arm_refusal(1, 0, 7, "moe")
@@ -207,7 +216,7 @@ def ends(request, monkeypatch):
     return request.param
 
 
-def test_pipelined_steps_equal_solo(model, solos, ends):
+def test_pipelined_steps_equal_solo(model, solos, ends, lean):
     """Launch N+1 (its inputs read on the device) before settling N: every token is the solo stream's."""
     rows = [0, 1, 4, 7]
     states, out = _pipelined(model, rows, STEPS)
@@ -216,7 +225,7 @@ def test_pipelined_steps_equal_solo(model, solos, ends):
         assert out[b][-1][1] == solos[i][1][STEPS - 1] and states[b].host_pos == len(PROMPTS[i]) - 1 + STEPS
 
 
-def test_a_refusal_holds_the_step_launched_behind_it(model, solos, ends):
+def test_a_refusal_holds_the_step_launched_behind_it(model, solos, ends, lean):
     """Step N refuses while N+1 is already launched: N quarantines its states; N+1 commits nothing for any row
     (a row that was not in N too) and says so (StepHeld); the joiner then runs on as if nothing happened."""
     states = [prefilled(model, i) for i in range(3)]

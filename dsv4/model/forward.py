@@ -17,7 +17,7 @@ from ..formats import QWeight, stack_rows
 from ..kernels import bookkeeping
 from ..kernels import hc_boundary as fused_boundary
 from ..kernels import pooled
-from ..layout import check_split, expert_range
+from ..layout import CONFIG as LAYOUT, check_split, expert_range
 from ..parallel import Comm
 from ..profile import phase
 from ..state import DecodeState, StatePool, pool_of
@@ -259,7 +259,7 @@ class Transformer:
         T = tokens.shape[0] // B
         rows = _Rows(states, pool_of(states))
         self.comm.begin_step()
-        rows.count(0, None if active is None else active.long())
+        rows.count(0, None if active is None else active if LAYOUT["batch_lean"] else active.long())
         writes, h = self.forward(states, tokens, active, by_position)
         self.comm.end_step()
         verdict = self.comm.verdict
@@ -288,7 +288,7 @@ class _Rows:
             return
         if delta is None:
             delta = torch.ones(len(self.states), dtype=torch.int64, device=self.ids.device)
-        self.pool.store.counts.select(1, column).index_add_(0, self.ids, delta)
+        self.pool.store.counts.select(1, column).index_add_(0, self.ids, delta.long())  # an int64 delta: itself
 
     def settle(self, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
         """Where keep (0-dim, or [B]) holds: hidden = last, pos += T, commits += 1, logits = logits."""

@@ -16,6 +16,7 @@ import torch
 from .. import kernels
 from ..kernels import bookkeeping, geometry
 from ..kernels.attention import MAX_T
+from ..layout import CONFIG as LAYOUT
 from .rope import Rope
 
 # A prefill chunk's kernels score a compressed store's rows up to the committed ones rounded up to a
@@ -100,6 +101,8 @@ class Step:
         """The keep mask of a write of n rows with no mask of its own: None, or `active` for each row."""
         if self.active is None:
             return None
+        if n == self.active.numel() and LAYOUT["batch_lean"]:  # the mask itself, a view (layout CONFIG batch_lean)
+            return self.active.view(n)
         if n not in self._keeps:
             self._keeps[n] = self.active.expand(n).clone()  # a kernel reads it per row: no broadcast strides
         return self._keeps[n]
