@@ -58,17 +58,19 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # latent before the indexer as before. On by default since session 40 (call 1: mini's pipelined decode
           # 930.8 -> 949.9 tok/s, +2.05 %, ahead in every round; the gate's stream); DSV4_LANE_XPROJ=0 turns it off
           "lane_xproj": os.environ.get("DSV4_LANE_XPROJ", "1") == "1",
-          # a profile's graphs (dsv4.replay.TimedReplay, `dsv4 bench --profile`) with the lane as production graphs
-          # have it: their phase stamps are events on the current stream, so the compressor and indexer's phase
-          # then times the fork alone. DSV4_PROFILE_LANE=0 captures them on one stream (lanes.one_stream), each
-          # phase timed whole; built in session 40 without device time left, so on (as before) until a GPU run
-          "profile_lane": os.environ.get("DSV4_PROFILE_LANE", "1") == "1",
+          # a profile's graphs (dsv4.replay.TimedReplay, `dsv4 bench --profile`) captured on one stream
+          # (lanes.one_stream), each phase timed whole; with the lane as production graphs have it, the phase stamps
+          # are events on the current stream, so the compressor and indexer's phase timed the fork alone. Off (one
+          # stream) by default since session 41 (call 2: mini's compressor phase 12.5 us a token with the lane, 83.0
+          # on one stream; test_lanes and test_profile pass); DSV4_PROFILE_LANE=1 profiles the lane's graphs
+          "profile_lane": os.environ.get("DSV4_PROFILE_LANE", "0") == "1",
           # a batched step's bookkeeping without three torch launches a step (each also breaks the PDL chain:
           # the kernel after a torch op starts as without PDL): the rows' step counters add the active mask as it
           # is (no int64 copy), and a write's keep mask of B rows is the active mask itself (no clone; it is [B],
-          # contiguous). The same values, so the same bits (tests/test_batch.py). Built in session 40 with no
-          # device time left: off (DSV4_BATCH_LEAN=1 on) until a GPU run (benchmarks/gpu_s41_call1.sh)
-          "batch_lean": os.environ.get("DSV4_BATCH_LEAN", "0") == "1"}
+          # contiguous). The same values, so the same bits (tests/test_batch.py). On by default since session 41
+          # (call 1: the pool and generation tests pass under it; mini's pipelined decode, generate's one-row batch
+          # graph, 967.2 -> 971.9 tok/s, +0.48 %, ahead in every round, the same stream); DSV4_BATCH_LEAN=0 off
+          "batch_lean": os.environ.get("DSV4_BATCH_LEAN", "1") == "1"}
 from .formats import QWeight
 
 

@@ -69,7 +69,8 @@ BEHIND = {"_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr",
                                 "prev_ptr", "live_ptr", "cos_ptr", "sin_ptr", "ids_ptr"},
           "_index_keys_kernel": {"q_ptr", "wts_ptr", "cos_ptr", "sin_ptr", "icomp_ptr", "committed_ptr", "visible_ptr",
                                  "ids_ptr"},
-          "_gate_up_shared_gl_kernel": {"x_ptr", "sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"}}
+          "_gate_up_shared_gl_kernel": {"x_ptr", "sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
+          "_down_gl_kernel": {"h_ptr", "w_ptr", "s_ptr", "ids_ptr", "wt_ptr"}}
 EARLY.update({f"{name}:behind": pointers for name, pointers in BEHIND.items()})
 
 
@@ -636,7 +637,8 @@ def gluon_compile_only(kernel):
 
 def shared_early():
     """Kernel 1 with its shared programs first, their sums before their wait (moe_gl CONFIG shared_early, the model's
-    form: the caller says x was written two launches back), 1, 3 and 16 tokens (grouped): their PTX holds BEHIND."""
+    form: the caller says x was written two launches back), 1, 3 and 16 tokens (grouped), and kernel 2's sums before
+    its wait (CONFIG down_early): their PTX holds BEHIND."""
     shared = QWeight(torch.zeros(1024, 4096, dtype=torch.float8_e4m3fn), torch.zeros(8, 32, dtype=torch.float8_e8m0fnu),
                      "fp8", 1024, 0)
     stacks = [QWeight(torch.zeros(4, 2048, 2048, dtype=torch.int8), torch.zeros(4, 2048, 128, dtype=torch.float8_e8m0fnu),
@@ -646,6 +648,18 @@ def shared_early():
             x, ids = torch.zeros(T, 4096, dtype=dtype), torch.zeros(T, 6, dtype=torch.int64)
             groups = torch.zeros(T * 6, expert_groups.GROUP_ROW, dtype=torch.int32) if T > 1 else None
             moe_gl.gate_up_shared(x, ids, stacks[0], stacks[1], 0, shared, shared, 10.0, groups, early=True)
+    # kernel 2's tensor-core programs with their sums before the wait (CONFIG down_early: h two launches back), one
+    # token and a one-row batch's, with the shared output added and without: their PTX holds BEHIND
+    down = QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8), torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu),
+                   "fp4")
+    was = moe_gl.CONFIG["down_early"]
+    moe_gl.CONFIG["down_early"] = True
+    for dtype in (torch.bfloat16, torch.float16):
+        h, ids = torch.zeros(6, 2048, dtype=dtype), torch.zeros(1, 6, dtype=torch.int64)
+        for add in (torch.zeros(1, 4096, dtype=dtype), None):
+            moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), down, 0, add, torch.zeros(1, 4096, dtype=dtype),
+                        early=True)
+    moe_gl.CONFIG["down_early"] = was
 
 
 def gluon_variants():

@@ -76,7 +76,8 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "gate_up_maxnreg": int(getenv("DSV4_MOE_GL_MAXNREG", "0")),
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
-          "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1"}
+          "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "0") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -90,6 +91,13 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # step first) -> 921.6 tok/s (and early), graph 849.6 -> 865.5; kernel 1's advance 166.4 -> 138.9 us a token, the
 # route kernel's 18.9 -> 24.2 (the shared programs beside it). Two rows a thread at one token (126-166 registers)
 # was not measured.
+# down_early (DSV4_MOE_GL_DOWN_EARLY=1; off until a GPU run, built in session 41): kernel 2's tensor-core programs
+# of a step without groups (a solo step, a one-row batch) make their sums before their wait where the caller says h
+# was written two or more launches back (dsv4.model.moe: the shared expert's down linear runs between kernel 1 and
+# kernel 2; ids and the routing weights are older still): the pair's expert id, its FP4 tile, its scales, h's row and
+# its weight are read while the kernel before (that linear) finishes, and only the term's store, the ticket and the
+# sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
+# order: the same bits.
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -595,21 +603,24 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
-                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0):
+                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
     sum rounded plus add[t], rounded again). moe._down_split_kernel's arithmetic, this module's tile. Without
     FUSED_SUM no tickets: the caller sums the terms in a second launch (moe._down_sum_kernel: the same operations,
     bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows). GROUPED
-    (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group)."""
-    _pdl_wait()
+    (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group). EARLY (with MMA, without
+    GROUPED: the caller's word that h was written two or more launches back, CONFIG down_early): the sums before the
+    wait, the stores after it."""
+    if not EARLY:
+        _pdl_wait()
     if GROUPED:
         _down_mma_group(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                         w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
     elif MMA:
         _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first,
-                          n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
+                          n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U, EARLY)
     else:
         _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                          w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, RN, FUSED_SUM)
@@ -652,9 +663,11 @@ def _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr
 @_jit
 def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                       w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                      ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
+                      ADD: gl.constexpr, FUSED_SUM: gl.constexpr, RT: gl.constexpr, U: gl.constexpr,
+                      EARLY: gl.constexpr = 0):
     """_down_gl_kernel's program (nb, t, j), the term's sums on the tensor cores (_mma_rows, rows nb * 16 RT..):
-    the same rounding of the term and the same ticketed sum."""
+    the same rounding of the term and the same ticketed sum. EARLY: everything up to the term's store before the
+    wait (h, the ids and the weights two or more launches old: the caller's word)."""
     nb = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
     j = gl.program_id(2)
@@ -666,10 +679,15 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
         sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
                          RT, U, False, False, ids_ptr, 1, 1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
+        terms = ((sums[0].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32),
+                 (sums[1].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32))
+        if EARLY:
+            _pdl_wait()
         for h in gl.static_range(2):  # rows g, then g + 8
-            term = (sums[h].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
-            gl.store(p_ptr + r * D + row + 8 * h, term, mask=t3 == 0)
+            gl.store(p_ptr + r * D + row + 8 * h, terms[h], mask=t3 == 0)
     else:
+        if EARLY:
+            _pdl_wait()
         for h in gl.static_range(2):  # another rank's expert: a zero term
             gl.store(p_ptr + r * D + row + 8 * h, (row * 0).to(gl.float32), mask=t3 == 0)
     if FUSED_SUM:
@@ -909,11 +927,14 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
 
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
-         add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor | None:
+         add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None,
+         early: bool = False) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
     as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
-    the same operations). groups: groups_for's table, or None."""
+    the same operations). groups: groups_for's table, or None. early: the caller's word that h was written two or
+    more launches back (dsv4.kernels' contract; ids and weights no later), which CONFIG down_early takes under DSV4_PDL
+    for the tensor-core programs without groups."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
@@ -924,9 +945,10 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     at, grouped = _ids_or_groups(ids, groups, mma)
+    ahead = {"EARLY": 1} if early and CONFIG["down_early"] and PDL and mma and not grouped else {}
     _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
-        FUSED_SUM=tickets is not None, **mma, **grouped, **_options(), **_down_options(T, mma))
+        FUSED_SUM=tickets is not None, **mma, **grouped, **ahead, **_options(), **_down_options(T, mma))
     return terms if tickets is None else None

@@ -86,7 +86,7 @@ PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a de
 
 
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None,
-           h=None, groups=None) -> torch.Tensor:
+           h=None, groups=None, early: bool = False) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
     it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]). out [T, D]: where the fused kernels write the
@@ -116,7 +116,8 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
         if _fused_routed(x, ids, experts):
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
-            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups)
+            return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups,
+                                    early and h is not None)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -258,7 +259,8 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
         # more launches back when kernel 1 starts (dsv4.kernels' contract; groups_for's launch only adds one).
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
                                                           cfg.swiglu_limit, groups, early=True)
-        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups)
+        # early: the shared expert's down linear launches between kernel 1 (h's writer) and kernel 2
+        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups, early=True)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
 
