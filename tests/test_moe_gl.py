@@ -276,3 +276,30 @@ def test_shared_early_keeps_the_bits(monkeypatch, T):
         results[early] = (h[mine], sh)
     assert torch.equal(results[True][1], results[False][1]), "shared rows"
     assert torch.equal(results[True][0], results[False][0]), "routed rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("add", [True, False], ids=["shared_added", "alone"])
+def test_down_early_keeps_the_bits(monkeypatch, T, add):
+    """CONFIG down_early (under PDL, where the caller says h was written two launches back: kernel 2's tensor-core
+    programs make their sums before their wait, store after it) gives kernel 2 the bits it has without, with and
+    without the shared output added, remote experts' zero terms included: one token (the solo step's launch, which
+    takes it) and 3 (ungrouped, the early form too where groups are not given). Each launch follows kernel 1 and a
+    launch between them, the model's order."""
+    stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T, D=4096, I=2048)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+    h = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)
+    results = {}
+    for early in (False, True):
+        monkeypatch.setitem(moe_gl.CONFIG, "down_early", early)
+        y = torch.full_like(x, float("nan"))
+        between = (shared * 1).contiguous()  # a launch between h's writer and kernel 2, as the shared linear
+        terms = moe_gl.down(h, ids, weights, stacks["w2"], 16, between if add else None, y, early=True)
+        assert terms is None, "the ticketed sum (tickets exist after an eager launch)"
+        results[early] = y.clone()
+    assert not results[False].isnan().any()
+    assert torch.equal(results[True], results[False])
