@@ -148,6 +148,16 @@ def qgemv_variants(dtype, scale_dtype):
     fp8s = QWeight(torch.zeros(4, 2048, 4096, dtype=torch.float8_e4m3fn), torch.zeros(4, 16, 32, dtype=scale_dtype),
                    "fp8")
     qgemv.expert_linear(torch.zeros(1, 4096, dtype=dtype), fp8s, ids, 6)
+    # CONFIG v2_early_tiles (DSV4_QGEMV_EARLY_TILES): wo_b's and wo_a's 8-row blocks with 2, 4 and 8 tiles before the
+    # wait (the whole K of wo_b at 8)
+    was = qgemv.CONFIG["v2_early_tiles"]
+    for pre in (2, 4, 8):
+        qgemv.CONFIG["v2_early_tiles"] = pre
+        for n, k in ((4096, 8192), (8192, 4096)):
+            w = QWeight(torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.zeros(n // 128, k // 128, dtype=scale_dtype),
+                        "fp8")
+            qgemv.linear(torch.zeros(1, k, dtype=dtype), w)
+    qgemv.CONFIG["v2_early_tiles"] = was
 
 
 for blocks in (False, True):  # a batched step's pairs by expert (P_PAD 32, 256, 512), both forms
@@ -173,6 +183,10 @@ for dtype in (torch.float32, torch.bfloat16):  # the head's logits in the model'
     bookkeeping.settle(torch.zeros((), dtype=torch.bool), torch.zeros(4, 4096, dtype=dtype),
                        torch.zeros(4, 4096, dtype=dtype), torch.zeros(129280, dtype=dtype), torch.zeros(129280),
                        torch.zeros((), **i64), torch.zeros((), **i64), 1)
+    for active in (None, torch.zeros((), dtype=torch.bool)):  # CONFIG fold_settle: from the verdict, solo and batched
+        bookkeeping.settle(torch.zeros(()), torch.zeros(4, 4096, dtype=dtype), torch.zeros(4, 4096, dtype=dtype),
+                           torch.zeros(129280, dtype=dtype), torch.zeros(129280), torch.zeros((), **i64),
+                           torch.zeros((), **i64), 1, forwards=torch.zeros((), **i64), active=active)
 for dtype in (torch.float32, torch.bfloat16):
     h = torch.zeros(1, 4, 4096, dtype=dtype)
     hc.hc_pre(h, torch.zeros(1, 24), torch.zeros(24), torch.ones(3), 4, 20, 1e-6, 1e-6)

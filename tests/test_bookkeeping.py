@@ -90,6 +90,36 @@ def test_settle_equals_the_reference(device, kept, logits_dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("verdict", [0.0, 2.0])
+@pytest.mark.parametrize("active", [None, True, False], ids=["solo", "active", "inactive"])
+def test_settle_from_the_verdict_equals_the_reference(device, verdict, active):
+    """CONFIG fold_settle's form: the keep mask from the verdict (and the row's active flag) and the forward count
+    in the settle launch, against the transaction's torch ops (verdict == 0, & active, counts[0] += 1 or + active)."""
+    g = torch.Generator().manual_seed(2)
+    v = torch.tensor(verdict, device=device)
+    a = None if active is None else torch.tensor([not active, active], device=device)[1]  # a row's view, offset 1
+    last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
+    logits = torch.randn(5000, generator=g).to(torch.bfloat16).to(device)
+    ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
+           torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
+    got = [t.clone() for t in ref]
+    assert bookkeeping.settle_supported(v, last, got[0], logits, got[1])
+    bookkeeping.settle(v, last, got[0], logits, got[1], got[2], got[3][1], 3, forwards=got[3][0], active=a)
+    hidden, state_logits, pos, counts = ref
+    keep = v == 0 if a is None else (v == 0) & a
+    counts[0].add_(1 if a is None else a.long())
+    hidden.copy_(torch.where(keep, last, hidden))
+    pos.add_(keep.long() * 3)
+    counts[1].add_(keep.long())
+    state_logits.copy_(torch.where(keep, logits, state_logits))
+    for x, y in zip(ref, got):
+        assert torch.equal(x, y)
+    kept = verdict == 0 and active is not False
+    assert int(got[2]) == (20 if kept else 17)
+    assert got[3].tolist() == [30 if active is False else 31, 12 if kept else 11]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("verdict", [0.0, 3.0])
 def test_readback_equals_the_reference(device, verdict):
     """A solo step's end: the drawn token into the state's, and [token, verdict] fp64 as torch's copy and stack."""
@@ -140,15 +170,18 @@ def test_batch_begin_and_end_equal_the_reference(device, hold, verdict, B):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_model_steps_equal_with_the_kernels(monkeypatch, device):
+@pytest.mark.parametrize("fold", [False, True], ids=["settle", "fold_settle"])
+def test_model_steps_equal_with_the_kernels(monkeypatch, device, fold):
     """tiny's steps, committed and refused (two doors armed in one step: the last one's word), with the kernels
     and with the torch ops (everything else as DSV4_KERNELS=auto runs it): the same tokens, words, fired doors and
-    state digests."""
+    state digests (and step counts); with CONFIG fold_settle (the settle from the verdict, the forward counted there)
+    both ways too, and the same as without it (test_fold_settle_keeps_the_steps)."""
+    monkeypatch.setitem(bookkeeping.CONFIG, "fold_settle", fold)
     results, calls = [], {"begin": 0, "end": 0, "settle": 0}
     for name in calls:
-        def counted(*args, fn=getattr(bookkeeping, name), name=name):
-            calls[name] += 1
-            return fn(*args)
+        def counted(*args, _fn=getattr(bookkeeping, name), _name=name, **kw):
+            calls[_name] += 1
+            return _fn(*args, **kw)
         monkeypatch.setattr(bookkeeping, name, counted)
     use_triton = kernels.use_triton
     for on in (False, True):  # only the bookkeeping switched: every other op as "auto" runs it
@@ -177,3 +210,31 @@ def test_model_steps_equal_with_the_kernels(monkeypatch, device):
     assert results[0] == results[1]
     assert results[0][1] == [71, L - 1, 0]
     assert calls["begin"] == calls["end"] >= 5 and calls["settle"] >= 3, calls  # the second pass's steps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fold_settle_keeps_the_steps(monkeypatch, device):
+    """CONFIG fold_settle on and off: tiny's solo steps (one refused) and a one-row batched step (the pipelined
+    decode's) leave the same tokens, digests, positions and step counts [forward, commit]."""
+    from dsv4.generation import pipelined_tokens
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    results = []
+    for fold in (False, True):
+        monkeypatch.setitem(bookkeeping.CONFIG, "fold_settle", fold)
+        model = dsv4.load("tiny", device=device, dtype=torch.float32)
+        state = model.new_state(24)
+        model.prefill(state, [1, 2, 3])
+        tokens = [model.step(state, 4, dsv4.SamplingParams(seed=1))]
+        model.arm_refusal(1, 0, 72, "moe")
+        with pytest.raises(RefusalError):
+            model.step(state, tokens[-1], dsv4.SamplingParams(seed=1))
+        refused = (state.counts.tolist(), int(state.pos))
+        model.reset_refusals()
+        state.discard()
+        state = model.new_state(24)
+        model.prefill(state, [1, 2, 3])
+        tokens += list(pipelined_tokens(model, state, 5, 4, dsv4.SamplingParams(seed=3), graph=device == "cuda"))
+        results.append((tokens, refused, state.digest(), int(state.pos), state.counts.tolist()))
+    assert results[0] == results[1]
+    assert results[0][1][0][0] == results[0][1][0][1] + 1  # the refused step ran its forward, committed nothing

@@ -136,6 +136,25 @@ def test_v2_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
         assert torch.equal(early, loop), (rows, dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pre", [2, 4, 8])
+def test_v2_early_tiles_keep_the_bits(monkeypatch, device, pre):
+    """CONFIG v2_early_tiles (DSV4_QGEMV_EARLY_TILES: the first tiles of a stored FP8 weight loaded before the wait,
+    summed after it in order) gives the launch of one early tile its bits: 4 unrolled tiles a program (1,024 inputs
+    in 256-input tiles, unsplit), fewer than asked (pre 8), and a masked tail (K 900); 1 and 3 rows."""
+    for key, value in {**V2, "v2_split_k": 1}.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(pre)
+    for K in (1024, 900):
+        w = quantised("fp8", 24, K, g).to(device)
+        for rows in (1, 3):
+            x = torch.randn(rows, K, generator=g).to(torch.bfloat16).to(device)
+            monkeypatch.setitem(qgemv.CONFIG, "v2_early_tiles", 1)
+            one = qgemv.linear(x, w)
+            monkeypatch.setitem(qgemv.CONFIG, "v2_early_tiles", pre)
+            assert torch.equal(qgemv.linear(x, w), one), (K, rows)
+
+
 def test_v2_split_choice(monkeypatch):
     """Automatic split-K doubles while the launch is short of programs, never past the K tiles."""
     monkeypatch.setitem(qgemv.CONFIG, "v2_split_k", 0)

@@ -33,8 +33,15 @@ GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "1") == "1"
 # batch_ends (DSV4_BATCH_ENDS=0 turns it off): a batched step's start and end in one launch each (batch_begin,
 # batch_end; engine.Model.step_batch_device), the pipelined solo step's and the server's: integer and select operations
 # and exact conversions, the torch ops' bits. On since session 34.
+# fold_settle (DSV4_FOLD_SETTLE=1; off until a GPU run, built in session 41): a step whose states are not a pool's
+# rows settles each state from the verdict itself (keep = verdict == 0, and the row's active flag in a batched step)
+# and counts its forward there (counts[0] += 1, or += active), so that the transaction launches neither the verdict's
+# comparison (nor, batched, its and with the active rows) nor the forward count's add: two torch launches fewer a solo
+# step, three a one-row batch's, each of which also broke the PDL chain. Integer and select operations: the same
+# values. The forward count then moves from the step's start to its end (every step that runs settles).
 CONFIG = {"lean_prologue": os.environ.get("DSV4_LEAN_PROLOGUE", "1") == "1",
-          "batch_ends": os.environ.get("DSV4_BATCH_ENDS", "1") == "1"}
+          "batch_ends": os.environ.get("DSV4_BATCH_ENDS", "1") == "1",
+          "fold_settle": os.environ.get("DSV4_FOLD_SETTLE", "0") == "1"}
 # Elements a settle program copies: 1,024 (127 programs for Flash's 129,280 logits). At 4,096 (32 programs) the
 # settle of the head's bf16 logits into the state's fp32 ones advanced a token by 6.8 us (session 34 call 1), the
 # conversion launch it replaced and the settle before it 3.9 + 2.7: too few programs for 0.8 MB.
@@ -70,10 +77,21 @@ def _end_kernel(armed_ptr, word_ptr, fired_ptr, verdict_ptr, unseen_ptr, N, SITE
     tl.store(armed_ptr + i, tl.zeros_like(armed), mask=ok)
 
 
-def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr, pos_ptr, commits_ptr, H, V, T,
-                   BLOCK: constexpr):
+def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr, pos_ptr, commits_ptr, active_ptr,
+                   forwards_ptr, H, V, T, BLOCK: constexpr, VERDICT: constexpr = False, ACTIVE: constexpr = False):
+    """VERDICT (CONFIG fold_settle): keep_ptr is the step's verdict, kept where it is 0 (and, ACTIVE, where the row's
+    active flag at active_ptr holds), and the state's forward count at forwards_ptr adds 1 (ACTIVE: the flag)."""
     pdl_wait()
-    keep = tl.load(keep_ptr) != 0
+    if VERDICT:
+        # through where: Triton 3.6's interpreter makes a 0-dim float comparison a scalar that & refuses
+        keep = tl.where(tl.load(keep_ptr) == 0.0, 1, 0) != 0
+        ran = tl.full([], 1, tl.int64)
+        if ACTIVE:
+            live = tl.load(active_ptr) != 0
+            keep = keep & live
+            ran = live.to(tl.int64)
+    else:
+        keep = tl.load(keep_ptr) != 0
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = i < H
     tl.store(hidden_ptr + i, tl.load(last_ptr + i, mask=h), mask=h & keep)
@@ -83,6 +101,8 @@ def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr,
         k = keep.to(tl.int64)
         tl.store(pos_ptr, tl.load(pos_ptr) + k * T)
         tl.store(commits_ptr, tl.load(commits_ptr) + k)
+        if VERDICT:
+            tl.store(forwards_ptr, tl.load(forwards_ptr) + ran)
 
 
 def _readback_kernel(drawn_ptr, token_ptr, verdict_ptr, out_ptr):
@@ -185,7 +205,7 @@ def settle_supported(keep: torch.Tensor, last: torch.Tensor, hidden: torch.Tenso
     """One state's settle in one launch: keep 0-dim, the new hidden in its state tensor's dtype and shape, the logits
     in the state's dtype or a narrower float one that it holds exactly (the head's bf16 into the state's fp32: the
     store widens them, the bits of a separate conversion), all contiguous (else torch's where and copy)."""
-    return (keep.dim() == 0 and last.dtype == hidden.dtype and last.shape == hidden.shape
+    return (keep.dim() == 0 and keep.dtype in (torch.bool, torch.float32) and last.dtype == hidden.dtype and last.shape == hidden.shape
             and (logits.dtype == state_logits.dtype
                  or (state_logits.dtype == torch.float32 and logits.dtype in (torch.bfloat16, torch.float16)))
             and logits.shape == state_logits.shape
@@ -193,7 +213,13 @@ def settle_supported(keep: torch.Tensor, last: torch.Tensor, hidden: torch.Tenso
 
 
 def settle(keep: torch.Tensor, last: torch.Tensor, hidden: torch.Tensor, logits: torch.Tensor,
-           state_logits: torch.Tensor, pos: torch.Tensor, commits: torch.Tensor, T: int):
+           state_logits: torch.Tensor, pos: torch.Tensor, commits: torch.Tensor, T: int,
+           forwards: torch.Tensor | None = None, active: torch.Tensor | None = None):
+    """Where keep holds: hidden = last, logits, pos += T, commits += 1. forwards (the state's forward count): keep is
+    the step's verdict (0-dim fp32), kept where 0 and, with active (0-dim bool, the row's flag), where active holds;
+    forwards += 1 (or += active): the transaction's comparison, and, count in one launch (CONFIG fold_settle)."""
     H, V = hidden.numel(), state_logits.numel()
+    verdict = forwards is not None
     launcher(_settle_kernel, hidden)[(-(-max(H, V) // SETTLE_BLOCK),)](
-        keep, last, hidden, logits, state_logits, pos, commits, H, V, T, BLOCK=SETTLE_BLOCK)
+        keep, last, hidden, logits, state_logits, pos, commits, active if active is not None else keep,
+        forwards if verdict else pos, H, V, T, BLOCK=SETTLE_BLOCK, VERDICT=verdict, ACTIVE=active is not None)

@@ -77,7 +77,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "0") == "1"}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -91,13 +91,14 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # step first) -> 921.6 tok/s (and early), graph 849.6 -> 865.5; kernel 1's advance 166.4 -> 138.9 us a token, the
 # route kernel's 18.9 -> 24.2 (the shared programs beside it). Two rows a thread at one token (126-166 registers)
 # was not measured.
-# down_early (DSV4_MOE_GL_DOWN_EARLY=1; off until a GPU run, built in session 41): kernel 2's tensor-core programs
+# down_early (DSV4_MOE_GL_DOWN_EARLY=0 turns it off; on by default since session 41): kernel 2's tensor-core programs
 # of a step without groups (a solo step, a one-row batch) make their sums before their wait where the caller says h
 # was written two or more launches back (dsv4.model.moe: the shared expert's down linear runs between kernel 1 and
 # kernel 2; ids and the routing weights are older still): the pair's expert id, its FP4 tile, its scales, h's row and
 # its weight are read while the kernel before (that linear) finishes, and only the term's store, the ticket and the
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
-# order: the same bits.
+# order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
+# ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its

@@ -107,7 +107,13 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_unroll": os.environ.get("DSV4_QGEMV_UNROLL", "1") == "1",
           "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
           "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1",
-          "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "1") == "1"}
+          "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "1") == "1",
+          "v2_early_tiles": int(os.environ.get("DSV4_QGEMV_EARLY_TILES", "1"))}
+# "v2_early_tiles" (DSV4_QGEMV_EARLY_TILES; 1 by default: built in session 41, not yet GPU-run at other values): the
+# FP8 tiles of a stored weight a program loads before its wait (EARLY, unrolled loops: at most its K chunk's tiles).
+# One tile in flight while the kernel before finishes is 8 KB a program at the output linears' 8-row blocks (wo_b:
+# 8 tiles of 1,024 inputs a program); with more, more of the program's bytes are on their way when the wait ends.
+# The tiles are summed after the wait in the same order: the same bits.
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the
@@ -238,14 +244,16 @@ def _fp8_tile(w_rows, s_rows, n_ok, k, col, blocks, K: constexpr):
 
 @device_function
 def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_STRIDE: constexpr, E8M0: constexpr,
-              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False, UNROLL: constexpr = False):
+              BLOCK_N: constexpr, BLOCK_K: constexpr, EARLY: constexpr = False, UNROLL: constexpr = False,
+              PRE: constexpr = 1):
     """A tuple of fp32 [BLOCK_N], one per x row of the tuple xs: rows n of an FP8 weight [N, K] (128x128 block
     scales) times that x over inputs [k_lo, min(k_lo + SPAN, K)). A tile is [BLOCK_N, BLOCK_K // 128, 128]: the
     inner axis shares one scale, applied after its sum. Each tile is read once for all x rows, and each row's
     sum is the one it gets alone: the same operations on the same tile layout, in the same order.
 
-    EARLY (a weight no step writes): the first tile is loaded and summed before the loop (SPAN > 0: a split always
-    has inputs), with pdl_wait while its loads are in flight, before x is read. The loop never carries a tile
+    EARLY (a weight no step writes): the first PRE tiles are loaded before the loop (SPAN > 0: a split always
+    has inputs; PRE * BLOCK_K <= SPAN), with pdl_wait while their loads are in flight, before x is read, then summed
+    in order. The loop never carries a tile
     from one iteration to the next: a carried FP8 tile cost ~3 byte permutes a weight on sm_90 (SASS counted: the
     loop of wo_b's tiles 768 -> 504 instructions a tile without the carry). UNROLL: the tile loop unrolled at
     compile time, so the compiler may issue later tiles' loads before earlier tiles' products (more bytes in flight
@@ -258,11 +266,14 @@ def _fp8_rows(xs, w, s, n, N, row_skew, k_lo, SPAN: constexpr, K: constexpr, S_S
     w_rows = w + n.to(tl.int64)[:, None, None] * K
     s_rows = s + ((n + row_skew) // 128).to(tl.int64)[:, None] * S_STRIDE
     accs = (tl.zeros([BLOCK_N, KB], dtype=tl.float32),) * ROWS
-    FIRST: constexpr = BLOCK_K if EARLY else 0
+    FIRST: constexpr = PRE * BLOCK_K if EARLY else 0
     if EARLY:
-        wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo, col, blocks, K)
+        ahead = ()  # the first PRE tiles in flight while the kernel before finishes
+        for j in tl.static_range(PRE):
+            ahead = ahead + (_fp8_tile(w_rows, s_rows, n_ok, k_lo + j * BLOCK_K, col, blocks, K),)
         pdl_wait()
-        accs = _fp8_products(accs, xs, wq, sq, k_lo, col, K, E8M0)
+        for j in tl.static_range(PRE):
+            accs = _fp8_products(accs, xs, ahead[j][0], ahead[j][1], k_lo + j * BLOCK_K, col, K, E8M0)
     if UNROLL:
         for k0 in tl.static_range(FIRST, SPAN, BLOCK_K):
             wq, sq = _fp8_tile(w_rows, s_rows, n_ok, k_lo + k0, col, blocks, K)
@@ -422,7 +433,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
-                   EARLY: constexpr, UNROLL: constexpr = False):
+                   EARLY: constexpr, UNROLL: constexpr = False, PRE: constexpr = 1):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
@@ -449,7 +460,7 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
         accs = _fp4_rows(xs, w, s, n, N, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY)
     else:
         accs = _fp8_rows(xs, w, s, n, N, row_skew, k_lo, K_CHUNK, K, S_STRIDE, E8M0, BLOCK_N, BLOCK_K, EARLY,
-                         UNROLL)
+                         UNROLL, PRE)
     if SPLITS == 1:
         for i in tl.static_range(ROWS):
             tl.store(y_ptr + rs[i] * N + n, accs[i].to(y_ptr.dtype.element_ty), mask=n < N)
@@ -762,7 +773,9 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
         EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
-        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k, **extra)
+        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k,
+        **({"PRE": min(c["v2_early_tiles"], k_chunk // block_k)} if early and not fp4 and c["v2_unroll"]
+           and c["v2_early_tiles"] > 1 else {}), **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
     return y

@@ -258,17 +258,23 @@ class Transformer:
         B = len(states)
         T = tokens.shape[0] // B
         rows = _Rows(states, pool_of(states))
+        # bookkeeping CONFIG fold_settle: each state's settle counts its forward and reads the verdict itself
+        folded = bookkeeping.CONFIG["fold_settle"] and rows.pool is None
         self.comm.begin_step()
-        rows.count(0, None if active is None else active if LAYOUT["batch_lean"] else active.long())
+        if not folded:
+            rows.count(0, None if active is None else active if LAYOUT["batch_lean"] else active.long())
         writes, h = self.forward(states, tokens, active, by_position)
         self.comm.end_step()
         verdict = self.comm.verdict
-        ok = verdict == 0
+        ok = None if folded else verdict == 0
         with phase("commit"):
             commit(writes, verdict)
         last = h[T - 1::T]  # each sequence's last row [B, hc, D]
         logits = self.head(last)
-        rows.settle(ok if active is None else ok & active, last, logits, T)
+        if folded:
+            rows.settle_folded(verdict, active, last, logits, T)
+        else:
+            rows.settle(ok if active is None else ok & active, last, logits, T)
         return verdict
 
 
@@ -289,6 +295,25 @@ class _Rows:
         if delta is None:
             delta = torch.ones(len(self.states), dtype=torch.int64, device=self.ids.device)
         self.pool.store.counts.select(1, column).index_add_(0, self.ids, delta.long())  # an int64 delta: itself
+
+    def settle_folded(self, verdict: torch.Tensor, active: torch.Tensor | None, last: torch.Tensor,
+                      logits: torch.Tensor, T: int):
+        """settle where the step committed (verdict == 0) and, batched, the row is active, and each state's forward
+        count + 1 (+ active): one launch a state (bookkeeping CONFIG fold_settle; states not of a pool), or torch's
+        ops where the kernel does not take the state (the same values)."""
+        for b, s in enumerate(self.states):
+            a = None if active is None else active[b]
+            if kernels.use_triton(verdict, gpu_checked=bookkeeping.GPU_CHECKED) and bookkeeping.settle_supported(
+                    verdict, last[b], s.hidden, logits[b], s.logits):
+                bookkeeping.settle(verdict, last[b], s.hidden, logits[b], s.logits, s.pos, s.counts[1], T,
+                                   forwards=s.counts[0], active=a)
+                continue
+            k = verdict == 0 if a is None else (verdict == 0) & a
+            s.counts[0].add_(1 if a is None else a)
+            s.hidden.copy_(torch.where(k, last[b], s.hidden))
+            s.pos.add_(k.long() * T)
+            s.counts[1].add_(k.long())
+            s.logits.copy_(torch.where(k, logits[b], s.logits))
 
     def settle(self, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
         """Where keep (0-dim, or [B]) holds: hidden = last, pos += T, commits += 1, logits = logits."""
