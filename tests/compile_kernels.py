@@ -543,6 +543,9 @@ def dense_variants(rows=2, shapes=6):
         dense.linear(torch.zeros(rows, k, dtype=x_dtype), torch.empty(n, k, dtype=w_dtype), stored=True)
     # a weight converted in the step (not stored): no early load, no launch_pdl
     dense.linear(torch.zeros(rows, 300, dtype=torch.bfloat16), torch.empty(100, 300, dtype=torch.bfloat16))
+    # the head collapse's mix from the bf16 streams into fp32 (hc_head CONFIG wide_mix)
+    dense.linear(torch.zeros(rows, 16384, dtype=torch.bfloat16), torch.empty(4, 16384), stored=True,
+                 dtype=torch.float32)
     # the head's vocabulary slice of a Flash rank of 2 (CONFIG shape_tiles: its own K tiles; torch.empty touches
     # none of its 512 MiB)
     dense.linear(torch.zeros(rows, 4096, dtype=torch.bfloat16), torch.empty(64640, 4096, dtype=torch.bfloat16),

@@ -44,3 +44,23 @@ def test_on_by_default_and_its_switch(monkeypatch):
     t = torch.zeros(1, 4, 8)
     assert fused_head.supported(t, 4) and not fused_head.supported(t, 3)
     assert not fused_head.supported(torch.zeros(4, 8), 4)
+
+
+@pytest.mark.skipif(not DEVICES, reason="the kernel needs Triton's interpreter or a GPU")
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_mix_keeps_the_bits(monkeypatch, device):
+    """CONFIG wide_mix (DSV4_HC_HEAD_WIDE: the mix's GEMV reads the bf16 streams and widens them as it loads them)
+    gives the head collapse the bits of the fp32 copy's GEMV, at 2,048 and at Flash's 4,096, one row and five."""
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    for D in (2048, 4096):
+        cfg = preset("tiny").replace(hidden_size=D)
+        g = torch.Generator().manual_seed(D + 1)
+        hcm = cfg.hc_mult
+        h = (torch.randn(5, hcm, D, generator=g) * 3).to(torch.bfloat16).to(device)
+        fn = (torch.randn(hcm, hcm * D, generator=g) / (hcm * D) ** 0.5).to(device)
+        base, scale = torch.randn(hcm, generator=g).to(device), torch.rand(1, generator=g).to(device)
+        for rows in (slice(0, 1), slice(None)):
+            monkeypatch.setitem(fused_head.CONFIG, "wide_mix", False)
+            copied = hc.hc_head(h[rows], fn, base, scale, cfg)
+            monkeypatch.setitem(fused_head.CONFIG, "wide_mix", True)
+            assert torch.equal(hc.hc_head(h[rows], fn, base, scale, cfg), copied), (D, rows)

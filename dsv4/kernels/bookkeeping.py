@@ -33,15 +33,17 @@ GPU_CHECKED = os.environ.get("DSV4_STEP_BOOKKEEPING", "1") == "1"
 # batch_ends (DSV4_BATCH_ENDS=0 turns it off): a batched step's start and end in one launch each (batch_begin,
 # batch_end; engine.Model.step_batch_device), the pipelined solo step's and the server's: integer and select operations
 # and exact conversions, the torch ops' bits. On since session 34.
-# fold_settle (DSV4_FOLD_SETTLE=1; off until a GPU run, built in session 41): a step whose states are not a pool's
+# fold_settle (DSV4_FOLD_SETTLE=0 turns it off; on by default since session 41): a step whose states are not a pool's
 # rows settles each state from the verdict itself (keep = verdict == 0, and the row's active flag in a batched step)
 # and counts its forward there (counts[0] += 1, or += active), so that the transaction launches neither the verdict's
 # comparison (nor, batched, its and with the active rows) nor the forward count's add: two torch launches fewer a solo
 # step, three a one-row batch's, each of which also broke the PDL chain. Integer and select operations: the same
-# values. The forward count then moves from the step's start to its end (every step that runs settles).
+# values. The forward count then moves from the step's start to its end (every step that runs settles). Session 41
+# call 4 (decode_ab on mini, one process, the same stream): pipelined 986.6 -> 993.8 tok/s, graph 962.9 -> 973.8,
+# ahead in every round.
 CONFIG = {"lean_prologue": os.environ.get("DSV4_LEAN_PROLOGUE", "1") == "1",
           "batch_ends": os.environ.get("DSV4_BATCH_ENDS", "1") == "1",
-          "fold_settle": os.environ.get("DSV4_FOLD_SETTLE", "0") == "1"}
+          "fold_settle": os.environ.get("DSV4_FOLD_SETTLE", "1") == "1"}
 # Elements a settle program copies: 1,024 (127 programs for Flash's 129,280 logits). At 4,096 (32 programs) the
 # settle of the head's bf16 logits into the state's fp32 ones advanced a token by 6.8 us (session 34 call 1), the
 # conversion launch it replaced and the settle before it 3.9 + 2.7: too few programs for 0.8 MB.

@@ -218,17 +218,27 @@ def program_rows(rows: int, block_k: int, k_chunk: int) -> int:
     return rows_per_program(rows, cap)
 
 
+def widens(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether linear(..., dtype=dtype) computes F.linear(x.to(dtype), weight) with v2's kernel: an fp32 weight and
+    output (the products of x's values widened as loaded are those of x.to(fp32)'s)."""
+    return dtype == torch.float32 and weight.dtype == torch.float32 and x.dtype in DTYPES
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
-           stored: bool = False, kernel: str | None = None) -> torch.Tensor:
+           stored: bool = False, kernel: str | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]^T -> [..., N] in x's dtype, written into out (contiguous, rows x N) when given.
     stored: weight is a model parameter, which no step writes (not a copy converted in this step): with DSV4_PDL the
     launch then reads its first tile before it waits for the kernel before it. kernel: "v2" or "v3" for this call
-    (dsv4.model.rows.step_gemv), CONFIG's when None."""
+    (dsv4.model.rows.step_gemv), CONFIG's when None. dtype (widens): the output's dtype, x read in its own and
+    widened as loaded (x.to(dtype) @ weight^T without the conversion's launch)."""
     N, K = weight.shape
     x2 = x.reshape(-1, K).contiguous()
     rows = x2.shape[0]
-    y = _destination(out, rows, N, x.dtype, x.device)
-    if uses_v3(x2, weight, kernel):
+    if dtype is not None and not widens(x2, weight, dtype):
+        raise ValueError(f"dense.linear: dtype {dtype} for x {x.dtype} and weight {weight.dtype}: only an fp32 weight "
+                         "widens x into an fp32 output")
+    y = _destination(out, rows, N, dtype or x.dtype, x.device)
+    if dtype is None and uses_v3(x2, weight, kernel):
         return _linear3(x2, weight, y, stored).view(*x.shape[:-1], N)
     block_k, k_chunk, splits = tiling(N, K, weight.dtype)
     block_n = CONFIG["block_n"]

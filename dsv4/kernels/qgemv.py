@@ -108,12 +108,14 @@ CONFIG = {"kernel": os.environ.get("DSV4_QGEMV", "v2"),
           "v2_wide_max_n": int(os.environ.get("DSV4_QGEMV_WIDE_MAX_N", "4096")),
           "v2_wo_tiles": os.environ.get("DSV4_QGEMV_WO_TILES", "1") == "1",
           "v2_xq_tiles": os.environ.get("DSV4_QGEMV_XQ_TILES", "1") == "1",
-          "v2_early_tiles": int(os.environ.get("DSV4_QGEMV_EARLY_TILES", "1"))}
-# "v2_early_tiles" (DSV4_QGEMV_EARLY_TILES; 1 by default: built in session 41, not yet GPU-run at other values): the
-# FP8 tiles of a stored weight a program loads before its wait (EARLY, unrolled loops: at most its K chunk's tiles).
-# One tile in flight while the kernel before finishes is 8 KB a program at the output linears' 8-row blocks (wo_b:
-# 8 tiles of 1,024 inputs a program); with more, more of the program's bytes are on their way when the wait ends.
-# The tiles are summed after the wait in the same order: the same bits.
+          "v2_early_tiles": int(os.environ.get("DSV4_QGEMV_EARLY_TILES", "2"))}
+# "v2_early_tiles" (DSV4_QGEMV_EARLY_TILES; 2 by default since session 41, 1 as before): the FP8 tiles of a stored
+# weight a program loads before its wait (EARLY, unrolled loops: at most its K chunk's tiles). One tile in flight
+# while the kernel before finishes is 8 KB a program at the output linears' 8-row blocks (wo_b: 8 tiles of 1,024
+# inputs a program); with more, more of the program's bytes are on their way when the wait ends. The tiles are
+# summed after the wait in the same order: the same bits. Session 41 call 4 (decode_ab on mini, one process, the same
+# stream in every arm): 2 tiles pipelined 986.6 -> 990.3 tok/s (ahead in every round), graph 962.9 -> 972.9; 4 and 8
+# lose (951.6, 927.0: wo_b's programs at 80 and 130 registers, fewer of them an SM).
 # v2's FP8 tiles by the weight's shape ("v2_shape_tiles"; DSV4_QGEMV_SHAPE_TILES=0: CONFIG's tiles for every
 # shape): (rule, BLOCK_N, BLOCK_K, warps, programs), the first rule that holds; programs is the split-K's target
 # (splits_for; None: CONFIG's "v2_programs"). A decode GEMV of one row is bound by its DRAM round trips and by the

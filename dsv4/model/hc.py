@@ -24,7 +24,10 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
     if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
-        mix = dense(h.flatten(-2).float(), fn.float(), source=fn)  # row by row in a decode step (dsv4.model.rows)
+        # row by row in a decode step (dsv4.model.rows); wide_mix: the streams widened by the GEMV as it loads them
+        flat = h.flatten(-2)
+        mix = dense(flat, fn.float(), source=fn, dtype=torch.float32) if fused_head.CONFIG["wide_mix"] else \
+            dense(flat.float(), fn.float(), source=fn)
         return fused_pre.hc_pre(h, mix, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     return _hc_pre(h, fn, base, scale, cfg)
 
@@ -63,7 +66,10 @@ def _hc_post(out, post, comb, h):
 def hc_head(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, cfg: ModelConfig):
     """Final collapse of the streams [T, hc, D] -> [T, D]."""
     if kernels.enabled(fused_head, h) and fused_head.supported(h, cfg.hc_mult):
-        mix = dense(h.flatten(-2).float(), fn.float(), source=fn)  # row by row in a decode step (dsv4.model.rows)
+        # row by row in a decode step (dsv4.model.rows); wide_mix: the streams widened by the GEMV as it loads them
+        flat = h.flatten(-2)
+        mix = dense(flat, fn.float(), source=fn, dtype=torch.float32) if fused_head.CONFIG["wide_mix"] else \
+            dense(flat.float(), fn.float(), source=fn)
         return fused_head.hc_head(h, mix, base, scale, cfg.rms_norm_eps, cfg.hc_eps)
     return _hc_head(h, fn, base, scale, cfg)
 

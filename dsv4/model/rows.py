@@ -106,15 +106,18 @@ def per_row(*sliced: int):
     return wrap
 
 
-def dense(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, source=None) -> torch.Tensor:
+def dense(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, source=None,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
     """F.linear(x, weight) (x [rows, K]): the dense GEMV kernel where it runs (every row on its own in
     one launch, written into out when given), else cuBLAS, row by row under rows_alone. source: the model's
     parameter that weight was taken from (weight is it unless this step converted a copy; dense_kernel.linear's
-    stored)."""
+    stored). dtype (fp32, with an fp32 weight): F.linear(x.to(dtype), weight), x widened by the kernel as it loads
+    it (no conversion launch)."""
     if kernels.use_triton(x, gpu_checked=dense_kernel.GPU_CHECKED) and dense_kernel.supported(
-            x, weight, rows_per_weight(x)):
-        return dense_kernel.linear(x, weight, out, stored=weight is source, kernel=step_gemv())
-    return _dense_rows(x, weight)
+            x, weight, rows_per_weight(x)) and (dtype is None or dense_kernel.widens(x, weight, dtype)):
+        return dense_kernel.linear(x, weight, out, stored=weight is source, kernel=step_gemv(),
+                                   **({} if dtype is None else {"dtype": dtype}))
+    return _dense_rows(x if dtype is None else x.to(dtype), weight)
 
 
 @per_row()
