@@ -13,7 +13,7 @@ SUMMARY_LINES=30
 export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests"
 step 100 "$OUT/gate_mini.txt" python -m dsv4.cli gate --preset mini --device cuda \
   --ranks 1 --batch 4 --prime 64 --output 64 --out "$OUT/receipts-gate-mini.txt"
-step 200 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE -p pytest_failures \
+step 300 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -rfE -p pytest_failures \
   tests/test_moe_gl.py tests/test_bookkeeping.py tests/test_qgemv.py tests/test_hc_head.py tests/test_replay_gpu.py \
   tests/test_generation_gpu.py -k "down_early or bookkeeping or early_tile or hc_head or replay or eager_step \
 or pipelined or sample_tokens"
