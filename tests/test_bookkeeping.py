@@ -62,26 +62,36 @@ def test_begin_and_end_equal_the_reference(monkeypatch, device, doors, unseen):
         assert fused.fired.tolist() == [9, 8, 7] and fused.word.item() == 9
 
 
+def settle_case(device, seed: int, logits_dtype):
+    """(last, logits, ref, got): a step's new hidden and logits, and a state's [hidden, logits, pos, counts] twice."""
+    g = torch.Generator().manual_seed(seed)
+    last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
+    logits = torch.randn(5000, generator=g).to(logits_dtype).to(device)
+    ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
+           torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
+    return last, logits, ref, [t.clone() for t in ref]
+
+
+def settle_reference(ref, keep, last, logits):
+    """The transaction's torch ops where a state's settle kernel does not run."""
+    hidden, state_logits, pos, counts = ref
+    hidden.copy_(torch.where(keep, last, hidden))
+    pos.add_(keep.long() * 3)
+    counts[1].add_(keep.long())
+    state_logits.copy_(torch.where(keep, logits, state_logits))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kept", [True, False])
 @pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
 def test_settle_equals_the_reference(device, kept, logits_dtype):
     """bf16 logits (the head's, since session 34) go into the state's fp32 ones widened by the store: torch's
     promoting where and copy give the same bits."""
-    g = torch.Generator().manual_seed(1)
     keep = torch.tensor(kept, device=device)
-    last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
-    logits = torch.randn(5000, generator=g).to(logits_dtype).to(device)
-    ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
-           torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
-    got = [t.clone() for t in ref]
+    last, logits, ref, got = settle_case(device, 1, logits_dtype)
     assert bookkeeping.settle_supported(keep, last, got[0], logits, got[1])
     bookkeeping.settle(keep, last, got[0], logits, got[1], got[2], got[3][1], 3)
-    hidden, state_logits, pos, counts = ref
-    hidden.copy_(torch.where(keep, last, hidden))
-    pos.add_(keep.long() * 3)
-    counts[1].add_(keep.long())
-    state_logits.copy_(torch.where(keep, logits, state_logits))
+    settle_reference(ref, keep, last, logits)
     for a, b in zip(ref, got):
         assert torch.equal(a, b)
     assert int(got[2]) == (20 if kept else 17) and got[3].tolist() == [30, 12 if kept else 11]
@@ -95,23 +105,13 @@ def test_settle_equals_the_reference(device, kept, logits_dtype):
 def test_settle_from_the_verdict_equals_the_reference(device, verdict, active):
     """CONFIG fold_settle's form: the keep mask from the verdict (and the row's active flag) and the forward count
     in the settle launch, against the transaction's torch ops (verdict == 0, & active, counts[0] += 1 or + active)."""
-    g = torch.Generator().manual_seed(2)
     v = torch.tensor(verdict, device=device)
     a = None if active is None else torch.tensor([not active, active], device=device)[1]  # a row's view, offset 1
-    last = torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device)
-    logits = torch.randn(5000, generator=g).to(torch.bfloat16).to(device)
-    ref = [torch.randn(4, 96, generator=g).to(torch.bfloat16).to(device), torch.randn(5000, generator=g).to(device),
-           torch.tensor(17, device=device), torch.tensor([30, 11], device=device)]
-    got = [t.clone() for t in ref]
+    last, logits, ref, got = settle_case(device, 2, torch.bfloat16)
     assert bookkeeping.settle_supported(v, last, got[0], logits, got[1])
     bookkeeping.settle(v, last, got[0], logits, got[1], got[2], got[3][1], 3, forwards=got[3][0], active=a)
-    hidden, state_logits, pos, counts = ref
-    keep = v == 0 if a is None else (v == 0) & a
-    counts[0].add_(1 if a is None else a.long())
-    hidden.copy_(torch.where(keep, last, hidden))
-    pos.add_(keep.long() * 3)
-    counts[1].add_(keep.long())
-    state_logits.copy_(torch.where(keep, logits, state_logits))
+    ref[3][0].add_(1 if a is None else a.long())
+    settle_reference(ref, v == 0 if a is None else (v == 0) & a, last, logits)
     for x, y in zip(ref, got):
         assert torch.equal(x, y)
     kept = verdict == 0 and active is not False
