@@ -24,10 +24,7 @@ def hc_pre(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     """h [T, hc, D] -> (post [T, hc], comb [T, hc, hc], collapsed [T, D])."""
     hc, eps = cfg.hc_mult, cfg.hc_eps
     if kernels.enabled(fused_pre, h) and fused_pre.supported(h, hc):
-        # row by row in a decode step (dsv4.model.rows); wide_mix: the streams widened by the GEMV as it loads them
-        flat = h.flatten(-2)
-        mix = dense(flat, fn.float(), source=fn, dtype=torch.float32) if fused_head.CONFIG["wide_mix"] else \
-            dense(flat.float(), fn.float(), source=fn)
+        mix = dense(h.flatten(-2).float(), fn.float(), source=fn)  # row by row in a decode step (dsv4.model.rows)
         return fused_pre.hc_pre(h, mix, base, scale, hc, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, eps)
     return _hc_pre(h, fn, base, scale, cfg)
 
