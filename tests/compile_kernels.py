@@ -154,8 +154,8 @@ def qgemv_variants(dtype, scale_dtype):
     for pre in (2, 4, 8):
         qgemv.CONFIG["v2_early_tiles"] = pre
         for n, k in ((4096, 8192), (8192, 4096)):
-            w = QWeight(torch.zeros(n, k, dtype=torch.float8_e4m3fn), torch.zeros(n // 128, k // 128, dtype=scale_dtype),
-                        "fp8")
+            w = QWeight(torch.zeros(n, k, dtype=torch.float8_e4m3fn),
+                        torch.zeros(n // 128, k // 128, dtype=scale_dtype), "fp8")
             qgemv.linear(torch.zeros(1, k, dtype=dtype), w)
     qgemv.CONFIG["v2_early_tiles"] = was
 

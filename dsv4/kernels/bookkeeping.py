@@ -207,7 +207,8 @@ def settle_supported(keep: torch.Tensor, last: torch.Tensor, hidden: torch.Tenso
     """One state's settle in one launch: keep 0-dim, the new hidden in its state tensor's dtype and shape, the logits
     in the state's dtype or a narrower float one that it holds exactly (the head's bf16 into the state's fp32: the
     store widens them, the bits of a separate conversion), all contiguous (else torch's where and copy)."""
-    return (keep.dim() == 0 and keep.dtype in (torch.bool, torch.float32) and last.dtype == hidden.dtype and last.shape == hidden.shape
+    return (keep.dim() == 0 and keep.dtype in (torch.bool, torch.float32) and last.dtype == hidden.dtype
+            and last.shape == hidden.shape
             and (logits.dtype == state_logits.dtype
                  or (state_logits.dtype == torch.float32 and logits.dtype in (torch.bfloat16, torch.float16)))
             and logits.shape == state_logits.shape
