@@ -278,6 +278,15 @@ class Transformer:
         return verdict
 
 
+def _settle_state(s: DecodeState, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
+    """One state's settle in torch's ops (where the settle kernel does not take it): where keep (0-dim) holds,
+    hidden = last, pos += T, commits += 1, logits = logits."""
+    s.hidden.copy_(torch.where(keep, last, s.hidden))
+    s.pos.add_(keep.long() * T)
+    s.counts[1].add_(keep.long())
+    s.logits.copy_(torch.where(keep, logits, s.logits))
+
+
 class _Rows:
     """The transaction's per-state bookkeeping (step counters, hidden, pos, logits): one state at a time, or,
     when every state is a slot of one StatePool, one op per buffer over the pool's rows (the same bytes)."""
@@ -308,12 +317,8 @@ class _Rows:
                 bookkeeping.settle(verdict, last[b], s.hidden, logits[b], s.logits, s.pos, s.counts[1], T,
                                    forwards=s.counts[0], active=a)
                 continue
-            k = verdict == 0 if a is None else (verdict == 0) & a
             s.counts[0].add_(1 if a is None else a)
-            s.hidden.copy_(torch.where(k, last[b], s.hidden))
-            s.pos.add_(k.long() * T)
-            s.counts[1].add_(k.long())
-            s.logits.copy_(torch.where(k, logits[b], s.logits))
+            _settle_state(s, verdict == 0 if a is None else (verdict == 0) & a, last[b], logits[b], T)
 
     def settle(self, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
         """Where keep (0-dim, or [B]) holds: hidden = last, pos += T, commits += 1, logits = logits."""
@@ -324,10 +329,7 @@ class _Rows:
                         k, last[b], s.hidden, logits[b], s.logits):
                     bookkeeping.settle(k, last[b], s.hidden, logits[b], s.logits, s.pos, s.counts[1], T)
                     continue
-                s.hidden.copy_(torch.where(k, last[b], s.hidden))
-                s.pos.add_(k.long() * T)
-                s.counts[1].add_(k.long())
-                s.logits.copy_(torch.where(k, logits[b], s.logits))
+                _settle_state(s, k, last[b], logits[b], T)
             return
         store, ids = self.pool.store, self.ids
         keep = keep.expand(len(self.states))
