@@ -451,6 +451,12 @@ class Model(ModelCommon):
         sampling = sampling or SamplingParams()
         state.check_open()
         state.check_room(1)
+        if state.replay is not None and state.replay.host is not None:  # mapped I/O (dsv4.replay CONFIG)
+            if not (type(token) is int and 0 <= token < self.cfg.vocab_size):
+                token = int(self._tokens([token], "step")[0])  # validated (and refused, where wrong) as elsewhere
+            token_out, verdict = state.replay.step_mapped(state, token, sampling)
+            self._settle(state, verdict, 1)
+            return int(token_out)
         io = self._io(state.device)
         if io is not None and type(token) is int and 0 <= token < self.cfg.vocab_size:
             io.put(state.input, token)
@@ -474,17 +480,27 @@ class Model(ModelCommon):
             io = self._host_io[device] = _HostIO()
         return io
 
-    def step_device(self, state: DecodeState, sampling, rows=None) -> torch.Tensor:
+    def step_device(self, state: DecodeState, sampling, rows=None, host=None) -> torch.Tensor:
         """The whole step as device work (what a full-token graph captures): -> [token, verdict] fp64. rows: the
-        sampling's SamplingRows when the caller holds them (a graph's, built before its capture), else built here."""
+        sampling's SamplingRows when the caller holds them (a graph's, built before its capture), else built here.
+        host: a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), (token, readback) in pinned host
+        memory: the input token read from the first and the readback also stored into the second, inside the step."""
+        if host is not None:
+            if kernels.use_triton(state.input, gpu_checked=bookkeeping.GPU_CHECKED):
+                bookkeeping.fetch(host[0], state.input)
+            else:
+                state.input.copy_(host[0], non_blocking=True)
         verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):
             drawn = sample(state.logits, sampling, state.pos, rows)
         if (kernels.use_triton(drawn, gpu_checked=bookkeeping.GPU_CHECKED)
                 and bookkeeping.readback_supported(drawn, state.token, verdict)):
-            return bookkeeping.readback(drawn, state.token, verdict)
+            return bookkeeping.readback(drawn, state.token, verdict, None if host is None else host[1])
         state.token.copy_(drawn)
-        return torch.stack([state.token.double(), verdict.double()])
+        out = torch.stack([state.token.double(), verdict.double()])
+        if host is not None:
+            host[1].copy_(out, non_blocking=True)
+        return out
 
     # ---- batched decode (continuous batching) -------------------------------
     def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int], samplings: Sequence,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 
 import torch
 
@@ -24,6 +25,15 @@ from . import graph_nodes, profile
 from .kernels import commit_step, lanes
 from .layout import CONFIG as LAYOUT
 from .sampler import SamplingParams, SamplingRows, restricts
+
+
+# mapped_io (DSV4_MAPPED_IO=1; off until a GPU run): a full-token graph takes its input token from a pinned host
+# buffer of its own and leaves its readback in another, both read and written by the graph's kernels in place
+# (bookkeeping.fetch, the readback's host store), so that Model.step's graph arm costs the host one graph launch and
+# one stream synchronize a token: no copy's launch before the replay (6-9 us of host time a step) nor after it (6-11
+# us), and no copy on the GPU between two graphs (session 42 call 2, benchmarks/launch_probe.py: the graph arm's
+# host parts 31 us of a 1,015 us step).
+CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "0") == "1"}
 
 
 class ReplayError(RuntimeError):
@@ -43,6 +53,23 @@ class FullTokenReplay:
         self.out: torch.Tensor | None = None
         self.captures = 0
         self.census: dict[str, int] = {}
+        # mapped I/O (CONFIG): the graph's own pinned token and readback, never freed while the graph lives (their
+        # addresses are in it), with numpy views the host writes and reads without a torch dispatch
+        self.host = None
+        if CONFIG["mapped_io"]:
+            self.host = (torch.zeros(1, dtype=torch.int64, pin_memory=True),
+                         torch.zeros(2, dtype=torch.float64, pin_memory=True))
+            self._token, self._readback = self.host[0].numpy(), self.host[1].numpy()
+
+    def step_mapped(self, state, token: int, sampling) -> list:
+        """A step of the graph with mapped I/O: the token written into its host buffer, the replay (the capture at
+        the first: its warm-up reads the same token), the stream's synchronize, the readback [token, verdict] read
+        from its host buffer. The previous step's synchronize left no replay of this graph running, so the buffers
+        are free."""
+        self._token[0] = token
+        self.replay(state, sampling)
+        torch.cuda.current_stream(state.device).synchronize()
+        return self._readback.tolist()
 
     def _capture(self, state):
         model = self.model
@@ -55,7 +82,7 @@ class FullTokenReplay:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(self.warmup):
-                model.step_device(scratch, self.sampling, self.rows)
+                model.step_device(scratch, self.sampling, self.rows, self.host)
         torch.cuda.current_stream().wait_stream(side)
         # The warm-up's reductions are not the state's: take them back out of the census.
         model.comm.census.copy_(census_before)
@@ -65,7 +92,7 @@ class FullTokenReplay:
         model.transformer.trace = trace
         try:
             with torch.inference_mode(), self._marking(state), torch.cuda.graph(graph):
-                self.out = model.step_device(state, self.sampling, self.rows)
+                self.out = model.step_device(state, self.sampling, self.rows, self.host)
             commit_step.captured()  # the graph's commit table, before its first replay
         except Exception as e:  # a capture that breaks is the one unsupported thing
             self.census = {"unsupported": 1}

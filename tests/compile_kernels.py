@@ -173,6 +173,9 @@ bookkeeping.begin(torch.zeros(43, 2, **i64), torch.zeros(43, 2), torch.zeros(())
 for unseen in (None, torch.zeros((), dtype=torch.bfloat16)):
     bookkeeping.end(torch.zeros(43, 2, **i64), torch.zeros((), **i64), torch.zeros(3, **i64), torch.zeros(()), unseen)
 bookkeeping.readback(torch.zeros((), **i64), torch.zeros((), **i64), torch.zeros(()))
+# mapped I/O (dsv4.replay CONFIG mapped_io): the readback's host store and the input token's fetch
+bookkeeping.readback(torch.zeros((), **i64), torch.zeros((), **i64), torch.zeros(()), torch.zeros(2, dtype=torch.float64))
+bookkeeping.fetch(torch.zeros(1, **i64), torch.zeros(1, **i64))
 for B in (1, 3, 32):  # a pipelined solo step's batch of one, and batched steps
     held, act, tokens = bookkeeping.batch_begin(torch.zeros((), dtype=torch.bool), torch.zeros(B, dtype=torch.bool),
                                                 torch.zeros(B, dtype=torch.bool), torch.zeros(B, **i64),

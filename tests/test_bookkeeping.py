@@ -134,6 +134,28 @@ def test_readback_equals_the_reference(device, verdict):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_readback_into_host_memory_and_fetch(device):
+    """Mapped I/O's kernels (dsv4.replay CONFIG mapped_io): the readback stores [token, verdict] into a pinned host
+    buffer as well as its device output, and fetch copies a host buffer's token onto the device (on CUDA both read
+    and write pinned host memory in place)."""
+    pin = device == "cuda"
+    drawn, v = torch.tensor(70001, device=device), torch.tensor(2.0, device=device)
+    token = torch.tensor(-1, device=device)
+    host = torch.full((2,), -5.0, dtype=torch.float64, pin_memory=pin)
+    out = bookkeeping.readback(drawn, token, v, host)
+    if pin:
+        torch.cuda.synchronize()
+    assert host.tolist() == out.tolist() == [70001.0, 2.0] and int(token) == 70001
+    src = torch.tensor([129279], dtype=torch.int64, pin_memory=pin)
+    dst = torch.zeros(1, dtype=torch.int64, device=device)
+    bookkeeping.fetch(src, dst)
+    assert dst.tolist() == [129279]  # (a synchronizing read: the launch is done before the host writes again)
+    src[0] = 17  # the host's next token: read again by the next launch (a volatile load)
+    bookkeeping.fetch(src, dst)
+    assert dst.tolist() == [17]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("hold,verdict", [(False, 0.0), (True, 0.0), (False, 2.0), (True, 5.0)])
 @pytest.mark.parametrize("B", [1, 5])
 def test_batch_begin_and_end_equal_the_reference(device, hold, verdict, B):

@@ -80,6 +80,36 @@ def test_graph_replay_bit_identical_to_eager(model, prefix):
     assert census["kernel_nodes"] > 0 and "nodes_uncounted" not in census, census
 
 
+def test_mapped_io_keeps_the_steps(model, prefix, monkeypatch):
+    """dsv4.replay CONFIG mapped_io: a graph that reads its token from and leaves its readback in pinned host memory
+    draws the same tokens, logits and states as one with the copies around it (both replayed), one capture each;
+    a token outside the vocabulary is refused before the replay, the state unchanged."""
+    from dsv4 import replay
+
+    base, carry = prefix
+    states = {}
+    for mapped in (False, True):
+        monkeypatch.setitem(replay.CONFIG, "mapped_io", mapped)
+        states[mapped] = model.new_state(base.capacity)
+        states[mapped].restore(base)
+        model.enable_replay(states[mapped], SAMPLING)
+        assert (states[mapped].replay.host is not None) == mapped
+    for step in range(32):
+        tokens = [model.step(states[m], carry, SAMPLING) for m in (False, True)]
+        assert tokens[0] == tokens[1], step
+        assert model.logits_sha_all(states[True]) == model.logits_sha_all(states[False]), step
+        assert model.digests_all(states[True]) == model.digests_all(states[False]), step
+        carry = tokens[0]
+    mapped = states[True]
+    assert model.captures(mapped) == 1 and model.replay_counts(mapped) == [32, 32]
+    digest = model.digests_all(mapped)
+    with pytest.raises(ValueError):
+        model.step(mapped, model.cfg.vocab_size, SAMPLING)
+    assert model.digests_all(mapped) == digest and model.replay_counts(mapped) == [32, 32]
+    census = model.graph_census(mapped)
+    assert census["kernel_nodes"] == model.graph_census(states[False])["kernel_nodes"] + 1  # the fetch
+
+
 ROWS, STEPS = 4, 48
 SAMPLINGS = [dsv4.SamplingParams(temperature=1.0, top_p=0.9 if b % 2 else 1.0, seed=b) for b in range(ROWS)]
 

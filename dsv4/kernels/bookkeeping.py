@@ -6,7 +6,9 @@ Integer and select operations only, so the results are the reference's bits:
 - end: the last door's unseen flag added into the verdict, then the last armed door that fires (in door order)
   recorded as the rank's word and [code, layer, site], and armed cleared (14 launches in torch);
 - settle: where keep holds, hidden = last, logits = the step's logits, pos += T, commits += 1 (8 launches);
-- readback: a solo step's drawn token into the state and its [token, verdict] readback (4 launches);
+- readback: a solo step's drawn token into the state and its [token, verdict] readback (4 launches), with mapped
+  host I/O (dsv4.replay CONFIG mapped_io) also stored straight into the replay's pinned host buffer;
+- fetch: a full-token graph's input token read from the replay's pinned host buffer (mapped I/O);
 - batch_begin / batch_end: a batched step's held flag, active rows and input tokens (5 launches), then its hold, the
   active rows' state tokens and its readback (2 B + 9 launches).
 """
@@ -107,20 +109,41 @@ def _settle_kernel(keep_ptr, last_ptr, hidden_ptr, logits_ptr, state_logits_ptr,
             tl.store(forwards_ptr, tl.load(forwards_ptr) + ran)
 
 
-def _readback_kernel(drawn_ptr, token_ptr, verdict_ptr, out_ptr):
+def _readback_kernel(drawn_ptr, token_ptr, verdict_ptr, out_ptr, host_ptr, HOST: constexpr):
+    """HOST: [token, verdict] also stored at host_ptr, pinned host memory the GPU writes in place (UVA); the host
+    reads it after its stream's synchronize (the kernel complete, its stores visible)."""
     pdl_wait()
     t = tl.load(drawn_ptr)
     tl.store(token_ptr, t)
+    v = tl.load(verdict_ptr).to(tl.float64)
     tl.store(out_ptr, t.to(tl.float64))
-    tl.store(out_ptr + 1, tl.load(verdict_ptr).to(tl.float64))
+    tl.store(out_ptr + 1, v)
+    if HOST:
+        tl.store(host_ptr, t.to(tl.float64))
+        tl.store(host_ptr + 1, v)
 
 
-def readback(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) -> torch.Tensor:
+def readback(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor, host: torch.Tensor | None = None
+             ) -> torch.Tensor:
     """A solo step's end (engine.Model.step_device): token = drawn, and the readback [token, verdict] fp64 (torch's
-    copy, two conversions and a stack: four launches)."""
+    copy, two conversions and a stack: four launches). host (pinned fp64 [2], CUDA only): the readback stored there
+    too, by the same launch (no copy after the step)."""
     out = torch.empty(2, dtype=torch.float64, device=token.device)
-    launcher(_readback_kernel, token)[(1,)](drawn, token, verdict, out)
+    launcher(_readback_kernel, token)[(1,)](drawn, token, verdict, out, out if host is None else host,
+                                            HOST=host is not None)
     return out
+
+
+def _fetch_kernel(src_ptr, dst_ptr):
+    pdl_wait()
+    tl.store(dst_ptr, tl.load(src_ptr, volatile=True))  # volatile: the host wrote it since the last replay
+
+
+def fetch(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst (one int64 on the device) = src (one int64 in pinned host memory, read by the GPU in place, UVA): a full-
+    token graph's first node takes its input token from the host buffer the host wrote before the replay, where
+    a copy's launch of its own cost the host ~6-9 us a step (session 42 call 2, benchmarks/launch_probe.py)."""
+    launcher(_fetch_kernel, dst)[(1,)](src, dst)
 
 
 def readback_supported(drawn: torch.Tensor, token: torch.Tensor, verdict: torch.Tensor) -> bool:
