@@ -27,13 +27,14 @@ from .layout import CONFIG as LAYOUT
 from .sampler import SamplingParams, SamplingRows, restricts
 
 
-# mapped_io (DSV4_MAPPED_IO=1; off until a GPU run): a full-token graph takes its input token from a pinned host
-# buffer of its own and leaves its readback in another, both read and written by the graph's kernels in place
-# (bookkeeping.fetch, the readback's host store), so that Model.step's graph arm costs the host one graph launch and
-# one stream synchronize a token: no copy's launch before the replay (6-9 us of host time a step) nor after it (6-11
-# us), and no copy on the GPU between two graphs (session 42 call 2, benchmarks/launch_probe.py: the graph arm's
-# host parts 31 us of a 1,015 us step).
-CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "0") == "1"}
+# mapped_io (DSV4_MAPPED_IO=0 turns it off; on since session 42): a full-token graph takes its input token from a
+# pinned host buffer of its own and leaves its readback in another, both read and written by the graph's kernels in
+# place (bookkeeping.fetch, the readback's host store), so that Model.step's graph arm costs the host one graph launch
+# and one stream synchronize a token: no copy's launch before the replay (6-9 us of host time a step) nor after it
+# (6-11 us), and no copy on the GPU between two graphs (session 42 call 2, benchmarks/launch_probe.py: the graph arm's
+# host parts ~31 us of a 1,015 us step). Call 3 (decode_ab on mini, one process, 6 rounds ABBA): graph 976.3 ->
+# 994.3 tok/s (+1.8 %, ahead in every round), the same stream; one kernel node more (the fetch).
+CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1"}
 
 
 class ReplayError(RuntimeError):
