@@ -115,6 +115,20 @@ def test_split_configs(monkeypatch, device, config, kind, pos, T):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("kind,pos,T", [(SLIDING, 21, 3), (CSA, 45, 1), (HCA, 40, 2)])
+def test_combine_split_d_keeps_the_bits(monkeypatch, device, head_dim, kind, pos, T):
+    """CONFIG combine_split_d (the combine a program per chunk of columns): the same output bits as a program a
+    head, in fp32 and bf16 (head_dim 256: two chunks of the unrotated columns, the last one masked)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        outs = []
+        for split in (False, True):
+            monkeypatch.setitem(fused.CONFIG, "combine_split_d", split)
+            outs.append(check(kind, pos, T, 16, head_dim, dtype, device, monkeypatch))
+        assert torch.equal(outs[0], outs[1]), dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("heads,kind", [(2, CSA), (16, HCA)])
 def test_bfloat16(monkeypatch, device, heads, kind):
     check(kind, 45, 1, heads, 64, torch.bfloat16, device, monkeypatch)

@@ -43,7 +43,10 @@ def _reference(logits, bias, tokens, tid2eid, cfg):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hashed", [False, True], ids=["topk", "hash"])
 @pytest.mark.parametrize("T", [1, 5])
-def test_route_kernel_matches_reference(monkeypatch, dtype, hashed, T):
+@pytest.mark.parametrize("warps", [1, 4])
+def test_route_kernel_matches_reference(monkeypatch, dtype, hashed, T, warps):
+    """CONFIG num_warps 1 and 4 (the interpreter ignores warps: a GPU's layouts differ)."""
+    monkeypatch.setitem(fused.CONFIG, "num_warps", warps)
     monkeypatch.setenv("DSV4_KERNELS", "torch")
     cfg = preset("flash")  # route() reads k, scoring_func, norm_topk_prob, routed_scaling_factor
     E, k = cfg.n_routed_experts, cfg.num_experts_per_tok

@@ -52,7 +52,11 @@ MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the refere
 # heads: sliding 10.5 -> 9.5 us, CSA 14.1 -> 12.3): half the splits, so half the partials written and combined, and
 # twice the programs a split. Other bits (the splits' boundaries and the tiles' sums).
 CONFIG = {"block_n": 64, "tiles": 1, "block_h": 16, "num_warps": 8, "combine_warps": 4,
-          "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8}
+          "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8,
+          "combine_split_d": os.environ.get("DSV4_ATTN_COMBINE_SPLIT_D", "0") == "1"}
+# combine_split_d (DSV4_ATTN_COMBINE_SPLIT_D=1; off until a GPU run): the combine's program of a head cut into one a
+# BLOCK_D chunk of the unrotated columns plus one for the rope's (mini: 64 -> 320 programs a token), each with the
+# whole row's arithmetic on its columns (the same bits): a head's chunks were a serial loop of L2 round trips.
 MERGE_VALUES = 64  # fp32 values of the partials a thread of the merging program holds per chunk
 _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
 
@@ -195,10 +199,14 @@ def _chunk(parts, live, d0, HD: constexpr, SPLITS: constexpr):
 
 
 def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, H: constexpr, HD: constexpr,
-                         NOPE: constexpr, HALF: constexpr, SPLITS: constexpr, BLOCK_S: constexpr, BLOCK_D: constexpr):
+                         NOPE: constexpr, HALF: constexpr, SPLITS: constexpr, BLOCK_S: constexpr, BLOCK_D: constexpr,
+                         SPLIT_D: constexpr):
+    """Grid (H, T), or with SPLIT_D (H, cdiv(NOPE, BLOCK_D) + 1, T): program (h, c, t) combines one BLOCK_D chunk of
+    the unrotated columns, the last c the rope's columns, each with the arithmetic of the whole row's program (the
+    same tiles, the same sums)."""
     pdl_wait()
     h = tl.program_id(0)
-    t = tl.program_id(1).to(tl.int64)
+    t = tl.program_id(2 if SPLIT_D else 1).to(tl.int64)
     r = t * H + h
     sp = tl.arange(0, BLOCK_S)
     s_ok = sp < SPLITS
@@ -211,11 +219,31 @@ def _attn_combine_kernel(m_ptr, l_ptr, acc_ptr, sink_ptr, cos_ptr, sin_ptr, out_
     wt = wt / (tl.sum(wt * ls, axis=0) + tl.exp(sink - mx))
     parts = acc_ptr + (r * SPLITS + sp[:, None]) * HD
     out = out_ptr + r * HD
+    if SPLIT_D:
+        c = tl.program_id(1)
+        if c * BLOCK_D < NOPE:
+            _combine_chunk(parts, out, wt, s_ok, c * BLOCK_D, NOPE, BLOCK_D)
+        else:
+            _combine_rope(parts, out, wt, s_ok, cos_ptr, sin_ptr, t, NOPE, HALF)
+    else:
+        for d0 in range(0, NOPE, BLOCK_D):
+            _combine_chunk(parts, out, wt, s_ok, d0, NOPE, BLOCK_D)
+        _combine_rope(parts, out, wt, s_ok, cos_ptr, sin_ptr, t, NOPE, HALF)
+
+
+@device_function
+def _combine_chunk(parts, out, wt, s_ok, d0, NOPE: constexpr, BLOCK_D: constexpr):
+    """Columns d0 + [0, BLOCK_D) of the unrotated part: the splits' partials weighted and summed."""
     dd = tl.arange(0, BLOCK_D)
-    for d0 in range(0, NOPE, BLOCK_D):
-        dm = (d0 + dd) < NOPE
-        a = tl.load(parts + d0 + dd[None, :], mask=s_ok[:, None] & dm[None, :], other=0.0)
-        tl.store(out + d0 + dd, tl.sum(wt[:, None] * a, axis=0).to(dt), mask=dm)
+    dm = (d0 + dd) < NOPE
+    a = tl.load(parts + d0 + dd[None, :], mask=s_ok[:, None] & dm[None, :], other=0.0)
+    tl.store(out + d0 + dd, tl.sum(wt[:, None] * a, axis=0).to(out.dtype.element_ty), mask=dm)
+
+
+@device_function
+def _combine_rope(parts, out, wt, s_ok, cos_ptr, sin_ptr, t, NOPE: constexpr, HALF: constexpr):
+    """The rope's columns: summed as even and odd, rotated back by -sin at the query's position."""
+    dt = out.dtype.element_ty
     k = tl.arange(0, HALF)
     even = tl.sum(wt[:, None] * tl.load(parts + NOPE + 2 * k[None, :], mask=s_ok[:, None], other=0.0), axis=0)
     odd = tl.sum(wt[:, None] * tl.load(parts + NOPE + 2 * k[None, :] + 1, mask=s_ok[:, None], other=0.0), axis=0)
@@ -284,9 +312,12 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
         HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
     if fused:
         return out
-    launcher(_attn_combine_kernel, q)[(H, T)](
-        m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=hd - 2 * half, HALF=half, SPLITS=splits,
-        BLOCK_S=next_pow2(splits), BLOCK_D=min(128, next_pow2(max(hd - 2 * half, 1))), **warps(c["combine_warps"]))
+    nope = hd - 2 * half
+    block_d = min(128, next_pow2(max(nope, 1)))
+    split_d = c["combine_split_d"]
+    launcher(_attn_combine_kernel, q)[(H, cdiv(nope, block_d) + 1, T) if split_d else (H, T)](
+        m, l, acc, sink, cos, sin, out, H=H, HD=hd, NOPE=nope, HALF=half, SPLITS=splits,
+        BLOCK_S=next_pow2(splits), BLOCK_D=block_d, SPLIT_D=split_d, **warps(c["combine_warps"]))
     return out
 
 

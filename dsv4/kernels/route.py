@@ -16,7 +16,7 @@ the gate's GEMV. A hash layer's row of tid2eid is picked by the step's token: it
 
 import torch
 
-from . import launcher, next_pow2, pdl_wait
+from . import interpreting, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -25,6 +25,9 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
+# Warps of the one program a token: its top-k is ~20 reductions over the experts in a row, each across the warps
+# (shared memory and a barrier) at 4 warps, warp shuffles alone at 1. Session 42 times 1, 2 and 4 (decode_ab).
+CONFIG = {"num_warps": 4}
 
 
 def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr, scale, E,
@@ -93,5 +96,6 @@ def route(logits, tokens, bias, tid2eid, k: int, norm: bool, scale: float):
         raise ValueError("route: a top-k layer needs its bias, contiguous (read in place before the wait)")
     launcher(_route_kernel, logits)[(T,)](
         logits, logits if hashed else bias, tid2eid if hashed else ids, tokens, ids, w, float(scale), E,
-        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E))
+        K=k, K_POW2=next_pow2(k), HASH=hashed, NORM=norm, BLOCK_E=next_pow2(E),
+        **({} if interpreting() else {"num_warps": CONFIG["num_warps"]}))
     return ids, w
