@@ -234,11 +234,8 @@ for dtype in (torch.float32, torch.bfloat16):
         door.pack(torch.zeros(4096, dtype=dtype), torch.zeros(4097, dtype=dtype), torch.zeros(()),
                   torch.zeros((), dtype=torch.int64), seen, None if seen is None else torch.zeros(()))
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
-        for warps in (4, 1):  # route CONFIG num_warps (decode_ab's arms)
-            route.CONFIG["num_warps"] = warps
-            route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
-                        tid2eid, 6, True, 1.5)
-        route.CONFIG["num_warps"] = 4
+        route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
+                    tid2eid, 6, True, 1.5)
 
 
 def compressor_variants(dtype):
@@ -303,9 +300,9 @@ def attention_variants(dtype, T, H, hd, half, rows, kinds=("sliding", "csa", "hc
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026)  # Flash, a rank of 2: tensor-core tiles
 attention_variants(torch.float32, 2, 16, 64, 8, 6, ("hca",))  # fp32 tiles (GPU tests)
 attention_variants(torch.float32, 1, 2, 32, 8, 6, ("csa",))  # tiny: the broadcast path
-attention.CONFIG["combine_split_d"] = True  # the combine a program per chunk of columns (DSV4_ATTN_COMBINE_SPLIT_D)
+attention.CONFIG["combine_split_d"] = not attention.CONFIG["combine_split_d"]  # the other combine (a program a head)
 attention_variants(torch.bfloat16, 1, 32, 512, 32, 1026, ("csa",))
-attention.CONFIG["combine_split_d"] = False
+attention.CONFIG["combine_split_d"] = not attention.CONFIG["combine_split_d"]
 # A launch variant benchmarks/attention_bench.py tries: several tiles per program.
 default = dict(attention.CONFIG)
 if SWEEPS:

@@ -47,16 +47,18 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the reference
 # block_n keys per tile, tiles per split (program), block_h heads per program; benchmarks/attention_bench.py
-# times variants. 64 keys and 16 heads a program since session 41 (call 3, decode_ab on mini: pipelined +0.65 %,
+# times variants. 64 keys and 16 heads a program in session 41 (call 3, decode_ab on mini: pipelined +0.65 %,
 # ahead in every round, where 64 keys with 32 heads lost 1.0 %; session 20's attention_bench at a Flash rank's 32
 # heads: sliding 10.5 -> 9.5 us, CSA 14.1 -> 12.3): half the splits, so half the partials written and combined, and
-# twice the programs a split. Other bits (the splits' boundaries and the tiles' sums).
-CONFIG = {"block_n": 64, "tiles": 1, "block_h": 16, "num_warps": 8, "combine_warps": 4,
+# twice the programs a split. 32 keys since session 42 (call 4: pipelined +0.66 % against 64, ahead in every round;
+# other bits), where the combine is a program per chunk of columns.
+# combine_split_d (DSV4_ATTN_COMBINE_SPLIT_D=0 turns it off; on since session 42): the combine's program of a head cut
+# into one a BLOCK_D chunk of the unrotated columns plus one for the rope's (mini: 64 -> 320 programs a token), each
+# with the whole row's arithmetic on its columns (the same bits): a head's chunks were a serial loop of L2 round
+# trips. Session 42 call 4 (decode_ab on mini, 6 rounds): pipelined +1.2 %, ahead in rounds 1-5, the same stream.
+CONFIG = {"block_n": 32, "tiles": 1, "block_h": 16, "num_warps": 8, "combine_warps": 4,
           "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8,
-          "combine_split_d": os.environ.get("DSV4_ATTN_COMBINE_SPLIT_D", "0") == "1"}
-# combine_split_d (DSV4_ATTN_COMBINE_SPLIT_D=1; off until a GPU run): the combine's program of a head cut into one a
-# BLOCK_D chunk of the unrotated columns plus one for the rope's (mini: 64 -> 320 programs a token), each with the
-# whole row's arithmetic on its columns (the same bits): a head's chunks were a serial loop of L2 round trips.
+          "combine_split_d": os.environ.get("DSV4_ATTN_COMBINE_SPLIT_D", "1") == "1"}
 MERGE_VALUES = 64  # fp32 values of the partials a thread of the merging program holds per chunk
 _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX - _NO_MAX) = 1, never NaN
 

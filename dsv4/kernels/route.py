@@ -26,8 +26,9 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 
 GPU_CHECKED = True  # through benchmarks/gpu_checks.sh (session 3): "auto" runs it on CUDA
 # Warps of the one program a token: its top-k is ~20 reductions over the experts in a row, each across the warps
-# (shared memory and a barrier) at 4 warps, warp shuffles alone at 1. Session 42 times 1, 2 and 4 (decode_ab).
-CONFIG = {"num_warps": 4}
+# (shared memory and a barrier) at 4 warps, warp shuffles alone at 1. One since session 42 (call 4, decode_ab on mini,
+# 6 rounds: graph +0.5 %, pipelined +0.07 %, the same stream; 2 warps lost 0.2-0.4 %).
+CONFIG = {"num_warps": 1}
 
 
 def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr, scale, E,
