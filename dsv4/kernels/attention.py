@@ -50,13 +50,14 @@ MAX_T = 8  # queries per call: decode and small chunks; prefill keeps the refere
 # times variants. 64 keys and 16 heads a program in session 41 (call 3, decode_ab on mini: pipelined +0.65 %,
 # ahead in every round, where 64 keys with 32 heads lost 1.0 %; session 20's attention_bench at a Flash rank's 32
 # heads: sliding 10.5 -> 9.5 us, CSA 14.1 -> 12.3): half the splits, so half the partials written and combined, and
-# twice the programs a split. 32 keys since session 42 (call 4: pipelined +0.66 % against 64, ahead in every round;
-# other bits), where the combine is a program per chunk of columns.
+# twice the programs a split. Session 42, with the combine a program per chunk of columns: 32 keys (call 4: pipelined
+# +0.66 % against 64, ahead in every round; other bits), then 16 (call 5: +0.6 % against 32, ahead in every round;
+# other bits; 8 heads a program lost 4 %).
 # combine_split_d (DSV4_ATTN_COMBINE_SPLIT_D=0 turns it off; on since session 42): the combine's program of a head cut
 # into one a BLOCK_D chunk of the unrotated columns plus one for the rope's (mini: 64 -> 320 programs a token), each
 # with the whole row's arithmetic on its columns (the same bits): a head's chunks were a serial loop of L2 round
 # trips. Session 42 call 4 (decode_ab on mini, 6 rounds): pipelined +1.2 %, ahead in rounds 1-5, the same stream.
-CONFIG = {"block_n": 32, "tiles": 1, "block_h": 16, "num_warps": 8, "combine_warps": 4,
+CONFIG = {"block_n": 16, "tiles": 1, "block_h": 16, "num_warps": 8, "combine_warps": 4,
           "fused_combine": os.environ.get("DSV4_ATTN_FUSED_COMBINE", "0") == "1", "fused_max_splits": 8,
           "combine_split_d": os.environ.get("DSV4_ATTN_COMBINE_SPLIT_D", "1") == "1"}
 MERGE_VALUES = 64  # fp32 values of the partials a thread of the merging program holds per chunk
