@@ -260,3 +260,45 @@ def test_fold_settle_keeps_the_steps(monkeypatch, device):
         results.append((tokens, refused, state.digest(), int(state.pos), state.counts.tolist()))
     assert results[0] == results[1]
     assert results[0][1][0][0] == results[0][1][0][1] + 1  # the refused step ran its forward, committed nothing
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_device_with_host_tokens(monkeypatch, device):
+    """Model.step_device with a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), run eagerly: the token
+    taken from the host buffer (by the fetch, or by the first mHC boundary itself under early_token) and the readback
+    left in the host buffer give the tokens and states of the plain step, whose input is the state's own buffer."""
+    from dsv4 import replay
+
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    fetches = []
+    fetch = bookkeeping.fetch
+    monkeypatch.setattr(bookkeeping, "fetch", lambda *a: fetches.append(1) or fetch(*a))
+    model = dsv4.load("tiny", device=device, dtype=torch.float32)
+    sp = dsv4.SamplingParams(seed=5)
+    results = []
+    for form in ("plain", "fetch", "early_token"):
+        monkeypatch.setitem(replay.CONFIG, "early_token", form == "early_token")
+        fetches.clear()
+        state = model.new_state(16)
+        model.prefill(state, [1, 2, 3])
+        pin = device == "cuda"
+        host = (torch.zeros(1, dtype=torch.int64, pin_memory=pin), torch.zeros(2, dtype=torch.float64, pin_memory=pin))
+        token, drawn = 4, []
+        for _ in range(3):
+            if form == "plain":
+                state.input.fill_(token)
+                out = model.step_device(state, sp).tolist()
+            else:
+                state.input.fill_(-1)  # the step must take the token from the host buffer
+                host[0][0] = token
+                model.step_device(state, sp, host=host)
+                if pin:
+                    torch.cuda.synchronize()
+                out = host[1].tolist()
+            assert out[1] == 0.0
+            state.host_pos += 1
+            token = int(out[0])
+            drawn.append(token)
+        results.append((drawn, state.digest(), int(state.pos), int(state.input[0])))
+        assert len(fetches) == (3 if form == "fetch" else 0), form  # early_token: the boundary reads it itself
+    assert results[0] == results[1] == results[2]
