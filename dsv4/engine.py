@@ -31,7 +31,7 @@ from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
-from .replay import CONFIG as REPLAY, PrefillReplay
+from .replay import PrefillReplay
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
 from .state import CapacityError, DecodeState, Pools, QuarantineError, RefusalError, StepHeld  # noqa: F401
@@ -485,15 +485,12 @@ class Model(ModelCommon):
         sampling's SamplingRows when the caller holds them (a graph's, built before its capture), else built here.
         host: a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), (token, readback) in pinned host
         memory: the input token read from the first and the readback also stored into the second, inside the step."""
-        host_tokens = None
         if host is not None:
-            if not kernels.use_triton(state.input, gpu_checked=bookkeeping.GPU_CHECKED):
-                state.input.copy_(host[0], non_blocking=True)
-            elif REPLAY["early_token"]:  # the first boundary reads it (forward's host_tokens)
-                host_tokens = host[0]
-            else:
+            if kernels.use_triton(state.input, gpu_checked=bookkeeping.GPU_CHECKED):
                 bookkeeping.fetch(host[0], state.input)
-        verdict = self.transformer.transaction([state], state.input, host_tokens=host_tokens)
+            else:
+                state.input.copy_(host[0], non_blocking=True)
+        verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):
             drawn = sample(state.logits, sampling, state.pos, rows)
         if (kernels.use_triton(drawn, gpu_checked=bookkeeping.GPU_CHECKED)

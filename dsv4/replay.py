@@ -34,13 +34,7 @@ from .sampler import SamplingParams, SamplingRows, restricts
 # (6-11 us), and no copy on the GPU between two graphs (session 42 call 2, benchmarks/launch_probe.py: the graph arm's
 # host parts ~31 us of a 1,015 us step). Call 3 (decode_ab on mini, one process, 6 rounds ABBA): graph 976.3 ->
 # 994.3 tok/s (+1.8 %, ahead in every round), the same stream; one kernel node more (the fetch).
-# early_token (DSV4_EARLY_TOKEN=1; off until a GPU run): with mapped_io, the step's first mHC boundary reads the mapped
-# token from the host buffer itself, before its PDL wait, and stores it into the state's input (kernels/hc_boundary.py
-# IDS_EARLY), so no fetch launch opens the graph (session 42 call 9's kernel table: the fetch advanced a token 4.5 us,
-# its read of host memory on the step's critical path). Where that boundary does not run in one launch, the fetch
-# stays (model/forward.py _first_boundary).
-CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
-          "early_token": os.environ.get("DSV4_EARLY_TOKEN", "0") == "1"}
+CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1"}
 
 
 class ReplayError(RuntimeError):

@@ -58,8 +58,7 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr", "ids_ptr"},  # ids: IDS_EARLY's host token
-         "_route_kernel": {"bias_ptr"}}
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
 # A variant compiled with the constant EARLY = 1 of a kernel here may read these before its wait too: what the caller
 # says was written two or more kernels back (each kernel releases the next only after its own wait, so the kernel
 # two back is complete when this one starts). Checked as "<kernel>:behind".
@@ -789,10 +788,6 @@ def hc_boundary_variants(dtype):
                     hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, fn, torch.zeros(24),
                                          torch.ones(3), torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened,
                                          ids=torch.zeros(1, dtype=torch.int64))
-                    # the mapped token read before the wait (dsv4.replay CONFIG early_token)
-                    hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, fn, torch.zeros(24),
-                                         torch.ones(3), torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened,
-                                         ids=torch.zeros(1, dtype=torch.int64), ids_out=torch.zeros(1, dtype=torch.int64))
 
 
 def doors(dtype, first: bool) -> list:

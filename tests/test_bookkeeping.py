@@ -265,10 +265,8 @@ def test_fold_settle_keeps_the_steps(monkeypatch, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_step_device_with_host_tokens(monkeypatch, device):
     """Model.step_device with a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), run eagerly: the token
-    taken from the host buffer (by the fetch, or by the first mHC boundary itself under early_token) and the readback
-    left in the host buffer give the tokens and states of the plain step, whose input is the state's own buffer."""
-    from dsv4 import replay
-
+    fetched from the host buffer and the readback left in the host buffer give the tokens and states of the plain
+    step, whose input is the state's own buffer."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     fetches = []
     fetch = bookkeeping.fetch
@@ -276,9 +274,7 @@ def test_step_device_with_host_tokens(monkeypatch, device):
     model = dsv4.load("tiny", device=device, dtype=torch.float32)
     sp = dsv4.SamplingParams(seed=5)
     results = []
-    for form in ("plain", "fetch", "early_token"):
-        monkeypatch.setitem(replay.CONFIG, "early_token", form == "early_token")
-        fetches.clear()
+    for form in ("plain", "mapped"):
         state = model.new_state(16)
         model.prefill(state, [1, 2, 3])
         pin = device == "cuda"
@@ -300,5 +296,4 @@ def test_step_device_with_host_tokens(monkeypatch, device):
             token = int(out[0])
             drawn.append(token)
         results.append((drawn, state.digest(), int(state.pos), int(state.input[0])))
-        assert len(fetches) == (3 if form == "fetch" else 0), form  # early_token: the boundary reads it itself
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] and len(fetches) == 3

@@ -120,15 +120,6 @@ def test_first_boundary_gathers_its_rows_from_the_table(options, dtype):
     assert all(torch.equal(x, y) for x, y in zip(gathered, rows))
     with pytest.raises(ValueError, match="first boundary only"):
         fused.boundary(table, a["post"], a["comb"], a["h"], *args, ids=ids)
-    # ids read before the wait from pinned host memory (IDS_EARLY: dsv4.replay CONFIG early_token) and stored into
-    # the step's device tokens: the same outputs
-    host = torch.tensor([7, 0, 49], pin_memory=DEVICE == "cuda")
-    device_ids = torch.full((3,), -1, dtype=torch.int64, device=DEVICE)
-    early = fused.boundary(table, None, None, None, *args, ids=host if DEVICE == "cuda" else host.clone(),
-                           ids_out=device_ids)
-    assert all(torch.equal(x, y) for x, y in zip(early, rows)) and device_ids.tolist() == [7, 0, 49]
-    with pytest.raises(ValueError, match="ids_out"):
-        fused.boundary(table, None, None, None, *args, ids=ids, ids_out=device_ids[:2])
 
 
 def test_streams_equal_hc_posts_kernel():

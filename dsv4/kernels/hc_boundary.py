@@ -87,15 +87,12 @@ def one_pass(hc: int, D: int) -> bool:
 
 def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale_ptr, norm_w_ptr,
                      new_ptr, post_out_ptr, comb_out_ptr, x_ptr, p_ptr, tickets_ptr, slot_ptr, flag_ptr, census_ptr,
-                     seen_ptr, verdict_ptr, ids_ptr, ids_out_ptr, norm_eps, eps, D: constexpr, HC: constexpr,
-                     ITERS: constexpr, FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr,
-                     SP: constexpr, NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr,
-                     ONE_PASS: constexpr, WARP_MAPS: constexpr, IDS_EARLY: constexpr):
+                     seen_ptr, verdict_ptr, ids_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
+                     FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr,
+                     NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
+                     WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     GATHER (with FIRST): out_ptr the embedding table, row t's embedded row the one of token ids_ptr[t].
-    IDS_EARLY (with GATHER): ids_ptr is pinned host memory the host wrote before the launch (a full-token graph's mapped
-    token, dsv4.replay), which no kernel writes: read before the wait, and stored by program (t, 0) into ids_out_ptr
-    (the step's device tokens, which later kernels read) after it.
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
     Every program loads the stored weights first (its slice of hc_fn, base, scale and, with ONE_PASS, the norm
     weight: module parameters, which no step writes), then pdl_wait (DSV4_PDL, launched with launch_pdl: the
@@ -115,8 +112,6 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
         norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
     else:  # the finish's _collapse reads it in chunks
         norm_w = norm_w_ptr
-    if IDS_EARLY:  # volatile: the host wrote it since the last replay
-        token = tl.load(ids_ptr + t, volatile=True).to(tl.int64)
     pdl_wait()
     if DOOR:
         if (t == 0) & (s == 0):
@@ -127,12 +122,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     dt = new_ptr.dtype.element_ty
     row = t
     if GATHER:  # out is the embedding table: this row's token's row of it
-        if IDS_EARLY:
-            row = token
-            if s == 0:
-                tl.store(ids_out_ptr + t, token.to(ids_out_ptr.dtype.element_ty))
-        else:
-            row = tl.load(ids_ptr + t).to(tl.int64)
+        row = tl.load(ids_ptr + t).to(tl.int64)
     x = tl.load(out_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
     if FIRST:
         new = tl.zeros([HC, BLOCK_D], dtype=tl.float32) + x[None, :]
@@ -292,24 +282,20 @@ def _collapse_in_registers(pre, hv, norm_w, x_row, norm_eps, D: constexpr, BLOCK
 
 
 def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float,
-             door=None, ids=None, ids_out=None):
+             door=None, ids=None):
     """The sublayer's reduced output out [T, D] placed into the streams h [T, hc, D] by post [T, hc] and
     comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
     from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
     comb [T, hc, hc] fp32, normed [T, D] in the streams' dtype). door (a dsv4.parallel.Door, or None): its
     bookkeeping done in the same launch. ids [T] (the first boundary only): out is then the embedding table
     [vocab, D] and each program reads its row's embedded row from it (the gather's launch saved; the same
-    values as out.index_select(0, ids)). ids_out (with ids, CUDA: ids then pinned host memory the host wrote before
-    the launch, the mapped token of a full-token graph): the kernel reads ids before its wait and stores them into
-    ids_out [T] (the step's device tokens) too, so no fetch launch comes first. hc_fn, base, scale and norm_w are the model's stored weights, contiguous:
+    values as out.index_select(0, ids)). hc_fn, base, scale and norm_w are the model's stored weights, contiguous:
     the kernel reads them in place before it waits for the kernel before it (DSV4_PDL), so never a copy this step
     writes."""
     if not all(w.is_contiguous() for w in (fn, base, scale, norm_w)):
         raise ValueError("hc_boundary.boundary: the stored weights must be contiguous (read in place before the wait)")
     if ids is not None and h is not None:
         raise ValueError("hc_boundary.boundary: ids (the embedding's gather) is for the first boundary only")
-    if ids_out is not None and (ids is None or ids_out.shape != ids.shape or not ids_out.is_contiguous()):
-        raise ValueError("hc_boundary.boundary: ids_out (the device copy of host ids) needs ids of its shape")
     T, D = (ids.numel(), out.shape[1]) if ids is not None else out.shape
     first = h is None
     out = out.contiguous()
@@ -335,10 +321,9 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     launcher(_boundary_kernel, out)[(T, slices)](
         out, out if first else post.contiguous(), out if first else comb.contiguous(), out if first else h,
         fn, base, scale, norm_w, new, post_out, comb_out, x, partials, tickets,
-        *bookkeeping, out if ids is None else ids, out if ids_out is None else ids_out, float(norm_eps), float(eps),
-        D=D, HC=hc, ITERS=iters,
+        *bookkeeping, out if ids is None else ids, float(norm_eps), float(eps), D=D, HC=hc, ITERS=iters,
         FIRST=first, GATHER=ids is not None, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
-        WARP_MAPS=CONFIG["warp_maps"], IDS_EARLY=ids_out is not None, **extra)
+        WARP_MAPS=CONFIG["warp_maps"], **extra)
     return new, post_out, comb_out, x

@@ -133,15 +133,13 @@ class Transformer:
 
     # ---- the math ----------------------------------------------------------
     def forward(self, states: list[DecodeState], tokens: torch.Tensor, active: torch.Tensor | None = None,
-                by_position: bool = True, host_tokens: torch.Tensor | None = None) -> tuple[list[Write], torch.Tensor]:
+                by_position: bool = True) -> tuple[list[Write], torch.Tensor]:
         """tokens [B*T]: T tokens for each of the B states (sequence-major), each at its own position
         state.pos.. -> (staged writes, final streams [B*T, hc, D]). Everything but attention runs
         over all rows at once; in a decode step or a short prefill chunk (rows.short_chunk) each row
         comes out as it would alone (rows_alone), so a sequence's step does not depend on the others in it.
         by_position=False: no shape follows the host's position (model.step.Step's host_pos not given), as a
-        captured prefill chunk needs (dsv4.replay.PrefillReplay); the same bits either way.
-        host_tokens (a full-token graph's mapped token, dsv4.replay): pinned host memory holding tokens' values, which
-        the step copies into `tokens` before anything reads them (_first_boundary)."""
+        captured prefill chunk needs (dsv4.replay.PrefillReplay); the same bits either way."""
         cfg = self.cfg
         B = len(states)
         T = tokens.shape[0] // B
@@ -161,7 +159,7 @@ class Transformer:
         alone = short_chunk(T)
         comm = self.comm
         with rows_alone(alone, T):
-            h, post, comb, x = self._first_boundary(tokens, alone, host_tokens)
+            h, post, comb, x = self._first_boundary(tokens, alone)
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
@@ -197,24 +195,19 @@ class Transformer:
         return (L is not None and alone and kernels.use_triton(rows, gpu_checked=fused_boundary.GPU_CHECKED)
                 and fused_boundary.supported(rows, self.cfg.hc_mult, L["hc"][site][0], L[site + "_norm"]))
 
-    def _first_boundary(self, tokens: torch.Tensor, alone: bool, host_tokens: torch.Tensor | None = None):
+    def _first_boundary(self, tokens: torch.Tensor, alone: bool):
         """The embedded rows of `tokens` copied into every stream, then layer 0's attention maps and normed input
         (_boundary with h None). Where that boundary runs in one launch on the table's own dtype, the kernel reads
         each token's row from the embedding table itself (bookkeeping.CONFIG "lean_prologue"): no gather launch
-        before it, the same values. host_tokens (forward's): that kernel reads the tokens from the host buffer before
-        its PDL wait and stores them into `tokens` (dsv4.replay CONFIG early_token); elsewhere a fetch launch copies
-        them first (bookkeeping.fetch)."""
+        before it, the same values."""
         cfg, L = self.cfg, self.layers[0]
         rows = torch.empty(tokens.shape[0], cfg.hidden_size, dtype=self.dtype, device=tokens.device)  # no launch
         lean = bookkeeping.CONFIG["lean_prologue"] and self.embed.dtype == self.dtype
         if lean and self._fused(rows, L, "attn", alone):
-            ids, ids_out = (tokens, None) if host_tokens is None else (host_tokens, tokens)
             with phase("mhc"):
                 return fused_boundary.boundary(self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"],
                                                cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
-                                               self.comm.open_door(0, "attention", rows), ids=ids, ids_out=ids_out)
-        if host_tokens is not None:
-            bookkeeping.fetch(host_tokens, tokens)
+                                               self.comm.open_door(0, "attention", rows), ids=tokens)
         x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
         return self._boundary(x, None, None, None, L, "attn", alone, (0, "attention"))
 
@@ -257,13 +250,11 @@ class Transformer:
 
     # ---- the transaction ---------------------------------------------------
     def transaction(self, states: list[DecodeState], tokens: torch.Tensor,
-                    active: torch.Tensor | None = None, by_position: bool = True,
-                    host_tokens: torch.Tensor | None = None) -> torch.Tensor:
+                    active: torch.Tensor | None = None, by_position: bool = True) -> torch.Tensor:
         """forward -> verdict -> commit -> head for T tokens of each state (tokens [B*T], sequence-major);
         returns the device verdict (0 = committed). One verdict for the whole step: a refused
         collective commits nothing for any sequence. `active` [B] bool: rows that commit (a batched
-        step's rows without a sequence compute and change nothing; None: all). by_position, host_tokens: as
-        forward's."""
+        step's rows without a sequence compute and change nothing; None: all). by_position: as forward's."""
         B = len(states)
         T = tokens.shape[0] // B
         rows = _Rows(states, pool_of(states))
@@ -272,7 +263,7 @@ class Transformer:
         self.comm.begin_step()
         if not folded:
             rows.count(0, None if active is None else active if LAYOUT["batch_lean"] else active.long())
-        writes, h = self.forward(states, tokens, active, by_position, host_tokens)
+        writes, h = self.forward(states, tokens, active, by_position)
         self.comm.end_step()
         verdict = self.comm.verdict
         ok = None if folded else verdict == 0
