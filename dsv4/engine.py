@@ -31,7 +31,7 @@ from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
-from .replay import PrefillReplay
+from .replay import CONFIG as REPLAY, PrefillReplay
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
 from .state import CapacityError, DecodeState, Pools, QuarantineError, RefusalError, StepHeld  # noqa: F401
@@ -486,9 +486,9 @@ class Model(ModelCommon):
         host: a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), (token, readback) in pinned host
         memory: the input token read from the first and the readback also stored into the second, inside the step."""
         if host is not None:
-            if kernels.use_triton(state.input, gpu_checked=bookkeeping.GPU_CHECKED):
+            if REPLAY["fetch"] == "kernel" and kernels.use_triton(state.input, gpu_checked=bookkeeping.GPU_CHECKED):
                 bookkeeping.fetch(host[0], state.input)
-            else:
+            else:  # a memcpy node in a graph (dsv4.replay CONFIG fetch)
                 state.input.copy_(host[0], non_blocking=True)
         verdict = self.transformer.transaction([state], state.input)
         with phase("sampler"):

@@ -34,7 +34,12 @@ from .sampler import SamplingParams, SamplingRows, restricts
 # (6-11 us), and no copy on the GPU between two graphs (session 42 call 2, benchmarks/launch_probe.py: the graph arm's
 # host parts ~31 us of a 1,015 us step). Call 3 (decode_ab on mini, one process, 6 rounds ABBA): graph 976.3 ->
 # 994.3 tok/s (+1.8 %, ahead in every round), the same stream; one kernel node more (the fetch).
-CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1"}
+# fetch (DSV4_FETCH=copy; "kernel" by default): how mapped I/O's token reaches the state's input inside the graph:
+# bookkeeping.fetch, a kernel reading the pinned host buffer (session 42 call 9's kernel table: 4.5 us of the step,
+# the graph's first node), or "copy", a memcpy node from it (the copy engine's DMA; the first kernel then starts after
+# it without PDL). Untimed: an arm for the next GPU session (decode_ab --arm copy=replay.fetch=copy).
+CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
+          "fetch": os.environ.get("DSV4_FETCH", "kernel")}
 
 
 class ReplayError(RuntimeError):

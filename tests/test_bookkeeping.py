@@ -263,14 +263,18 @@ def test_fold_settle_keeps_the_steps(monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_step_device_with_host_tokens(monkeypatch, device):
+@pytest.mark.parametrize("fetch", ["kernel", "copy"])
+def test_step_device_with_host_tokens(monkeypatch, device, fetch):
     """Model.step_device with a full-token graph's mapped I/O (dsv4.replay CONFIG mapped_io), run eagerly: the token
-    fetched from the host buffer and the readback left in the host buffer give the tokens and states of the plain
-    step, whose input is the state's own buffer."""
+    fetched from the host buffer (by the fetch kernel, or copied: CONFIG fetch) and the readback left in the host
+    buffer give the tokens and states of the plain step, whose input is the state's own buffer."""
+    from dsv4 import replay
+
+    monkeypatch.setitem(replay.CONFIG, "fetch", fetch)
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     fetches = []
-    fetch = bookkeeping.fetch
-    monkeypatch.setattr(bookkeeping, "fetch", lambda *a: fetches.append(1) or fetch(*a))
+    kernel = bookkeeping.fetch
+    monkeypatch.setattr(bookkeeping, "fetch", lambda *a: fetches.append(1) or kernel(*a))
     model = dsv4.load("tiny", device=device, dtype=torch.float32)
     sp = dsv4.SamplingParams(seed=5)
     results = []
@@ -296,4 +300,4 @@ def test_step_device_with_host_tokens(monkeypatch, device):
             token = int(out[0])
             drawn.append(token)
         results.append((drawn, state.digest(), int(state.pos), int(state.input[0])))
-    assert results[0] == results[1] and len(fetches) == 3
+    assert results[0] == results[1] and len(fetches) == (3 if fetch == "kernel" else 0)

@@ -80,12 +80,15 @@ def test_graph_replay_bit_identical_to_eager(model, prefix):
     assert census["kernel_nodes"] > 0 and "nodes_uncounted" not in census, census
 
 
-def test_mapped_io_keeps_the_steps(model, prefix, monkeypatch):
+@pytest.mark.parametrize("fetch", ["kernel", "copy"])
+def test_mapped_io_keeps_the_steps(model, prefix, monkeypatch, fetch):
     """dsv4.replay CONFIG mapped_io: a graph that reads its token from and leaves its readback in pinned host memory
     draws the same tokens, logits and states as one with the copies around it (both replayed), one capture each;
-    a token outside the vocabulary is refused before the replay, the state unchanged."""
+    a token outside the vocabulary is refused before the replay, the state unchanged. CONFIG fetch: the token taken
+    by the fetch kernel or a memcpy node."""
     from dsv4 import replay
 
+    monkeypatch.setitem(replay.CONFIG, "fetch", fetch)
     base, carry = prefix
     states = {}
     for mapped in (False, True):
@@ -107,7 +110,9 @@ def test_mapped_io_keeps_the_steps(model, prefix, monkeypatch):
         model.step(mapped, model.cfg.vocab_size, SAMPLING)
     assert model.digests_all(mapped) == digest and model.replay_counts(mapped) == [32, 32]
     census = model.graph_census(mapped)
-    assert census["kernel_nodes"] == model.graph_census(states[False])["kernel_nodes"] + 1  # the fetch
+    plain = model.graph_census(states[False])
+    node = ("kernel_nodes", "memcpy_nodes") if fetch == "kernel" else ("memcpy_nodes", "kernel_nodes")
+    assert census[node[0]] == plain[node[0]] + 1 and census[node[1]] == plain[node[1]]  # the fetch
 
 
 ROWS, STEPS = 4, 48
