@@ -23,14 +23,17 @@ Usage: python benchmarks/launch_probe.py [--steps 64] [--rounds 3]
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-import dsv4
 from dsv4.receipts import emit, provenance
+
+try:
+    from benchmarks.step_host_gap import arguments, primed
+except ImportError:  # run as a script without the repository's root on the path
+    from step_host_gap import arguments, primed
 
 FORMS = ("step", "sync_first", "no_put", "event_wait", "spin_wait", "delay", "mapped")
 
@@ -110,18 +113,8 @@ def run_form(form: str, model, state, sp, io, first: int, steps: int, parts: dic
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="mini")
-    ap.add_argument("--prime", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
-    a = ap.parse_args()
-    model = dsv4.load(a.preset, device="cuda", seed=0)
-    sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
-    prompt = torch.randint(2, model.cfg.vocab_size, (a.prime,), generator=torch.Generator().manual_seed(7)).tolist()
-    prefix = model.new_state(a.prime + a.steps + 8)
-    model.prefill(prefix, prompt)
-    first = prompt[-1]
+    a = arguments(__doc__, rounds=3)
+    model, sp, prefix, first = primed(a)
     state = model.new_state(prefix.capacity)
     state.restore(prefix)
     model.enable_replay(state, sp)

@@ -95,19 +95,29 @@ class Pinned:
         return int(token_out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, rounds: int) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--prime", type=int, default=64)
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=4)
-    a = ap.parse_args()
+    ap.add_argument("--rounds", type=int, default=rounds)
+    return ap.parse_args()
+
+
+def primed(a: argparse.Namespace) -> tuple:
+    """(model, sampling, prefix state, first token): the preset on CUDA, a prompt of a.prime random tokens prefilled
+    into a state with room for a.steps more (benchmarks/launch_probe.py shares it)."""
     model = dsv4.load(a.preset, device="cuda", seed=0)
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = torch.randint(2, model.cfg.vocab_size, (a.prime,), generator=torch.Generator().manual_seed(7)).tolist()
     prefix = model.new_state(a.prime + a.steps + 8)
     model.prefill(prefix, prompt)
-    first = prompt[-1]
+    return model, sp, prefix, prompt[-1]
+
+
+def main():
+    a = arguments(__doc__, rounds=4)
+    model, sp, prefix, first = primed(a)
     states = {}
     for form in ("pageable", "pinned"):
         states[form] = model.new_state(prefix.capacity)
