@@ -40,6 +40,8 @@ from .sampler import SamplingParams, SamplingRows, restricts
 # it without PDL). Untimed: an arm for the next GPU session (decode_ab --arm copy=replay.fetch=copy).
 CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
           "fetch": os.environ.get("DSV4_FETCH", "kernel")}
+if CONFIG["fetch"] not in ("kernel", "copy"):
+    raise ValueError(f"DSV4_FETCH={CONFIG['fetch']!r}: expected 'kernel' or 'copy'")
 
 
 class ReplayError(RuntimeError):
