@@ -31,8 +31,10 @@ from dsv4.measure import copy_bandwidth
 from dsv4.receipts import emit, provenance
 try:
     from benchmarks.prefill_batch_bench import parse_arm
+    from benchmarks.rank_proxy import label, load
 except ImportError:  # run as a script without the repository's root on the path
     from prefill_batch_bench import parse_arm
+    from rank_proxy import label, load
 
 
 @contextlib.contextmanager
@@ -56,12 +58,15 @@ def main() -> int:
     p.add_argument("--prime", type=int, default=64)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--proxy-world", type=int, default=0,
+                   help="rank 0 of this many alone on one device (benchmarks/rank_proxy.py)")
     a = p.parse_args()
     arms = [("defaults", [])] + [parse_arm(spec) for spec in a.arm]
     t0 = time.perf_counter()
-    model = dsv4.load(a.preset, device=a.device, seed=0)
+    model = load(a.preset, a.device, a.proxy_world)
     cuda = model.device.type == "cuda"
-    emit("DECODE_AB_BUILD", provenance(model.device, a.preset), build_s=round(time.perf_counter() - t0, 1),
+    emit("DECODE_AB_BUILD", provenance(model.device, label(a.preset, a.proxy_world)),
+         build_s=round(time.perf_counter() - t0, 1),
          arms=[name for name, _ in arms])
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = torch.randint(2, model.cfg.vocab_size, (a.prime,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -103,7 +108,7 @@ def main() -> int:
     base = {kind: a.steps / statistics.median(walls["defaults", kind]) for kind in kinds}
     for name, sets in arms:
         rates = {kind: a.steps / statistics.median(walls[name, kind]) for kind in kinds}
-        emit("DECODE_AB", provenance(model.device, a.preset), arm=name,
+        emit("DECODE_AB", provenance(model.device, label(a.preset, a.proxy_world)), arm=name,
              settings={key: value for _, key, value in sets},
              **{f"{kind}_tok_s": round(rate, 2) for kind, rate in rates.items()},
              **{f"{kind}_over_defaults": round(rate / base[kind], 4) for kind, rate in rates.items()},

@@ -29,6 +29,10 @@ import argparse
 import dsv4
 from dsv4.bench import PROMPT
 from dsv4.receipts import Receipts, provenance
+try:
+    from benchmarks.rank_proxy import label, load
+except ImportError:  # run as a script without the repository's root on the path
+    from rank_proxy import label, load
 
 
 def arm_states(model, prefix, first: int, sp, graph_arm: bool):
@@ -50,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="a checkpoint directory instead of --preset")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--proxy-world", type=int, default=0,
+                    help="rank 0 of this many alone on one device (benchmarks/rank_proxy.py), instead of --ranks")
     ap.add_argument("--prime", type=int, default=64)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--top", type=int, default=40)
@@ -58,7 +64,10 @@ def main(argv=None) -> int:
                     help="CUDA: also the last token's activities in launch order (KERNEL_SEQ)")
     args = ap.parse_args(argv)
     receipts = Receipts(args.out)
-    model = dsv4.load(args.model or args.preset, device=args.device, ranks=args.ranks, seed=0)
+    if args.proxy_world and (args.model or args.ranks != 1):
+        ap.error("--proxy-world takes a --preset and one rank")
+    model = load(args.preset, args.device, args.proxy_world) if args.proxy_world else \
+        dsv4.load(args.model or args.preset, device=args.device, ranks=args.ranks, seed=0)
     try:
         sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
         text = model.tokenizer.encode(PROMPT)
@@ -66,7 +75,7 @@ def main(argv=None) -> int:
         prefix = model.new_state(args.prime + 2 * args.steps + 8)
         model.prefill(prefix, prompt)
         first = model.draw(prefix, sp)
-        where = provenance(model.device, args.model or args.preset)
+        where = provenance(model.device, args.model or label(args.preset, args.proxy_world))
         for arm, state, carry in arm_states(model, prefix, first, sp, model.device.type == "cuda"):
             for rank, table in enumerate(model.each("kernel_table", state, carry, sp, args.steps)):
                 rows = table.pop("kernels")
