@@ -42,14 +42,16 @@ _VISIBLE_BELOW = 0x7F800000 << 32
 # compressor's and its indexer's, over the same windows in one launch (pool_pair): the same bits, a launch fewer a CSA
 # layer. Both on by default since session 34 (call 1, mini's decode_ab in one process, pipelined tok/s: defaults
 # 876.98, one_pass 877.34, pair 883.32 (+0.7 %), both with layout's xproj_first 886.21 (+1.05 %); the same stream).
-# ticket_norm (DSV4_POOL_TICKET_NORM=1 turns it on): a channel-split pool (HCA's 128 slots x 512 channels) norms and
+# ticket_norm (DSV4_POOL_TICKET_NORM=0 turns it off): a channel-split pool (HCA's 128 slots x 512 channels) norms and
 # rotates each window's row in its last program (_pool_kernel's TICKET), not in a second launch: the same operations on
-# the same rounded row, a launch fewer an HCA layer (Flash: ~20 a token). GPU-checked in session 34 (its CUDA test;
-# with it on, the replay and pool tests and the gate, the same stream) but off by default: on mini's one HCA layer
-# within the rows' spread (call 3: pipelined 901.73 against 900.78 tok/s); it is for Flash, to measure on two GPUs.
+# the same rounded row, a launch fewer an HCA layer (Flash: 20 a token). GPU-checked in session 34 (its CUDA test;
+# with it on, the replay and pool tests and the gate, the same stream); on mini's one HCA layer within the rows' spread
+# (call 3: pipelined 901.73 against 900.78 tok/s). On by default since session 43: at a Flash rank's shapes
+# (benchmarks/rank_proxy.py, call 2's decode_ab, 6 rounds) graph +0.74 %, pipelined +0.93 %, 830 -> 810 kernel nodes,
+# the same stream.
 CONFIG = {"one_pass": os.environ.get("DSV4_POOL_ONE_PASS", "1") == "1",
           "pair": os.environ.get("DSV4_POOL_PAIR", "1") == "1",
-          "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "0") == "1",
+          "ticket_norm": os.environ.get("DSV4_POOL_TICKET_NORM", "1") == "1",
           "early": os.environ.get("DSV4_POOL_EARLY", "1") == "1"}
 # early (DSV4_POOL_EARLY=0 turns it off): where the caller says so (pool's, pool_pair's and index_keys' `early`:
 # dsv4.model.attention makes the step's window geometry and the stacked x linear before q's latent, so a pool follows
