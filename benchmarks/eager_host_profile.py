@@ -24,6 +24,10 @@ import torch
 from dsv4.api import load
 from dsv4.receipts import emit, provenance
 from dsv4.sampler import SamplingParams
+try:
+    from benchmarks.rank_proxy import build_proxy, label
+except ImportError:  # run as a script without the repository's root on the path
+    from rank_proxy import build_proxy, label
 
 
 def sync(device) -> None:
@@ -39,10 +43,15 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many prompt tokens")
+    ap.add_argument("--proxy-world", type=int, default=0,
+                    help="rank 0 of this many alone on one device (benchmarks/rank_proxy.py), instead of --ranks")
     args = ap.parse_args()
     device = torch.device(args.device)
-    model = load(args.preset, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                 ranks=args.ranks)
+    if args.proxy_world and args.ranks != 1:
+        ap.error("--proxy-world takes one rank")
+    model = build_proxy(args.preset, args.proxy_world, 0, device) if args.proxy_world else \
+        load(args.preset, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+             ranks=args.ranks)
     try:
         profile(model, device, args)
         if args.prefill:
@@ -78,7 +87,7 @@ def profile(model, device, args) -> None:
         tok = model.step(state, tok, sp)
     sync(device)
     pr.disable()
-    emit("EAGER_HOST", provenance(device, args.preset), ranks=args.ranks, wall_ms_per_step=round(wall * 1e3, 2),
+    emit("EAGER_HOST", provenance(device, label(args.preset, args.proxy_world)), ranks=args.ranks, wall_ms_per_step=round(wall * 1e3, 2),
          tok_s=round(1 / wall, 1), cuda_events_per_step=launches, steps=args.steps)
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
@@ -121,7 +130,7 @@ def profile_prefill(model, device, args) -> None:
     for _ in range(3):
         once()
     pr.disable()
-    emit("PREFILL_HOST", provenance(device, args.preset), ranks=args.ranks, prompt_tokens=args.prefill,
+    emit("PREFILL_HOST", provenance(device, label(args.preset, args.proxy_world)), ranks=args.ranks, prompt_tokens=args.prefill,
          wall_ms=round(walls[2] * 1e3, 2), busy_ms=busy, cuda_events=launches)
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
