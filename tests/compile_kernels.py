@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -58,7 +58,8 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
-         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"}}
+         "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"},
+         "_gate_route_kernel": {"w_ptr", "bias_ptr"}}
 # A variant compiled with the constant EARLY = 1 of a kernel here may read these before its wait too: what the caller
 # says was written two or more kernels back (each kernel releases the next only after its own wait, so the kernel
 # two back is complete when this one starts). Checked as "<kernel>:behind".
@@ -236,6 +237,11 @@ for dtype in (torch.float32, torch.bfloat16):
     for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
         route.route(torch.zeros(1, 256, dtype=dtype), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                     tid2eid, 6, True, 1.5)
+        # the gate and the router in one launch (Flash's gate [256, 4096] bf16, a stored weight): one row, and 3
+        for rows in (1, 3):
+            gate_route.gate_route(torch.zeros(rows, 4096, dtype=dtype), torch.empty(256, 4096, dtype=dtype),
+                                  torch.zeros(rows, dtype=torch.int64), torch.zeros(256), tid2eid, 6, True, 1.5,
+                                  stored=True)
 
 
 def compressor_variants(dtype):

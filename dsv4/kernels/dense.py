@@ -88,6 +88,24 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
     split = tl.program_id(2)
     n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
+    totals = _dense_totals(x_ptr, w_ptr, rs, n, n_ok, split, x_stride, K, BLOCK_N, BLOCK_K, K_CHUNK, EVEN_K, ROWS,
+                           EARLY)
+    if SPLITS == 1:
+        for i in tl.static_range(ROWS):
+            tl.store(y_ptr + rs[i] * N + n, totals[i].to(y_ptr.dtype.element_ty), mask=n_ok)
+    elif FUSED_SUM:
+        ticket = tickets_ptr + tl.program_id(0) * tl.num_programs(1) + nb
+        _reduce_splits(totals, tl.program_id(0), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
+    else:
+        for i in tl.static_range(ROWS):
+            tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)
+
+
+@device_function
+def _dense_totals(x_ptr, w_ptr, rs, n, n_ok, split, x_stride, K: constexpr, BLOCK_N: constexpr, BLOCK_K: constexpr,
+                  K_CHUNK: constexpr, EVEN_K: constexpr, ROWS: constexpr, EARLY: constexpr):
+    """_dense_kernel's sums: each of the group's rows rs over outputs n and inputs split's K chunk, fp32 (a tuple, a
+    row each). EARLY: the first weight tile loaded, then pdl_wait, then x (the caller waited already otherwise)."""
     w_rows = w_ptr + n.to(tl.int64)[:, None] * K
     xs = [x_ptr + r * x_stride for r in rs]
     k = split * K_CHUNK + tl.arange(0, BLOCK_K)
@@ -112,16 +130,10 @@ def _dense_kernel(x_ptr, w_ptr, y_ptr, p_ptr, tickets_ptr, N, rows, x_stride, K:
                 xv = tl.load(xs[i] + kk, mask=kk < K, other=0.0)
             summed = summed + (accs[i] + wv * xv.to(tl.float32)[None, :],)
         accs = summed
-    totals = [tl.sum(acc, axis=1) for acc in accs]
-    if SPLITS == 1:
-        for i in tl.static_range(ROWS):
-            tl.store(y_ptr + rs[i] * N + n, totals[i].to(y_ptr.dtype.element_ty), mask=n_ok)
-    elif FUSED_SUM:
-        ticket = tickets_ptr + tl.program_id(0) * tl.num_programs(1) + nb
-        _reduce_splits(totals, tl.program_id(0), rows, p_ptr, y_ptr, ticket, split, n, N, SPLITS)
-    else:
-        for i in tl.static_range(ROWS):
-            tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, totals[i], mask=n_ok)
+    totals = ()
+    for i in tl.static_range(ROWS):
+        totals = totals + (tl.sum(accs[i], axis=1),)
+    return totals
 
 
 @device_function

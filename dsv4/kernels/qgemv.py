@@ -489,8 +489,8 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
     """Store this split's fp32 partials of outputs n of the rows of the group (accs[i] of its row i, as
     _group_rows); the program that finishes the (group, row block) last sums each row's SPLITS partials in
     ascending split order (as _sum_splits_kernel: the same bits whichever program came last), writes y in its
-    dtype and puts the ticket back to 0 for the next launch. A row repeated in the group stores the same bits
-    twice. The rows are summed in a loop (not unrolled): SPLITS loads per row of code, not per row of the group.
+    dtype and puts the ticket back to 0 for the next launch; returns whether this program was that one. A row
+    repeated in the group stores the same bits twice. The rows are summed in a loop (not unrolled): SPLITS loads per row of code, not per row of the group.
 
     The barrier makes every thread's partials stored before the ticket's release; the reducer's loads go
     to L2 (.cg): L1 is not coherent across SMs and could hold stale lines of the workspace."""
@@ -500,7 +500,8 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
     for i in tl.static_range(ROWS):
         tl.store(p_ptr + (rs[i] * SPLITS + split) * N + n, accs[i], mask=ok)
     tl.debug_barrier()
-    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+    last = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+    if last:
         for j in range(ROWS):  # a loop variable of its own: static_range's i is a constexpr
             r = tl.minimum(group * ROWS + j, rows - 1).to(tl.int64)
             total = tl.zeros_like(accs[0])
@@ -508,6 +509,7 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
                 total += tl.load(p_ptr + (r * SPLITS + sp) * N + n, mask=ok, other=0.0, cache_modifier=".cg")
             tl.store(y_ptr + r * N + n, total.to(y_ptr.dtype.element_ty), mask=ok)
         tl.store(ticket_ptr, 0)
+    return last
 
 
 def _sum_splits_kernel(p_ptr, y_ptr, N, SPLITS: constexpr, BLOCK: constexpr):

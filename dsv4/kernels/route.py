@@ -16,7 +16,7 @@ the gate's GEMV. A hash layer's row of tid2eid is picked by the step's token: it
 
 import torch
 
-from . import interpreting, launcher, next_pow2, pdl_wait
+from . import device_function, interpreting, launcher, next_pow2, pdl_wait
 
 try:
     import triton.language as tl
@@ -35,15 +35,30 @@ def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr,
                   K: constexpr, K_POW2: constexpr, HASH: constexpr, NORM: constexpr, BLOCK_E: constexpr):
     """HASH: tid2eid's row of the token; else the top-k of the scores plus the bias, loaded before pdl_wait."""
     t = tl.program_id(0).to(tl.int64)
+    bias = _stored_bias(bias_ptr, E, HASH, BLOCK_E)
+    pdl_wait()
+    _route_row(logits_ptr + t * E, bias, tid2eid_ptr, tokens_ptr + t, ids_ptr + t * K, w_ptr + t * K, scale, E, K,
+               K_POW2, HASH, NORM, BLOCK_E)
+
+
+@device_function
+def _stored_bias(bias_ptr, E, HASH: constexpr, BLOCK_E: constexpr):
+    """A top-k layer's bias [E] in fp32 (a stored weight: loaded before the wait); zeros for a hash layer."""
+    e = tl.arange(0, BLOCK_E)
+    if HASH:
+        return tl.zeros([BLOCK_E], dtype=tl.float32)
+    return tl.load(bias_ptr + e, mask=e < E, other=0.0).to(tl.float32)
+
+
+@device_function
+def _route_row(logits_row, bias, tid2eid_ptr, token_ptr, ids_row, w_row, scale, E, K: constexpr, K_POW2: constexpr,
+               HASH: constexpr, NORM: constexpr, BLOCK_E: constexpr):
+    """One token's route from its logits row (read from L2, .cg: kernels/gate_route.py's writers are programs of the
+    same launch) and the bias _stored_bias loaded: ids and weights stored at ids_row and w_row."""
     e = tl.arange(0, BLOCK_E)
     ok = e < E
-    if HASH:
-        pdl_wait()
-    else:
-        bias = tl.load(bias_ptr + e, mask=ok, other=0.0).to(tl.float32)
-        pdl_wait()
-    dt = logits_ptr.dtype.element_ty
-    x = tl.load(logits_ptr + t * E + e, mask=ok, other=0.0).to(tl.float32)
+    dt = logits_row.dtype.element_ty
+    x = tl.load(logits_row + e, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
     # softplus with torch's threshold 20 (beta 1): x itself above it; below, max(x, 0) + log1p(exp(-|x|))
     # with log1p(y) = log(1 + y) * y / ((1 + y) - 1) (exact to rounding where 1 + y loses y's bits)
     y = tl.exp(-tl.abs(x))
@@ -54,7 +69,7 @@ def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr,
     j = tl.arange(0, K_POW2)
     ids = tl.zeros([K_POW2], dtype=tl.int64)
     if HASH:
-        tok = tl.load(tokens_ptr + t).to(tl.int64)
+        tok = tl.load(token_ptr).to(tl.int64)
         ids = tl.load(tid2eid_ptr + tok * K + j, mask=j < K, other=0).to(tl.int64)
     else:
         key = tl.where(ok, score + bias, float("-inf"))
@@ -73,13 +88,17 @@ def _route_kernel(logits_ptr, bias_ptr, tid2eid_ptr, tokens_ptr, ids_ptr, w_ptr,
         id_i = tl.sum(tl.where(j == i, ids, 0), axis=0)
         w = tl.where(j == i, tl.sum(tl.where(e == id_i, score, 0.0), axis=0), w)
     if NORM:
-        # the reference sums k values of its dtype in fp32 and rounds once (exact for these magnitudes)
-        total = tl.sum(w, axis=0).to(dt).to(tl.float32)
+        # the reference sums k values of its dtype in fp32 and rounds once; here in pick order, one pick at a time
+        # (each term a masked sum of one value: exact), so the bits do not depend on the warps' layout of w
+        total = tl.sum(tl.where(j == 0, w, 0.0), axis=0)
+        for i in tl.static_range(1, K):
+            total += tl.sum(tl.where(j == i, w, 0.0), axis=0)
+        total = total.to(dt).to(tl.float32)
         total = (total + 1e-20).to(dt).to(tl.float32)
         w = (w / total).to(dt).to(tl.float32)
     w = (w * scale).to(dt)
-    tl.store(ids_ptr + t * K + j, ids, mask=j < K)
-    tl.store(w_ptr + t * K + j, w, mask=j < K)
+    tl.store(ids_row + j, ids, mask=j < K)
+    tl.store(w_row + j, w, mask=j < K)
 
 
 def supported(logits: torch.Tensor, scoring_func: str) -> bool:

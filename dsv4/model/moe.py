@@ -20,11 +20,12 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
+from ..kernels import gate_route
 from ..kernels import moe as fused_moe
 from ..kernels import moe_tc
 from ..kernels import route as fused_route
 from ..kernels.qgemv import MAX_ROWS
-from .linear import expert_linear, experts_fused, linear
+from .linear import dequantised, expert_linear, experts_fused, linear
 from .rows import per_row, rows_per_weight, short_chunk, step_gemv, tokens_per_sequence
 from ..formats import QWeight
 from .moe_prefill import fused_runs, grouped_experts
@@ -40,6 +41,11 @@ def score(logits: torch.Tensor, func: str) -> torch.Tensor:
 
 def route(x, tokens, w: dict, cfg: ModelConfig):
     """-> (expert ids [T, k], weights [T, k])."""
+    if kernels.use_triton(x, gpu_checked=gate_route.GPU_CHECKED) and w["gate"].fmt == "dense":
+        gate = dequantised(w["gate"], x)
+        if gate_route.fits(x, gate, rows_per_weight(x), cfg.scoring_func, step_gemv()):
+            return gate_route.gate_route(x, gate, tokens, w.get("bias"), w.get("tid2eid"), cfg.num_experts_per_tok,
+                                         cfg.norm_topk_prob, cfg.routed_scaling_factor, stored=gate is w["gate"].data)
     logits = linear(x, w["gate"])
     if kernels.use_triton(logits, gpu_checked=fused_route.GPU_CHECKED) and fused_route.supported(logits,
                                                                                                  cfg.scoring_func):
