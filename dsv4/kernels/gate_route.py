@@ -6,8 +6,8 @@ splits summed by its last program) and then the router (route.py: a program a to
 Here the gate's programs are dense.py's, with its sums (_dense_totals) and split reduction (qgemv's _reduce_splits)
 unchanged, so the logits are the same bits; each block's reducer then takes a ticket of its row group, and the
 reducer of the group's last block routes the group's rows with route.py's arithmetic (_route_row) from the logits
-its peers stored (read from L2). The ids and weights are route.py's, bit for bit; the launch and the router's DRAM
-round trip after the GEMV are saved, one a routed layer (Flash: 43 a token).
+its peers stored (read from L2). The ids and weights are route.py's, bit for bit (bf16 logits: fits); the launch and
+the router's DRAM round trip after the GEMV are saved, one a routed layer (Flash: 43 a token).
 
 The bias (a top-k layer's stored weight) is loaded by every program before its wait, as the router loaded it.
 """
@@ -27,7 +27,7 @@ try:
 except ImportError:  # the torch reference runs without triton; the kernel is never built then
     tl, constexpr = None, int
 
-GPU_CHECKED = True  # session 43 call 5: its CUDA tests, the replay tests and the gate (benchmarks/RESULTS.md)
+GPU_CHECKED = True  # session 43 calls 5-6: its CUDA tests and the gate (benchmarks/RESULTS.md)
 # on (DSV4_GATE_ROUTE=0 turns it off): where it applies (fused), a routed layer's gate and router in this launch.
 CONFIG = {"on": os.environ.get("DSV4_GATE_ROUTE", "1") == "1"}
 
@@ -70,11 +70,13 @@ def _gate_route_kernel(x_ptr, w_ptr, logits_ptr, p_ptr, tickets_ptr, bias_ptr, t
 
 
 def fits(x: torch.Tensor, gate: torch.Tensor, rows: int, scoring_func: str, kernel: str | None = None) -> bool:
-    """Whether gate_route computes route.route(dense.linear(x, gate, kernel=kernel), ...): CONFIG on, dense.py's v2
-    kernel for x and the gate (not v3), the router's scoring, and tickets to be had."""
+    """Whether gate_route computes route.route(dense.linear(x, gate, kernel=kernel), ...): CONFIG on, bf16 x (the
+    logits bf16: the router's fp32 sum of its k weights is then exact, whichever order the launch's warps add them
+    in; an fp32 model keeps the two launches), dense.py's v2 kernel for x and the gate (not v3), the router's
+    scoring, and tickets to be had."""
     x2 = x.reshape(-1, x.shape[-1])
-    if not (CONFIG["on"] and dense.supported(x, gate, rows) and not dense.uses_v3(x2, gate, kernel)
-            and scoring_func == "sqrtsoftplus" and x2.shape[0] > 0):
+    if not (CONFIG["on"] and x.dtype == torch.bfloat16 and dense.supported(x, gate, rows)
+            and not dense.uses_v3(x2, gate, kernel) and scoring_func == "sqrtsoftplus" and x2.shape[0] > 0):
         return False
     groups, blocks, _ = _grid(x2.shape[0], gate)
     return qgemv.tickets_for(groups * blocks + groups, x.device) is not None
