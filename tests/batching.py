@@ -1,5 +1,7 @@
-"""A batched decode step's rows against their sequences stepped alone: the check the layout switches' tests share
-(test_qkvfuse, test_xproj), where a switch makes a batch's rows strided views."""
+"""What the switches' tests share: a batched decode step's rows against their sequences stepped alone (test_qkvfuse,
+test_xproj, where a switch makes a batch's rows strided views), and two decode steps of a prompt under the Triton
+kernels (decode_twice: a switch's steps against the defaults', test_compressor_kernel, test_normrope,
+test_gate_route)."""
 
 from __future__ import annotations
 
@@ -26,3 +28,17 @@ def assert_batched_equals_solo(model, prompts: list[list[int]], samplings: list,
         tokens = list(model.step_batch(states, tokens, [samplings[i] for i in rows]))
         for b, i in enumerate(rows):
             assert (tokens[b], states[b].digest()) == solos[i][step], f"sequence {i}, step {step}"
+
+
+def decode_twice(model, monkeypatch, prompt=(3, 1, 4, 1, 5), first: int = 9):
+    """`prompt` prefilled by the torch reference (DSV4_KERNELS=torch), then two decode steps with the Triton kernels
+    (the second feeds the first's argmax): (their logits stacked, the state's digests)."""
+    import torch
+
+    monkeypatch.setenv("DSV4_KERNELS", "torch")
+    state = model.new_state(16)
+    model.prefill(state, list(prompt))
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    logits = [model.decode(state, first).reshape(-1)]
+    logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
+    return torch.stack(logits), model.digests(state)

@@ -21,6 +21,7 @@ from dsv4.model.rope import Rope
 from dsv4.model.step import Step
 from dsv4.formats import QWeight
 from dsv4.syncguard import NoHostSync
+from batching import decode_twice
 
 pytest.importorskip("triton")
 
@@ -385,13 +386,7 @@ def test_model_pool_switches_and_xproj_first_change_no_bit(monkeypatch, device, 
         monkeypatch.setitem(fused.CONFIG, "one_pass", on)
         monkeypatch.setitem(fused.CONFIG, "pair", on)
         monkeypatch.setitem(LAYOUT, "xproj_first", on)
-        monkeypatch.setenv("DSV4_KERNELS", "torch")
-        state = model.new_state(16)
-        model.prefill(state, [3, 1, 4, 1, 5])
-        monkeypatch.setenv("DSV4_KERNELS", "triton")
-        logits = [model.decode(state, 9).reshape(-1)]
-        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
-        return torch.stack(logits), model.digests(state)
+        return decode_twice(model, monkeypatch)
 
     (on, on_digest), (off, off_digest) = run(True), run(False)
     assert len(launched) == 2 * sum(t == CSA for t in model.cfg.layer_types)

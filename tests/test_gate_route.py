@@ -12,6 +12,7 @@ import torch
 from dsv4 import kernels
 from dsv4.config import preset
 from dsv4.kernels import dense, gate_route, qgemv, route
+from batching import decode_twice
 
 DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
 pytestmark = pytest.mark.skipif(not DEVICES or not kernels._triton_available(), reason="needs triton")
@@ -83,7 +84,6 @@ def test_model_steps_with_one_launch_change_no_bit(monkeypatch, device):
     the same logits and state bytes; one gate_route launch a layer a step where it is on."""
     import dsv4
 
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
     monkeypatch.setattr(gate_route, "GPU_CHECKED", True)
     model = dsv4.load("tiny", device=device, dtype=torch.bfloat16, seed=3)
     launched = []
@@ -92,13 +92,7 @@ def test_model_steps_with_one_launch_change_no_bit(monkeypatch, device):
 
     def run(on):
         monkeypatch.setitem(gate_route.CONFIG, "on", on)
-        state = model.new_state(16)
-        monkeypatch.setenv("DSV4_KERNELS", "torch")  # the prompt's prefill as the reference computes it
-        model.prefill(state, [3, 1, 4, 1, 5])
-        monkeypatch.setenv("DSV4_KERNELS", "triton")
-        logits = [model.decode(state, 9).reshape(-1)]
-        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
-        return torch.stack(logits), model.digests(state)
+        return decode_twice(model, monkeypatch)
 
     (on, on_digest), (off, off_digest) = run(True), run(False)
     assert len(launched) == 2 * model.cfg.num_hidden_layers

@@ -19,6 +19,7 @@ from dsv4 import kernels
 from dsv4.kernels import normrope
 from dsv4.model.norm import rms_norm, unweighted_rms_norm
 from dsv4.model.rope import apply_rope
+from batching import decode_twice
 
 pytest.importorskip("triton")
 
@@ -145,13 +146,7 @@ def test_model_pair_norms_change_no_bit(monkeypatch, device):
 
     def run(on):
         monkeypatch.setitem(CONFIG, "pair_norms", on)
-        monkeypatch.setenv("DSV4_KERNELS", "torch")
-        state = model.new_state(16)
-        model.prefill(state, [3, 1, 4, 1, 5])
-        monkeypatch.setenv("DSV4_KERNELS", "triton")
-        logits = [model.decode(state, 9).reshape(-1)]
-        logits.append(model.decode(state, int(logits[-1].argmax())).reshape(-1))
-        return torch.stack(logits), model.digests(state)
+        return decode_twice(model, monkeypatch)
 
     (paired, paired_digest), (apart, apart_digest) = run(True), run(False)
     assert len(launched) == 2 * model.cfg.num_hidden_layers
