@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import dsv4
+from dsv4 import kernels
 from dsv4.kernels import lanes, qgemv
+from dsv4.kernels import moe as fused_moe
 from dsv4.layout import CONFIG as LAYOUT
 from dsv4.state import StatePool
 
@@ -138,3 +140,54 @@ def test_one_stream_inside_a_capture():
             seen.append(lanes.use(device, True))
         x.add_(1)
     assert seen == [True, False]
+
+
+# ---- the shared expert beside the routed chain (dsv4.kernels.moe CONFIG shared_lane) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def fp8_tiny(tmp_path_factory):
+    """tiny's checkpoint with FP8 linears and FP4 experts: its shared expert takes the fused kernels."""
+    from dsv4.checkpoint.synth import synth
+    from dsv4.config import preset
+
+    return synth(preset("tiny"), tmp_path_factory.mktemp("lanes") / "tiny", seed=3, quant="fp8")
+
+
+@pytest.mark.slow  # ~1 min in Triton's interpreter
+@pytest.mark.skipif(torch.cuda.is_available() or not kernels.interpreting(),
+                    reason="the CPU's kernels (on CUDA the Gluon kernel 1's shared programs have other bits: the "
+                           "graph test below)")
+def test_shared_expert_apart_changes_no_bit_on_the_cpu_kernels(monkeypatch, fp8_tiny):
+    """With shared_lane on, a decode step's shared expert runs as its own chain (gate/up launch, down linear) and the
+    routed kernel 1 alone: on the CPU's kernels (moe's pair kernels, whose shared gate/up in the routed launch has the
+    bits of its own launch) the logits and state of the one-launch default, bit for bit; every MoE layer of a step
+    takes the chain (one stream: no capture)."""
+    from batching import decode_twice
+    from dsv4.model import moe as model_moe
+
+    model = dsv4.load(fp8_tiny, device="cpu", dtype=torch.bfloat16, tokenizer="stand-in")
+    apart = []
+    real = model_moe._shared_beside
+    monkeypatch.setattr(model_moe, "_shared_beside", lambda *a: apart.append(1) or real(*a))
+
+    def run(on):
+        monkeypatch.setitem(fused_moe.CONFIG, "shared_lane", on)
+        return decode_twice(model, monkeypatch)
+
+    (on, on_digest), (off, off_digest) = run(True), run(False)
+    assert len(apart) == 2 * model.cfg.num_hidden_layers
+    assert torch.equal(on, off) and on_digest == off_digest
+
+
+@cuda
+def test_shared_expert_beside_keeps_eager_and_graph_one(monkeypatch, sides, fp8_tiny):
+    """shared_lane on: the captured step's shared experts on the lane, eager's on one stream: the same tokens, logits
+    and committed bytes."""
+    monkeypatch.setitem(fused_moe.CONFIG, "shared_lane", True)
+    model = dsv4.load(fp8_tiny, device="cuda", dtype=torch.bfloat16, tokenizer="stand-in")
+    eager = _solo(model, monkeypatch, False, False, False)
+    assert sides and not any(sides)
+    sides.clear()
+    assert _solo(model, monkeypatch, False, True, False) == eager
+    assert any(sides)  # the capture's shared experts on the lane

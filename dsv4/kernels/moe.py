@@ -70,7 +70,15 @@ CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16,
           "gate_up_paired": os.environ.get("DSV4_MOE_PAIRED", "1") == "1",
           "down_split_experts": os.environ.get("DSV4_MOE_DOWN_SPLIT", "1") == "1", "down_split_tokens": 4,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
+          "shared_lane": os.environ.get("DSV4_MOE_SHARED_LANE", "0") == "1",
           "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "1") == "1"}
+# shared_lane (DSV4_MOE_SHARED_LANE=1 turns it on; built in session 43, not yet GPU-run, so off): a decode step's
+# shared expert as its own chain (its gate/up launch, then its down linear) on the device's lane (dsv4.kernels.lanes,
+# in a captured step) while the router and the routed kernel 1 run, joined before kernel 2, which adds its output
+# (dsv4.model.moe._shared_beside). A Flash rank's MoE is latency-bound (session 43's rank proxy: gate 2.2, router 2.3,
+# kernel 1 15-19, the shared down 3-4, kernel 2 8-9 us a layer): the shared chain leaves the main one. Eager takes the
+# same launches on one stream, so eager and graph keep one stream of bits; on the GPU these may differ from the
+# default's (the Gluon kernel 1's shared programs against moe's shared gate/up).
 # shared_prefill_tiles (DSV4_MOE_SHARED_PREFILL_TILES=0 turns it off; on since session 25): a short prefill chunk's
 # shared expert as two v3 GEMVs (dsv4.model.moe._shared_fused), other bits than the fused kernel's, each row's its
 # own. Session 25 call 1 (prefill_batch_bench --arm, one process, interleaved): a concurrency-16 server's 16 x 63
@@ -433,6 +441,13 @@ def routed_and_shared_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w
     return h, sh
 
 
+def routed_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first: int, limit: float,
+                   groups: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel 1 of the routed rows alone: h [T * k, I] (routed's, when it is not given h; groups: groups_for's)."""
+    return _gate_up(x, w1, w3, ids.contiguous(), first, w1.data.shape[0], ids.shape[1], limit,
+                    CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"], groups)
+
+
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
            limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
            h: torch.Tensor | None = None, groups: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
@@ -449,8 +464,7 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     ids = ids.contiguous()
     if h is None:
         groups = groups_for(x, ids, w1, w3)
-        h = _gate_up(x, w1, w3, ids, first, n_local, k, limit, CONFIG["gate_up_block_n"], CONFIG["gate_up_split_k"],
-                     groups)
+        h = routed_gate_up(x, ids, w1, w3, first, limit, groups)
     D, block_n = w2.shape[0], CONFIG["down_block_n"]
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]

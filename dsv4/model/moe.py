@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
-from ..kernels import gate_route
+from ..kernels import gate_route, lanes
 from ..kernels import moe as fused_moe
 from ..kernels import moe_tc
 from ..kernels import route as fused_route
@@ -255,6 +255,8 @@ def _local(ids, weights, first: int, n: int, dtype) -> tuple[torch.Tensor, torch
 def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D] (normed collapsed streams), tokens [T] -> partial MoE output [T, D] (in out where the fused
     experts run: see routed)."""
+    if "shared" in w and fused_moe.CONFIG["shared_lane"] and _shared_fused(x, w["shared"]):
+        return _shared_beside(x, tokens, w, first, cfg, out)
     ids, weights = route(x, tokens, w, cfg)
     if "shared" in w and fused_moe.CONFIG["shared_launch"] and _fused_routed(x, ids, w["experts"]) and \
             _shared_fused(x, w["shared"]) and not _tensor_cores(x, ids, w["experts"]):
@@ -269,6 +271,23 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
         return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups, early=True)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
+
+
+def _shared_beside(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | None) -> torch.Tensor:
+    """moe() under dsv4.kernels.moe CONFIG shared_lane: the shared expert's chain (its gate/up launch, its down
+    linear) first, on the device's lane in a captured step (dsv4.kernels.lanes), beside the router and the routed
+    kernel 1; kernel 2 after the join adds its output. An eager step runs the same launches on one stream in the
+    same order, so the bits are the graph's."""
+    beside = lanes.use(x.device, True)
+    with lanes.beside(x.device, beside):
+        shared = shared_expert(x, w["shared"], cfg.swiglu_limit)
+    ids, weights = route(x, tokens, w, cfg)
+    e, h, groups = w["experts"], None, None
+    if _fused_routed(x, ids, e) and not _tensor_cores(x, ids, e):
+        groups = fused_moe.groups_for(x, ids, e["w1"], e["w3"])
+        h = fused_moe.routed_gate_up(x, ids, e["w1"], e["w3"], first, cfg.swiglu_limit, groups)
+    lanes.join(x.device, beside)
+    return routed(x, ids, weights, e, first, cfg, shared, out, h, groups)
 
 
 def shared_expert(x, s: dict, limit: float) -> torch.Tensor:
