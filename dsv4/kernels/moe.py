@@ -72,7 +72,8 @@ CONFIG = {"prefill_pair_tokens": 128, "gate_up_block_n": 16, "down_block_n": 16,
           "shared_launch": os.environ.get("DSV4_MOE_SHARED_LAUNCH", "1") == "1",
           "shared_lane": os.environ.get("DSV4_MOE_SHARED_LANE", "0") == "1",
           "shared_prefill_tiles": os.environ.get("DSV4_MOE_SHARED_PREFILL_TILES", "1") == "1"}
-# shared_lane (DSV4_MOE_SHARED_LANE=1 turns it on; built in session 43, not yet GPU-run, so off): a decode step's
+# shared_lane (DSV4_MOE_SHARED_LANE=1 turns it on; off: session 43 call 8, mini's decode_ab 0.969 / 0.972 of the
+# defaults, behind in every round; its CUDA test passed; a Flash rank's A/B not yet run): a decode step's
 # shared expert as its own chain (its gate/up launch, then its down linear) on the device's lane (dsv4.kernels.lanes,
 # in a captured step) while the router and the routed kernel 1 run, joined before kernel 2, which adds its output
 # (dsv4.model.moe._shared_beside). A Flash rank's MoE is latency-bound (session 43's rank proxy: gate 2.2, router 2.3,
