@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     if args.profile:
         _profile(model, prefix, first, sp, median["graph" if cuda else "eager"], where["preset"], args.steps)
     if not same:
-        print("rank_proxy: rows sampled different streams", file=sys.stderr)
+        sys.stderr.write("rank_proxy: rows sampled different streams\n")
         return 1
     return 0
 
