@@ -490,7 +490,8 @@ def _reduce_splits(accs, group, rows, p_ptr, y_ptr, ticket_ptr, split, n, N, SPL
     _group_rows); the program that finishes the (group, row block) last sums each row's SPLITS partials in
     ascending split order (as _sum_splits_kernel: the same bits whichever program came last), writes y in its
     dtype and puts the ticket back to 0 for the next launch; returns whether this program was that one. A row
-    repeated in the group stores the same bits twice. The rows are summed in a loop (not unrolled): SPLITS loads per row of code, not per row of the group.
+    repeated in the group stores the same bits twice. The rows are summed in a loop (not unrolled): SPLITS loads per
+    row of code, not per row of the group.
 
     The barrier makes every thread's partials stored before the ticket's release; the reducer's loads go
     to L2 (.cg): L1 is not coherent across SMs and could hold stale lines of the workspace."""
