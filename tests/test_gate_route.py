@@ -31,7 +31,7 @@ def _inputs(T, E, D, k, dtype, hashed, seed, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("hashed", [False, True], ids=["topk", "hash"])
-@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("T", [1, 3, 10])  # 10: two row groups (dense's 8 rows a program), a route ticket each
 def test_one_launch_is_the_gate_then_the_router(device, hashed, T):
     dtype = torch.bfloat16
     cfg = preset("flash")
