@@ -681,19 +681,14 @@ def shared_early():
     # token and a one-row batch's, with the shared output added and without: their PTX holds BEHIND
     down = QWeight(torch.zeros(4, 4096, 1024, dtype=torch.int8), torch.zeros(4, 4096, 64, dtype=torch.float8_e8m0fnu),
                    "fp4")
-    was = dict(moe_gl.CONFIG)
+    was = moe_gl.CONFIG["down_early"]
     moe_gl.CONFIG["down_early"] = True
-    for rows in (False, True):  # and CONFIG down_rows' programs (a token's terms summed in one program)
-        moe_gl.CONFIG["down_rows"] = rows
-        for dtype in (torch.bfloat16, torch.float16):
-            h, ids = torch.zeros(6, 2048, dtype=dtype), torch.zeros(1, 6, dtype=torch.int64)
-            for add in (torch.zeros(1, 4096, dtype=dtype), None):
-                moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), down, 0, add, torch.zeros(1, 4096, dtype=dtype),
-                            early=True)
-                if rows:  # its wait first (h one launch back)
-                    moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), down, 0, add,
-                                torch.zeros(1, 4096, dtype=dtype))
-    moe_gl.CONFIG.update(was)
+    for dtype in (torch.bfloat16, torch.float16):
+        h, ids = torch.zeros(6, 2048, dtype=dtype), torch.zeros(1, 6, dtype=torch.int64)
+        for add in (torch.zeros(1, 4096, dtype=dtype), None):
+            moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), down, 0, add, torch.zeros(1, 4096, dtype=dtype),
+                        early=True)
+    moe_gl.CONFIG["down_early"] = was
 
 
 def gluon_variants():

@@ -303,28 +303,3 @@ def test_down_early_keeps_the_bits(monkeypatch, T, add):
         results[early] = y.clone()
     assert not results[False].isnan().any()
     assert torch.equal(results[True], results[False])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
-@pytest.mark.parametrize("T", [1, 3])
-@pytest.mark.parametrize("early", [True, False], ids=["early", "wait_first"])
-@pytest.mark.parametrize("add", [True, False], ids=["shared_added", "alone"])
-def test_down_rows_keeps_the_bits(monkeypatch, T, early, add):
-    """CONFIG down_rows (a program a row block and token summing the token's terms in routing order itself, no
-    tickets) gives kernel 2 the ticketed programs' bits: one token and 3 (ungrouped), the sums before the wait and
-    after it, with and without the shared output added, remote experts among the pairs (_case)."""
-    stacks, x, shared, ids, weights = _case("cuda", torch.bfloat16, T, D=4096, I=2048)
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
-    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
-    h = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)
-    results = {}
-    for rows in (False, True):
-        monkeypatch.setitem(moe_gl.CONFIG, "down_rows", rows)
-        y = torch.full_like(x, float("nan"))
-        between = (shared * 1).contiguous()  # a launch between h's writer and kernel 2, as the shared linear
-        assert moe_gl.down(h, ids, weights, stacks["w2"], 16, between if add else None, y, early=early) is None
-        results[rows] = y.clone()
-    assert not results[False].isnan().any()
-    assert torch.equal(results[True], results[False])

@@ -77,8 +77,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1",
-          "down_rows": getenv("DSV4_MOE_GL_DOWN_ROWS", "0") == "1"}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -100,15 +99,6 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
-# down_rows (DSV4_MOE_GL_DOWN_ROWS=1 turns it on; off by default until a GPU run): kernel 2 of a step without groups (a
-# solo step) as one program per (row block, token) that makes the token's k terms in routing order itself
-# (_down_rows_program: each local pair's _mma_rows sums, rounded and weighted as _down_mma_program's, added into fp32
-# registers) and stores the row block: no terms buffer, no ticket, no second program's reload. Where h is two launches
-# back (down_early) every sum comes before the wait and only the shared output's add and the store after it. A Flash
-# rank's kernel 2 (session 43's rank proxy) is 8-9 us for ~12.6 MB: 768 programs of 16 KB each, then the ticket's
-# store, atomic and reload on the critical path; here 256 programs each stream their token's ~3 local experts' 16 KB
-# in turn. The same operations in the same order (a remote pair's term is +0.0, and an fp32 sum that starts at +0.0
-# is never -0.0, so leaving it out changes nothing): the same bits (tests/test_moe_gl.py on the GPU).
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -614,7 +604,7 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
-                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0, ROWS: gl.constexpr = 0):
+                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
@@ -623,14 +613,10 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows). GROUPED
     (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group). EARLY (with MMA, without
     GROUPED: the caller's word that h was written two or more launches back, CONFIG down_early): the sums before the
-    wait, the stores after it. ROWS (with MMA, without GROUPED; CONFIG down_rows): grid (D / BLOCK_N, T), program
-    (nb, t) sums its token's TOPK terms itself (_down_rows_program), no tickets."""
+    wait, the stores after it."""
     if not EARLY:
         _pdl_wait()
-    if ROWS:
-        _down_rows_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first, n_local, w_expert_stride,
-                           s_expert_stride, I, S_STRIDE, TOPK, ADD, MMA, U, EARLY)
-    elif GROUPED:
+    if GROUPED:
         _down_mma_group(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                         w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, FUSED_SUM, MMA, U)
     elif MMA:
@@ -710,40 +696,6 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
                                             order=[0])
         n1 = nb * (16 * RT) + gl.arange(0, 16 * RT, layout=LN)
         _ticket_sum(p_ptr, add_ptr, y_ptr, tickets_ptr, t, nb, n1, D, TOPK, ADD, 16 * RT, LN)
-
-
-@_jit
-def _down_rows_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, D, first, n_local, w_expert_stride,
-                       s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
-                       ADD: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, EARLY: gl.constexpr = 0):
-    """Program (nb, t) of kernel 2 under CONFIG down_rows: token t's TOPK terms of rows nb * 16 RT.. in routing
-    order, each local pair's _mma_rows sums rounded and weighted as _down_mma_program's, added into fp32 registers
-    as _ticket_sum adds them (another rank's pair adds its +0.0 term: left out, the same value), then moe's store
-    (with ADD, the sum rounded plus add[t], rounded again). EARLY: the sums before the wait, the add and the store
-    after it."""
-    nb = gl.program_id(0)
-    t = gl.program_id(1).to(gl.int64)
-    dt: gl.constexpr = y_ptr.dtype.element_ty
-    row, t3 = _mma_out_rows(nb, RT)
-    acc_g = (row * 0).to(gl.float32)  # rows g
-    acc_h = (row * 0).to(gl.float32)  # rows g + 8
-    for j in gl.static_range(TOPK):
-        r = t * TOPK + j
-        e = gl.load(ids_ptr + r).to(gl.int64) - first
-        if (e >= 0) & (e < n_local):
-            sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I,
-                             S_STRIDE, RT, U, False, False, ids_ptr, 1, 1)
-            weight = gl.load(wt_ptr + r).to(gl.float32)
-            acc_g += (sums[0].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
-            acc_h += (sums[1].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32)
-    if EARLY:
-        _pdl_wait()
-    live = t3 == 0  # column 0: lanes t = 0
-    if ADD:
-        acc_g = acc_g.to(dt).to(gl.float32) + gl.load(add_ptr + t * D + row, mask=live, other=0.0).to(gl.float32)
-        acc_h = acc_h.to(dt).to(gl.float32) + gl.load(add_ptr + t * D + row + 8, mask=live, other=0.0).to(gl.float32)
-    gl.store(y_ptr + t * D + row, acc_g.to(dt), mask=live)
-    gl.store(y_ptr + t * D + row + 8, acc_h.to(dt), mask=live)
 
 
 @_jit
@@ -983,25 +935,18 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
     the same operations). groups: groups_for's table, or None. early: the caller's word that h was written two or
     more launches back (dsv4.kernels' contract; ids and weights no later), which CONFIG down_early takes under DSV4_PDL
-    for the tensor-core programs without groups. Under CONFIG down_rows those programs sum a token's terms themselves
-    (_down_rows_program): never terms then."""
+    for the tensor-core programs without groups."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
     D, I = w2.shape
     mma = _mma(h, w2) if CONFIG["mma_down"] else {}
     block_n = _block_n(mma)
-    at, grouped = _ids_or_groups(ids, groups, mma)
-    d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
-    ahead = {"EARLY": 1} if early and CONFIG["down_early"] and PDL and mma and not grouped else {}
-    if CONFIG["down_rows"] and mma and not grouped:  # a program a (row block, token): no terms, no tickets
-        _launch(_down_gl_kernel)[(D // block_n, T, 1)](
-            h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, y, y, D, first,
-            d2.shape[0], d2.stride(0), s2.stride(0), I=I, S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None,
-            RN=CONFIG["rows_per_thread"], FUSED_SUM=False, **mma, **ahead, ROWS=1, **_options())
-        return None
     tickets = tickets_for(T * (D // block_n), h.device)
+    d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
+    at, grouped = _ids_or_groups(ids, groups, mma)
+    ahead = {"EARLY": 1} if early and CONFIG["down_early"] and PDL and mma and not grouped else {}
     _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
