@@ -106,9 +106,6 @@ VARIANTS = {  # fused_moe.CONFIG overrides; "base" is the default configuration
     "gl_solo72": {"gl": {"solo_gate_up_maxnreg": 72}},
     "gl_solo64": {"gl": {"solo_gate_up_maxnreg": 64}},
     "gl_down_uncapped": {"gl": {"solo_down_maxnreg": 0}},
-    # a one-token step's kernel 1 with U chunks a warp a step (moe_gl CONFIG solo_gate_up_unroll; kernel 2 keeps 4)
-    "gl_solo_u2": {"gl": {"solo_gate_up_unroll": 2}},
-    "gl_solo_u8": {"gl": {"solo_gate_up_unroll": 8}},
 }
 SHARED_VARIANTS = {
     "base": {},
@@ -272,7 +269,7 @@ class Bench:
         both_bytes = self.local_bytes(routes, stacks[:2]) + w1.nbytes + w3.nbytes
         for variant in ("base", "gl", "gl_s8", "gl_s4", "gl_s2", "gl_solo8", "gl_srn2", "gl_mma1x2", "gl_mma1x4",
                         "gl_mma1x8", "gl_grouped", "gl_pairs", "gl_maxnreg128", "gl_maxnreg120", "gl_solo72",
-                        "gl_solo64", "gl_solo_u2", "gl_solo_u8"):
+                        "gl_solo64"):
             if variant in VARIANTS:
                 self.arm("gate_up_and_shared", T, variant, VARIANTS[variant], run_both, both_bytes, check_both)
 

@@ -731,9 +731,6 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
                          solo_down_maxnreg=40)
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
-    moe_gl.CONFIG.update(solo_gate_up_unroll=8)  # DSV4_MOE_GL_SOLO_UNROLL=8: a one-token step's kernel 1 in one step
-    gluon_variants()
-    moe_gl.CONFIG.update(_mma)
     shared_early()
 
 

@@ -303,32 +303,3 @@ def test_down_early_keeps_the_bits(monkeypatch, T, add):
         results[early] = y.clone()
     assert not results[False].isnan().any()
     assert torch.equal(results[True], results[False])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
-@pytest.mark.parametrize("unroll", [2, 8])
-def test_solo_unroll_keeps_the_bits(monkeypatch, unroll):
-    """CONFIG solo_gate_up_unroll (a one-token step's kernel 1: the chunks a warp loads before their products) gives
-    kernel 1 the default's bits, routed rows alone and beside the shared expert's (a warp's chunks in the same order
-    whatever the unroll)."""
-    from quantised_cases import quantised
-
-    stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 1, D=4096, I=2048)
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
-    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
-    g = torch.Generator().manual_seed(9)
-    sw1, sw3 = (moe_gl.QWeight(w.data[:1024].contiguous(), w.scale.contiguous(), "fp8", 0, 0).to("cuda")
-                for w in (quantised("fp8", 1024, x.shape[1], g) for _ in range(2)))
-    mine = ((ids >= 16) & (ids < 32)).flatten()
-    results = {}
-    for u in (0, unroll):
-        monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_unroll", u)
-        assert moe_gl._gate_up_mma(x, stacks["w1"], stacks["w3"])["U"] == (u or moe_gl.CONFIG["mma_unroll"])
-        h = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)
-        h2, sh = fused_moe.routed_and_shared_gate_up(x, ids, stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0, None,
-                                                     early=True)
-        results[u] = (h[mine], h2[mine], sh)
-    for name, a, b in zip(("alone", "beside the shared", "shared"), results[0], results[unroll]):
-        assert torch.equal(a, b), name

@@ -77,8 +77,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1",
-          "solo_gate_up_unroll": int(getenv("DSV4_MOE_GL_SOLO_UNROLL", "0"))}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -100,10 +99,6 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
-# solo_gate_up_unroll (DSV4_MOE_GL_SOLO_UNROLL=8; 0, mma_unroll's, by default until a GPU run): kernel 1's routed
-# tensor-core programs in a step of one token take this many 128-input chunks a warp a step (_gate_up_mma). At 4 a
-# Flash program's 16 rows are two steps of loads, each waited on before its products; at 8 one step (twice the
-# registers for weights in flight, one DRAM round trip a program). The same chunks in the same order: the same bits.
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -769,20 +764,13 @@ def _rows_per_program() -> int:
     return CONFIG["rows_per_thread"] * CONFIG["num_warps"]
 
 
-def _mma(x: torch.Tensor, *ws: QWeight, unroll: int = 0) -> dict:
-    """A kernel's tensor-core constants (MMA: 16-row tiles a program, U: unroll, or CONFIG mma_unroll) where
-    CONFIG["mma"] is on and its FP4 weights ws take them (_mma_shape, _mma_fits); {} (the CUDA-core programs)
-    otherwise. It depends on the weights and x's type only, never on the batch."""
-    unroll = unroll or CONFIG["mma_unroll"]
-    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1], unroll) and _mma_fits(w, x.dtype) for w in ws):
+def _mma(x: torch.Tensor, *ws: QWeight) -> dict:
+    """A kernel's tensor-core constants (MMA: 16-row tiles a program, U) where CONFIG["mma"] is on and its FP4
+    weights ws take them (_mma_shape, _mma_fits); {} (the CUDA-core programs) otherwise. It depends on the weights
+    and x's type only, never on the batch."""
+    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1]) and _mma_fits(w, x.dtype) for w in ws):
         return {}
-    return {"MMA": CONFIG["mma_tiles"], "U": unroll}
-
-
-def _gate_up_mma(x: torch.Tensor, w1: QWeight, w3: QWeight) -> dict:
-    """_mma for kernel 1's routed rows: in a step of one token with CONFIG solo_gate_up_unroll's U where set. A warp
-    takes its chunks in the same order whatever U (chunk kw, kw + W, ...): the same sums, the same bits."""
-    return _mma(x, w1, w3, unroll=CONFIG["solo_gate_up_unroll"] if x.shape[0] == 1 else 0)
+    return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]}
 
 
 def _block_n(mma: dict) -> int:
@@ -799,11 +787,11 @@ def _fits(w: QWeight, x_width: int) -> bool:
             and w.scale.shape[-1] == x_width // 32)
 
 
-def _mma_shape(w: QWeight, x_width: int, unroll: int = 0) -> bool:
+def _mma_shape(w: QWeight, x_width: int) -> bool:
     """An FP4 stack [E, N, K] in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's
-    steps of unroll (or CONFIG mma_unroll) chunks."""
+    steps."""
     return (w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
-            and x_width % (128 * CONFIG["num_warps"] * (unroll or CONFIG["mma_unroll"])) == 0)
+            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0)
 
 
 def _compiled(x: torch.Tensor) -> bool:
@@ -889,7 +877,7 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
-    mma = _gate_up_mma(x, w1, w3)
+    mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
     _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
@@ -928,7 +916,7 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
     s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     shared = {"EARLY": 1} if early and CONFIG["shared_early"] and PDL else {}
-    mma = _gate_up_mma(x, w1, w3)
+    mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
     programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
