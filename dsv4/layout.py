@@ -41,10 +41,6 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # q's latent norm and kv's norm + rope in one launch (kernels.normrope.q_kv_norms): the same bits, a launch
           # fewer a layer; on by default since session 33 (call 1: mini's pipelined decode +0.45 %), 0 turns it off
           "pair_norms": os.environ.get("DSV4_PAIR_NORMS", "1") == "1",
-          # q's latent norm and kv's norm + rope inside the stacked wq_a / wkv GEMV's launch, done by the last row block
-          # to finish (kernels.qkv_norms, a decode step's rows): a launch fewer a layer, other bits where its warps
-          # differ from q_kv_norms' (their sums' order). Off by default until its GPU A/B; DSV4_QKV_NORMS=1 turns it on
-          "qkv_norms": os.environ.get("DSV4_QKV_NORMS", "0") == "1",
           # a compressed layer's stacked linear of x (fuse_xproj) launched first, right after the mHC boundary, instead
           # of after q's and kv's norms (model.attention._x_proj_first): the same values, another launch order. On by
           # default since session 34 (call 1: alone 876.19 against the defaults' 876.98 pipelined tok/s, with the

@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, qkv_norms, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -59,7 +59,7 @@ EARLY = {"_qgemv2_kernel": {"w_ptr", "s_ptr"}, "_dense_kernel": {"w_ptr"}, "_qge
          "_gate_up_shared_gl_kernel": {"sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
          "_qgemv_mma_kernel": {"w_ptr", "s_ptr"},
          "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr"}, "_route_kernel": {"bias_ptr"},
-         "_gate_route_kernel": {"w_ptr", "bias_ptr"}, "_qkv_norms_kernel": {"w_ptr", "s_ptr"}}
+         "_gate_route_kernel": {"w_ptr", "bias_ptr"}}
 # A variant compiled with the constant EARLY = 1 of a kernel here may read these before its wait too: what the caller
 # says was written two or more kernels back (each kernel releases the next only after its own wait, so the kernel
 # two back is complete when this one starts). Checked as "<kernel>:behind".
@@ -218,11 +218,6 @@ for dtype in (torch.float32, torch.bfloat16):
         for weight_dtype in (dtype, torch.float32):
             normrope.q_kv_norms(q_a, torch.ones(1024, dtype=weight_dtype), kv_a, torch.ones(512, dtype=weight_dtype),
                                 1e-6, torch.zeros(rows, 32), torch.zeros(rows, 32))
-        # layout CONFIG qkv_norms: the stacked wq_a / wkv GEMV (FP8, e8m0 scales) with both norms in its launch
-        stacked = QWeight(torch.zeros(1024 + 512, 4096, dtype=torch.float8_e4m3fn),
-                          torch.zeros(12, 32, dtype=torch.float8_e8m0fnu), "fp8")
-        qkv_norms.q_kv(torch.zeros(rows, 4096, dtype=dtype), stacked, torch.ones(1024, dtype=dtype),
-                       torch.ones(512, dtype=dtype), 1e-6, torch.zeros(rows, 32), torch.zeros(rows, 32), 1024)
     for inverse in (False, True):
         rope.apply_rope(torch.zeros(2, 64, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)
         rope.apply_rope(torch.zeros(2, 512, dtype=dtype), torch.zeros(2, 32), torch.zeros(2, 32), inverse)

@@ -25,23 +25,22 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, N: constexpr, X_STRIDE: constex
                      BLOCK: constexpr):
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
-    _rms_row(x_ptr + r * X_STRIDE, w_ptr, out_ptr + r * N, eps, N, HAS_WEIGHT, BLOCK, "")
+    _rms_row(x_ptr + r * X_STRIDE, w_ptr, out_ptr + r * N, eps, N, HAS_WEIGHT, BLOCK)
 
 
 @device_function
-def _rms_row(row, w_ptr, out_row, eps, N: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr, CACHE: constexpr):
-    """One row's norm (normrope's paired kernel and qkv_norms' finish run it too: the same code, the same bits at the
-    same warps). CACHE: the row's loads' cache modifier (".cg" where other programs of the launch wrote it)."""
+def _rms_row(row, w_ptr, out_row, eps, N: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
+    """One row's norm (normrope's paired kernel runs it too: the same code, the same bits)."""
     i = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for n0 in range(0, N, BLOCK):
-        x = tl.load(row + n0 + i, mask=(n0 + i) < N, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        x = tl.load(row + n0 + i, mask=(n0 + i) < N, other=0.0).to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
     dt = out_row.dtype.element_ty
     for n0 in range(0, N, BLOCK):
         m = (n0 + i) < N
-        x = tl.load(row + n0 + i, mask=m, other=0.0, cache_modifier=CACHE)
+        x = tl.load(row + n0 + i, mask=m, other=0.0)
         if HAS_WEIGHT:
             y = (x.to(tl.float32) * rstd).to(dt)
             y = (tl.load(w_ptr + n0 + i, mask=m, other=0.0).to(tl.float32) * y.to(tl.float32)).to(dt)

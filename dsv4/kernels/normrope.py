@@ -15,7 +15,7 @@ the same projection's output, so one launch does both, each program the code of 
 
 import torch
 
-from . import device_function, interpreting, launcher, next_pow2, pdl_wait, row_stride
+from . import device_function, launcher, next_pow2, pdl_wait, row_stride
 from . import norm
 from .norm import _rms_row
 
@@ -41,30 +41,27 @@ def _attn_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, H: cons
                       X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
-    _norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, r, r // H, H, DIM, HALF, X_STRIDE, HAS_WEIGHT, BLOCK,
-                   "")
+    _norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, r, r // H, H, DIM, HALF, X_STRIDE, HAS_WEIGHT, BLOCK)
 
 
 @device_function
 def _norm_rope_row(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, eps, r, t, H: constexpr, DIM: constexpr, HALF: constexpr,
-                   X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr, CACHE: constexpr):
-    """Output row r (query t's head r - t * H) normed and roped (the paired kernel below and qkv_norms' finish run it
-    too: the same code; its sm_90 SASS is the kernel's of before it moved here). CACHE: x's loads' cache modifier."""
+                   X_STRIDE: constexpr, HAS_WEIGHT: constexpr, BLOCK: constexpr):
+    """Output row r (query t's head r - t * H) normed and roped (the paired kernel below runs it too: the same code;
+    its sm_90 SASS is the kernel's of before it moved here)."""
     dt = out_ptr.dtype.element_ty
     NOPE = DIM - 2 * HALF
     i = tl.arange(0, BLOCK)
     row = x_ptr + t * X_STRIDE + (r - t * H) * DIM
-    x = tl.load(row + i, mask=i < DIM, other=0.0, cache_modifier=CACHE).to(tl.float32)
+    x = tl.load(row + i, mask=i < DIM, other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / DIM + eps)
     nope = i < NOPE
     tl.store(out_ptr + r * DIM + i, _normed(x, rstd, w_ptr, i, nope, HAS_WEIGHT, dt).to(dt), mask=nope)
     j = tl.arange(0, HALF)
     even_at = NOPE + 2 * j
     every = even_at < DIM
-    even = _normed(tl.load(row + even_at, cache_modifier=CACHE).to(tl.float32), rstd, w_ptr, even_at, every,
-                   HAS_WEIGHT, dt)
-    odd = _normed(tl.load(row + even_at + 1, cache_modifier=CACHE).to(tl.float32), rstd, w_ptr, even_at + 1, every,
-                  HAS_WEIGHT, dt)
+    even = _normed(tl.load(row + even_at).to(tl.float32), rstd, w_ptr, even_at, every, HAS_WEIGHT, dt)
+    odd = _normed(tl.load(row + even_at + 1).to(tl.float32), rstd, w_ptr, even_at + 1, every, HAS_WEIGHT, dt)
     c = tl.load(cos_ptr + t * HALF + j)
     s = tl.load(sin_ptr + t * HALF + j)
     tl.store(out_ptr + r * DIM + even_at, (even * c - odd * s).to(dt))
@@ -79,11 +76,10 @@ def _q_kv_norms_kernel(q_ptr, q_w_ptr, q_out_ptr, kv_ptr, kv_w_ptr, cos_ptr, sin
     pdl_wait()
     r = tl.program_id(0).to(tl.int64)
     if r < T:
-        _rms_row(q_ptr + r * Q_STRIDE, q_w_ptr, q_out_ptr + r * N, eps, N, True, Q_BLOCK, "")
+        _rms_row(q_ptr + r * Q_STRIDE, q_w_ptr, q_out_ptr + r * N, eps, N, True, Q_BLOCK)
     else:
         t = r - T
-        _norm_rope_row(kv_ptr, kv_w_ptr, cos_ptr, sin_ptr, kv_out_ptr, eps, t, t, 1, DIM, HALF, KV_STRIDE, True, BLOCK,
-                       "")
+        _norm_rope_row(kv_ptr, kv_w_ptr, cos_ptr, sin_ptr, kv_out_ptr, eps, t, t, 1, DIM, HALF, KV_STRIDE, True, BLOCK)
 
 
 def supported(x: torch.Tensor, weight, cos: torch.Tensor, sin: torch.Tensor) -> bool:
@@ -126,10 +122,9 @@ def q_kv_supported(q_a: torch.Tensor, q_w, kv_a: torch.Tensor, kv_w, cos: torch.
 
 
 def q_kv_norms(q_a: torch.Tensor, q_w: torch.Tensor, kv_a: torch.Tensor, kv_w: torch.Tensor, eps: float,
-               cos: torch.Tensor, sin: torch.Tensor, num_warps: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(q_a, q_w), norm_rope(kv_a, kv_w)) in one launch: both read the same projection's output (attention's
-    stacked wq_a/wkv), so kv's norm and rope need not wait for wq_b. The bits of the two launches. num_warps: the
-    launch's (0: Triton's default, the two launches'); a row's sums follow it (dsv4.kernels.qkv_norms passes its own)."""
+    stacked wq_a/wkv), so kv's norm and rope need not wait for wq_b. The bits of the two launches."""
     T, N = q_a.shape
     half, dim = cos.shape[-1], kv_a.shape[-1]
     q_out = torch.empty(q_a.shape, dtype=q_a.dtype, device=q_a.device)
@@ -137,5 +132,5 @@ def q_kv_norms(q_a: torch.Tensor, q_w: torch.Tensor, kv_a: torch.Tensor, kv_w: t
     launcher(_q_kv_norms_kernel, q_a)[(2 * T,)](
         q_a, q_w.contiguous(), q_out, kv_a, kv_w.contiguous(), cos, sin.contiguous(), kv_out, float(eps), T, N=N,
         Q_STRIDE=norm._x_stride(q_a), Q_BLOCK=min(2048, next_pow2(N)), DIM=dim, HALF=half,
-        KV_STRIDE=_t_stride(kv_a, cos), BLOCK=next_pow2(dim), **({"num_warps": num_warps} if num_warps and not interpreting() else {}))
+        KV_STRIDE=_t_stride(kv_a, cos), BLOCK=next_pow2(dim))
     return q_out, kv_out

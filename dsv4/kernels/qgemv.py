@@ -43,7 +43,6 @@ fp32 x (and Triton's interpreter, whose tl.dot misreads bf16) take fp32 operands
 """
 
 import os
-from typing import NamedTuple
 
 import torch
 
@@ -750,57 +749,38 @@ def rows_per_program(rows: int, cap: int) -> int:
     return min(next_pow2(rows), max(1, cap))
 
 
-class V2Plan(NamedTuple):
-    """A v2 launch's geometry on a weight [N, K] for `rows` rows: its tiles (v2_tiles), the split of K (by the weight
-    alone, never the rows: each row is then summed in one order whatever the batch), the row blocks, the rows a
-    program takes and their groups, and the options that follow (num_warps, UNROLL, PRE)."""
-    N: int
-    K: int
-    block_n: int
-    block_k: int
-    warps: int
-    k_chunk: int
-    splits: int
-    blocks: int
-    per_program: int
-    groups: int
-    unroll: bool
-    pre: dict
-
-
-def v2_plan(w: QWeight, K: int, rows: int, experts: bool, group_n: int = 0) -> V2Plan:
-    N, fp4, c = w.shape[-2], w.fmt == "fp4", CONFIG
-    block_n, block_k, warps, programs = v2_tiles(N, K, fp4, experts, group_n)
-    tiles = cdiv(K, block_k)
-    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles, programs)) * block_k
-    per_program = 1 if experts else rows_per_program(rows, c["v2_rows"])
-    # A stored weight's first tiles are loaded before the kernel waits for the previous one (EARLY; DSV4_PDL); the
-    # routed experts' weights depend on the step's ids.
-    pre = {"PRE": min(c["v2_early_tiles"], k_chunk // block_k)} if not experts and not fp4 and c["v2_unroll"] \
-        and c["v2_early_tiles"] > 1 else {}
-    return V2Plan(N, K, block_n, block_k, warps, k_chunk, cdiv(K, k_chunk), cdiv(N, block_n), per_program,
-                  cdiv(rows, per_program), c["v2_unroll"] and not fp4 and k_chunk > block_k, pre)
-
-
 def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int):
-    K = x.shape[-1] if not group_n else w.shape[-1]
+    N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     fp4 = w.fmt == "fp4"
     data, scale = _operands(w, words=True)
     lead = data.dim() - 2
-    plan = v2_plan(w, K, rows, experts is not None, group_n)
-    N, splits, blocks, groups = plan.N, plan.splits, plan.blocks, plan.groups
+    c = CONFIG
+    block_n, block_k, warps, programs = v2_tiles(N, K, fp4, experts is not None, group_n)
+    tiles = cdiv(K, block_k)
+    # The split depends on the weight alone, never on the rows: each row is then summed in one order
+    # whatever the batch (a sequence's tokens do not depend on who shares its step).
+    k_chunk = cdiv(tiles, splits_for(cdiv(N, block_n), tiles, programs)) * block_k
+    splits = cdiv(K, k_chunk)  # no split left without inputs
+    blocks = cdiv(N, block_n)
+    per_program = 1 if experts is not None else rows_per_program(rows, c["v2_rows"])
+    groups = cdiv(rows, per_program)
     partials = y if splits == 1 else torch.empty(rows, splits, N, dtype=torch.float32, device=x.device)
-    tickets = tickets_for(groups * blocks, x.device) if splits > 1 and CONFIG["v2_fused_sum"] else None
-    extra = {} if interpreting() else {"num_warps": plan.warps}
+    tickets = tickets_for(groups * blocks, x.device) if splits > 1 and c["v2_fused_sum"] else None
+    # A stored weight's first tile is loaded before the kernel waits for the previous one (DSV4_PDL); the routed
+    # experts' weights depend on the step's ids.
+    early = experts is None
+    extra = {} if interpreting() else {"num_warps": warps}
     launcher(_qgemv2_kernel, x)[(blocks, splits, groups)](
         x, data, scale, experts if experts is not None else scale, y, partials,
         tickets if tickets is not None else partials, N, rows, x.stride(0),
         data.stride(0) if lead else 0, scale.stride(0) if lead else 0,
         w.row0 % FP8_BLOCK if not fp4 else 0,
         K=K, S_STRIDE=scale.shape[-1], FP4=fp4, E8M0=scale.dtype == torch.uint8, ROWS_PER_X=rows_per_x,
-        EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        SPLITS=splits, K_CHUNK=plan.k_chunk, FUSED_SUM=tickets is not None, ROWS=plan.per_program,
-        EARLY=experts is None, UNROLL=plan.unroll, **plan.pre, **extra)
+        EXPERTS=experts is not None, GROUP_N=group_n, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
+        UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k,
+        **({"PRE": min(c["v2_early_tiles"], k_chunk // block_k)} if early and not fp4 and c["v2_unroll"]
+           and c["v2_early_tiles"] > 1 else {}), **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
     return y

@@ -28,7 +28,7 @@ from .. import kernels
 from ..config import CSA, ModelConfig
 from ..kernels import attention as fused
 from ..kernels import lanes
-from ..kernels import normrope, qkv_norms
+from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
@@ -37,7 +37,6 @@ from .compressor import (Write, compress, compress_pair, compress_pooled, flat, 
 from .linear import grouped_linear, linear
 from .norm import rms_norm, unweighted_rms_norm
 from .rope import apply_rope
-from .rows import rows_per_weight, step_gemv
 from .step import PoolStep, Step
 from ..layout import CONFIG as LAYOUT
 
@@ -150,14 +149,9 @@ def _x_proj_first(x, w: dict, m: int) -> torch.Tensor | None:
 
 def _q_res_kv(x, w: dict, cfg: ModelConfig, cos, sin):
     """(q_res, kv, roped): the normed query latent and the K=V projection, row-wise; kv normed and roped already
-    (roped) where both norms run in one launch (CONFIG pair_norms: kernels.normrope.q_kv_norms), or in the stacked
-    projection's own launch (CONFIG qkv_norms: kernels.qkv_norms, a decode step's rows: v2's GEMV)."""
-    eps = cfg.rms_norm_eps
-    if (CONFIG["qkv_norms"] and "wq_a_wkv" in w and kernels.use_triton(x, gpu_checked=qkv_norms.GPU_CHECKED)
-            and not step_gemv() and qkv_norms.supported(x, w["wq_a_wkv"], w["q_norm"], w["kv_norm"], cos, sin,
-                                                        w["wq_a"].shape[0], rows_per_weight(x))):
-        return (*qkv_norms.q_kv(x, w["wq_a_wkv"], w["q_norm"], w["kv_norm"], eps, cos, sin, w["wq_a"].shape[0]), True)
+    (roped) where both norms run in one launch (CONFIG pair_norms: kernels.normrope.q_kv_norms)."""
     q_a, kv_a = _q_a_kv(x, w)
+    eps = cfg.rms_norm_eps
     if (CONFIG["pair_norms"] and kernels.use_triton(q_a, gpu_checked=normrope.GPU_CHECKED)
             and normrope.q_kv_supported(q_a, w["q_norm"], kv_a, w["kv_norm"], cos, sin)):
         return (*normrope.q_kv_norms(q_a, w["q_norm"], kv_a, w["kv_norm"], eps, cos, sin), True)
