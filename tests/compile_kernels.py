@@ -110,12 +110,19 @@ def _recorder(jit, kernel_name: str, source):
                     if aligned(a) and name not in jit.do_not_specialize:
                         attrs[(i,)] = [["tt.divisibility", 16]]
                         key.append("D")
+                for name in [n for n, v in constexprs.items() if isinstance(v, torch.Tensor)]:  # a pointer by name
+                    a = constexprs.pop(name)
+                    sig[name] = "*" + TYPES[a.dtype]
+                    key.append((name, sig[name]))
+                    if aligned(a):
+                        attrs[(names.index(name),)] = [["tt.divisibility", 16]]
                 for p in jit.params[len(args):]:  # a constant left to its default: the default, as a launch takes it
-                    if p.name not in constexprs and p.has_default:
+                    if p.name not in constexprs and p.name not in sig and p.has_default:
                         constexprs[p.name] = p.default
                 for name, v in constexprs.items():
                     sig[name] = "constexpr"
                     key.append((name, v))
+                sig = {n: sig[n] for n in names if n in sig}  # the kernel's parameter order
                 behind = kernel_name in BEHIND and constexprs.get("EARLY", 0) == 1
                 k = (kernel_name + ":behind" * behind, tuple(key), tuple(sorted(options.items())))
                 if k in compiled:
@@ -732,6 +739,11 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
     shared_early()
+    # CONFIG stamps (benchmarks/moe_stamps.py): a one-token step's kernels 1 and 2 writing their programs' times
+    moe_gl.CONFIG["stamps"] = {"k1": torch.zeros(1, 1024, 4, dtype=torch.int64),
+                               "k2": torch.zeros(1, 1536, 4, dtype=torch.int64), "slots": 1, "next": {"k1": 0, "k2": 0}}
+    gluon_variants()
+    moe_gl.CONFIG["stamps"] = None
 
 
 def qgemv_mma_variants():

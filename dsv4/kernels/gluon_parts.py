@@ -34,6 +34,22 @@ def _pdl_wait():
 
 
 @_jit
+def _globaltimer():
+    """The GPU's global nanosecond timer (%globaltimer), for moe_gl CONFIG stamps: when a program got where."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $0", "=l", [], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@_jit
+def _stamp(st_ptr, t0, t1, kind):
+    """A program's stamps (moe_gl CONFIG stamps): [its start, t1 (-1 where not taken), its end, kind] int64."""
+    gl.store(st_ptr, t0)
+    gl.store(st_ptr + 1, t1)
+    gl.store(st_ptr + 2, _globaltimer())
+    gl.store(st_ptr + 3, kind.to(gl.int64))
+
+
+@_jit
 def _arange5(n: gl.constexpr, dim: gl.constexpr, L5: gl.constexpr):
     """arange(n) along dim of a 5-d layout L5, broadcastable in L5 (size 1 on the other dims): laid out as L5 sliced
     on every other dim (the last first: a slice's dims are its parent's less one), then expanded back."""

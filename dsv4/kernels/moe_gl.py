@@ -40,7 +40,7 @@ import torch
 
 from ..formats import QWeight
 from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
-from .gluon_parts import _jit, _arange5, _mma_out_rows, _pdl_wait, _split4
+from .gluon_parts import _jit, _arange5, _globaltimer, _mma_out_rows, _pdl_wait, _split4, _stamp
 
 try:
     from triton.experimental.gluon import language as gl
@@ -77,7 +77,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1"}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -99,6 +99,10 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
+# stamps (None by default; a diagnostic, benchmarks/moe_stamps.py sets it): a dict {"k1": int64 [slots, programs, 4],
+# "k2": likewise, "slots": n, "next": {"k1": 0, "k2": 0}}; a one-token step's kernel 1 and (ungrouped) kernel 2 then
+# write each program's [start, after its wait (kernel 1's routed programs; else -1), end, kind] (%globaltimer ns) into
+# the next slot of their buffer, round robin (slots = the layers: launch i of a step writes slot i). The same sums.
 # gate_up_maxnreg (DSV4_MOE_GL_MAXNREG=128; 0, off, by default: not yet run on a GPU): kernel 1's registers a thread
 # capped (ptxas maxnreg). Session 26 call 4's ncu of a 16-token step's kernel 1 (grouped): DRAM 48 % of its peak, an
 # instruction issued 57 % of the cycles, 3 blocks an SM (18.75 % occupancy) for want of registers: under DSV4_PDL its
@@ -288,7 +292,8 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               limit, K: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RN: gl.constexpr,
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
                               S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
-                              GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
+                              GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0, st_ptr=None,
+                              STAMPS: gl.constexpr = 0):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest; GROUPED: _routed_mma_group, ids_ptr the groups' table), then
     the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time). EARLY (the
@@ -306,13 +311,22 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
         p = pid
         is_routed = pid < routed
         q = pid - routed
+    if STAMPS:  # CONFIG stamps (a one-token step, ungrouped): this program's times, [pid, 4] at st_ptr
+        t0 = _globaltimer()
     if is_routed:
         _pdl_wait()
+        if STAMPS:
+            t1 = _globaltimer()
         _routed(p % blocks, (p // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
                 first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
+        if STAMPS:  # kind 2: a local pair's program, 3: another rank's
+            e = gl.load(ids_ptr + p // blocks).to(gl.int64) - first
+            _stamp(st_ptr + pid * 4, t0, t1, 3 - ((e >= 0) & (e < n_local)).to(gl.int64))
     else:
         _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
                         s_row_skew, limit, K, SS_STRIDE, S_RN, S_ROWS, EARLY)
+        if STAMPS:  # kind 1: the shared expert's (its wait inside)
+            _stamp(st_ptr + pid * 4, t0, t0 * 0 - 1, t0 * 0 + 1)
 
 
 @_jit
@@ -604,7 +618,8 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
 def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
-                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0):
+                 U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0, st_ptr=None,
+                 STAMPS: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
@@ -614,6 +629,8 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group). EARLY (with MMA, without
     GROUPED: the caller's word that h was written two or more launches back, CONFIG down_early): the sums before the
     wait, the stores after it."""
+    if STAMPS:  # CONFIG stamps (a one-token step): [program, 4] at st_ptr, programs in grid order (nb fastest)
+        t0 = _globaltimer()
     if not EARLY:
         _pdl_wait()
     if GROUPED:
@@ -625,6 +642,10 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     else:
         _down_cuda_cores(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr, tickets_ptr, D, first, n_local,
                          w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK, ADD, RN, FUSED_SUM)
+    if STAMPS:  # kind 2: a local pair's program, 3: another rank's
+        pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+        e = gl.load(ids_ptr + gl.program_id(1).to(gl.int64) * TOPK + gl.program_id(2)).to(gl.int64) - first
+        _stamp(st_ptr + pid.to(gl.int64) * 4, t0, t0 * 0 - 1, 3 - ((e >= 0) & (e < n_local)).to(gl.int64))
 
 
 @_jit
@@ -832,6 +853,20 @@ def chosen_down(x: torch.Tensor, h: torch.Tensor, w2: QWeight) -> bool:
 _launch = gluon_launcher  # a module global: tests/compile_kernels.py and sass_census replace it to compile only
 
 
+def _stamps(kernel: str, programs: int) -> dict:
+    """A launch's stamps arguments under CONFIG stamps (its buffer's next slot), else none."""
+    st = CONFIG["stamps"]
+    if st is None:
+        return {}
+    buf = st[kernel]
+    if buf.shape[1] < programs or buf.shape[2] != 4 or buf.dtype != torch.int64:
+        raise ValueError(f"moe_gl stamps[{kernel!r}]: {tuple(buf.shape)} {buf.dtype}, want [slots, >= {programs}, 4] "
+                         "int64")
+    slot = st["next"][kernel] % st["slots"]
+    st["next"][kernel] += 1
+    return {"st_ptr": buf[slot], "STAMPS": 1}
+
+
 def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
@@ -919,11 +954,12 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
     programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
+    stamps = _stamps("k1", programs) if T == 1 and not grouped else {}
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped, **shared,
-        **_options(), **_gate_up_options(T))
+        **stamps, **_options(), **_gate_up_options(T))
     return h, sh
 
 
@@ -947,9 +983,10 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     at, grouped = _ids_or_groups(ids, groups, mma)
     ahead = {"EARLY": 1} if early and CONFIG["down_early"] and PDL and mma and not grouped else {}
+    stamps = _stamps("k2", D // block_n * k) if T == 1 and not grouped else {}
     _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,
         terms if tickets is None else tickets, D, first, d2.shape[0], d2.stride(0), s2.stride(0), I=I,
         S_STRIDE=s2.shape[-1], TOPK=k, ADD=add is not None, RN=CONFIG["rows_per_thread"],
-        FUSED_SUM=tickets is not None, **mma, **grouped, **ahead, **_options(), **_down_options(T, mma))
+        FUSED_SUM=tickets is not None, **mma, **grouped, **ahead, **stamps, **_options(), **_down_options(T, mma))
     return terms if tickets is None else None
