@@ -54,7 +54,8 @@ def layer_record(k1: torch.Tensor, k2: torch.Tensor) -> dict:
     return {"k1": {"programs": int(k1.shape[0]), "local": int(local.shape[0]), "wait": round(us(wait), 2),
                    "shared_end": round(us(float(shared[:, 2].max())), 2) if len(shared) else None,
                    "local_start": quantiles([(float(t) - wait) / 1e3 for t in local[:, 1]]),
-                   "local_us": round(statistics.median(((local[:, 2] - local[:, 1]) / 1e3).tolist()), 2),
+                   "local_us": round(statistics.median(((local[:, 2] - local[:, 1]) / 1e3).tolist()), 2)
+                   if len(local) else None,
                    "end": round(us(float(k1[:, 2].max())), 2)},
             "k2": {"programs": int(k2.shape[0]), "local": int(k2_local.shape[0]),
                    "start": round(us(float(k2[:, 0].min())), 2),
@@ -94,13 +95,14 @@ def main() -> None:
         rec = layer_record(k1[layer], k2[layer])
         records.append(rec)
         emit("MOE_STAMPS", layer=layer, **rec)
-    med = lambda kernel, key: round(statistics.median(r[kernel][key] for r in records), 2)  # noqa: E731
+    def med(kernel, key, i=None):  # over the layers with local pairs
+        values = [r[kernel][key] if i is None else r[kernel][key][i] for r in records if r[kernel]["local"]]
+        return round(statistics.median(values), 2)
+
     emit("MOE_STAMPS_SUMMARY", provenance(device, label(args.preset, args.world)), layers=layers,
          k1_wait=med("k1", "wait"), k1_end=med("k1", "end"), k1_local_us=med("k1", "local_us"),
-         k1_local_start_median=round(statistics.median(r["k1"]["local_start"][2] for r in records), 2),
-         k1_local_start_max=round(statistics.median(r["k1"]["local_start"][4] for r in records), 2),
-         k2_start=med("k2", "start"), k2_end=med("k2", "end"),
-         k2_local_us=round(statistics.median(r["k2"]["local_us"] for r in records if r["k2"]["local_us"]), 2),
+         k1_local_start_median=med("k1", "local_start", 2), k1_local_start_max=med("k1", "local_start", 4),
+         k2_start=med("k2", "start"), k2_end=med("k2", "end"), k2_local_us=med("k2", "local_us"),
          scope="the last replay of the rank's decode graph; us from kernel 1's first program start, medians over layers")
 
 
