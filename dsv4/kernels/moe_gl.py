@@ -77,7 +77,8 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None,
+          "solo_gate_up_warps": int(getenv("DSV4_MOE_GL_SOLO_WARPS", "0"))}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -99,6 +100,12 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
+# solo_gate_up_warps (DSV4_MOE_GL_SOLO_WARPS=8; 0, num_warps', by default until a GPU A/B): a one-token step's kernel 1
+# with this many warps a program. Session 44 call 5's stamps: a Flash rank's local routed program (16 rows of gate and
+# up, K 4,096 in two steps of loads a warp) takes ~10-12 us from its release, ~8.5 us even where one pair is local (128
+# programs, one an SM): a chain of round trips. At 8 warps a program's K is one step a warp (4 chunks each), one round
+# trip. Other bits than 4 warps (the warps' partial sums are grouped otherwise); the shared programs' rows (a warp
+# each) keep theirs.
 # stamps (None by default; a diagnostic, benchmarks/moe_stamps.py sets it): a dict {"k1": int64 [slots, programs, 4],
 # "k2": likewise, "slots": n, "next": {"k1": 0, "k2": 0}}; a one-token step's kernel 1 and (ungrouped) kernel 2 then
 # write each program's [start, after its wait (kernel 1's routed programs; else -1), end, kind] (%globaltimer ns) into
@@ -785,18 +792,19 @@ def _rows_per_program() -> int:
     return CONFIG["rows_per_thread"] * CONFIG["num_warps"]
 
 
-def _mma(x: torch.Tensor, *ws: QWeight) -> dict:
+def _mma(x: torch.Tensor, *ws: QWeight, warps: int = 0) -> dict:
     """A kernel's tensor-core constants (MMA: 16-row tiles a program, U) where CONFIG["mma"] is on and its FP4
-    weights ws take them (_mma_shape, _mma_fits); {} (the CUDA-core programs) otherwise. It depends on the weights
-    and x's type only, never on the batch."""
-    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1]) and _mma_fits(w, x.dtype) for w in ws):
+    weights ws take them at `warps` a program (or CONFIG num_warps; _mma_shape, _mma_fits); {} (the CUDA-core
+    programs) otherwise. It depends on the weights and x's type only, never on the batch."""
+    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1], warps) and _mma_fits(w, x.dtype) for w in ws):
         return {}
     return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]}
 
 
-def _block_n(mma: dict) -> int:
-    """Outputs a program of kernel 1's routed rows or kernel 2 computes."""
-    return 16 * mma["MMA"] if mma else _rows_per_program()
+def _block_n(mma: dict, warps: int = 0) -> int:
+    """Outputs a program of kernel 1's routed rows or kernel 2 computes (CUDA-core programs: rows_per_thread a warp,
+    `warps` or CONFIG num_warps of them)."""
+    return 16 * mma["MMA"] if mma else CONFIG["rows_per_thread"] * (warps or CONFIG["num_warps"])
 
 
 def _fits(w: QWeight, x_width: int) -> bool:
@@ -808,11 +816,11 @@ def _fits(w: QWeight, x_width: int) -> bool:
             and w.scale.shape[-1] == x_width // 32)
 
 
-def _mma_shape(w: QWeight, x_width: int) -> bool:
+def _mma_shape(w: QWeight, x_width: int, warps: int = 0) -> bool:
     """An FP4 stack [E, N, K] in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's
-    steps."""
+    steps (`warps` a program, or CONFIG num_warps)."""
     return (w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
-            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0)
+            and x_width % (128 * (warps or CONFIG["num_warps"]) * CONFIG["mma_unroll"]) == 0)
 
 
 def _compiled(x: torch.Tensor) -> bool:
@@ -871,6 +879,11 @@ def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
 
+def _k1_warps(x: torch.Tensor) -> int:
+    """Kernel 1's warps a program: CONFIG solo_gate_up_warps' in a step of one token where set, else num_warps."""
+    return CONFIG["solo_gate_up_warps"] if x.shape[0] == 1 and CONFIG["solo_gate_up_warps"] else CONFIG["num_warps"]
+
+
 def _gate_up_options(T: int) -> dict:
     """Kernel 1's compile options beyond _options for a step of T tokens: CONFIG gate_up_maxnreg's cap where set and
     T > 1, solo_gate_up_maxnreg's where set and T == 1 (see CONFIG)."""
@@ -912,12 +925,13 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
-    mma = _mma(x, w1, w3)
+    warps = _k1_warps(x)
+    mma = _mma(x, w1, w3, warps=warps)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
+    _launch(_gate_up_gl_kernel)[(I // _block_n(mma, warps), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped,
-        **_options(), **_gate_up_options(T))
+        num_warps=warps, **_gate_up_options(T))
     return h
 
 
@@ -928,7 +942,7 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
         return (w.fmt == "fp8" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 2
                 and w.data.is_contiguous() and w.scale.is_contiguous() and w.col0 == 0 and w.shape[1] == x.shape[1]
                 and x.shape[1] % 512 == 0 and w.scale.shape[-1] == x.shape[1] // 128
-                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * CONFIG["num_warps"]) == 0)
+                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * _k1_warps(x)) == 0)
     return fits(w1) and fits(w3) and w1.shape == w3.shape and w1.row0 == w3.row0
 
 
@@ -949,17 +963,17 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     # A token's sums are the same operations in either size (its own products in its own order, _shared_program);
     # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
-    s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
+    s_rn, warps = CONFIG["shared_rows_per_thread"], _k1_warps(x)
     shared = {"EARLY": 1} if early and CONFIG["shared_early"] and PDL else {}
-    mma = _mma(x, w1, w3)
+    mma = _mma(x, w1, w3, warps=warps)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
+    programs = I // _block_n(mma, warps) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     stamps = _stamps("k1", programs) if T == 1 and not grouped else {}
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped, **shared,
-        **stamps, **_options(), **_gate_up_options(T))
+        **stamps, num_warps=warps, **_gate_up_options(T))
     return h, sh
 
 
