@@ -61,11 +61,15 @@ def compile_only(fn, t, jit=None, source=ASTSource):
                         sig[name] = "fp32" if isinstance(a, float) else "i32"
                         if isinstance(a, int) and a % 16 == 0:
                             attrs[(i,)] = [["tt.divisibility", 16]]
+                for name in [n for n, v in constexprs.items() if isinstance(v, torch.Tensor)]:  # a pointer by name
+                    sig[name] = "*" + TYPES[constexprs.pop(name).dtype]
+                    attrs[(jit.arg_names.index(name),)] = [["tt.divisibility", 16]]
                 for p in jit.params[len(args):]:  # a constant left to its default: the default, as a launch takes it
-                    if p.name not in constexprs and p.has_default:
+                    if p.name not in constexprs and p.name not in sig and p.has_default:
                         constexprs[p.name] = p.default
                 for name in constexprs:
                     sig[name] = "constexpr"
+                sig = {n: sig[n] for n in jit.arg_names if n in sig}  # the kernel's parameter order
                 src = source(fn=jit, signature=sig, constexprs={(jit.arg_names.index(n),): v
                                                                 for n, v in constexprs.items()}, attrs=attrs)
                 out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
