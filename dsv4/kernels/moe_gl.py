@@ -102,11 +102,12 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
 # solo_gate_up_warps (DSV4_MOE_GL_SOLO_WARPS=8; 0, num_warps', by default until a GPU A/B): a one-token step's kernel 1
-# with this many warps a program. Session 44 call 5's stamps: a Flash rank's local routed program (16 rows of gate and
-# up, K 4,096 in two steps of loads a warp) takes ~10-12 us from its release, ~8.5 us even where one pair is local (128
+# with this many warps a program. Session 44 call 6's stamps: a Flash rank's local routed program (16 rows of gate and
+# up, K 4,096 in two steps of loads a warp) takes ~10-15 us from its release, ~10 us even where one pair is local (128
 # programs, one an SM): a chain of round trips. At 8 warps a program's K is one step a warp (4 chunks each), one round
 # trip. Other bits than 4 warps (the warps' partial sums are grouped otherwise); the shared programs' rows (a warp
-# each) keep theirs.
+# each) keep theirs. Session 44 call 7 (decode_ab): a Flash rank 1.007 / 1.007 (ahead in every round), mini 0.993 /
+# 0.995; its CUDA tests and the gate have not run.
 # solo_gate_up_splits (DSV4_MOE_GL_SOLO_SPLITS=2; 1, none, by default until a GPU run): a one-token step's kernel 1
 # routed row blocks split along K into this many programs (_routed_mma_split: fp32 partials, the last program of the
 # block sums them in split order and makes the activation). Each program is then one step of loads a warp (K 4,096 at
@@ -602,13 +603,20 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
                          K, S_STRIDE, RT, U, True, False, ids_ptr, 1, 1, 0, K // 128)
-        dt: gl.constexpr = h_ptr.dtype.element_ty
         row, t3 = _mma_out_rows(nb, RT)
         for h in gl.static_range(2):  # rows g, then g + 8
-            gate = gl.minimum(sums[h].to(dt).to(gl.float32), limit)
-            up = gl.minimum(gl.maximum(sums[2 + h].to(dt).to(gl.float32), -limit), limit)
-            act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
-            gl.store(h_ptr + r * I + row + 8 * h, (act * up).to(dt), mask=t3 == 0)  # column 0: lanes t = 0
+            _swiglu_store(h_ptr + r * I + row + 8 * h, sums[h], sums[2 + h], limit, t3 == 0)  # column 0: lanes t = 0
+
+
+@_jit
+def _swiglu_store(at, gate, up, limit, live):
+    """moe's activation of gate's and up's fp32 sums (each rounded to h's dtype, clamped by the SwiGLU limit) stored
+    at `at` where live."""
+    dt: gl.constexpr = at.dtype.element_ty
+    gate = gl.minimum(gate.to(dt).to(gl.float32), limit)
+    up = gl.minimum(gl.maximum(up.to(dt).to(gl.float32), -limit), limit)
+    act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
+    gl.store(at, (act * up).to(dt), mask=live)
 
 
 @_jit
@@ -633,7 +641,6 @@ def _routed_mma_split(nb, r, split, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_p
         gl.thread_barrier()  # every thread's partials stored before the ticket's release
         ticket = tickets_ptr + r * (I // (16 * RT)) + nb
         if gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            dt: gl.constexpr = h_ptr.dtype.element_ty
             for h in gl.static_range(2):
                 gate = (row * 0).to(gl.float32)
                 up = (row * 0).to(gl.float32)
@@ -641,10 +648,7 @@ def _routed_mma_split(nb, r, split, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_p
                     at = p_ptr + (r * SPLITS + sp) * 2 * I + row + 8 * h
                     gate += gl.load(at, mask=live, other=0.0, cache_modifier=".cg")
                     up += gl.load(at + I, mask=live, other=0.0, cache_modifier=".cg")
-                gate = gl.minimum(gate.to(dt).to(gl.float32), limit)
-                up = gl.minimum(gl.maximum(up.to(dt).to(gl.float32), -limit), limit)
-                act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
-                gl.store(h_ptr + r * I + row + 8 * h, (act * up).to(dt), mask=live)
+                _swiglu_store(h_ptr + r * I + row + 8 * h, gate, up, limit, live)
             gl.store(ticket, 0)
 
 
@@ -661,17 +665,14 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
     if (cols > 0) & (e >= 0) & (e < n_local):
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, 0, nb, w_expert_stride, s_expert_stride, K,
                          S_STRIDE, RT, U, True, True, group_row, cols, TOPK, 0, K // 128)
-        dt: gl.constexpr = h_ptr.dtype.element_ty
         row, t3 = _mma_out_rows(nb, RT)
         for hh in gl.static_range(2):  # rows g, then g + 8
             for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
                 col = 2 * t3 + cc
                 live = col < cols
                 member = gl.load(group_row + 2 + col, mask=live, other=0).to(gl.int64)
-                gate = gl.minimum(sums[2 * hh + cc].to(dt).to(gl.float32), limit)
-                up = gl.minimum(gl.maximum(sums[4 + 2 * hh + cc].to(dt).to(gl.float32), -limit), limit)
-                act = (gate / (1.0 + gl.exp(-gate))).to(dt).to(gl.float32)
-                gl.store(h_ptr + member * I + row + 8 * hh, (act * up).to(dt), mask=live & (row >= 0))
+                _swiglu_store(h_ptr + member * I + row + 8 * hh, sums[2 * hh + cc], sums[4 + 2 * hh + cc], limit,
+                              live & (row >= 0))
 
 
 @_jit
