@@ -14,3 +14,9 @@ step 160 "$OUT/decode_ab_flash.txt" python benchmarks/decode_ab_bench.py --prese
 step 60 "$OUT/decode_ab_mini.txt" python benchmarks/decode_ab_bench.py --preset mini --steps 64 --rounds 4 \
   --arm split2=moe_gl.solo_gate_up_splits=2
 DSV4_MOE_GL_SOLO_SPLITS=2 step 90 "$OUT/moe_stamps_flash.txt" python benchmarks/moe_stamps.py --preset flash --world 2
+# 4. (added in session 45) the mHC boundary's finish: the fused default at Sinkhorn iterations 1 / 10 / 20 (a
+#    diagnostic: what the maps' serial chain costs of a boundary's ~8 us), and solo_gate_up_warps 8's CUDA tests.
+step 90 "$OUT/hc_boundary_iters.txt" python benchmarks/hc_boundary_bench.py --rows 1 --arms 'fused_default' \
+  --sinkhorn-iters 1,10,20
+DSV4_MOE_GL_SOLO_WARPS=8 step 120 "$OUT/pytest_w8.txt" python -m pytest -q -p no:cacheprovider -rfE \
+  -p pytest_failures tests/test_moe_gl.py

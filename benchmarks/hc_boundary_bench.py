@@ -21,6 +21,10 @@ the finish options one_pass and warp_maps may change them), digest (sha256 of th
 are seeded, so two processes, DSV4_PDL=0 and =1, give equal digests where the bits are equal) and launches
 (kernels per call, by the profiler).
 
+--sinkhorn-iters N,M,... (a diagnostic, not the model): fused_default again at these Sinkhorn iteration counts
+(arms fused_default_iters<N>; the model's hc_sinkhorn_iters is Flash's config), so that the finish's Sinkhorn
+latency is read off the difference (the maps' serial chain inside the boundary's one finishing program).
+
 One GPU, about a minute (Triton compiles each variant once). Prints:
   HC_BOUNDARY {"boundary", "rows", "arm", "us", "launches", "max_rel_err", "rows_exact", "tickets_zero", "pdl",
                "digest", ...}
@@ -31,6 +35,7 @@ One GPU, about a minute (Triton compiles each variant once). Prints:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 import torch
@@ -88,6 +93,11 @@ def one_launch(a, i, cfg, first: bool):
                           a["scale"], a["norm_w"], cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps)
 
 
+def _at_iters(n: int):
+    """one_launch with the config's Sinkhorn iterations replaced by n (--sinkhorn-iters: a diagnostic)."""
+    return lambda a, i, cfg, first: one_launch(a, i, dataclasses.replace(cfg, hc_sinkhorn_iters=n), first)
+
+
 def rel_err(got, ref) -> float:
     got, ref = got.float(), ref.float()
     return float((got - ref).abs().max() / ref.abs().max())
@@ -103,7 +113,7 @@ def rows_exact(a, cfg, first: bool) -> bool:
     return True
 
 
-def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
+def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict, iters=()):
     first = kind == "first"
     copies = max(1, L2_DEFEAT // (4 * (2 + cfg.hc_mult) * cfg.hc_mult ** 2 * cfg.hidden_size))
     a = inputs(cfg, rows, copies, torch.Generator(device=DEVICE).manual_seed(rows))
@@ -113,6 +123,7 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
         default = one_launch(a, 0, cfg, first)
     plans = [("unfused", unfused, ()), ("unfused_fused_sum", unfused, ((dense.CONFIG, {"fused_sum": True}),))]
     plans += [(f"fused_{name}", one_launch, ((fused.CONFIG, over),)) for name, over in VARIANTS.items()]
+    plans += [(f"fused_default_iters{n}", _at_iters(n), ()) for n in iters]
     for arm, fn, overrides in plans:
         if not arms.search(arm):
             continue
@@ -123,7 +134,7 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict):
                 torch.cuda.synchronize()
                 record["launches"] = launches(lambda: fn(a, 0, cfg, first))
                 record["us"] = round(timed(lambda i: fn(a, i, cfg, first), copies), 2)
-                if fn is one_launch:
+                if fn is one_launch or arm.startswith("fused_default_iters"):
                     record["rows_exact"] = rows_exact(a, cfg, first)
                     record["tickets_zero"] = not bool(qgemv.tickets_for(rows, torch.device(DEVICE)).any())
                     record["default_bits"] = all(torch.equal(x, y) for x, y in zip(got, default))
@@ -156,6 +167,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--arms", default=".", help="regex over arm names (e.g. 'unfused$|fused_default')")
+    ap.add_argument("--sinkhorn-iters", default="", help="N,M,...: fused_default at these iteration counts too")
     args = ap.parse_args()
     cfg, rows_list = preset("flash"), [int(r) for r in args.rows.split(",")]
     emit("DEVICE", name=torch.cuda.get_device_name(), hc=cfg.hc_mult, D=cfg.hidden_size, layers=cfg.num_hidden_layers)
@@ -163,7 +175,8 @@ def main():
     with torch.inference_mode():
         for rows in rows_list:
             for kind in ("mid", "first"):
-                bench(cfg, kind, rows, re.compile(args.arms), results)
+                bench(cfg, kind, rows, re.compile(args.arms), results,
+                      [int(n) for n in args.sinkhorn_iters.split(",") if n])
     summarise(cfg, results, rows_list)
 
 
