@@ -738,12 +738,6 @@ if moe_gl.gl is not None:  # under DSV4_PDL=1 too (since session 15): their PTX 
                          solo_down_maxnreg=40)
     gluon_variants()
     moe_gl.CONFIG.update(_mma)
-    moe_gl.CONFIG.update(solo_gate_up_warps=8)  # DSV4_MOE_GL_SOLO_WARPS=8: a one-token step's kernel 1 at 8 warps
-    gluon_variants()
-    moe_gl.CONFIG.update(_mma)
-    moe_gl.CONFIG.update(solo_gate_up_splits=2)  # DSV4_MOE_GL_SOLO_SPLITS=2: its K split in two
-    gluon_variants()
-    moe_gl.CONFIG.update(_mma)
     shared_early()
     # CONFIG stamps (benchmarks/moe_stamps.py): a one-token step's kernels 1 and 2 writing their programs' times
     moe_gl.CONFIG["stamps"] = {"k1": torch.zeros(1, 1024, 4, dtype=torch.int64),

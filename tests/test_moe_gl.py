@@ -303,36 +303,3 @@ def test_down_early_keeps_the_bits(monkeypatch, T, add):
         results[early] = y.clone()
     assert not results[False].isnan().any()
     assert torch.equal(results[True], results[False])
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
-def test_solo_splits_agree_and_repeat(monkeypatch):
-    """CONFIG solo_gate_up_splits 2 (a one-token step's routed row blocks split along K, the partials summed in split
-    order by the block's last program): the routed rows within the experts' chain tolerance of the unsplit kernel's
-    (close_chain: another summation order of gate and up before their roundings), the same bits launch after launch (the tickets left zero), the shared rows the unsplit launch's
-    bit for bit (their programs unchanged); a split that leaves a warp a partial step is not taken (none)."""
-    from quantised_cases import quantised
-
-    stacks, x, _, ids, _ = _case("cuda", torch.bfloat16, 1, D=4096, I=2048)
-    monkeypatch.setenv("DSV4_KERNELS", "triton")
-    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
-    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
-    g = torch.Generator().manual_seed(10)
-    sw1, sw3 = (moe_gl.QWeight(w.data[:1024].contiguous(), w.scale.contiguous(), "fp8", 0, 0).to("cuda")
-                for w in (quantised("fp8", 1024, x.shape[1], g) for _ in range(2)))
-    mine = ((ids >= 16) & (ids < 32)).flatten()
-
-    def run(splits):
-        monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_splits", splits)
-        h, sh = fused_moe.routed_and_shared_gate_up(x, ids, stacks["w1"], stacks["w3"], 16, sw1, sw3, 7.0, None,
-                                                    early=True)
-        return h[mine].clone(), sh.clone()
-
-    plain, split, again = run(1), run(2), run(2)
-    assert torch.equal(split[0], again[0]) and torch.equal(split[1], again[1])
-    assert torch.equal(split[1], plain[1]), "the shared rows"
-    close_chain(split[0], plain[0], torch.bfloat16)
-    mma = moe_gl._mma(x, stacks["w1"], stacks["w3"])
-    monkeypatch.setitem(moe_gl.CONFIG, "solo_gate_up_splits", 4)  # 32 chunks: 8 a split, half a 4-warp step of 4
-    assert moe_gl._split(x, mma, {}, moe_gl.CONFIG["num_warps"], 128 * 6) == {}

@@ -77,9 +77,7 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None,
-          "solo_gate_up_warps": int(getenv("DSV4_MOE_GL_SOLO_WARPS", "0")),
-          "solo_gate_up_splits": int(getenv("DSV4_MOE_GL_SOLO_SPLITS", "1"))}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -101,19 +99,9 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
-# solo_gate_up_warps (DSV4_MOE_GL_SOLO_WARPS=8; 0, num_warps', by default until a GPU A/B): a one-token step's kernel 1
-# with this many warps a program. Session 44 call 6's stamps: a Flash rank's local routed program (16 rows of gate and
-# up, K 4,096 in two steps of loads a warp) takes ~10-15 us from its release, ~10 us even where one pair is local (128
-# programs, one an SM): a chain of round trips. At 8 warps a program's K is one step a warp (4 chunks each), one round
-# trip. Other bits than 4 warps (the warps' partial sums are grouped otherwise); the shared programs' rows (a warp
-# each) keep theirs. Session 44 call 7 (decode_ab): a Flash rank 1.007 / 1.007 (ahead in every round), mini 0.993 /
-# 0.995; its CUDA tests and the gate have not run.
-# solo_gate_up_splits (DSV4_MOE_GL_SOLO_SPLITS=2; 1, none, by default until a GPU run): a one-token step's kernel 1
-# routed row blocks split along K into this many programs (_routed_mma_split: fp32 partials, the last program of the
-# block sums them in split order and makes the activation). Each program is then one step of loads a warp (K 4,096 at
-# 2 splits, 4 warps, 4 chunks), and a Flash rank's ~3 local pairs put twice the warps on the SMs; the ticket's round
-# trip is the cost. Other bits than no split (the partials summed per split). Never GPU-run (session 44 wrote it with
-# its device time spent): tests/test_moe_gl.py's CUDA case is the first thing to run.
+# Session 45 call 1 (benchmarks/RESULTS.md) measured and removed solo_gate_up_warps (8 warps: a Flash rank +0.8 %,
+# mini -0.5 %, and a token alone no longer had its batch bits) and solo_gate_up_splits (K split in 2: a Flash
+# rank +0.1 %, mini -1.3 %).
 # stamps (None by default; a diagnostic, benchmarks/moe_stamps.py sets it): a dict {"k1": int64 [slots, programs, 4],
 # "k2": likewise, "slots": n, "next": {"k1": 0, "k2": 0}}; a one-token step's kernel 1 and (ungrouped) kernel 2 then
 # write each program's [start, after its wait (kernel 1's routed programs; else -1), end, kind] (%globaltimer ns) into
@@ -308,16 +296,15 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
                               SS_STRIDE: gl.constexpr, S_RN: gl.constexpr,
                               S_ROWS: gl.constexpr, MMA: gl.constexpr = 0, U: gl.constexpr = 4,
                               GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0, st_ptr=None,
-                              STAMPS: gl.constexpr = 0, p_ptr=None, tickets_ptr=None, SPLITS: gl.constexpr = 1):
+                              STAMPS: gl.constexpr = 0):
     """Kernel 1 for the routed rows and the shared expert in one launch (both read only x): a flat grid, the routed
     programs first (_routed_program, row blocks fastest; GROUPED: _routed_mma_group, ids_ptr the groups' table), then
     the shared expert's (_shared_program: a row block of its FP8 gate/up for S_ROWS tokens at a time). EARLY (the
     caller's word that x was written two or more launches back: dsv4.kernels' contract): the shared programs first,
-    their sums made before their wait (only their stores after it). SPLITS > 1 (with MMA, not GROUPED; CONFIG
-    solo_gate_up_splits): SPLITS routed programs a row block, splits fastest, each a K chunk (_routed_mma_split)."""
+    their sums made before their wait (only their stores after it)."""
     pid = gl.program_id(0)
     blocks = I // (16 * MMA) if MMA else I // (RN * gl.num_warps())
-    routed = blocks * T * TOPK * SPLITS
+    routed = blocks * T * TOPK
     s_blocks = SI // (S_RN * gl.num_warps())
     if EARLY:  # the shared programs first: they start on x while the kernel before runs
         p = pid - s_blocks * ((T + S_ROWS - 1) // S_ROWS)
@@ -333,16 +320,10 @@ def _gate_up_shared_gl_kernel(x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_
         _pdl_wait()
         if STAMPS:
             t1 = _globaltimer()
-        block = p // SPLITS
-        if SPLITS > 1:
-            _routed_mma_split(block % blocks, (block // blocks).to(gl.int64), p % SPLITS, x_ptr, w1_ptr, s1_ptr,
-                              w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, I, first, n_local, w_expert_stride,
-                              s_expert_stride, limit, K, S_STRIDE, TOPK, MMA, U, SPLITS)
-        else:
-            _routed(p % blocks, (p // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
-                    first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
+        _routed(p % blocks, (p // blocks).to(gl.int64), x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, I,
+                first, n_local, w_expert_stride, s_expert_stride, limit, K, S_STRIDE, TOPK, RN, MMA, U, GROUPED)
         if STAMPS:  # kind 2: a local pair's program, 3: another rank's
-            e = gl.load(ids_ptr + block // blocks).to(gl.int64) - first
+            e = gl.load(ids_ptr + p // blocks).to(gl.int64) - first
             _stamp(st_ptr + pid * 4, t0, t1, 3 - ((e >= 0) & (e < n_local)).to(gl.int64))
     else:
         _shared_program(q % s_blocks, q // s_blocks, x_ptr, sw1_ptr, ss1_ptr, sw3_ptr, ss3_ptr, sh_ptr, T, SI,
@@ -504,7 +485,7 @@ def _mma_word(wg, wh, mg, mh, b, c, F16: gl.constexpr):
 @_jit
 def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, s_expert_stride, K: gl.constexpr,
               S_STRIDE: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, PAIR: gl.constexpr, GROUPED: gl.constexpr,
-              group_row, cols, XDIV: gl.constexpr, C_LO, CHUNKS: gl.constexpr):
+              group_row, cols, XDIV: gl.constexpr):
     """The sums of rows nb * 16 RT.. of expert e's FP4 weight a (and, with PAIR, of b: gate and up read one x) with
     row r of x [*, K], on the tensor cores: RT tiles of 16 rows a warp, the K axis split over the warps (chunks of 128
     inputs, 64 bytes a row: warp w takes chunks w, w + W, ..., U of them a step), summed over the warps at the end.
@@ -517,9 +498,7 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
     GROUPED (dsv4.kernels.expert_groups): columns 0..cols-1 are the pairs of the group whose table row is group_row,
     column j x's row (pair j) // XDIV (lanes g = j load it); returns the four accumulators (rows g, g, g + 8, g + 8;
     columns 2 t, 2 t + 1, 2 t, 2 t + 1) summed over the warps, for a, then for b. Column j's sums are those of its pair
-    alone in column 0: an MMA's column reads its own column of x only, and the warps' sum is the same reduction.
-    C_LO, CHUNKS: the 128-input chunks summed, C_LO.. C_LO + CHUNKS - 1 (0 and K / 128: all of them; a split of K
-    otherwise, moe_gl CONFIG solo_gate_up_splits)."""
+    alone in column 0: an MMA's column reads its own column of x only, and the warps' sum is the same reduction."""
     W: gl.constexpr = gl.num_warps()
     L5: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, RT, 1, 1, 4], threads_per_warp=[1, 1, 8, 4, 1],
                                         warps_per_cta=[W, 1, 1, 1, 1], order=[4, 3, 2, 1, 0])
@@ -544,10 +523,10 @@ def _mma_rows(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, e, r, nb, w_expert_stride, 
     zero = gl.zeros([W, RT, 8, 4], gl.float32, L4)
     acc_a = (zero, zero, zero, zero)
     acc_b = (zero, zero, zero, zero)
-    for c0 in range(0, CHUNKS, W * U):
+    for c0 in range(0, K // 128, W * U):
         loads = ()
         for j in gl.static_range(U):
-            c = C_LO + c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
+            c = c0 + j * W + kw  # this warp's chunk [W, 1, 1, 1, 1]
             at = w0 + c * 16
             xs = x0 + c * 64
             scs = sc0 + c * 4
@@ -602,7 +581,7 @@ def _routed_mma_program(nb, r, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
-                         K, S_STRIDE, RT, U, True, False, ids_ptr, 1, 1, 0, K // 128)
+                         K, S_STRIDE, RT, U, True, False, ids_ptr, 1, 1)
         row, t3 = _mma_out_rows(nb, RT)
         for h in gl.static_range(2):  # rows g, then g + 8
             _swiglu_store(h_ptr + r * I + row + 8 * h, sums[h], sums[2 + h], limit, t3 == 0)  # column 0: lanes t = 0
@@ -620,39 +599,6 @@ def _swiglu_store(at, gate, up, limit, live):
 
 
 @_jit
-def _routed_mma_split(nb, r, split, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, ids_ptr, h_ptr, p_ptr, tickets_ptr, I, first,
-                      n_local, w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
-                      TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr, SPLITS: gl.constexpr):
-    """Program (nb, r, split) of CONFIG solo_gate_up_splits: _routed_mma_program's gate and up sums over K chunk split
-    (K / SPLITS inputs) stored as fp32 partials [pairs, SPLITS, 2, I] at p_ptr; the last of the row block's SPLITS
-    programs (its ticket, tickets_ptr[r * blocks + nb]; no float atomics) sums them in split order (.cg loads: other
-    SMs wrote them) and makes moe's activation as _routed_mma_program does. Another rank's pair: nothing."""
-    e = gl.load(ids_ptr + r).to(gl.int64) - first
-    if (e >= 0) & (e < n_local):
-        CHUNKS: gl.constexpr = K // 128 // SPLITS
-        sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, r // TOPK, nb, w_expert_stride, s_expert_stride,
-                         K, S_STRIDE, RT, U, True, False, ids_ptr, 1, 1, split * CHUNKS, CHUNKS)
-        row, t3 = _mma_out_rows(nb, RT)
-        live = t3 == 0  # column 0: lanes t = 0
-        part = p_ptr + (r * SPLITS + split) * 2 * I
-        for h in gl.static_range(2):  # rows g, then g + 8: gate's partials, then up's
-            gl.store(part + row + 8 * h, sums[h], mask=live)
-            gl.store(part + I + row + 8 * h, sums[2 + h], mask=live)
-        gl.thread_barrier()  # every thread's partials stored before the ticket's release
-        ticket = tickets_ptr + r * (I // (16 * RT)) + nb
-        if gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            for h in gl.static_range(2):
-                gate = (row * 0).to(gl.float32)
-                up = (row * 0).to(gl.float32)
-                for sp in gl.static_range(SPLITS):
-                    at = p_ptr + (r * SPLITS + sp) * 2 * I + row + 8 * h
-                    gate += gl.load(at, mask=live, other=0.0, cache_modifier=".cg")
-                    up += gl.load(at + I, mask=live, other=0.0, cache_modifier=".cg")
-                _swiglu_store(h_ptr + r * I + row + 8 * h, gate, up, limit, live)
-            gl.store(ticket, 0)
-
-
-@_jit
 def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, h_ptr, I, first, n_local,
                       w_expert_stride, s_expert_stride, limit, K: gl.constexpr, S_STRIDE: gl.constexpr,
                       TOPK: gl.constexpr, RT: gl.constexpr, U: gl.constexpr):
@@ -664,7 +610,7 @@ def _routed_mma_group(nb, p, x_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, groups_ptr, 
     e = gl.load(group_row).to(gl.int64) - first
     if (cols > 0) & (e >= 0) & (e < n_local):
         sums = _mma_rows(w1_ptr, s1_ptr, w3_ptr, s3_ptr, x_ptr, e, 0, nb, w_expert_stride, s_expert_stride, K,
-                         S_STRIDE, RT, U, True, True, group_row, cols, TOPK, 0, K // 128)
+                         S_STRIDE, RT, U, True, True, group_row, cols, TOPK)
         row, t3 = _mma_out_rows(nb, RT)
         for hh in gl.static_range(2):  # rows g, then g + 8
             for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
@@ -760,7 +706,7 @@ def _down_mma_program(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_pt
     e = gl.load(ids_ptr + r).to(gl.int64) - first
     if (e >= 0) & (e < n_local):
         sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, r, nb, w_expert_stride, s_expert_stride, I, S_STRIDE,
-                         RT, U, False, False, ids_ptr, 1, 1, 0, I // 128)
+                         RT, U, False, False, ids_ptr, 1, 1)
         weight = gl.load(wt_ptr + r).to(gl.float32)
         terms = ((sums[0].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32),
                  (sums[1].to(dt).to(gl.float32) * weight).to(dt).to(gl.float32))
@@ -798,7 +744,7 @@ def _down_mma_group(h_ptr, w_ptr, s_ptr, groups_ptr, wt_ptr, add_ptr, y_ptr, p_p
         e = gl.load(group_row).to(gl.int64) - first
         if (e >= 0) & (e < n_local):
             sums = _mma_rows(w_ptr, s_ptr, w_ptr, s_ptr, h_ptr, e, 0, nb, w_expert_stride, s_expert_stride, I,
-                             S_STRIDE, RT, U, False, True, group_row, cols, 1, 0, I // 128)
+                             S_STRIDE, RT, U, False, True, group_row, cols, 1)
             for hh in gl.static_range(2):  # rows g, then g + 8
                 for cc in gl.static_range(2):  # columns 2 t, then 2 t + 1
                     col = 2 * t3 + cc
@@ -846,19 +792,18 @@ def _rows_per_program() -> int:
     return CONFIG["rows_per_thread"] * CONFIG["num_warps"]
 
 
-def _mma(x: torch.Tensor, *ws: QWeight, warps: int = 0) -> dict:
+def _mma(x: torch.Tensor, *ws: QWeight) -> dict:
     """A kernel's tensor-core constants (MMA: 16-row tiles a program, U) where CONFIG["mma"] is on and its FP4
-    weights ws take them at `warps` a program (or CONFIG num_warps; _mma_shape, _mma_fits); {} (the CUDA-core
-    programs) otherwise. It depends on the weights and x's type only, never on the batch."""
-    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1], warps) and _mma_fits(w, x.dtype) for w in ws):
+    weights ws take them (_mma_shape, _mma_fits); {} (the CUDA-core programs) otherwise. It depends on the weights
+    and x's type only, never on the batch."""
+    if not CONFIG["mma"] or not all(_mma_shape(w, w.shape[1]) and _mma_fits(w, x.dtype) for w in ws):
         return {}
     return {"MMA": CONFIG["mma_tiles"], "U": CONFIG["mma_unroll"]}
 
 
-def _block_n(mma: dict, warps: int = 0) -> int:
-    """Outputs a program of kernel 1's routed rows or kernel 2 computes (CUDA-core programs: rows_per_thread a warp,
-    `warps` or CONFIG num_warps of them)."""
-    return 16 * mma["MMA"] if mma else CONFIG["rows_per_thread"] * (warps or CONFIG["num_warps"])
+def _block_n(mma: dict) -> int:
+    """Outputs a program of kernel 1's routed rows or kernel 2 computes."""
+    return 16 * mma["MMA"] if mma else _rows_per_program()
 
 
 def _fits(w: QWeight, x_width: int) -> bool:
@@ -870,11 +815,11 @@ def _fits(w: QWeight, x_width: int) -> bool:
             and w.scale.shape[-1] == x_width // 32)
 
 
-def _mma_shape(w: QWeight, x_width: int, warps: int = 0) -> bool:
+def _mma_shape(w: QWeight, x_width: int) -> bool:
     """An FP4 stack [E, N, K] in the tensor-core programs: 16-row tiles, whole 128-input chunks for every warp's
-    steps (`warps` a program, or CONFIG num_warps)."""
+    steps."""
     return (w.shape[0] % (16 * CONFIG["mma_tiles"]) == 0
-            and x_width % (128 * (warps or CONFIG["num_warps"]) * CONFIG["mma_unroll"]) == 0)
+            and x_width % (128 * CONFIG["num_warps"] * CONFIG["mma_unroll"]) == 0)
 
 
 def _compiled(x: torch.Tensor) -> bool:
@@ -933,11 +878,6 @@ def _options() -> dict:
     return {"num_warps": CONFIG["num_warps"]}
 
 
-def _k1_warps(x: torch.Tensor) -> int:
-    """Kernel 1's warps a program: CONFIG solo_gate_up_warps' in a step of one token where set, else num_warps."""
-    return CONFIG["solo_gate_up_warps"] if x.shape[0] == 1 and CONFIG["solo_gate_up_warps"] else CONFIG["num_warps"]
-
-
 def _gate_up_options(T: int) -> dict:
     """Kernel 1's compile options beyond _options for a step of T tokens: CONFIG gate_up_maxnreg's cap where set and
     T > 1, solo_gate_up_maxnreg's where set and T == 1 (see CONFIG)."""
@@ -979,13 +919,12 @@ def gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight, first:
     d1, s1 = w1.data.view(torch.int32), w1.scale.view(torch.uint8)
     d3, s3 = w3.data.view(torch.int32), w3.scale.view(torch.uint8)
     h = torch.empty(T * k, I, dtype=x.dtype, device=x.device)
-    warps = _k1_warps(x)
-    mma = _mma(x, w1, w3, warps=warps)
+    mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    _launch(_gate_up_gl_kernel)[(I // _block_n(mma, warps), T * k)](
+    _launch(_gate_up_gl_kernel)[(I // _block_n(mma), T * k)](
         x, d1, s1, d3, s3, at, h, I, first, d1.shape[0], d1.stride(0), s1.stride(0), float(limit),
         K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k, RN=CONFIG["rows_per_thread"], **mma, **grouped,
-        num_warps=warps, **_gate_up_options(T))
+        **_options(), **_gate_up_options(T))
     return h
 
 
@@ -996,7 +935,7 @@ def shared_fits(x: torch.Tensor, w1: QWeight, w3: QWeight) -> bool:
         return (w.fmt == "fp8" and w.scale is not None and w.scale.dtype == torch.float8_e8m0fnu and w.data.dim() == 2
                 and w.data.is_contiguous() and w.scale.is_contiguous() and w.col0 == 0 and w.shape[1] == x.shape[1]
                 and x.shape[1] % 512 == 0 and w.scale.shape[-1] == x.shape[1] // 128
-                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * _k1_warps(x)) == 0)
+                and w.shape[0] % (CONFIG["shared_rows_per_thread"] * CONFIG["num_warps"]) == 0)
     return fits(w1) and fits(w3) and w1.shape == w3.shape and w1.row0 == w3.row0
 
 
@@ -1017,39 +956,18 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
     # A token's sums are the same operations in either size (its own products in its own order, _shared_program);
     # tests/test_moe_gl.py holds each token alone (solo size) equal to it in a batch, bit for bit, on the GPU.
     rows = CONFIG["shared_tokens_solo"] if T == 1 else CONFIG["shared_tokens"]
-    s_rn, warps = CONFIG["shared_rows_per_thread"], _k1_warps(x)
+    s_rn, warps = CONFIG["shared_rows_per_thread"], CONFIG["num_warps"]
     shared = {"EARLY": 1} if early and CONFIG["shared_early"] and PDL else {}
-    mma = _mma(x, w1, w3, warps=warps)
+    mma = _mma(x, w1, w3)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    blocks = I // _block_n(mma, warps)
-    split = _split(x, mma, grouped, warps, blocks * T * k)
-    programs = blocks * T * k * split.get("SPLITS", 1) + SI // (s_rn * warps) * cdiv(T, rows)
+    programs = I // _block_n(mma) * T * k + SI // (s_rn * warps) * cdiv(T, rows)
     stamps = _stamps("k1", programs) if T == 1 and not grouped else {}
     _launch(_gate_up_shared_gl_kernel)[(programs,)](
         x, d1, s1, d3, s3, at, h, sw1.data, t1, sw3.data, t3, sh, T, I, SI, first, d1.shape[0],
         d1.stride(0), s1.stride(0), sw1.row0 % 128, float(limit), K=x.shape[1], S_STRIDE=s1.shape[-1], TOPK=k,
         RN=CONFIG["rows_per_thread"], SS_STRIDE=t1.shape[-1], S_RN=s_rn, S_ROWS=rows, **mma, **grouped, **shared,
-        **stamps, **split, num_warps=warps, **_gate_up_options(T))
+        **stamps, **_options(), **_gate_up_options(T))
     return h, sh
-
-
-def _split(x: torch.Tensor, mma: dict, grouped: dict, warps: int, row_blocks: int) -> dict:
-    """Kernel 1's split of K under CONFIG solo_gate_up_splits (a one-token step, its routed programs on the tensor cores,
-    ungrouped, every split whole steps of U chunks a warp): its partials, tickets and SPLITS; else none. The tickets are
-    the device's (qgemv.tickets_for); a capture before any eager launch has none: refused by name, as _mma_fits
-    refuses its host read there (dsv4.replay warms up eagerly first)."""
-    from .qgemv import tickets_for
-
-    splits = CONFIG["solo_gate_up_splits"]
-    if splits <= 1 or x.shape[0] != 1 or not mma or grouped or (x.shape[1] // 128) % (splits * warps * mma["U"]):
-        return {}
-    tickets = tickets_for(row_blocks, x.device)
-    if tickets is None:
-        raise RuntimeError("moe_gl solo_gate_up_splits: no split tickets (a graph capture before any eager launch); "
-                           "run one eager step first")
-    # the partials [pairs, splits, 2 (gate, up), I]: row blocks of 16 MMA rows each
-    partials = torch.empty(row_blocks * 16 * mma["MMA"] * splits * 2, dtype=torch.float32, device=x.device)
-    return {"p_ptr": partials, "tickets_ptr": tickets, "SPLITS": splits}
 
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
