@@ -37,14 +37,20 @@ def _hc_pre(h, fn, base, scale, cfg: ModelConfig):
     pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = torch.softmax(comb_w.unflatten(-1, (hc, hc)) * scale[2] + comb_b.view(hc, hc), dim=-1) + eps
-    # Sinkhorn-Knopp: alternate column and row normalisation towards a doubly stochastic matrix.
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(cfg.hc_sinkhorn_iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    comb = sinkhorn(comb_w.unflatten(-1, (hc, hc)) * scale[2] + comb_b.view(hc, hc), cfg.hc_sinkhorn_iters, eps)
     collapsed = (pre.unsqueeze(-1) * h).sum(dim=-2).to(h.dtype)
     return post, comb, collapsed
+
+
+def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """comb [..., hc, hc] from its logits: each row's softmax plus eps, then Sinkhorn-Knopp, alternate column and
+    row normalisation towards a doubly stochastic matrix (iters column normalisations, iters - 1 row ones)."""
+    comb = torch.softmax(logits, dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
 
 
 def hc_post(out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
