@@ -205,6 +205,8 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--elements", type=int, default=0, help="weight elements a thread decodes per loop iteration")
     ap.add_argument("--dump", help="write the SASS of the kernels here")
+    ap.add_argument("--dump-ptx", help="write the PTX of the kernels here (where the compiler put an instruction "
+                    "against griddepcontrol.wait)")
     ap.add_argument("--rows", type=int, default=1, help="rows of the GEMVs' input (qgemv, qgemv_fp4, dense), tokens "
                     "of the Gluon experts' step (gl; gl_grouped: 16 unless more than 1)")
     ap.add_argument("--gemv", choices=("v2", "v3"), help="the GEMVs' kernels (dsv4.kernels.select_gemv; default: "
@@ -214,8 +216,9 @@ def main(argv=None):
     if args.gemv:
         kernels.select_gemv(args.gemv)
     build(args.kernel, args.rows)
-    dump = []
+    dump, ptx = [], []
     for name, grid, out in compiled:
+        ptx += [f"// {name}", out.asm["ptx"]]
         ins = parse(sass(out.asm["cubin"]))
         loop = hottest_loop(ins)
         ins = [i for i in ins if i[1] != "LABEL"]
@@ -227,6 +230,9 @@ def main(argv=None):
     if args.dump:
         with open(args.dump, "w") as f:
             f.write("\n".join(dump) + "\n")
+    if args.dump_ptx:
+        with open(args.dump_ptx, "w") as f:
+            f.write("\n".join(ptx) + "\n")
 
 
 if __name__ == "__main__":
