@@ -21,8 +21,6 @@ the finish options one_pass and warp_maps may change them), digest (sha256 of th
 are seeded, so two processes, DSV4_PDL=0 and =1, give equal digests where the bits are equal) and launches
 (kernels per call, by the profiler).
 
-fused_deferred: a mid boundary under CONFIG defer_sinkhorn (comb from its logits before the wait, comb's logits
-out; its outputs are not the other arms': comb is its inputs' Sinkhorn, comb_out logits).
 --sinkhorn-iters N,M,... (a diagnostic, not the model): fused_default again at these Sinkhorn iteration counts
 (arms fused_default_iters<N>; the model's hc_sinkhorn_iters is Flash's config), so that the finish's Sinkhorn
 latency is read off the difference (the maps' serial chain inside the boundary's one finishing program).
@@ -100,13 +98,6 @@ def _at_iters(n: int):
     return lambda a, i, cfg, first: one_launch(a, i, dataclasses.replace(cfg, hc_sinkhorn_iters=n), first)
 
 
-def _deferred(a, i, cfg, first: bool):
-    """A mid boundary under hc_boundary CONFIG defer_sinkhorn (a["comb"] taken as comb's logits: the timing's)."""
-    return fused.boundary(a["out"], a["post"], a["comb"], a["h"], a["fns"][i], a["base"], a["scale"], a["norm_w"],
-                          cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps, defer_sinkhorn=True,
-                          comb_logits=True)
-
-
 def rel_err(got, ref) -> float:
     got, ref = got.float(), ref.float()
     return float((got - ref).abs().max() / ref.abs().max())
@@ -133,8 +124,6 @@ def bench(cfg, kind: str, rows: int, arms: re.Pattern, results: dict, iters=()):
     plans = [("unfused", unfused, ()), ("unfused_fused_sum", unfused, ((dense.CONFIG, {"fused_sum": True}),))]
     plans += [(f"fused_{name}", one_launch, ((fused.CONFIG, over),)) for name, over in VARIANTS.items()]
     plans += [(f"fused_default_iters{n}", _at_iters(n), ()) for n in iters]
-    if not first:  # CONFIG defer_sinkhorn's mid boundary: comb made from logits before the wait, logits out
-        plans.append(("fused_deferred", _deferred, ()))
     for arm, fn, overrides in plans:
         if not arms.search(arm):
             continue

@@ -2,7 +2,7 @@
 instructions by opcode, in total and in the kernel's hottest loop, so that a kernel change's instruction cost
 per weight element is known before a device call.
 
-    python benchmarks/sass_census.py [--kernel gl|gl_grouped|gate_up|down|tc|qgemv|qgemv_fp4|dense|boundary|boundary_defer|route] [--top 25] [--dump FILE]
+    python benchmarks/sass_census.py [--kernel gl|gl_grouped|gate_up|down|tc|qgemv|qgemv_fp4|dense|boundary|route] [--top 25] [--dump FILE]
                                      [--rows 1] [--gemv v2|v3]
 
 Each wrapper runs with CPU tensors of the Flash decode shape (rank 0 of 2, one token, or --rows rows of a batched
@@ -185,18 +185,13 @@ def build(kernel: str, rows: int = 1):
             hc_boundary.boundary(x, torch.zeros(1, 4), torch.zeros(1, 4, 4), h, torch.zeros(24, 4 * 4096),
                                  torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=torch.bfloat16), 4, 20, 1e-6,
                                  1e-6)
-    elif kernel == "boundary_defer":  # a mid boundary under CONFIG defer_sinkhorn: comb from logits, logits out
-        hc_boundary.boundary(x, torch.zeros(1, 4), torch.zeros(1, 4, 4), torch.zeros(1, 4, 4096, dtype=torch.bfloat16),
-                             torch.zeros(24, 4 * 4096), torch.zeros(24), torch.ones(3),
-                             torch.ones(4096, dtype=torch.bfloat16), 4, 20, 1e-6, 1e-6, defer_sinkhorn=True,
-                             comb_logits=True)
     elif kernel == "route":  # Flash's 256 experts, top 6, then a hash layer
         for tid2eid in (None, torch.zeros(129280, 6, dtype=torch.int64)):
             route.route(torch.zeros(1, 256, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64), torch.zeros(256),
                         tid2eid, 6, True, 1.5)
     else:
         raise SystemExit(f"--kernel {kernel!r}: allowed gl, gl_grouped, gate_up, down, tc, qgemv, wo, qgemv_fp4, dense, "
-                         "boundary, boundary_defer, route")
+                         "boundary, route")
 
 
 def main(argv=None):

@@ -71,8 +71,7 @@ BEHIND = {"_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr",
           "_index_keys_kernel": {"q_ptr", "wts_ptr", "cos_ptr", "sin_ptr", "icomp_ptr", "committed_ptr", "visible_ptr",
                                  "ids_ptr"},
           "_gate_up_shared_gl_kernel": {"x_ptr", "sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
-          "_down_gl_kernel": {"h_ptr", "w_ptr", "s_ptr", "ids_ptr", "wt_ptr"},
-          "_boundary_kernel": {"fn_ptr", "base_ptr", "scale_ptr", "norm_w_ptr", "comb_ptr"}}
+          "_down_gl_kernel": {"h_ptr", "w_ptr", "s_ptr", "ids_ptr", "wt_ptr"}}
 EARLY.update({f"{name}:behind": pointers for name, pointers in BEHIND.items()})
 
 
@@ -791,25 +790,22 @@ for n in (1, 100):
                        torch.zeros(()))
 
 
-def hc_boundary_variants(dtype, defers=((False, False),)):
+def hc_boundary_variants(dtype):
     """Flash's boundary (hc 4, D 4096): between sublayers and after the embedding (its rows given, or gathered from
     the table by token id), norm weights of either dtype; each without a door and opening one (door.CONFIG in_place:
     the step's first door, then doors that add the previous door's flag; the payload in the model's dtype or gloo's
-    fp32); each (defer_sinkhorn, comb_logits) of defers (the first boundary takes no logits: EARLY's PTX holds
-    BEHIND)."""
+    fp32)."""
     h, fn = torch.zeros(1, 4, 4096, dtype=dtype), torch.zeros(24, 4 * 4096)
     for first in (False, True):
         for norm_dtype in (dtype, torch.float32):
             for opened in (None, *doors(dtype, first)):
-                for defer, logits in {(d, lg and not first) for d, lg in defers}:
-                    kw = dict(defer_sinkhorn=defer, comb_logits=logits)
-                    hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
-                                         None if first else h, fn, torch.zeros(24), torch.ones(3),
-                                         torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened, **kw)
-                    if first:
-                        hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, fn,
-                                             torch.zeros(24), torch.ones(3), torch.ones(4096, dtype=norm_dtype), 4, 20,
-                                             1e-6, 1e-6, opened, ids=torch.zeros(1, dtype=torch.int64), **kw)
+                hc_boundary.boundary(torch.zeros(1, 4096, dtype=dtype), torch.zeros(1, 4), torch.zeros(1, 4, 4),
+                                     None if first else h, fn, torch.zeros(24), torch.ones(3),
+                                     torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened)
+                if first:
+                    hc_boundary.boundary(torch.zeros(8, 4096, dtype=dtype), None, None, None, fn, torch.zeros(24),
+                                         torch.ones(3), torch.ones(4096, dtype=norm_dtype), 4, 20, 1e-6, 1e-6, opened,
+                                         ids=torch.zeros(1, dtype=torch.int64))
 
 
 def doors(dtype, first: bool) -> list:
@@ -827,10 +823,7 @@ for cfg in ({},) + (({"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_war
                    if SWEEPS else ()):
     hc_boundary.CONFIG.update(cfg)
     for dtype in (torch.bfloat16, torch.float32):
-        # CONFIG defer_sinkhorn's launches (dsv4.model.forward): the first's and a mid's deferring, the mids' taking
-        # logits, the last layer's attention-side one taking them without deferring
-        hc_boundary_variants(dtype, ((False, False), (True, False), (True, True), (False, True)) if not cfg else
-                             ((False, False),))
+        hc_boundary_variants(dtype)
     hc_boundary.CONFIG.update(default)
 # the finish's options (their own constexprs: the door's bookkeeping is the same code either way)
 for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": True, "warp_maps": True}):

@@ -167,42 +167,6 @@ def test_door_bookkeeping_leaves_the_boundary_alone(first, wire):
     assert int(census) == 5 and float(verdict) == (2.0 if first else 3.0)
 
 
-@pytest.mark.parametrize("first", [False, True], ids=["boundary", "first"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_deferred_sinkhorn_moves_comb_to_the_next_boundary(options, first, dtype):
-    """CONFIG defer_sinkhorn's pair of launches: a boundary with defer_sinkhorn returns comb's logits (its streams,
-    post and normed row the plain launch's, bit for bit), from which hc.sinkhorn makes the plain launch's comb
-    (fp32, 1e-6: the same arithmetic in torch); the next boundary given them (comb_logits) makes comb itself and
-    gives what it gives from the plain launch's comb: fp32 within 1e-5, bf16 streams within one rounding of
-    hc_post's terms; a row alone has its bits in the batch; the first boundary takes no logits."""
-    a = inputs(3, 4, 300, dtype, seed=21 + first)
-    post, comb, h = (None, None, None) if first else (a["post"], a["comb"], a["h"])
-    args = (a["fn"], a["base"], a["scale"], a["norm_w"], 4, CFG.hc_sinkhorn_iters, CFG.rms_norm_eps, CFG.hc_eps)
-    plain = fused.boundary(a["out"], post, comb, h, *args)
-    deferred = fused.boundary(a["out"], post, comb, h, *args, defer_sinkhorn=True)
-    for i in (0, 1, 3):
-        assert torch.equal(deferred[i], plain[i]), i
-    torch.testing.assert_close(hc.sinkhorn(deferred[2], CFG.hc_sinkhorn_iters, CFG.hc_eps), plain[2], rtol=1e-6,
-                               atol=1e-6)
-    b = inputs(3, 4, 300, dtype, seed=31)
-    nxt = (b["out"], plain[1], plain[2], plain[0], b["fn"], b["base"], b["scale"], b["norm_w"], *args[4:])
-    ref = fused.boundary(*nxt)
-    got = fused.boundary(*nxt[:2], deferred[2], *nxt[3:], comb_logits=True)
-    if dtype == torch.float32:
-        for x, y, name in zip(got, ref, ("streams", "post", "comb", "normed")):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5, msg=name)
-    else:  # comb rounded to bf16 before hc_post's products: a last-bit difference of comb moves a term by 2^-8
-        bound = plain[2].abs().transpose(-1, -2) @ plain[0].float().abs() + plain[1].unsqueeze(-1).abs() * \
-            b["out"].float().abs().unsqueeze(-2)
-        assert bool(((got[0].float() - ref[0].float()).abs() <= 2 ** -7 * bound + 1e-6).all())
-    for r in range(3):
-        alone = fused.boundary(b["out"][r:r + 1], plain[1][r:r + 1], deferred[2][r:r + 1], plain[0][r:r + 1],
-                               *nxt[4:], comb_logits=True)
-        assert all(torch.equal(x, y[r:r + 1]) for x, y in zip(alone, got)), r
-    with pytest.raises(ValueError, match="comb_logits"):
-        fused.boundary(a["out"], None, deferred[2], None, *args, comb_logits=True)
-
-
 def test_one_pass_only_where_the_row_fits(monkeypatch):
     """one_pass_finish holds the row's hc streams in registers: Flash's (hc 4, D 4096) fits 8 warps, a wider row
     keeps the two passes."""
@@ -250,47 +214,6 @@ def test_model_decode_against_the_reference(monkeypatch, tiny):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     err = float((got - ref).abs().max() / ref.abs().max())
     assert err <= 1e-5, err
-
-
-@pytest.mark.parametrize("consumer", ["one_launch", "unfused"])
-def test_model_decode_with_the_deferred_sinkhorn(monkeypatch, tiny, consumer):
-    """hc_boundary CONFIG defer_sinkhorn through the model: two decode steps against the torch reference (the same
-    greedy tokens, logits within 1e-5 of the largest), every boundary in one launch (each layer's MoE-side boundary
-    then takes the logits the attention-side one left) or the attention-side ones unfused ("unfused": those get
-    CombLogits from a one-launch boundary and make comb with hc.sinkhorn); the same launches a step as without."""
-    from dsv4.model import forward as forward_module
-
-    monkeypatch.setitem(fused.CONFIG, "defer_sinkhorn", True)
-    if consumer == "unfused":
-        real = forward_module.Transformer._fused
-        monkeypatch.setattr(forward_module.Transformer, "_fused", lambda self, rows, L, site, alone: site != "ffn"
-                            and real(self, rows, L, site, alone))
-    defers: list = []
-    real_boundary = fused.boundary
-
-    def watched(*args, **kwargs):
-        defers.append((kwargs.get("defer_sinkhorn", False), kwargs.get("comb_logits", False)))
-        return real_boundary(*args, **kwargs)
-
-    monkeypatch.setattr(fused, "boundary", watched)
-
-    def run(mode):
-        state = primed(tiny, monkeypatch)
-        monkeypatch.setenv("DSV4_KERNELS", mode)
-        logits = [tiny.decode(state, 9).reshape(-1)]
-        logits.append(tiny.decode(state, int(logits[-1].argmax())).reshape(-1))
-        return torch.stack(logits)
-
-    ref, got = run("torch"), run("triton")
-    assert torch.equal(got.argmax(-1), ref.argmax(-1))
-    err = float((got - ref).abs().max() / ref.abs().max())
-    assert err <= 1e-5, err
-    layers = tiny.cfg.num_hidden_layers
-    if consumer == "one_launch":  # a step: the first and each layer's two but the last layer's second
-        step = [(True, False)] + [(True, True), (True, True)] * (layers - 1) + [(False, True)]
-        assert defers == step * 2, defers
-    else:  # the MoE-side boundaries (and the first) defer; the unfused attention-side ones make comb in torch
-        assert defers == [(True, False)] * layers * 2, defers
 
 
 def counting(monkeypatch) -> list:

@@ -57,15 +57,7 @@ GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under t
 # maps' [hc, hc] tiles inside one warp (_partials_in_warp). Both off until a GPU run: each may change the bits.
 CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
           "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "1") == "1",
-          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1",
-          "defer_sinkhorn": os.environ.get("DSV4_BOUNDARY_DEFER", "0") == "1"}
-# defer_sinkhorn (DSV4_BOUNDARY_DEFER=1; off until a GPU run): the model's forward (dsv4.model.forward) asks a
-# boundary whose comb goes to another one-launch boundary for comb's logits only (DEFER), and that boundary makes comb
-# from them in each program before its wait (EARLY): the softmax and Sinkhorn's 2 * hc_sinkhorn_iters reductions
-# (session 45 call 1: ~2 us of a Flash mid boundary's 7.0 alone, all in its one finishing program) leave the step's
-# critical path for the pre-wait phase, under the sublayer's last kernel. comb only ever goes from one boundary to
-# the next (and to the last layer's hc_post, whose producer does not defer). The same arithmetic in other programs:
-# the bits may differ (the reductions' layouts).
+          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1"}
 # Session 38 call 3 (benchmarks/RESULTS.md) measured Sinkhorn on comb's 16 values as scalars in every thread (no
 # shuffle, no barrier; commit 0c87aaa): a mid boundary 6.71 -> 8.69 us, mini's pipelined decode -6.9 %: each
 # thread's 640 divisions, in all 8 warps, cost more than warp_maps' 80 shuffles. Removed.
@@ -98,13 +90,10 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      seen_ptr, verdict_ptr, ids_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
                      FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr,
                      NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
-                     WARP_MAPS: constexpr, DEFER: constexpr = 0, EARLY: constexpr = 0):
+                     WARP_MAPS: constexpr):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     GATHER (with FIRST): out_ptr the embedding table, row t's embedded row the one of token ids_ptr[t].
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
-    DEFER: comb_out_ptr gets comb's logits, its softmax and Sinkhorn left to the consumer (CONFIG defer_sinkhorn).
-    EARLY: comb_ptr holds such logits, written two or more launches back: every program makes comb from them
-    (_sinkhorn) before its wait.
     Every program loads the stored weights first (its slice of hc_fn, base, scale and, with ONE_PASS, the norm
     weight: module parameters, which no step writes), then pdl_wait (DSV4_PDL, launched with launch_pdl: the
     previous kernel complete, the next released), then everything the step produces."""
@@ -123,10 +112,6 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
         norm_w = tl.load(norm_w_ptr + r, mask=r < D, other=0.0)
     else:  # the finish's _collapse reads it in chunks
         norm_w = norm_w_ptr
-    k_row = k[:, None] * HC + k[None, :]
-    if EARLY and not FIRST:  # the boundary before the last sublayer left comb's logits: its Sinkhorn here
-        comb_early = _sinkhorn(_tile_in_warp(comb_ptr + t * HC * HC, HC, SP), eps, ITERS)
-        _settled(tl.sum(tl.sum(comb_early, axis=1), axis=0))
     pdl_wait()
     if DOOR:
         if (t == 0) & (s == 0):
@@ -144,10 +129,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     else:
         # hc_post.py's arithmetic: post and comb rounded to the streams' dtype, one rounding of the sum
         post = tl.load(post_ptr + t * HC + k).to(dt).to(tl.float32)
-        if EARLY:
-            comb = comb_early.to(dt).to(tl.float32)  # [j, k]
-        else:
-            comb = tl.load(comb_ptr + t * HC * HC + k_row).to(dt).to(tl.float32)  # [j, k]
+        comb = tl.load(comb_ptr + t * HC * HC + k[:, None] * HC + k[None, :]).to(dt).to(tl.float32)  # [j, k]
         h = tl.load(h_ptr + t * HC * D + k[:, None] * D + d[None, :], mask=ok[None, :], other=0.0).to(tl.float32)
         new = post[:, None] * x[None, :] + tl.sum(comb[:, :, None] * h[:, None, :], axis=0)
     new = new.to(dt)
@@ -164,7 +146,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
         _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D, HC, ITERS,
-                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS, DEFER)
+                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
         tl.store(tickets_ptr + t, 0)
 
 
@@ -181,11 +163,10 @@ def _stored_maps(base_ptr, scale_ptr, HC: constexpr):
 @device_function
 def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D: constexpr,
             HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr,
-            ONE_PASS: constexpr, WARP_MAPS: constexpr, DEFER: constexpr):
+            ONE_PASS: constexpr, WARP_MAPS: constexpr):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
     hc.py's maps (their stored terms `stored`, _stored_maps'), then the collapse and its RMSNorm (norm_w: the
-    weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg). DEFER:
-    comb's logits stored, its Sinkhorn the consumer's."""
+    weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg)."""
     k = tl.arange(0, HC)
     j = k[:, None] * HC + k[None, :]
     streams = new_ptr + t * HC * D + k[:, None] * D
@@ -196,9 +177,7 @@ def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr
         pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
     else:
         pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
-    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC)
-    if not DEFER:
-        c = _sinkhorn(c, eps, ITERS)
+    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS)
     tl.store(comb_out_ptr + t * HC * HC + j, c)
     if ONE_PASS:
         _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
@@ -250,48 +229,22 @@ def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP
 
 
 @device_function
-def _settled(x):
-    """Keep the arithmetic behind x before what follows: ptxas schedules arithmetic across griddepcontrol.wait
-    (session 45: a boundary's whole pre-wait Sinkhorn landed after it, back on the critical path), but not across a
-    branch on its result. The branch is never taken (x is finite or NaN, never 1e30) and holds one nanosleep, which
-    no compiler removes."""
-    if x == 1.0e30:
-        tl.inline_asm_elementwise("nanosleep.u32 1;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@device_function
-def _tile_in_warp(ptr, HC: constexpr, SP: constexpr):
-    """The [HC, HC] tile at ptr in _partials_in_warp's layout (a column sum of an [SP, HC * HC] tile whose other
-    rows are masked to 0, reshaped), which keeps it inside one warp: Sinkhorn's row and column sums are then warp
-    shuffles (loaded as [HC, HC], or flat and reshaped, it spans the warps: shared memory and barriers)."""
-    sp = tl.arange(0, SP)[:, None]
-    e = tl.arange(0, HC * HC)[None, :]
-    return tl.reshape(tl.sum(tl.load(ptr + e + sp * 0, mask=sp == 0, other=0.0), axis=0), [HC, HC])
-
-
-@device_function
-def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr):
+def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
+          ITERS: constexpr):
     """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r) and the stored
-    terms (_stored_maps'): post stored at post_out, (pre, comb's logits) returned (comb is _sinkhorn of them)."""
+    terms (_stored_maps'): post stored at post_out, (pre, comb) returned."""
     pre_b, post_b, comb_b, s0, s1, s2 = stored
     rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
     pre = tl.sigmoid(pre_w * rstd * s0 + pre_b) + eps
     tl.store(post_out + tl.arange(0, HC), 2 * tl.sigmoid(post_w * rstd * s1 + post_b))
-    return pre, comb_w * rstd * s2 + comb_b
-
-
-@device_function
-def _sinkhorn(c, eps, ITERS: constexpr):
-    """comb [HC, HC] from its logits c (hc.py's sinkhorn): the rows' softmax plus eps, then Sinkhorn-Knopp's
-    column and row normalisations. A serial chain of 2 * ITERS small reductions (~0.1 us an iteration on an H200,
-    benchmarks/hc_boundary_bench.py --sinkhorn-iters)."""
+    c = comb_w * rstd * s2 + comb_b
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
     c = c / tl.sum(c, axis=1)[:, None] + eps
     c = c / (tl.sum(c, axis=0)[None, :] + eps)
     for _ in tl.static_range(ITERS - 1):
         c = c / (tl.sum(c, axis=1)[:, None] + eps)
         c = c / (tl.sum(c, axis=0)[None, :] + eps)
-    return c
+    return pre, c
 
 
 @device_function
@@ -329,7 +282,7 @@ def _collapse_in_registers(pre, hv, norm_w, x_row, norm_eps, D: constexpr, BLOCK
 
 
 def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, norm_eps: float, eps: float,
-             door=None, ids=None, defer_sinkhorn: bool = False, comb_logits: bool = False):
+             door=None, ids=None):
     """The sublayer's reduced output out [T, D] placed into the streams h [T, hc, D] by post [T, hc] and
     comb [T, hc, hc] (h None: the first boundary, out the embedded rows), then the next sublayer's maps
     from hc_fn/base/scale and its input normed by norm_w -> (streams [T, hc, D], post [T, hc] fp32,
@@ -338,15 +291,11 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
     [vocab, D] and each program reads its row's embedded row from it (the gather's launch saved; the same
     values as out.index_select(0, ids)). hc_fn, base, scale and norm_w are the model's stored weights, contiguous:
     the kernel reads them in place before it waits for the kernel before it (DSV4_PDL), so never a copy this step
-    writes. defer_sinkhorn: the comb returned is comb's logits [T, hc, hc] (its softmax and Sinkhorn not made),
-    for a boundary called with comb_logits, which makes comb from them (the same _sinkhorn) before its wait: the
-    caller's word that they were written two or more launches back (dsv4.kernels' contract for EARLY)."""
+    writes."""
     if not all(w.is_contiguous() for w in (fn, base, scale, norm_w)):
         raise ValueError("hc_boundary.boundary: the stored weights must be contiguous (read in place before the wait)")
     if ids is not None and h is not None:
         raise ValueError("hc_boundary.boundary: ids (the embedding's gather) is for the first boundary only")
-    if comb_logits and h is None:
-        raise ValueError("hc_boundary.boundary: comb_logits names the comb of a previous boundary; the first has none")
     T, D = (ids.numel(), out.shape[1]) if ids is not None else out.shape
     first = h is None
     out = out.contiguous()
@@ -376,6 +325,5 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
         FIRST=first, GATHER=ids is not None, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
-        WARP_MAPS=CONFIG["warp_maps"], **({"DEFER": 1} if defer_sinkhorn else {}),
-        **({"EARLY": 1} if comb_logits else {}), **extra)
+        WARP_MAPS=CONFIG["warp_maps"], **extra)
     return new, post_out, comb_out, x

@@ -9,8 +9,6 @@ branch on device values, no shape that depends on data.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from .. import kernels
@@ -26,18 +24,12 @@ from ..state import DecodeState, StatePool, pool_of
 from . import attention as attention_module
 from .attention import attention, attention_pooled
 from .commit import Write, commit
-from .hc import hc_head, hc_post, hc_pre, sinkhorn
+from .hc import hc_head, hc_post, hc_pre
 from .rows import dense, rows_alone, short_chunk
 from .moe import moe
 from .norm import rms_norm
 from .rope import Rope
 from .step import PoolStep, Step
-
-
-class CombLogits(NamedTuple):
-    """comb's logits [T, hc, hc] from a one-launch boundary that left its softmax and Sinkhorn to the next one
-    (dsv4.kernels.hc_boundary CONFIG defer_sinkhorn)."""
-    logits: torch.Tensor
 
 
 def _stack(ws: list[QWeight]) -> QWeight:
@@ -171,9 +163,8 @@ class Transformer:
             for i, L in enumerate(self.layers):
                 with phase("attention"):
                     a = attend(x, L["attn"], i, writes, comm.payload(i, "attention", x.dtype))
-                # comb's consumer: the boundary after this layer's MoE, a one-launch one unless this is the last
                 h, post, comb, x = self._boundary(self._reduce(a, i, "attention"), post, comb, h, L, "ffn", alone,
-                                                  (i, "moe"), defer=i + 1 < len(self.layers))
+                                                  (i, "moe"))
                 with phase("moe"):
                     f = moe(x, tokens, L["ffn"], self.experts.start, cfg, comm.payload(i, "moe", x.dtype))
                 after = self.layers[i + 1] if i + 1 < len(self.layers) else None  # the head collapses after the commit
@@ -213,42 +204,28 @@ class Transformer:
         rows = torch.empty(tokens.shape[0], cfg.hidden_size, dtype=self.dtype, device=tokens.device)  # no launch
         lean = bookkeeping.CONFIG["lean_prologue"] and self.embed.dtype == self.dtype
         if lean and self._fused(rows, L, "attn", alone):
-            deferring = fused_boundary.CONFIG["defer_sinkhorn"]  # comb goes to layer 0's second boundary
             with phase("mhc"):
-                h, post, comb, x = fused_boundary.boundary(
-                    self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"], cfg.hc_mult,
-                    cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps, self.comm.open_door(0, "attention", rows),
-                    ids=tokens, defer_sinkhorn=deferring)
-                return h, post, CombLogits(comb) if deferring else comb, x
+                return fused_boundary.boundary(self.embed, None, None, None, *L["hc"]["attn"], L["attn_norm"],
+                                               cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(0, "attention", rows), ids=tokens)
         x = self.embed.index_select(0, tokens).to(self.dtype)  # a decode step's gather: ~2 us where [tokens] took ~5
         return self._boundary(x, None, None, None, L, "attn", alone, (0, "attention"))
 
-    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str],
-                  defer: bool = True):
+    def _boundary(self, out, post, comb, h, L: dict | None, site: str, alone: bool, door: tuple[int, str]):
         """An mHC boundary (paper 2.2): the sublayer's output `out` into the streams h by post and comb (h None:
         out is the embedded row, copied into every stream), then the maps of L's sublayer `site` and its
         normed input -> (streams, post, comb, x); L None (after the last layer): the streams alone.
         Rows alone (a decode step, a short chunk) run it in one launch (dsv4.kernels.hc_boundary: per row),
-        which opens `door` (layer, site), the all-reduce after that sublayer, where Comm.open_door does.
-        defer (the caller's word that comb goes to another boundary, as it does but after the last layer's
-        attention): under hc_boundary CONFIG defer_sinkhorn a one-launch boundary returns comb as CombLogits, its
-        Sinkhorn made by the next one-launch boundary before its wait (off the critical path), or here by
-        hc.sinkhorn where that boundary is not one launch."""
+        which opens `door` (layer, site), the all-reduce after that sublayer, where Comm.open_door does."""
         cfg = self.cfg
         if h is not None:
             self._count("collective")
             self._count("hc_post")
-        logits = isinstance(comb, CombLogits)
         if self._fused(out if h is None else h, L, site, alone):
-            deferring = defer and fused_boundary.CONFIG["defer_sinkhorn"]
             with phase("mhc"):
-                new, post, comb, x = fused_boundary.boundary(
-                    out, post, comb.logits if logits else comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
-                    cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps, self.comm.open_door(*door, out),
-                    defer_sinkhorn=deferring, comb_logits=logits)
-                return new, post, CombLogits(comb) if deferring else comb, x
-        if logits:
-            comb = sinkhorn(comb.logits, cfg.hc_sinkhorn_iters, cfg.hc_eps)
+                return fused_boundary.boundary(out, post, comb, h, *L["hc"][site], L[site + "_norm"], cfg.hc_mult,
+                                               cfg.hc_sinkhorn_iters, cfg.rms_norm_eps, cfg.hc_eps,
+                                               self.comm.open_door(*door, out))
         with phase("mhc"):
             if h is None:
                 h = out.unsqueeze(1).expand(out.shape[0], cfg.hc_mult, cfg.hidden_size).contiguous()
