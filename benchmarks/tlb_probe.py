@@ -38,11 +38,10 @@ def _probe_kernel(buf_ptr, base_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.con
     """Program p: CHUNK int32 words at base + p * CHUNK in STEPS loads, their sum stored (so nothing is elided)."""
     p = tl.program_id(0)
     base = tl.load(base_ptr).to(tl.int64) + p.to(tl.int64) * CHUNK
-    block = CHUNK // STEPS
-    r = tl.arange(0, block)
-    acc = tl.zeros([block], dtype=tl.int32)
+    r = tl.arange(0, CHUNK // STEPS)
+    acc = tl.zeros([CHUNK // STEPS], dtype=tl.int32)
     for s in tl.static_range(STEPS):
-        acc += tl.load(buf_ptr + base + s * block + r)
+        acc += tl.load(buf_ptr + base + s * (CHUNK // STEPS) + r)
     tl.store(out_ptr + p, tl.sum(acc, axis=0))
 
 
