@@ -10,7 +10,8 @@ that is where the fixed part goes.
 
 Each launch: PROGRAMS programs of 128 threads, program p reads CHUNK bytes (two load steps, as kernel 1's) at
 base + p * CHUNK, base a random multiple of REGION in a buffer of SIZE bytes (a new base every launch: the region cold
-in L2 as an expert is; --pattern hot: the same base every launch, the region in L2). LAUNCHES launches are captured in
+in L2 as an expert is; hot: the same base every launch, the region in L2; cold_touched: cold, and one more program
+of each launch reads one word of each 2 MB page of the next launch's region, its translations made ahead). LAUNCHES launches are captured in
 one CUDA graph and replayed REPS times; the median time a launch over the replays:
 
     TLB_PROBE {"size_gib", "pattern", "programs", "chunk_kib", "region_mib", "us_per_launch", "launches", "reps"}
@@ -34,9 +35,18 @@ from dsv4.receipts import emit, provenance
 
 
 @triton.jit
-def _probe_kernel(buf_ptr, base_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.constexpr):
-    """Program p: CHUNK int32 words at base + p * CHUNK in STEPS loads, their sum stored (so nothing is elided)."""
+def _probe_kernel(buf_ptr, base_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.constexpr, PROGRAMS: tl.constexpr,
+                  PAGE: tl.constexpr, PAGES: tl.constexpr):
+    """Program p < PROGRAMS: CHUNK int32 words at base + p * CHUNK in STEPS loads, their sum stored (so nothing is
+    elided). With PAGES, one more program reads one word of each of the next launch's region's PAGES pages (PAGE
+    words apart): its translations made a launch ahead."""
     p = tl.program_id(0)
+    if PAGES > 0:
+        if p == PROGRAMS:
+            pg = tl.arange(0, PAGES)
+            nxt = tl.load(base_ptr + 1).to(tl.int64)
+            tl.store(out_ptr + p, tl.sum(tl.load(buf_ptr + nxt + pg.to(tl.int64) * PAGE), axis=0))
+            return
     base = tl.load(base_ptr).to(tl.int64) + p.to(tl.int64) * CHUNK
     r = tl.arange(0, CHUNK // STEPS)
     acc = tl.zeros([CHUNK // STEPS], dtype=tl.int32)
@@ -45,17 +55,25 @@ def _probe_kernel(buf_ptr, base_ptr, out_ptr, CHUNK: tl.constexpr, STEPS: tl.con
     tl.store(out_ptr + p, tl.sum(acc, axis=0))
 
 
+PAGE_WORDS = (2 << 20) // 4  # the driver's 2 MB pages
+
+
 def probe(buf: torch.Tensor, programs: int, chunk: int, region: int, launches: int, reps: int, hot: bool,
-          gen: torch.Generator) -> float:
-    """Median us a launch (int32 word units for chunk and region)."""
+          gen: torch.Generator, touch: bool = False) -> float:
+    """Median us a launch (int32 word units for chunk and region); touch: each launch also reads one word of each
+    page of the next launch's region (one more program)."""
     slots = buf.numel() // region
-    picks = torch.zeros(launches, dtype=torch.int64) if hot else torch.randint(0, slots, (launches,), generator=gen)
+    picks = torch.zeros(launches + 1, dtype=torch.int64) if hot else \
+        torch.randint(0, slots, (launches + 1,), generator=gen)
     bases = (picks * region).to(buf.device)
-    out = torch.empty(programs, dtype=torch.int32, device=buf.device)
+    out = torch.empty(programs + 1, dtype=torch.int32, device=buf.device)
+    pages = max(1, region // PAGE_WORDS) if touch else 0
 
     def run():
         for i in range(launches):
-            _probe_kernel[(programs,)](buf, bases[i:], out, CHUNK=chunk, STEPS=2, num_warps=4)
+            _probe_kernel[(programs + (1 if touch else 0),)](buf, bases[i:], out, CHUNK=chunk, STEPS=2,
+                                                             PROGRAMS=programs, PAGE=PAGE_WORDS, PAGES=pages,
+                                                             num_warps=4)
 
     run()  # compile
     torch.cuda.synchronize()
@@ -65,7 +83,7 @@ def probe(buf: torch.Tensor, programs: int, chunk: int, region: int, launches: i
     times = []
     for _ in range(reps):
         if not hot:  # new regions every replay: the graph reads the bases it was captured with, so redraw them
-            bases.copy_((torch.randint(0, slots, (launches,), generator=gen) * region).to(buf.device))
+            bases.copy_((torch.randint(0, slots, (launches + 1,), generator=gen) * region).to(buf.device))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
@@ -95,9 +113,10 @@ def main(argv=None):
             emit("TLB_PROBE", size_gib=size, error=f"{words * 4} bytes asked, {free} free")
             continue
         buf = torch.empty(words, dtype=torch.int32, device="cuda")
-        for hot in (False, True):
-            us = probe(buf, a.programs, chunk, region, a.launches, a.reps, hot, gen)
-            emit("TLB_PROBE", size_gib=size, pattern="hot" if hot else "cold", programs=a.programs,
+        for pattern in ("cold", "hot", "cold_touched"):
+            us = probe(buf, a.programs, chunk, region, a.launches, a.reps, pattern == "hot", gen,
+                       touch=pattern == "cold_touched")
+            emit("TLB_PROBE", size_gib=size, pattern=pattern, programs=a.programs,
                  chunk_kib=a.chunk_kib, region_mib=region * 4 / 2 ** 20, us_per_launch=round(us, 2),
                  launches=a.launches, reps=a.reps)
         del buf
