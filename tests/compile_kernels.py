@@ -73,6 +73,15 @@ BEHIND = {"_pool_kernel": {"kv_ptr", "gate_ptr", "ring_kv_ptr", "ring_gate_ptr",
           "_gate_up_shared_gl_kernel": {"x_ptr", "sw1_ptr", "ss1_ptr", "sw3_ptr", "ss3_ptr"},
           "_down_gl_kernel": {"h_ptr", "w_ptr", "s_ptr", "ids_ptr", "wt_ptr"}}
 EARLY.update({f"{name}:behind": pointers for name, pointers in BEHIND.items()})
+# A variant compiled with PREFETCH = 1 of a kernel here (moe_gl CONFIG down_prefetch: the kernel before released it
+# first of all, so only what three or more launches back wrote is complete when it starts) may load these before its
+# wait (its L2 prefetches load nothing). Checked as "<kernel>:prefetch".
+PREFETCHING = {"_down_gl_kernel": {"ids_ptr", "w_ptr", "s_ptr"}}
+EARLY.update({f"{name}:prefetch": pointers for name, pointers in PREFETCHING.items()})
+# Kernels whose variant compiled with RELEASE = 1 releases the next kernel before its wait (qgemv.linear's release,
+# pdl_release): checked as "<kernel>:release", the release's place not held to the wait, all else as the kernel's.
+RELEASING = {"_qgemv2_kernel"}
+EARLY.update({f"{name}:release": EARLY[name] for name in RELEASING})
 
 
 def aligned(a) -> bool:
@@ -124,7 +133,10 @@ def _recorder(jit, kernel_name: str, source):
                     key.append((name, v))
                 sig = {n: sig[n] for n in names if n in sig}  # the kernel's parameter order
                 behind = kernel_name in BEHIND and constexprs.get("EARLY", 0) == 1
-                k = (kernel_name + ":behind" * behind, tuple(key), tuple(sorted(options.items())))
+                prefetching = kernel_name in PREFETCHING and constexprs.get("PREFETCH", 0) == 1
+                releasing = kernel_name in RELEASING and constexprs.get("RELEASE", 0) == 1
+                k = (kernel_name + ":behind" * behind + ":prefetch" * prefetching + ":release" * releasing, tuple(key),
+                     tuple(sorted(options.items())))
                 if k in compiled:
                     return
                 src = source(fn=jit, signature=sig, constexprs={(names.index(n),): v for n, v in constexprs.items()},
@@ -132,8 +144,8 @@ def _recorder(jit, kernel_name: str, source):
                 compiled.add(k)
                 params = [(n, sig[n]) for n in names if n in sig and sig[n] != "constexpr"]  # the PTX's, in order
                 # a variant that may stream a stored weight before its wait must (the point of the early launch)
-                early = behind or (kernel_name in EARLY and constexprs.get("EARLY", True)
-                                   and not constexprs.get("HASH", False))
+                early = behind or prefetching or (kernel_name in EARLY and constexprs.get("EARLY", True)
+                                                  and not constexprs.get("HASH", False))
                 pending.append((k, src, options, params, early))  # compiled at the end, on every core (compile_pending)
             return run
     return Launch()
@@ -166,6 +178,11 @@ def qgemv_variants(dtype, scale_dtype):
                         torch.zeros(n // 128, k // 128, dtype=scale_dtype), "fp8")
             qgemv.linear(torch.zeros(1, k, dtype=dtype), w)
     qgemv.CONFIG["v2_early_tiles"] = was
+    # linear's release (moe_gl CONFIG down_prefetch: the shared expert's down linear releases kernel 2 first of all)
+    for n, k in ((4096, 2048), (1024, 4096)):
+        qgemv.linear(torch.zeros(1, k, dtype=dtype), QWeight(torch.zeros(n, k, dtype=torch.float8_e4m3fn),
+                                                             torch.zeros(n // 128, k // 128, dtype=scale_dtype), "fp8"),
+                     release=True)
 
 
 for blocks in (False, True):  # a batched step's pairs by expert (P_PAD 32, 256, 512), both forms
@@ -696,6 +713,16 @@ def shared_early():
             moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), down, 0, add, torch.zeros(1, 4096, dtype=dtype),
                         early=True)
     moe_gl.CONFIG["down_early"] = was
+    # CONFIG down_prefetch: one token's kernel 2 with its w2 rows prefetched before the wait (its PTX holds PREFETCHING;
+    # early given too, which prefetch overrides), at I = 2,048 (8 lines a row) and 1,024 (4)
+    for i_width in (2048, 1024):
+        w2 = QWeight(torch.zeros(4, 4096, i_width // 2, dtype=torch.int8),
+                     torch.zeros(4, 4096, i_width // 32, dtype=torch.float8_e8m0fnu), "fp4")
+        for dtype in (torch.bfloat16, torch.float16):
+            h, ids = torch.zeros(6, i_width, dtype=dtype), torch.zeros(1, 6, dtype=torch.int64)
+            for add in (torch.zeros(1, 4096, dtype=dtype), None):
+                moe_gl.down(h, ids, torch.zeros(1, 6, dtype=dtype), w2, 0, add, torch.zeros(1, 4096, dtype=dtype),
+                            early=True, prefetch=True)
 
 
 def gluon_variants():
@@ -917,8 +944,9 @@ def check_pdl(ptx: str, name: str, params: list, waits: bool, early_load: bool) 
     early = {i for i, (n, _) in enumerate(params) if n in EARLY.get(name, ())}
     taint = _taint([i for b in blocks for i in b[0]], pointers)
     problems, before_wait = [], 0
+    release_first = name.endswith(":release")  # RELEASING: the release may come first
     for instr, passed in _passes(blocks, WAIT if waits else RELEASE):
-        if not _global_access(instr) and not (waits and RELEASE in instr):
+        if not _global_access(instr) and not (waits and RELEASE in instr and not release_first):
             continue
         if passed:
             continue

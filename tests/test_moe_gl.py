@@ -303,3 +303,32 @@ def test_down_early_keeps_the_bits(monkeypatch, T, add):
         results[early] = y.clone()
     assert not results[False].isnan().any()
     assert torch.equal(results[True], results[False])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a GPU (Gluon compiles for it only)")
+@pytest.mark.parametrize("add", [True, False], ids=["shared_added", "alone"])
+def test_down_prefetch_keeps_the_bits(monkeypatch, add):
+    """CONFIG down_prefetch's pair (moe's order: kernel 1, the shared down linear releasing kernel 2 first of all,
+    kernel 2 prefetching its w2 rows before its wait and reading h after it) gives kernel 2 the bits it has with the
+    linear's plain release and no prefetch, remote experts' zero terms included; early asked too is not taken (h may
+    still be written when a prefetching kernel 2 starts)."""
+    from quantised_cases import quantised
+
+    stacks, x, _, ids, weights = _case("cuda", torch.bfloat16, 1, D=4096, I=2048)
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(moe_gl.CONFIG, "on", True)
+    monkeypatch.setitem(moe_gl.CONFIG, "mma", True)
+    g = torch.Generator().manual_seed(46)
+    sw2 = quantised("fp8", 4096, 2048, g).to("cuda")
+    results = {}
+    for prefetch in (False, True):
+        h = moe_gl.gate_up(x, ids, stacks["w1"], stacks["w3"], 16, 7.0)
+        shared = qgemv.linear(h[:1], sw2, release=prefetch)  # the shared down linear's place and release
+        y = torch.full_like(x, float("nan"))
+        terms = moe_gl.down(h, ids, weights, stacks["w2"], 16, shared if add else None, y, early=True,
+                            prefetch=prefetch)
+        assert terms is None, "the ticketed sum (tickets exist after an eager launch)"
+        results[prefetch] = y.clone()
+    assert not results[False].isnan().any()
+    assert torch.equal(results[True], results[False])

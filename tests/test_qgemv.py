@@ -137,6 +137,25 @@ def test_v2_early_tile_keeps_the_bits(monkeypatch, device, fmt, K, split_k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_v2_release_keeps_the_bits(monkeypatch, device):
+    """linear's release (the next kernel released before this one's wait: moe_gl CONFIG down_prefetch's shared down
+    linear; RELEASE under DSV4_PDL, nothing on CPU) gives the launch without it its bits: the shared expert's down
+    shape (FP8, 2,048 inputs) and a split one, 1 and 3 rows; the kernel after it (another linear) its own."""
+    for key, value in V2.items():
+        monkeypatch.setitem(qgemv.CONFIG, key, value)
+    g = torch.Generator().manual_seed(45)
+    for N, K in ((256, 2048), (128, 4096)):
+        w, after = quantised("fp8", N, K, g).to(device), quantised("fp8", 64, N, g).to(device)
+        for rows in (1, 3):
+            x = torch.randn(rows, K, generator=g).to(torch.bfloat16).to(device)
+            plain = qgemv.linear(x, w)
+            plain_after = qgemv.linear(plain, after)
+            released = qgemv.linear(x, w, release=True)
+            assert torch.equal(released, plain), (N, K, rows)
+            assert torch.equal(qgemv.linear(released, after), plain_after), (N, K, rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pre", [2, 4, 8])
 def test_v2_early_tiles_keep_the_bits(monkeypatch, device, pre):
     """CONFIG v2_early_tiles (DSV4_QGEMV_EARLY_TILES: the first tiles of a stored FP8 weight loaded before the wait,

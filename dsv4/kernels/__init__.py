@@ -460,9 +460,19 @@ def _wait_and_release():
 
 
 def _nothing():
-    """pdl_wait without DSV4_PDL."""
+    """pdl_wait (and pdl_release) without DSV4_PDL."""
 
 
 # Chosen at import rather than by a global constexpr read in one function: FastLaunch would check such a global on
 # every launch (JITFunction.used_global_vals).
 pdl_wait = device_function(_wait_and_release if PDL else _nothing)
+
+
+def _release():
+    """The next kernel released before this one's wait (griddepcontrol.launch_dependents first): only where the
+    caller says the next kernel reads before its own wait nothing that the kernel before this one writes (it may
+    then start while that kernel still runs: dsv4.kernels.moe_gl CONFIG down_prefetch)."""
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+pdl_release = device_function(_release if PDL else _nothing)

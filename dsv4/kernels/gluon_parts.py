@@ -34,6 +34,14 @@ def _pdl_wait():
 
 
 @_jit
+def _prefetch_l2(ptrs):
+    """Each pointer's line fetched into L2 (prefetch.global.L2): no register holds it and nothing waits for it, so a
+    program may issue it before its wait for lines it will load after (moe_gl CONFIG down_prefetch)."""
+    gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@_jit
 def _globaltimer():
     """The GPU's global nanosecond timer (%globaltimer), for moe_gl CONFIG stamps: when a program got where."""
     return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $0", "=l", [], dtype=gl.int64, is_pure=False,

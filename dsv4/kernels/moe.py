@@ -451,14 +451,15 @@ def routed_gate_up(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
 
 def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: list[QWeight], first: int,
            limit: float, add: torch.Tensor | None = None, out: torch.Tensor | None = None,
-           h: torch.Tensor | None = None, groups: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
+           h: torch.Tensor | None = None, groups: torch.Tensor | None = None, early: bool = False,
+           prefetch: bool = False) -> torch.Tensor:
     """x [T, D], ids [T, k] (global expert ids), weights [T, k] (x's dtype), stacks w1, w3 [n, I, D] and
     w2 [n, D, I] of experts first..first+n-1 -> [T, D]: sum over the local selected experts of weight * expert(x),
     plus `add` [T, D] (x's dtype) when given: in kernel 2 with CONFIG["shared_add"], else by torch. Kernel 2
     writes into out (contiguous [T, D], x's dtype) when given; the result is what is returned. h: kernel 1's
     output when it already ran (routed_and_shared_gate_up); groups: the table it ran with (groups_for), built here
     when h is not given. early: the caller's word that the given h was written two or more launches back
-    (moe_gl.down's)."""
+    (moe_gl.down's); prefetch: that the kernel before released kernel 2 first of all (moe_gl.down's)."""
     T, k = ids.shape
     w1, w3, w2 = stacks
     n_local = w1.data.shape[0]
@@ -470,7 +471,8 @@ def routed(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, stacks: li
     y = _destination(out, T, D, x.dtype, x.device)
     fold = add is not None and CONFIG["shared_add"]
     if moe_gl.chosen_down(x, h, w2):
-        terms = moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y, groups, early)
+        terms = moe_gl.down(h, ids, weights.to(x.dtype), w2, first, add if fold else None, y, groups, early,
+                            prefetch)
         if terms is not None:  # no tickets: the terms summed by a second launch
             launcher(_down_sum_kernel, x)[(cdiv(D, 1024), T)](terms, add if fold else y, y, D, TOPK=k, ADD=fold,
                                                               BLOCK=1024)

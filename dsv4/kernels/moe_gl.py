@@ -40,7 +40,7 @@ import torch
 
 from ..formats import QWeight
 from . import PDL, cdiv, expert_groups, getenv, gluon_launcher, interpreting
-from .gluon_parts import _jit, _arange5, _globaltimer, _mma_out_rows, _pdl_wait, _split4, _stamp
+from .gluon_parts import _jit, _arange5, _globaltimer, _mma_out_rows, _pdl_wait, _prefetch_l2, _split4, _stamp
 
 try:
     from triton.experimental.gluon import language as gl
@@ -77,7 +77,8 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
           "solo_gate_up_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_MAXNREG", "0")),
           "solo_down_maxnreg": int(getenv("DSV4_MOE_GL_SOLO_DOWN_MAXNREG", "40")),
           "shared_early": getenv("DSV4_MOE_GL_SHARED_EARLY", "1") == "1",
-          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None}
+          "down_early": getenv("DSV4_MOE_GL_DOWN_EARLY", "1") == "1", "stamps": None,
+          "down_prefetch": getenv("DSV4_MOE_GL_DOWN_PREFETCH", "0") == "1"}
 # The shared programs of kernel 1 at one token were the launch's tail: 512 programs at Flash's widths beside 768
 # routed ones, each a serial chain of 8 K steps with 32 bytes a thread in flight (20 KB an SM at 5 blocks, below what
 # the copy bandwidth needs at DRAM's latency). Since session 37 (call 1, benchmarks/RESULTS.md) a shared program loads
@@ -99,6 +100,15 @@ CONFIG = {"on": getenv("DSV4_MOE_GLUON", "1") == "1", "rows_per_thread": 4, "num
 # sum (which reads the shared output, the kernel before's) come after the wait. The same operations in the same
 # order: the same bits. Session 41 call 3 (decode_ab on mini, one process): pipelined 976.7 -> 986.9 tok/s (+1.05 %,
 # ahead in every round); the gate's stream unchanged (61800865 / bd96b9e9) under it.
+# down_prefetch (DSV4_MOE_GL_DOWN_PREFETCH=1; off until a GPU run: written in session 45, never run): the shared
+# expert's down linear (qgemv v2, between kernel 1 and kernel 2) releases kernel 2 first of all (qgemv.linear's
+# release, pdl_release) instead of after its wait, and kernel 2 (prefetch: a one-token step's tensor-core programs
+# without groups, PREFETCH) reads before its wait only its pair's expert id and issues L2 prefetches of its rows of
+# that expert's w2 and their scales; h, the weights and the sums come after the wait (down_early is not taken: h is
+# kernel 1's, which may still run). Why: session 45 call 4's chain (benchmarks/chain_leads.py) has kernel 2 start only
+# 2.2 us before the shared down linear ends and add 8.7 us after it, where its w2 reads (a cold expert's DRAM round
+# trip and its address translation, benchmarks/tlb_probe.py: ~1-2 us past 8 GiB) could run under kernel 1's ~13 us,
+# whose ~3 local pairs leave most SMs room at a Flash rank. The same arithmetic in the same order: the same bits.
 # Session 45 call 1 (benchmarks/RESULTS.md) measured and removed solo_gate_up_warps (8 warps: a Flash rank +0.8 %,
 # mini -0.5 %, and a token alone no longer had its batch bits) and solo_gate_up_splits (K split in 2: a Flash
 # rank +0.1 %, mini -1.3 %).
@@ -626,7 +636,7 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
                  w_expert_stride, s_expert_stride, I: gl.constexpr, S_STRIDE: gl.constexpr, TOPK: gl.constexpr,
                  ADD: gl.constexpr, RN: gl.constexpr, FUSED_SUM: gl.constexpr, MMA: gl.constexpr = 0,
                  U: gl.constexpr = 4, GROUPED: gl.constexpr = 0, EARLY: gl.constexpr = 0, st_ptr=None,
-                 STAMPS: gl.constexpr = 0):
+                 STAMPS: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
     """Grid (D / BLOCK_N, T, TOPK): program (nb, t, j) stores pair t * TOPK + j's term, its down projection rounded
     times its routing weight rounded (0 for another rank's expert), into p [T, TOPK, D] (fp32); the last of a
     (t, nb)'s TOPK programs (an int32 ticket) sums the terms in routing order, then moe's store (with ADD, the
@@ -635,9 +645,14 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
     bits). With MMA (16-row tiles a program) the down projection's sums run on the tensor cores (_mma_rows). GROUPED
     (with MMA): grid (D / BLOCK_N, T * TOPK), ids_ptr the groups' table (_down_mma_group). EARLY (with MMA, without
     GROUPED: the caller's word that h was written two or more launches back, CONFIG down_early): the sums before the
-    wait, the stores after it."""
+    wait, the stores after it. PREFETCH (with MMA, without GROUPED and EARLY: CONFIG down_prefetch, the kernel before
+    released this one first of all, so only the ids are old enough): the program's rows of its pair's w2 and their
+    scales prefetched into L2 before the wait (_prefetch_down), everything else after it."""
     if STAMPS:  # CONFIG stamps (a one-token step): [program, 4] at st_ptr, programs in grid order (nb fastest)
         t0 = _globaltimer()
+    if PREFETCH:
+        _prefetch_down(w_ptr, s_ptr, ids_ptr, first, n_local, w_expert_stride, s_expert_stride, I, S_STRIDE, TOPK,
+                       MMA)
     if not EARLY:
         _pdl_wait()
     if GROUPED:
@@ -653,6 +668,24 @@ def _down_gl_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, wt_ptr, add_ptr, y_ptr, p_ptr,
         pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
         e = gl.load(ids_ptr + gl.program_id(1).to(gl.int64) * TOPK + gl.program_id(2)).to(gl.int64) - first
         _stamp(st_ptr + pid.to(gl.int64) * 4, t0, t0 * 0 - 1, 3 - ((e >= 0) & (e < n_local)).to(gl.int64))
+
+
+@_jit
+def _prefetch_down(w_ptr, s_ptr, ids_ptr, first, n_local, w_expert_stride, s_expert_stride, I: gl.constexpr,
+                   S_STRIDE: gl.constexpr, TOPK: gl.constexpr, RT: gl.constexpr):
+    """Program (nb, t, j)'s rows nb * 16 RT.. of its pair's expert's w2 (int32 words, I / 8 a row: I / 256 lines of
+    128 bytes) and their scales (a row's S_STRIDE bytes) into L2, one line a thread (a local pair only)."""
+    ROWS: gl.constexpr = 16 * RT
+    LINES: gl.constexpr = I // 256
+    L1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[gl.num_warps()],
+                                        order=[0])
+    e = gl.load(ids_ptr + gl.program_id(1).to(gl.int64) * TOPK + gl.program_id(2)).to(gl.int64) - first
+    if (e >= 0) & (e < n_local):
+        i = gl.arange(0, ROWS * LINES, layout=L1)
+        row = (gl.program_id(0) * ROWS + i // LINES).to(gl.int64)
+        _prefetch_l2(w_ptr + e * w_expert_stride + row * (I // 8) + (i % LINES) * 32)
+        scale_row = (gl.program_id(0) * ROWS + i % ROWS).to(gl.int64)
+        _prefetch_l2(s_ptr + e * s_expert_stride + scale_row * S_STRIDE)
 
 
 @_jit
@@ -972,13 +1005,16 @@ def gate_up_shared(x: torch.Tensor, ids: torch.Tensor, w1: QWeight, w3: QWeight,
 
 def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight, first: int,
          add: torch.Tensor | None, y: torch.Tensor, groups: torch.Tensor | None = None,
-         early: bool = False) -> torch.Tensor | None:
+         early: bool = False, prefetch: bool = False) -> torch.Tensor | None:
     """moe's kernel 2 into y [T, D]: sum over the local experts of weight * w2 h, in routing order (+ add, rounded
     as moe's), summed by the last program of each block: None. Where no tickets can be had (a capture before any
     eager launch) the terms [T, k, D] are returned unsummed, for the caller's second launch (moe._down_sum_kernel:
     the same operations). groups: groups_for's table, or None. early: the caller's word that h was written two or
     more launches back (dsv4.kernels' contract; ids and weights no later), which CONFIG down_early takes under DSV4_PDL
-    for the tensor-core programs without groups."""
+    for the tensor-core programs without groups. prefetch: the caller's word that the kernel before released this one
+    first of all (CONFIG down_prefetch: qgemv.linear's release), so that only the ids and the weights are old enough
+    to read before the wait: early is then never taken, and the tensor-core programs without groups prefetch their w2
+    rows (PREFETCH) where I is whole lines of a power of two."""
     from .qgemv import tickets_for
 
     T, k = ids.shape
@@ -989,7 +1025,9 @@ def down(h: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w2: QWeight,
     d2, s2 = w2.data.view(torch.int32), w2.scale.view(torch.uint8)
     terms = torch.empty(T, k, D, dtype=torch.float32, device=h.device)
     at, grouped = _ids_or_groups(ids, groups, mma)
-    ahead = {"EARLY": 1} if early and CONFIG["down_early"] and PDL and mma and not grouped else {}
+    ahead = {"EARLY": 1} if early and not prefetch and CONFIG["down_early"] and PDL and mma and not grouped else {}
+    if prefetch and PDL and mma and not grouped and I % 256 == 0 and (I // 256) & (I // 256 - 1) == 0:
+        ahead = {"PREFETCH": 1}
     stamps = _stamps("k2", D // block_n * k) if T == 1 and not grouped else {}
     _launch(_down_gl_kernel)[(D // block_n, T * k, 1) if grouped else (D // block_n, T, k)](
         h, d2, s2, at, weights.contiguous(), y if add is None else add.contiguous(), y, terms,

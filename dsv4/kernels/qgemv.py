@@ -47,7 +47,7 @@ import os
 import torch
 
 from ..formats import FP4_BLOCK, FP8_BLOCK, QWeight
-from . import cdiv, device_function, interpreting, lanes, launcher, next_pow2, pdl_wait, qgemv_mma
+from . import PDL, cdiv, device_function, interpreting, lanes, launcher, next_pow2, pdl_release, pdl_wait, qgemv_mma
 from .prefill_moe import _fp4_stored, _fp4_values
 
 try:
@@ -435,13 +435,16 @@ def _qgemv2_kernel(x_ptr, w_ptr, s_ptr, e_ptr, y_ptr, p_ptr, tickets_ptr, N, row
                    s_expert_stride, row_skew, K: constexpr, S_STRIDE: constexpr, FP4: constexpr, E8M0: constexpr,
                    ROWS_PER_X: constexpr, EXPERTS: constexpr, GROUP_N: constexpr, BLOCK_N: constexpr,
                    BLOCK_K: constexpr, SPLITS: constexpr, K_CHUNK: constexpr, FUSED_SUM: constexpr, ROWS: constexpr,
-                   EARLY: constexpr, UNROLL: constexpr = False, PRE: constexpr = 1):
+                   EARLY: constexpr, UNROLL: constexpr = False, PRE: constexpr = 1, RELEASE: constexpr = 0):
     """Grid (row blocks, SPLITS, row groups): a program reads its weight tile once for the ROWS rows of its group
     (the last group's missing rows repeat its last row: the same bits stored twice). SPLITS > 1: fp32 partials
     [rows, SPLITS, N] at p_ptr, summed into y_ptr by the last program of the (group, row block) (FUSED_SUM) or by
     _sum_splits_kernel after this launch. EXPERTS: one row per program (each row its own weight). EARLY (not
     EXPERTS, whose weights depend on the step's ids; launched with launch_pdl under DSV4_PDL): the first weight
-    tile is loaded before pdl_wait (_fp8_rows, _fp4_rows), which releases the next kernel."""
+    tile is loaded before pdl_wait (_fp8_rows, _fp4_rows), which releases the next kernel. RELEASE: the next kernel
+    released first of all (pdl_release: linear's release)."""
+    if RELEASE:
+        pdl_release()
     if not EARLY:
         pdl_wait()
     nb = tl.program_id(0)
@@ -689,7 +692,7 @@ def _operands(w: QWeight, words: bool):
 
 
 def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, group_n: int = 0,
-            kernel: str | None = None):
+            kernel: str | None = None, release: bool = False):
     kind = kernel or CONFIG["kernel"]
     if kind == "mma":  # the FP8 weights qgemv_mma takes; the others v3's (the routed experts v2's, as v3's)
         if experts is None and qgemv_mma.fits(x, w, group_n):
@@ -698,7 +701,7 @@ def _launch(x, w: QWeight, y, rows: int, experts=None, rows_per_x: int = 1, grou
     if kind == "v3" and experts is None:
         return _launch3(x, w, y, rows, group_n)
     if kind in ("v2", "v3"):
-        return _launch2(x, w, y, rows, experts, rows_per_x, group_n)
+        return _launch2(x, w, y, rows, experts, rows_per_x, group_n, release)
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     data, scale = _operands(w, words=False)
     lead = data.dim() - 2
@@ -749,7 +752,7 @@ def rows_per_program(rows: int, cap: int) -> int:
     return min(next_pow2(rows), max(1, cap))
 
 
-def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int):
+def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int, release: bool = False):
     N, K = w.shape[-2], (x.shape[-1] if not group_n else w.shape[-1])
     fp4 = w.fmt == "fp4"
     data, scale = _operands(w, words=True)
@@ -780,7 +783,7 @@ def _launch2(x, w: QWeight, y, rows: int, experts, rows_per_x: int, group_n: int
         SPLITS=splits, K_CHUNK=k_chunk, FUSED_SUM=tickets is not None, ROWS=per_program, EARLY=early,
         UNROLL=c["v2_unroll"] and not fp4 and k_chunk > block_k,
         **({"PRE": min(c["v2_early_tiles"], k_chunk // block_k)} if early and not fp4 and c["v2_unroll"]
-           and c["v2_early_tiles"] > 1 else {}), **extra)
+           and c["v2_early_tiles"] > 1 else {}), **({"RELEASE": 1} if release and PDL else {}), **extra)
     if splits > 1 and tickets is None:
         sum_splits(partials, y, rows)
     return y
@@ -839,12 +842,15 @@ def tickets_for(count: int, device: torch.device) -> torch.Tensor | None:
     return buf
 
 
-def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None, kernel: str | None = None,
+           release: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N], written into out (contiguous, rows x N, x's dtype) when given. kernel: "v2" or "v3"
-    for this call (dsv4.model.rows.step_gemv: a prefill chunk's), CONFIG's when None."""
+    for this call (dsv4.model.rows.step_gemv: a prefill chunk's), CONFIG's when None. release: the caller's word that
+    the next kernel reads before its wait nothing the kernel before this one writes; v2 then releases it first of
+    all (pdl_release: it may start while that kernel runs), the other kernels after their wait as always."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = _destination(out, x2.shape[0], w.shape[0], x.dtype, x.device)
-    return _launch(x2, w, y, x2.shape[0], kernel=kernel).view(*x.shape[:-1], w.shape[0])
+    return _launch(x2, w, y, x2.shape[0], kernel=kernel, release=release).view(*x.shape[:-1], w.shape[0])
 
 
 def _destination(out: torch.Tensor | None, rows: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -22,11 +22,12 @@ def _fused(x: torch.Tensor, w: QWeight, rows: int) -> bool:
     return w.fmt != "dense" and kernels.enabled(qgemv, x) and qgemv.supported(x, w, rows)
 
 
-def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: QWeight, out: torch.Tensor | None = None, release: bool = False) -> torch.Tensor:
     """out: a contiguous [rows, N] buffer in x's dtype that the GEMV kernels write into where they run; the
-    result is what is returned (the torch path's own tensor elsewhere)."""
+    result is what is returned (the torch path's own tensor elsewhere). release: qgemv.linear's (the caller's word
+    about the next kernel's reads before its wait)."""
     if _fused(x, w, rows_per_weight(x)):
-        return qgemv.linear(x, w, out, kernel=step_gemv())
+        return qgemv.linear(x, w, out, kernel=step_gemv(), release=release)
     return dense(x, dequantised(w, x), out, source=w.data)
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..config import ModelConfig
-from ..kernels import gate_route, lanes
+from ..kernels import gate_route, lanes, moe_gl
 from ..kernels import moe as fused_moe
 from ..kernels import moe_tc
 from ..kernels import route as fused_route
@@ -92,7 +92,7 @@ PAIR_ROWS = MAX_ROWS  # tokens per gather of the reference's per-pair path: a de
 
 
 def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=None, out=None,
-           h=None, groups=None, early: bool = False) -> torch.Tensor:
+           h=None, groups=None, early: bool = False, prefetch: bool = False) -> torch.Tensor:
     """Sum over this rank's experts (ids first..first+n-1) of weight * expert(x), plus `shared` (the shared
     expert's output, or None): the routed sum rounded, then `+ shared` rounded once (the fused kernel may add
     it in its own store: dsv4.kernels.moe.CONFIG["shared_add"]). out [T, D]: where the fused kernels write the
@@ -123,7 +123,7 @@ def routed(x, ids, weights, experts: dict, first: int, cfg: ModelConfig, shared=
             # Two launches on the stored bytes; experts of other ranks are skipped unread, their weights
             # too, so they need no zeroing (_local's five launches a layer).
             return fused_moe.routed(x, ids, weights.to(x.dtype), stacks, first, limit, shared, out, h, groups,
-                                    early and h is not None)
+                                    early and h is not None, prefetch)
         local, weights = _local(ids, weights, first, n, x.dtype)
         e = local.clamp(0, n - 1)
         # PAIR_ROWS tokens at a time: a short chunk's dequantised copies stay a few tokens' experts (Flash: 50 MB
@@ -267,8 +267,12 @@ def moe(x, tokens, w: dict, first: int, cfg: ModelConfig, out: torch.Tensor | No
         # more launches back when kernel 1 starts (dsv4.kernels' contract; groups_for's launch only adds one).
         h, shared_h = fused_moe.routed_and_shared_gate_up(x, ids, e["w1"], e["w3"], first, s["w1"], s["w3"],
                                                           cfg.swiglu_limit, groups, early=True)
-        # early: the shared expert's down linear launches between kernel 1 (h's writer) and kernel 2
-        return routed(x, ids, weights, e, first, cfg, linear(shared_h, s["w2"]), out, h, groups, early=True)
+        # early: the shared expert's down linear launches between kernel 1 (h's writer) and kernel 2; or, under
+        # moe_gl CONFIG down_prefetch (a one-token step), it releases kernel 2 first of all and kernel 2 reads only
+        # the ids (route's) before its wait: prefetch, never early
+        prefetch = moe_gl.CONFIG["down_prefetch"] and x.shape[0] == 1 and groups is None
+        shared = linear(shared_h, s["w2"], release=prefetch)
+        return routed(x, ids, weights, e, first, cfg, shared, out, h, groups, early=not prefetch, prefetch=prefetch)
     shared = shared_expert(x, w["shared"], cfg.swiglu_limit) if "shared" in w else None
     return routed(x, ids, weights, w["experts"], first, cfg, shared, out)
 
