@@ -34,7 +34,8 @@ def leads(rows: list[dict]) -> list[dict]:
     out = [{"pred": p[:40], "succ": s[:40], "n": len(v), "lead_us": round(statistics.median(x[0] for x in v), 2),
             "us": round(statistics.median(x[1] for x in v), 2),
             "past_us": round(statistics.median(x[2] for x in v), 2),
-            "advance_us": round(statistics.median(x[3] for x in v), 2), "advance_sum_us": round(sum(x[3] for x in v), 1)}
+            "advance_us": round(statistics.median(x[3] for x in v), 2),
+            "advance_sum_us": round(sum(x[3] for x in v), 1)}
            for (p, s), v in pairs.items()]
     return sorted(out, key=lambda r: -r["advance_sum_us"])
 

@@ -11,13 +11,14 @@ that is where the fixed part goes.
 Each launch: PROGRAMS programs of 128 threads, program p reads CHUNK bytes (two load steps, as kernel 1's) at
 base + p * CHUNK, base a random multiple of REGION in a buffer of SIZE bytes (a new base every launch: the region cold
 in L2 as an expert is; hot: the same base every launch, the region in L2; cold_touched: cold, and one more program
-of each launch reads one word of each 2 MB page of the next launch's region, its translations made ahead). LAUNCHES launches are captured in
-one CUDA graph and replayed REPS times; the median time a launch over the replays:
+of each launch reads one word of each 2 MB page of the next launch's region, its translations made ahead).
+LAUNCHES launches are captured in one CUDA graph and replayed REPS times; the median time a launch over the replays:
 
     TLB_PROBE {"size_gib", "pattern", "programs", "chunk_kib", "region_mib", "us_per_launch", "launches", "reps"}
 
 If the large buffers' launches take microseconds longer than the small one's (both cold in L2), the cost is the
-translation's. One GPU, about a minute:
+translation's (session 45 calls 5-6, benchmarks/RESULTS.md: ~1-2 us more at 96 GiB than at 1 GiB; the touched pages
+take back ~0.3 us). One GPU, about 20 s:
 
     python benchmarks/tlb_probe.py [--sizes 1,8,32,96] [--programs 128] [--chunk-kib 64]
 """
