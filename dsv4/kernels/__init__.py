@@ -36,6 +36,11 @@ its own wait, so when a kernel starts, every kernel but the one right before it 
 index keys have such forms (dsv4.kernels.compressor CONFIG early), as have kernel 1's shared expert programs
 (dsv4.kernels.moe_gl CONFIG shared_early), and the model's order makes their inputs old enough. tests/compile_kernels.py checks the PTX of every kernel against this
 contract (its EARLY and BEHIND tables). The arithmetic is the same, so are the bits. A kernel after a torch op (which never releases early) starts as it would without PDL.
+What the work before a wait buys (session 45, benchmarks/RESULTS.md): a released kernel's programs become resident only
+where an SM has room, so after a grid that fills the SMs (the 0.97-wave GEMVs, the experts' kernel 2) they start in its
+drain (~1-2 us, benchmarks/chain_leads.py), after a narrow one (a boundary's 32 programs) many microseconds early; and
+ptxas schedules pure arithmetic across griddepcontrol.wait (only memory operations are ordered by it), so sums meant to
+run before the wait may run after it unless something the compiler must respect (a branch on them) holds them.
 (Sessions 7-17 launched only the weight-streaming kernels this way, the others releasing first; session 18 put the
 whole chain under it.)
 """
