@@ -853,7 +853,8 @@ for cfg in ({},) + (({"block_d": 16}, {"block_d": 64}, {"block_d": 128, "num_war
         hc_boundary_variants(dtype)
     hc_boundary.CONFIG.update(default)
 # the finish's options (their own constexprs: the door's bookkeeping is the same code either way)
-for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": True, "warp_maps": True}):
+for cfg in ({"one_pass_finish": True}, {"warp_maps": True}, {"one_pass_finish": True, "warp_maps": True},
+            {"sinkhorn_rcp": True}):
     hc_boundary.CONFIG.update(cfg)
     for dtype in (torch.bfloat16, torch.float32):
         for first in (False, True):

@@ -167,6 +167,22 @@ def test_door_bookkeeping_leaves_the_boundary_alone(first, wire):
     assert int(census) == 5 and float(verdict) == (2.0 if first else 3.0)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CONFIG sinkhorn_rcp's inline PTX runs compiled only")
+@pytest.mark.parametrize("first", [False, True], ids=["boundary", "first"])
+def test_sinkhorn_rcp_keeps_the_bits(monkeypatch, first):
+    """CONFIG sinkhorn_rcp (the finish's divisions by sums as rcp.approx.ftz and a rounded multiply: div.full's own
+    instructions for a normal divisor, without its range checks) gives every output the default launch's bits, in bf16
+    and fp32, 1 and 3 rows."""
+    for dtype, T in ((torch.bfloat16, 1), (torch.float32, 3)):
+        a = inputs(T, 4, 4096, dtype, seed=45 + T)
+        plain = fused_boundary(a, 4, first)
+        monkeypatch.setitem(fused.CONFIG, "sinkhorn_rcp", True)
+        got = fused_boundary(a, 4, first)
+        monkeypatch.setitem(fused.CONFIG, "sinkhorn_rcp", False)
+        for x, y, name in zip(got, plain, ("streams", "post", "comb", "normed")):
+            assert torch.equal(x, y), (name, dtype, T)
+
+
 def test_one_pass_only_where_the_row_fits(monkeypatch):
     """one_pass_finish holds the row's hc streams in registers: Flash's (hc 4, D 4096) fits 8 warps, a wider row
     keeps the two passes."""

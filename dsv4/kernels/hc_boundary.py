@@ -57,7 +57,15 @@ GPU_CHECKED = True  # session 6, call 1: its CUDA tests, test_replay_gpu under t
 # maps' [hc, hc] tiles inside one warp (_partials_in_warp). Both off until a GPU run: each may change the bits.
 CONFIG = {"block_d": 128, "num_warps": 8, "block_r": 2048,
           "one_pass_finish": os.environ.get("DSV4_BOUNDARY_ONE_PASS", "1") == "1",
-          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1"}
+          "warp_maps": os.environ.get("DSV4_BOUNDARY_WARP_MAPS", "1") == "1",
+          "sinkhorn_rcp": os.environ.get("DSV4_BOUNDARY_RCP", "0") == "1"}
+# sinkhorn_rcp (DSV4_BOUNDARY_RCP=1; off until a GPU run: written in session 45, never run): the finish's softmax and
+# Sinkhorn divide by a row's or column's sum as c * rcp.approx.ftz(sum) (_over) where Triton's c / sum is div.full,
+# whose SASS is the same MUFU.RCP and multiply behind two range checks and their predicated scalings on the serial
+# chain (sm_90: FSETP, FSETP, @P FMUL before each of the 40 reciprocals). Sinkhorn costs ~2 us of a Flash boundary's
+# ~7 (session 45 call 1: 0.107 us an iteration), all of it in the finishing program, on the step's critical path;
+# the checks are ~10 of an iteration's ~160 cycles a half. The sums are positive and at least eps (normal), so the
+# bits should be div.full's: the gate's stream says.
 # Session 38 call 3 (benchmarks/RESULTS.md) measured Sinkhorn on comb's 16 values as scalars in every thread (no
 # shuffle, no barrier; commit 0c87aaa): a mid boundary 6.71 -> 8.69 us, mini's pipelined decode -6.9 %: each
 # thread's 640 divisions, in all 8 warps, cost more than warp_maps' 80 shuffles. Removed.
@@ -90,7 +98,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
                      seen_ptr, verdict_ptr, ids_ptr, norm_eps, eps, D: constexpr, HC: constexpr, ITERS: constexpr,
                      FIRST: constexpr, GATHER: constexpr, BLOCK_D: constexpr, SLICES: constexpr, SP: constexpr,
                      NP: constexpr, BLOCK_R: constexpr, DOOR: constexpr, SEEN: constexpr, ONE_PASS: constexpr,
-                     WARP_MAPS: constexpr):
+                     WARP_MAPS: constexpr, RCP: constexpr = 0):
     """Grid (rows, SLICES). Partials [rows, SLICES, NP] fp32 at p_ptr: columns 0..N-1 the mix, N the sum of squares.
     GATHER (with FIRST): out_ptr the embedding table, row t's embedded row the one of token ids_ptr[t].
     DOOR: the next door's bookkeeping (slot_ptr: its payload's flag element), SEEN: with the previous door's flag.
@@ -146,7 +154,7 @@ def _boundary_kernel(out_ptr, post_ptr, comb_ptr, h_ptr, fn_ptr, base_ptr, scale
     tl.debug_barrier()
     if tl.atomic_add(tickets_ptr + t, 1, sem="acq_rel", scope="gpu") == SLICES - 1:
         _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D, HC, ITERS,
-                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS)
+                SLICES, SP, NP, BLOCK_R, ONE_PASS, WARP_MAPS, RCP)
         tl.store(tickets_ptr + t, 0)
 
 
@@ -163,7 +171,7 @@ def _stored_maps(base_ptr, scale_ptr, HC: constexpr):
 @device_function
 def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr, norm_eps, eps, D: constexpr,
             HC: constexpr, ITERS: constexpr, SLICES: constexpr, SP: constexpr, NP: constexpr, BLOCK_R: constexpr,
-            ONE_PASS: constexpr, WARP_MAPS: constexpr):
+            ONE_PASS: constexpr, WARP_MAPS: constexpr, RCP: constexpr = 0):
     """The row's last program: the slices' partials summed (one tree over the slices, the same every launch),
     hc.py's maps (their stored terms `stored`, _stored_maps'), then the collapse and its RMSNorm (norm_w: the
     weight's values with ONE_PASS, else its pointer). Loads of what other programs wrote go to L2 (.cg)."""
@@ -177,7 +185,7 @@ def _finish(row_p, t, stored, norm_w, new_ptr, post_out_ptr, comb_out_ptr, x_ptr
         pre_w, post_w, comb_w, squares = _partials_in_warp(row_p, HC, SLICES, SP, NP)
     else:
         pre_w, post_w, comb_w, squares = _partials(row_p, HC, SLICES, SP, NP)
-    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS)
+    pre, c = _maps(pre_w, post_w, comb_w, squares, stored, post_out_ptr + t * HC, norm_eps, eps, D, HC, ITERS, RCP)
     tl.store(comb_out_ptr + t * HC * HC + j, c)
     if ONE_PASS:
         _collapse_in_registers(pre, hv, norm_w, x_ptr + t * D, norm_eps, D, BLOCK_R)
@@ -230,21 +238,33 @@ def _partials_in_warp(row_p, HC: constexpr, SLICES: constexpr, SP: constexpr, NP
 
 @device_function
 def _maps(pre_w, post_w, comb_w, squares, stored, post_out, norm_eps, eps, D: constexpr, HC: constexpr,
-          ITERS: constexpr):
+          ITERS: constexpr, RCP: constexpr = 0):
     """hc.py's maps from the un-normed mix (linear(x * r) = r * linear(x) for the row's scalar r) and the stored
-    terms (_stored_maps'): post stored at post_out, (pre, comb) returned."""
+    terms (_stored_maps'): post stored at post_out, (pre, comb) returned; its divisions by sums _over's."""
     pre_b, post_b, comb_b, s0, s1, s2 = stored
     rstd = tl.rsqrt(squares / (HC * D) + norm_eps)
     pre = tl.sigmoid(pre_w * rstd * s0 + pre_b) + eps
     tl.store(post_out + tl.arange(0, HC), 2 * tl.sigmoid(post_w * rstd * s1 + post_b))
     c = comb_w * rstd * s2 + comb_b
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
-    c = c / tl.sum(c, axis=1)[:, None] + eps
-    c = c / (tl.sum(c, axis=0)[None, :] + eps)
+    c = _over(c, tl.sum(c, axis=1)[:, None], RCP) + eps
+    c = _over(c, tl.sum(c, axis=0)[None, :] + eps, RCP)
     for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=1)[:, None] + eps)
-        c = c / (tl.sum(c, axis=0)[None, :] + eps)
+        c = _over(c, tl.sum(c, axis=1)[:, None] + eps, RCP)
+        c = _over(c, tl.sum(c, axis=0)[None, :] + eps, RCP)
     return pre, c
+
+
+@device_function
+def _over(c, s, RCP: constexpr):
+    """c / s (Triton's fp32 division: div.full), or with RCP (CONFIG sinkhorn_rcp) c * rcp.approx.ftz(s), rounded:
+    the MUFU.RCP and multiply div.full makes for a normal s, without its range checks (s: a sum of positive terms, at
+    least eps). s broadcasts against c."""
+    if RCP:  # mul.rn: the product rounded on its own, as div.full's (a plain multiply the compiler would fuse into
+        # the next sum's adds: other bits)
+        return tl.inline_asm_elementwise("{ .reg .f32 r; rcp.approx.ftz.f32 r, $2; mul.rn.f32 $0, $1, r; }", "=f,f,f",
+                                         [c, s], dtype=tl.float32, is_pure=True, pack=1)
+    return c / s
 
 
 @device_function
@@ -325,5 +345,6 @@ def boundary(out, post, comb, h, fn, base, scale, norm_w, hc: int, iters: int, n
         FIRST=first, GATHER=ids is not None, BLOCK_D=block_d,
         SLICES=slices, SP=next_pow2(slices), NP=np_, BLOCK_R=block_r,
         DOOR=door is not None, SEEN=door is not None and door.seen is not None, ONE_PASS=single,
-        WARP_MAPS=CONFIG["warp_maps"], **extra)
+        WARP_MAPS=CONFIG["warp_maps"], **({"RCP": 1} if CONFIG["sinkhorn_rcp"] and not interpreting() else {}),
+        **extra)
     return new, post_out, comb_out, x
