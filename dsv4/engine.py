@@ -146,6 +146,9 @@ class ModelCommon:
 # (dsv4.kernels.moe_tc's long tiles; past ~96 pairs an expert, all of them dequantised once per chunk), while
 # the sliding attention's logits span the whole chunk, so their cost per token grows with it; past a few
 # thousand tokens the second outweighs the first.
+# Most rows of one verify step (Model.verify: a token and its drafts); a model also caps them at its sliding window.
+MAX_VERIFY_ROWS = 16
+
 PREFILL_CHUNK = 4096
 PREFILL_BUDGET = 16 << 30  # bytes of a default chunk's largest activations
 
@@ -470,6 +473,54 @@ class Model(ModelCommon):
         token_out, verdict = out.tolist() if io is None else io.get(out)
         self._settle(state, verdict, 1)
         return int(token_out)
+
+    def verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling=None,
+               stops: Sequence[int] = ()) -> tuple[int, ...]:
+        """A speculative step (dsv4.speculative): `token` at state.pos and the drafted tokens after it, in one
+        forward whose row j is the decode step at pos + j, bit for bit (Transformer.verify). Each row draws with
+        pos + j + 1 as model.step would; draft j is accepted while it equals the draw before it and that draw is
+        not in `stops` (model.step would have stopped there). Commits the rows up to the last accepted one and
+        takes back the others, so the state's bytes are those of that many model.step calls; returns their draws
+        (1 to len(drafts) + 1 tokens). One verdict, as a step: a refusal takes back every row, quarantines the
+        state and raises RefusalError."""
+        if self.device.type == "cuda" and kernels.getenv("DSV4_SPECULATIVE", "0") != "1":
+            raise NotImplementedError("verify: speculative steps are proven on CPU and have not run on a GPU yet; "
+                                      "DSV4_SPECULATIVE=1 runs them on CUDA anyway")
+        sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"verify: sampling {sampling!r}: a SamplingParams (logit processing is not speculated)")
+        drafts = list(drafts)
+        R = 1 + len(drafts)
+        if R > min(MAX_VERIFY_ROWS, self.cfg.sliding_window):
+            raise ValueError(f"verify: {len(drafts)} drafts; at most {min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}"
+                             f" (a verify step's rows: {MAX_VERIFY_ROWS}, and no more than sliding_window "
+                             f"{self.cfg.sliding_window})")
+        state.check_open()
+        state.check_room(R)
+        tokens = self._tokens([token, *drafts], "verify").to(self.device)
+        stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
+        with torch.inference_mode():
+            verdict, h, logits, undo = self.transformer.verify(state, tokens)
+            logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
+            with phase("sampler"):
+                draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
+            match = tokens[1:] == draws[:-1]
+            if stop is not None:
+                match &= ~torch.isin(draws[:-1], stop)
+            accepted = torch.cumprod(match.long(), 0).sum()  # drafts accepted: the leading matches
+            ok = verdict == 0
+            kept = ok & (torch.arange(R, device=self.device) <= accepted)
+            undo.take_back(kept)
+            last = accepted.view(1)
+            state.hidden.copy_(torch.where(ok, h.index_select(0, last)[0], state.hidden))
+            state.logits.copy_(torch.where(ok, logits.index_select(0, last)[0], state.logits))
+            state.token.copy_(torch.where(ok, draws.index_select(0, last)[0], state.token))
+            state.pos.add_(ok.long() * (accepted + 1))
+            state.counts[1].add_(ok.long())
+            out = torch.cat([draws.double(), accepted.double().view(1), verdict.double().view(1)]).tolist()
+        n = int(out[R]) + 1
+        self._settle(state, out[R + 1], n)
+        return tuple(int(t) for t in out[:n])
 
     def _io(self, device: torch.device) -> "_HostIO | None":
         """The device's pinned step I/O (CONFIG pinned_io, CUDA), made at its first step."""

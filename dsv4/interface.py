@@ -24,7 +24,7 @@ from .tokenizer import Tokenizer
 RANK_CALLS = {
     "prefill": "all", "prefill_batch": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
-    "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree",
+    "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree", "verify": "agree",
     "step_batch_launch": "all", "step_batch_settle": "agree", "drop_batch": "all",
     "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
@@ -59,6 +59,9 @@ class DecodeModel(Protocol):
     def step(self, state: DecodeState, token: int, sampling: SamplingParams | None = None) -> int: ...
 
     def draw(self, state: DecodeState, sampling: SamplingParams) -> int: ...
+
+    def verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling: SamplingParams | None = None,
+               stops: Sequence[int] = ()) -> tuple[int, ...]: ...
 
     def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int],
                    samplings: Sequence[SamplingParams | None], active: Sequence[bool] | None = None,

@@ -124,6 +124,15 @@ class DecodeState:
             setattr(view, name, getattr(self, name)[slot])
         return view
 
+    def ahead(self, n: int) -> "DecodeState":
+        """This state as a step n positions on would see it: the same buffers, pos + n (a new device scalar). A
+        verify step's row n reads the caches through it, once the rows before it have written theirs
+        (dsv4.speculative)."""
+        view = DecodeState.__new__(DecodeState)
+        vars(view).update(vars(self), pos=self.pos + n, host_pos=self.host_pos + n, replay=None, prefill_graphs={},
+                          pool=None)
+        return view
+
     # ---- guards ------------------------------------------------------------
     def check_open(self):
         if self.quarantine is not None:

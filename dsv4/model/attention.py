@@ -32,6 +32,7 @@ from ..kernels import normrope
 from ..kernels import prefill_attention as prefill
 from ..kernels.compressor import INDEX_BLOCK
 from ..profile import phase
+from .commit import Undo
 from .compressor import (Write, compress, compress_pair, compress_pooled, flat, index_project, index_queries,
                          index_topk, index_topk_pooled, project)
 from .linear import grouped_linear, linear
@@ -49,11 +50,14 @@ X_PROJ = (("compressor", "wkv"), ("compressor", "wgate"), ("indexer", "wkv"), ("
 
 
 def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int,
-              writes: list[Write], out: torch.Tensor | None = None) -> torch.Tensor:
+              writes: list[Write], out: torch.Tensor | None = None, undo: Undo | None = None) -> torch.Tensor:
     """x [B*T, D] (normed collapsed streams of B sequences, T tokens each, sequence-major) -> partial
     attention output [B*T, D]. Projections run over every row at once; each sequence then attends
     over its own caches (`caches[b]`, geometry `steps[b]`, whose keep masks its staged writes carry).
-    out: where the output projection's fused kernel writes it, when it runs (see _output)."""
+    out: where the output projection's fused kernel writes it, when it runs (see _output).
+    undo: a verify step's (dsv4.speculative): the rows are one sequence's successive positions (see _in_turn)."""
+    if undo is not None:
+        return _in_turn(x, steps, w, caches, layer, cfg, heads, undo, out)
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
     kind = "compress" if m else "main"
@@ -91,6 +95,53 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
         else:
             outs.append(_attend(*args, **extra))
     return _output(outs[0] if B == 1 else torch.cat(outs), w, cfg, heads, out)
+
+
+def _row_attention(q, kv, step: Step, cache, w: dict, extra: dict, kind: str) -> tuple[torch.Tensor, Write]:
+    """One decode row's attention core over its caches (the decode kernel, or the reference) and its window write:
+    attention's per-sequence loop for T == 1. (Kept apart from that loop, which runs on the GPU by default, until
+    a GPU run covers the verify step; then the loop can call it.)"""
+    visible, slots = step.sliding()
+    write = Write(cache.win, slots, kv, step.keep(slots.shape[0]))
+    cos_b, sin_b = step.cos_sin(kind)
+    args = (q, cache.win, kv, visible, w["attn_sink"], cos_b, sin_b)
+    if kernels.use_triton(q, gpu_checked=fused.GPU_CHECKED) and fused.supported(*args, **extra):
+        return fused.attention(*args, **extra), write
+    return _attend(*args, **extra), write
+
+
+def _in_turn(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int, undo: Undo,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """A verify step's attention (dsv4.speculative): row b is one sequence's token at pos + b, each row a decode
+    step of its own (steps[b].T == 1). The projections run over every row at once (rows alone: each row's bits are
+    its solo step's); then each row in turn runs its compressor, indexer and attention over the caches and applies
+    its writes (undo: kept to take back), so row b sees rows 0..b-1 exactly as the decode step at pos + b sees
+    them, committed. No lanes and no early pools: a row's pools read what the row before it just wrote."""
+    m = cfg.compress_rate(layer)
+    kind = "compress" if m else "main"
+    cos, sin = _rows([s.cos_sin(kind) for s in steps])
+    x_out = _x_proj_first(x, w, m)
+    if m:
+        for step, cache in zip(steps, caches):
+            step.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
+    q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
+    proj = None
+    if m:
+        with phase("compressor"):
+            proj = _project(x, q_res, w, cfg, x_out)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
+    outs = []
+    for b, (step, cache) in enumerate(zip(steps, caches)):
+        rows = slice(b, b + 1)
+        staged, extra = [], {}
+        if m:
+            with phase("compressor"):
+                extra = _compressed(x[rows], q_res[rows], step, w, cache, layer, cfg, staged,
+                                    {k: tuple(t[rows] for t in v) for k, v in proj.items()}, False)
+        o, window = _row_attention(q[rows], kv[rows], step, cache, w, extra, kind)
+        outs.append(o)
+        undo.apply([window, *staged], b)
+    return _output(torch.cat(outs), w, cfg, heads, out)
 
 
 def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,

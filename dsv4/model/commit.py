@@ -43,6 +43,34 @@ def commit(writes: list[Write], verdict: torch.Tensor) -> None:
         w.buf.index_copy_(0, w.index, torch.where(keep, w.rows.to(w.buf.dtype), w.buf[w.index]))
 
 
+class Undo:
+    """The writes of a verify step (dsv4.speculative), applied as its rows go rather than staged to the end: row j
+    of a verify step is the decode step at pos + j, so it must see rows 0..j-1's cache rows as that step would
+    (committed), and does once they are applied. Each application keeps the bytes it overwrote, so the step takes
+    back what it does not commit (the rows after the last accepted one; every row when the verdict refuses), in
+    reverse order: the state's bytes are then those of the steps it commits, and nothing else."""
+
+    def __init__(self):
+        self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+
+    def apply(self, writes: list[Write], row: int):
+        """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite."""
+        for w in writes:
+            old = w.buf[w.index]  # a copy (advanced indexing)
+            new = w.rows.to(w.buf.dtype)
+            if w.keep is not None:
+                keep = w.keep.view(-1, *([1] * (new.dim() - 1))) if w.keep.dim() else w.keep
+                new = torch.where(keep, new, old)
+            w.buf.index_copy_(0, w.index, new)
+            self.records.append((w.buf, w.index, old, row))
+
+    def take_back(self, kept: torch.Tensor):
+        """kept [rows] bool (device): write back what each row not kept overwrote, the last write first."""
+        for buf, index, old, row in reversed(self.records):
+            buf.index_copy_(0, index, torch.where(kept[row], buf[index], old))
+        self.records = []
+
+
 def _in_one_launch(writes: list[Write]) -> bool:
     return (bool(writes) and kernels.enabled(commit_step, writes[0].buf) and commit_step.supported(writes)
             and commit_step.ready(writes))

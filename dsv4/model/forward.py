@@ -23,7 +23,7 @@ from ..profile import phase
 from ..state import DecodeState, StatePool, pool_of
 from . import attention as attention_module
 from .attention import attention, attention_pooled
-from .commit import Write, commit
+from .commit import Undo, Write, commit
 from .hc import hc_head, hc_post, hc_pre
 from .rows import dense, rows_alone, short_chunk
 from .moe import moe
@@ -133,17 +133,18 @@ class Transformer:
 
     # ---- the math ----------------------------------------------------------
     def forward(self, states: list[DecodeState], tokens: torch.Tensor, active: torch.Tensor | None = None,
-                by_position: bool = True) -> tuple[list[Write], torch.Tensor]:
+                by_position: bool = True, undo: Undo | None = None) -> tuple[list[Write], torch.Tensor]:
         """tokens [B*T]: T tokens for each of the B states (sequence-major), each at its own position
         state.pos.. -> (staged writes, final streams [B*T, hc, D]). Everything but attention runs
         over all rows at once; in a decode step or a short prefill chunk (rows.short_chunk) each row
         comes out as it would alone (rows_alone), so a sequence's step does not depend on the others in it.
         by_position=False: no shape follows the host's position (model.step.Step's host_pos not given), as a
-        captured prefill chunk needs (dsv4.replay.PrefillReplay); the same bits either way."""
+        captured prefill chunk needs (dsv4.replay.PrefillReplay); the same bits either way.
+        undo: a verify step's (see verify): its writes applied row by row, none staged."""
         cfg = self.cfg
         B = len(states)
         T = tokens.shape[0] // B
-        pool = self._pooled(states, T)
+        pool = None if undo is not None else self._pooled(states, T)
         if pool is not None:  # one launch per kernel for every row (attention_pooled)
             ids = pool.index(states)
             step = PoolStep(pool.store.pos.index_select(0, ids), ids, self.rope, cfg.sliding_window, active)
@@ -153,7 +154,7 @@ class Transformer:
             steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None if active is None else active[b],
                           s.host_pos if by_position else None) for b, s in enumerate(states)]
             attend = lambda x, w, i, writes, out: attention(  # noqa: E731
-                x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes, out)
+                x, steps, w, [s.layers[i] for s in states], i, cfg, self.heads, writes, out, undo)
         self._count("embedding")
         writes: list[Write] = []
         alone = short_chunk(T)
@@ -276,6 +277,22 @@ class Transformer:
         else:
             rows.settle(ok if active is None else ok & active, last, logits, T)
         return verdict
+
+
+    def verify(self, state: DecodeState, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Undo]:
+        """A verify step's forward and head (dsv4.speculative): tokens [R] of one sequence at pos, pos + 1, ...; row
+        j computed as the decode step at pos + j would compute it (its row-wise work with the others', rows alone;
+        its attention after rows 0..j-1 have written their cache rows). -> (verdict, streams [R, hc, D], logits
+        [R, vocab], the applied writes to take back). Nothing of the state but its caches has changed: the caller
+        chooses the rows to keep, takes back the others (every row when the verdict refuses) and settles."""
+        R = tokens.shape[0]
+        undo = Undo()
+        self.comm.begin_step()
+        state.counts[0].add_(1)
+        writes, h = self.forward([state.ahead(j) for j in range(R)], tokens, undo=undo)
+        assert not writes, "a verify step stages nothing: its writes are applied as its rows go"
+        self.comm.end_step()
+        return self.comm.verdict, h, self.head(h), undo
 
 
 def _settle_state(s: DecodeState, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
