@@ -139,12 +139,22 @@ def cmd_generate(args) -> int:
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=args.seed)
+    if args.speculate != "none" and not 0 <= args.draft_tokens:
+        raise SystemExit(f"dsv4 generate: --draft-tokens {args.draft_tokens}: an integer >= 0")
     with _model(args) as model:
         start = time.perf_counter()
         n = 0
         _show(args.prompt)
-        for piece, n in text_deltas(model, model.tokenizer.encode(args.prompt), args.max_tokens, sampling,
-                                    progress=True):
+        ids = model.tokenizer.encode(args.prompt)
+        tokens, tally = None, None
+        if args.speculate != "none":
+            from . import speculative
+
+            tally = speculative.Tally()
+            tokens = speculative.sample_tokens(model, ids, args.max_tokens, sampling,
+                                               speculative.DRAFTERS[args.speculate](), args.draft_tokens,
+                                               stops=[model.cfg.eos_token_id], tally=tally)
+        for piece, n in text_deltas(model, ids, args.max_tokens, sampling, progress=True, tokens=tokens):
             _show(piece)
         wall = time.perf_counter() - start
         sys.stdout.write("\n")
@@ -152,7 +162,17 @@ def cmd_generate(args) -> int:
         print(f"[dsv4] {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) "
               f"on {model.device} x{model.world}, dtype {str(model.dtype).removeprefix('torch.')}{threads}",
               file=sys.stderr)
+        if tally is not None:
+            print(f"[dsv4] speculative ({args.speculate}, up to {args.draft_tokens} drafts): {tally.steps} verify "
+                  f"steps, {tally.accepted} of {tally.proposed} drafts accepted, {tally.tokens_per_step:.2f} tokens "
+                  "a step", file=sys.stderr)
     return 0
+
+
+def speculative_drafters() -> list[str]:
+    from .speculative import DRAFTERS
+
+    return list(DRAFTERS)
 
 
 # C0/C1 controls but newline and tab, line/paragraph separators, bidi embeddings and isolates: on a
@@ -317,6 +337,10 @@ def main(argv=None) -> int:
     g.add_argument("--prompt", default="The quick brown fox", help="the text to continue")
     g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
+    g.add_argument("--speculate", choices=["none", *speculative_drafters()], default="none",
+                   help="speculative decoding with this drafter (ngram: prompt lookup); the tokens are the plain "
+                        "loop's, bit for bit (dsv4.speculative)")
+    g.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")

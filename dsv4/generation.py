@@ -88,13 +88,16 @@ def pipelined_tokens(model: DecodeModel, state, token: int, n: int, sampling: Sa
 
 
 def text_deltas(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
-                capacity: int | None = None, stop_at_eos: bool = True, progress: bool = False
-                ) -> Iterator[tuple[str, int]]:
+                capacity: int | None = None, stop_at_eos: bool = True, progress: bool = False,
+                tokens: Iterator[int] | None = None) -> Iterator[tuple[str, int]]:
     """(text, tokens sampled so far) as whole characters complete: a character whose UTF-8 bytes
     span several tokens comes out once, whole (dsv4.tokenizer.TextStream). The last pair, whose
-    text may be empty, counts every sampled token (an EOS included)."""
+    text may be empty, counts every sampled token (an EOS included). tokens: the sampled tokens of `ids` from
+    elsewhere (dsv4.speculative.sample_tokens: the same ones), instead of sample_tokens here."""
     text = TextStream(model.tokenizer, model.cfg.eos_token_id if stop_at_eos else None)
-    for token in sample_tokens(model, ids, max_tokens, sampling, capacity, progress):
+    if tokens is None:
+        tokens = sample_tokens(model, ids, max_tokens, sampling, capacity, progress)
+    for token in tokens:
         delta = text.push(token)
         if text.finish:  # the EOS: its count comes with the last text, empty or not
             yield delta, text.n

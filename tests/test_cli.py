@@ -389,3 +389,17 @@ def test_serve_takes_mma_unless_told(monkeypatch):
     monkeypatch.setenv("DSV4_QGEMV", "v2")
     assert serve_gemv(None) is None  # the environment's choice stands
     assert "mma (a server's steps are batched" in dsv4_cli("serve", "--help").stdout
+
+
+def test_generate_speculating_prints_the_same_text():
+    """--speculate ngram: the verify steps' tokens are the plain loop's (dsv4.speculative), so is the text; the
+    tally goes to stderr. A prompt that repeats itself gives the drafter something to find."""
+    args = ["generate", "--preset", "tiny", "--device", "cpu", "--prompt", "ab ab ab ab ab ab ab", "--max-tokens",
+            "24", "--seed", "4"]
+    plain = dsv4_cli(*args)
+    spec = dsv4_cli(*args, "--speculate", "ngram", "--draft-tokens", "3")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout
+    assert "speculative (ngram, up to 3 drafts):" in spec.stderr and "verify steps" in spec.stderr
+    bad = dsv4_cli(*args, "--speculate", "ngram", "--draft-tokens", "-1")
+    assert bad.returncode != 0 and "--draft-tokens -1" in bad.stderr
