@@ -1,0 +1,122 @@
+"""What a verify step costs and yields (dsv4.speculative), against the plain step, in one process.
+
+From one prefix: the plain eager step loop (model.step; on CUDA also its replayed graph, for scale) gives the
+reference stream; then, for each k, verify steps whose drafts are that stream (every draft accepted: k + 1 tokens
+a step, the machinery's best case) and drafts that are all wrong (one token a step: the verify step's cost with
+nothing gained). Rounds in ABBA order; each row `steps` tokens. Prints SPECULATIVE_ROW per row and SPECULATIVE per
+arm: median tok/s, tokens and milliseconds a step, the ratio to the plain eager loop measured in the same run, and
+whether the arm's stream is the plain one (it must be: the benchmark fails otherwise). On CUDA set
+DSV4_SPECULATIVE=1 (verify has not run on a GPU before: this script is its first run there).
+
+    python benchmarks/speculative_bench.py --preset mini --k 1 --k 3 --steps 32 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+import dsv4
+from dsv4 import speculative
+from dsv4.receipts import emit, provenance
+
+try:
+    from benchmarks.rank_proxy import label, load
+except ImportError:  # run as a script without the repository's root on the path
+    from rank_proxy import label, load
+
+
+def sync(model):
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def plain(model, state, token, steps, sampling):
+    sync(model)
+    t = time.perf_counter()
+    out = []
+    for _ in range(steps):
+        token = model.step(state, token, sampling)
+        out.append(token)
+    return out, time.perf_counter() - t
+
+
+def verified(model, state, token, steps, sampling, drafts_of, k):
+    """steps tokens by verify steps; drafts_of(done, k): the drafts after `done` tokens -> (tokens, seconds, steps)."""
+    sync(model)
+    t = time.perf_counter()
+    out, n = [], 0
+    while len(out) < steps:
+        got = model.verify(state, token, drafts_of(len(out), min(k, steps - len(out) - 1)), sampling)
+        out += got
+        token, n = got[-1], n + 1
+    return out, time.perf_counter() - t, n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="mini")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--proxy-world", type=int, default=0, help="rank 0 of this many alone (benchmarks/rank_proxy.py)")
+    p.add_argument("--k", type=int, action="append", default=[], help="drafts a verify step (repeatable)")
+    p.add_argument("--prime", type=int, default=64)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+    ks = a.k or [1, 3]
+    t0 = time.perf_counter()
+    model = load(a.preset, a.device, a.proxy_world)
+    where = provenance(model.device, label(a.preset, a.proxy_world))
+    emit("SPECULATIVE_BUILD", where, build_s=round(time.perf_counter() - t0, 1), ks=ks)
+    sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
+    prompt = torch.randint(2, model.cfg.vocab_size, (a.prime,), generator=torch.Generator().manual_seed(7)).tolist()
+    cap = a.prime + a.steps + 16
+    prefix = model.new_state(cap)
+    model.prefill(prefix, prompt)
+    first = model.draw(prefix, sp)
+    state = model.new_state(cap)
+    state.restore(prefix)
+    reference, _ = plain(model, state, first, a.steps, sp)  # also the first run: compiles
+    vocab = model.cfg.vocab_size
+    arms = {"plain": None}
+    for k in ks:
+        arms[f"right_k{k}"] = (k, lambda done, n: reference[done:done + n])
+        arms[f"wrong_k{k}"] = (k, lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]])
+    for name, arm in arms.items():  # a first row of each arm unscored: its compiles
+        if arm is not None:
+            state.restore(prefix)
+            verified(model, state, first, min(a.steps, 8), sp, arm[1], arm[0])
+    walls = {name: [] for name in arms}
+    per_step = {name: [] for name in arms}
+    same = {name: True for name in arms}
+    for r in range(a.rounds):
+        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+            state.restore(prefix)
+            if arms[name] is None:
+                out, wall = plain(model, state, first, a.steps, sp)
+                steps = a.steps
+            else:
+                out, wall, steps = verified(model, state, first, a.steps, sp, arms[name][1], arms[name][0])
+            walls[name].append(wall)
+            per_step[name].append(wall / steps * 1e3)
+            same[name] &= out == reference
+            emit("SPECULATIVE_ROW", round=r, arm=name, tok_s=round(a.steps / wall, 2), steps=steps,
+                 ms_per_step=round(wall / steps * 1e3, 3))
+    base = a.steps / statistics.median(walls["plain"])
+    for name, arm in arms.items():
+        rate = a.steps / statistics.median(walls[name])
+        emit("SPECULATIVE", where, arm=name, k=None if arm is None else arm[0], tok_s=round(rate, 2),
+             over_plain_eager=round(rate / base, 4), ms_per_step=round(statistics.median(per_step[name]), 3),
+             same_stream_as_plain=same[name], steps=a.steps, rounds=a.rounds, prime=a.prime)
+    if not all(same.values()):
+        sys.stderr.write("speculative_bench: a verify arm's stream is not the plain stream\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

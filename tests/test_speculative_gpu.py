@@ -1,0 +1,90 @@
+"""Speculative decoding on CUDA (GPU only; skipped on CPU): Model.verify's rows are model.step's decode steps, bit
+for bit, with the decode kernels and PDL as they run by default (tests/test_speculative.py proves it on CPU).
+
+`mini` (Flash widths) random weights on one GPU, sampled (temperature 1): verify steps whose drafts are the plain
+stream (every one accepted, windows and rings crossed) and drafts with every third one wrong, against eager
+model.step from the same prompt: the tokens, every committed byte (DecodeState.digest) and the stored logits.
+verify refuses to run on CUDA without DSV4_SPECULATIVE=1 until this file has passed on a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+import dsv4
+from dsv4 import speculative as spec
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+PRESET = os.environ.get("DSV4_GPU_PRESET", "mini")
+SAMPLING = dsv4.SamplingParams(temperature=1.0, seed=20261204)
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dsv4.load(PRESET, device="cuda", seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(model):
+    g = torch.Generator().manual_seed(5)
+    return torch.randint(2, model.cfg.vocab_size, (40,), generator=g).tolist()
+
+
+def prefilled(model, prompt):
+    state = model.new_state(len(prompt) + STEPS + 8)
+    model.prefill(state, prompt[:-1])
+    return state
+
+
+def after(state) -> tuple:
+    return state.digest(), hashlib.sha256(state.logits.cpu().numpy().tobytes()).hexdigest(), int(state.token)
+
+
+@pytest.fixture(scope="module")
+def plain(model, prompt):
+    state, token, tokens, states = prefilled(model, prompt), prompt[-1], [], []
+    for _ in range(STEPS):
+        token = model.step(state, token, SAMPLING)
+        tokens.append(token)
+        states.append(after(state))
+    return tokens, states
+
+
+@pytest.fixture(autouse=True)
+def speculative_on_cuda(monkeypatch):
+    monkeypatch.setenv("DSV4_SPECULATIVE", "1")
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_verify_rows_are_decode_steps_on_cuda(model, prompt, plain, k):
+    tokens, states = plain
+    state, token, done = prefilled(model, prompt), prompt[-1], 0
+    while done + k + 1 <= STEPS:
+        got = model.verify(state, token, tokens[done:done + k], SAMPLING)
+        assert list(got) == tokens[done:done + k + 1]
+        done += k + 1
+        assert after(state) == states[done - 1], f"after {done} tokens"
+        token = got[-1]
+
+
+def test_rejections_on_cuda_keep_the_plain_stream(model, prompt, plain):
+    tokens, states = plain
+    vocab = model.cfg.vocab_size
+    drafter = spec.ScriptedDrafter(len(prompt), [(t + (i % 3 == 2)) % vocab for i, t in enumerate(tokens)])
+    tally = spec.Tally()
+    got = list(spec.sample_tokens(model, prompt, STEPS, SAMPLING, drafter=drafter, k=4, tally=tally))
+    assert got == tokens and 0 < tally.acceptance < 1
+
+
+def test_verify_refuses_cuda_without_the_switch(model, prompt, monkeypatch):
+    monkeypatch.setenv("DSV4_SPECULATIVE", "0")
+    state = prefilled(model, prompt)
+    with pytest.raises(NotImplementedError, match="DSV4_SPECULATIVE=1"):
+        model.verify(state, prompt[-1], [1], SAMPLING)
+    assert state.host_pos == len(prompt) - 1 and state.quarantine is None
