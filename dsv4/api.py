@@ -18,7 +18,7 @@ from .launch import load_spawned
 
 
 def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *, init: str | None = None,
-         seed: int = 0, rank: int = 0, group=None, tokenizer: str | None = None) -> DecodeModel:
+         seed: int = 0, rank: int = 0, group=None, tokenizer: str | None = None, mtp: bool = False) -> DecodeModel:
     """Load a checkpoint directory, a Hugging Face repo id, or build a preset (dsv4.hub.resolve's rules).
 
     A preset name (tiny, mini, flash) gets random weights (`init="random"`, `seed`), built
@@ -27,12 +27,13 @@ def load(path_or_preset: str | Path, device=None, dtype=None, ranks: int = 1, *,
     model over that many spawned ranks (a dsv4.launch.DistributedModel); `rank`/`group` are for a
     process that is already one rank of a torchrun group (see dsv4.launch.from_torchrun).
     A checkpoint without tokenizer.json is an error naming it; `tokenizer="stand-in"` opts into a
-    byte-level stand-in with a random vocabulary (said on stderr).
+    byte-level stand-in with a random vocabulary (said on stderr). `mtp`: also the checkpoint's MTP layer (a preset's
+    random one), the drafter of speculative decoding (dsv4.speculative's MtpDrafter); a layer's memory more.
     """
     source = resolve(path_or_preset)  # before spawning: every rank reads one resolved directory
     device, dtype = placement(device, dtype)
     if ranks != 1 and group is None:
         return load_spawned(source, device=device, dtype=dtype, ranks=ranks, init=init, seed=seed,
-                            tokenizer=tokenizer)
+                            tokenizer=tokenizer, mtp=mtp)
     return build(source, device, dtype, rank=rank, world=ranks, group=group, init=init, seed=seed,
-                 tokenizer=tokenizer)
+                 tokenizer=tokenizer, mtp=mtp)

@@ -112,7 +112,11 @@ class ModelConfig:
 
     # ---- derived -----------------------------------------------------------
     def compress_rate(self, layer: int) -> int:
-        """m for a layer: 0 for sliding-only layers."""
+        """m for a layer: 0 for sliding-only layers. Layers num_hidden_layers.. are the MTP layers (mtp.0, ...):
+        sliding-only, as DeepSeek-V4-Flash's (its compress_ratios' entry past the main layers is 0; dsv4.layout
+        refuses a checkpoint whose MTP layer holds a compressor)."""
+        if layer >= self.num_hidden_layers:
+            return 0
         t = self.layer_types[layer]
         return 0 if t == SLIDING else self.compress_rates[t]
 

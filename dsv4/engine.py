@@ -27,6 +27,7 @@ from .checkpoint.load import load_weights
 from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
 from .kernels import bookkeeping, moe as fused_moe
+from .model.commit import Undo
 from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
@@ -34,7 +35,8 @@ from .profile import phase
 from .replay import CONFIG as REPLAY, PrefillReplay
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
-from .state import CapacityError, DecodeState, Pools, QuarantineError, RefusalError, StepHeld  # noqa: F401
+from .state import (CapacityError, DecodeState, LayerCache, Pools, QuarantineError, RefusalError,  # noqa: F401
+                    StepHeld)
 from .tokenizer import Tokenizer, build_tokenizer
 
 
@@ -49,14 +51,16 @@ def placement(device=None, dtype=None) -> tuple[torch.device, torch.dtype]:
 
 
 def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, *, rank: int = 0, world: int = 1,
-          group=None, init: str | None = None, seed: int = 0, tokenizer: str | None = None) -> "Model":
+          group=None, init: str | None = None, seed: int = 0, tokenizer: str | None = None,
+          mtp: bool = False) -> "Model":
     """One rank's Model: rank `rank` of `world` (joined through `group` when world > 1).
 
     `path_or_preset` as dsv4.hub.resolve leaves it: a preset name (tiny, mini, flash) gets random
     weights (`init="random"`, `seed`), built directly on `device`, and the byte-level stand-in
     tokenizer; anything else is a checkpoint directory, read in the official format with its
     tokenizer.json (none is an error naming the file: `tokenizer="stand-in"` opts into the stand-in,
-    said on stderr). Weights that cannot fit the device's free memory are refused before any is made.
+    said on stderr). Weights that cannot fit the device's free memory are refused before any is made. `mtp`: the MTP
+    layers too (num_nextn_predict_layers), speculative decoding's drafter.
     """
     if tokenizer not in (None, "stand-in"):
         raise ValueError(f"tokenizer={tokenizer!r}: allowed None (the checkpoint's tokenizer.json) or 'stand-in'")
@@ -65,8 +69,8 @@ def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, 
         if init not in (None, "random"):
             raise ValueError(f"init={init!r}: a preset has no checkpoint to read; allowed 'random'")
         cfg = preset(name)
-        check_fits(cfg, rank, world, device, dtype, f"preset {name!r}")
-        weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
+        check_fits(cfg, rank, world, device, dtype, f"preset {name!r}", mtp)
+        weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed, mtp=mtp)
         tok = _stand_in(cfg)
     else:
         path = Path(name)
@@ -79,10 +83,10 @@ def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, 
                                     "stand-in with a random vocabulary)")
         if init == "random":
             cfg = ModelConfig.from_json(path / "config.json")
-            check_fits(cfg, rank, world, device, dtype, f"{path} (random weights)")
-            weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
+            check_fits(cfg, rank, world, device, dtype, f"{path} (random weights)", mtp)
+            weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed, mtp=mtp)
         else:
-            cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype)
+            cfg, weights = load_weights(path, rank=rank, world=world, device=device, dtype=dtype, mtp=mtp)
         if tokenizer == "stand-in":
             if rank == 0:
                 print(f"[dsv4] {path}: using the stand-in tokenizer (byte-level BPE, random vocabulary), "
@@ -92,7 +96,8 @@ def build(path_or_preset: str | Path, device: torch.device, dtype: torch.dtype, 
             tok = Tokenizer.from_dir(path)
     # DSV4_REDUCE=symm: the one-shot all-reduce over symmetric memory (CUDA, several ranks) instead of NCCL
     reduce = os.environ.get("DSV4_REDUCE", "nccl") if world > 1 and device.type == "cuda" else "nccl"
-    comm = Comm(cfg.num_hidden_layers, device, rank=rank, world=world, group=group, reduce=reduce)
+    layers = cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if mtp else 0)  # the MTP layers' doors too
+    comm = Comm(layers, device, rank=rank, world=world, group=group, reduce=reduce)
     return Model(cfg, Transformer(cfg, weights, comm, device, dtype), tok)
 
 
@@ -311,7 +316,11 @@ class Model(ModelCommon):
     def new_state(self, capacity: int) -> DecodeState:
         if self._pools is not None:
             return self._pools.new_state(capacity)
-        return DecodeState(self.cfg, capacity, self.device, self.dtype)
+        state = DecodeState(self.cfg, capacity, self.device, self.dtype)
+        n = self.cfg.num_hidden_layers
+        state.mtp_caches = [LayerCache(self.cfg, n + j, capacity, self.device, self.dtype)
+                            for j in range(len(self.transformer.mtp))]
+        return state
 
     def pool_states(self, slots: int) -> None:
         """From now on new_state hands out slots of pools of `slots` states (dsv4.state.StatePool; 0: plain states), as
@@ -483,6 +492,28 @@ class Model(ModelCommon):
         takes back the others, so the state's bytes are those of that many model.step calls; returns their draws
         (1 to len(drafts) + 1 tokens). One verdict, as a step: a refusal takes back every row, quarantines the
         state and raises RefusalError."""
+        return self._verify(state, token, drafts, sampling, stops, 0)[0]
+
+    def verify_draft(self, state: DecodeState, token: int, drafts: Sequence[int], sampling=None,
+                     stops: Sequence[int] = (), k: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """verify, then the MTP layer's k drafts for the next step -> (the tokens, the drafts). The MTP layer runs
+        on every row (the main model's streams there and the row's draw) and keeps the rows the step keeps (its
+        window: state.mtp_caches); the last kept row drafts the token after the next input, each further draft
+        runs the layer again on its own streams (those rows taken back after). A draft is drawn with the sampler's
+        key at its position from the MTP layer's logits, so where the layer agrees with the model it drafts the
+        very token the model will draw (greedy: its argmax). The tokens are verify's whatever the drafts; one
+        verdict for both forwards."""
+        if not self.transformer.mtp:
+            raise ValueError("verify_draft: this model has no MTP layer (dsv4.load(..., mtp=True) reads it)")
+        if not state.mtp_caches:
+            raise ValueError("verify_draft: the state has no MTP window (a pool slot, or made before the MTP layer)")
+        if not isinstance(k, int) or not 1 <= k < min(MAX_VERIFY_ROWS, self.cfg.sliding_window):
+            raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to "
+                             f"{min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}")
+        return self._verify(state, token, drafts, sampling, stops, k)
+
+    def _verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling, stops: Sequence[int],
+                k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.device.type == "cuda" and kernels.getenv("DSV4_SPECULATIVE", "0") != "1":
             raise NotImplementedError("verify: speculative steps are proven on CPU and have not run on a GPU yet; "
                                       "DSV4_SPECULATIVE=1 runs them on CUDA anyway")
@@ -499,8 +530,10 @@ class Model(ModelCommon):
         state.check_room(R)
         tokens = self._tokens([token, *drafts], "verify").to(self.device)
         stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
+        tf = self.transformer
         with torch.inference_mode():
-            verdict, h, logits, undo = self.transformer.verify(state, tokens)
+            verdict, h, logits, undo = tf.verify(state, tokens)
+            verdict = verdict.clone()  # the comm's buffer: the MTP layer's step reuses it
             logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
             with phase("sampler"):
                 draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
@@ -508,19 +541,36 @@ class Model(ModelCommon):
             if stop is not None:
                 match &= ~torch.isin(draws[:-1], stop)
             accepted = torch.cumprod(match.long(), 0).sum()  # drafts accepted: the leading matches
+            last = accepted.view(1)
+            undos, drafted = [undo], []
+            if k:
+                tf.comm.begin_step()
+                undos.append(Undo())
+                g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
+                ahead = Undo()  # the further drafts' rows: all taken back
+                g, row = g.index_select(0, last), mtp_logits.index_select(0, last)[0]
+                for r in range(k):  # the layer at pos + accepted + r drafts the token at pos + accepted + r + 2
+                    drafted.append(sample(row.float(), sampling, state.pos + accepted + (r + 2)))
+                    if r + 1 < k:
+                        g, row = tf.mtp_rows([state.ahead(accepted + (r + 1))], g, drafted[-1].view(1), ahead)
+                        row = row[0]
+                tf.comm.end_step()
+                verdict = verdict + tf.comm.verdict
+                ahead.take_back(torch.zeros(1, dtype=torch.bool, device=self.device))
             ok = verdict == 0
             kept = ok & (torch.arange(R, device=self.device) <= accepted)
-            undo.take_back(kept)
-            last = accepted.view(1)
+            for u in reversed(undos):
+                u.take_back(kept)
             state.hidden.copy_(torch.where(ok, h.index_select(0, last)[0], state.hidden))
             state.logits.copy_(torch.where(ok, logits.index_select(0, last)[0], state.logits))
             state.token.copy_(torch.where(ok, draws.index_select(0, last)[0], state.token))
             state.pos.add_(ok.long() * (accepted + 1))
             state.counts[1].add_(ok.long())
-            out = torch.cat([draws.double(), accepted.double().view(1), verdict.double().view(1)]).tolist()
+            out = torch.cat([draws.double(), accepted.double().view(1), verdict.double().view(1),
+                             *(d.double().view(1) for d in drafted)]).tolist()
         n = int(out[R]) + 1
         self._settle(state, out[R + 1], n)
-        return tuple(int(t) for t in out[:n])
+        return tuple(int(t) for t in out[:n]), tuple(int(t) for t in out[R + 2:])
 
     def _io(self, device: torch.device) -> "_HostIO | None":
         """The device's pinned step I/O (CONFIG pinned_io, CUDA), made at its first step."""

@@ -104,70 +104,90 @@ def check_split(cfg: ModelConfig, world: int) -> None:
             raise ValueError(f"{name}={v} is not divisible by ranks={world}")
 
 
-def tensor_specs(cfg: ModelConfig, rank: int = 0, world: int = 1) -> dict[str, Spec]:
-    """Every tensor of the official checkpoint (MTP layers excluded) that rank `rank` of `world` reads."""
-    D, H, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
-    hc, g = cfg.hc_mult, cfg.o_groups
-    mix = (2 + hc) * hc
-    row = (0, world, rank) if world > 1 else None
-    col = (1, world, rank) if world > 1 else None
+def tensor_specs(cfg: ModelConfig, rank: int = 0, world: int = 1, mtp: bool = False) -> dict[str, Spec]:
+    """Every tensor of the official checkpoint that rank `rank` of `world` reads: the main model's, and with `mtp`
+    its MTP layers' too (`mtp.J.`: a decoder layer, index num_hidden_layers + J, and what joins it to the main
+    model: enorm / hnorm, e_proj / h_proj, its own hc_head and norm; the embedding and head are the main model's)."""
+    D = cfg.hidden_size
+    hc = cfg.hc_mult
     s: dict[str, Spec] = {
         "embed.weight": Spec((cfg.vocab_size, D), "bf16"),
-        "head.weight": Spec((cfg.vocab_size, D), "bf16", row),
+        "head.weight": Spec((cfg.vocab_size, D), "bf16", (0, world, rank) if world > 1 else None),
         "norm.weight": Spec((D,), "fp32"),
         "hc_head_fn": Spec((hc, hc * D), "fp32"),
         "hc_head_base": Spec((hc,), "fp32"),
         "hc_head_scale": Spec((1,), "fp32"),
     }
     for i in range(cfg.num_hidden_layers):
-        p = f"layers.{i}."
-        s[p + "attn_norm.weight"] = Spec((D,), "fp32")
-        s[p + "ffn_norm.weight"] = Spec((D,), "fp32")
-        for site in ("attn", "ffn"):
-            s[p + f"hc_{site}_fn"] = Spec((mix, hc * D), "fp32")
-            s[p + f"hc_{site}_base"] = Spec((mix,), "fp32")
-            s[p + f"hc_{site}_scale"] = Spec((3,), "fp32")
-        a = p + "attn."
-        s[a + "wq_a.weight"] = Spec((cfg.q_lora_rank, D), "linear")
-        s[a + "q_norm.weight"] = Spec((cfg.q_lora_rank,), "fp32")
-        s[a + "wq_b.weight"] = Spec((H * hd, cfg.q_lora_rank), "linear", row)  # by head
-        s[a + "wkv.weight"] = Spec((hd, D), "linear")
-        s[a + "kv_norm.weight"] = Spec((hd,), "fp32")
-        s[a + "wo_a.weight"] = Spec((g * cfg.o_lora_rank, H * hd // g), "linear", row)  # whole groups
-        s[a + "wo_b.weight"] = Spec((D, g * cfg.o_lora_rank), "linear", col)
-        s[a + "attn_sink"] = Spec((H,), "fp32", row)
-        m = cfg.compress_rate(i)
-        if m:
-            csa = cfg.layer_types[i] == CSA
-            width = (2 if csa else 1) * hd  # CSA: two overlapping series Ca | Cb
-            s[a + "compressor.wkv.weight"] = Spec((width, D), "bf16")
-            s[a + "compressor.wgate.weight"] = Spec((width, D), "bf16")
-            s[a + "compressor.ape"] = Spec((m, width), "fp32")
-            s[a + "compressor.norm.weight"] = Spec((hd,), "fp32")
-            if csa:
-                nI, dI = cfg.index_n_heads, cfg.index_head_dim
-                s[a + "indexer.wq_b.weight"] = Spec((nI * dI, cfg.q_lora_rank), "linear")
-                s[a + "indexer.weights_proj.weight"] = Spec((nI, D), "bf16")
-                s[a + "indexer.compressor.wkv.weight"] = Spec((2 * dI, D), "bf16")
-                s[a + "indexer.compressor.wgate.weight"] = Spec((2 * dI, D), "bf16")
-                s[a + "indexer.compressor.ape"] = Spec((m, 2 * dI), "fp32")
-                s[a + "indexer.compressor.norm.weight"] = Spec((dI,), "fp32")
-        f = p + "ffn."
-        s[f + "gate.weight"] = Spec((cfg.n_routed_experts, D), "bf16")
-        if cfg.mlp_layer_types[i] == HASH_MOE:
-            s[f + "gate.tid2eid"] = Spec((cfg.vocab_size, cfg.num_experts_per_tok), "int")
-        else:
-            s[f + "gate.bias"] = Spec((cfg.n_routed_experts,), "fp32")
-        I = cfg.moe_intermediate_size
-        for e in expert_range(cfg, rank, world):
-            x = f + f"experts.{e}."
-            s[x + "w1.weight"] = Spec((I, D), "expert", expert=e)
-            s[x + "w3.weight"] = Spec((I, D), "expert", expert=e)
-            s[x + "w2.weight"] = Spec((D, I), "expert", expert=e)
-        if cfg.n_shared_experts:
-            s[f + "shared_experts.w1.weight"] = Spec((I, D), "linear", row)
-            s[f + "shared_experts.w3.weight"] = Spec((I, D), "linear", row)
-            s[f + "shared_experts.w2.weight"] = Spec((D, I), "linear", col)
+        s.update(_layer_specs(cfg, f"layers.{i}.", i, rank, world))
+    for j in range(cfg.num_nextn_predict_layers if mtp else 0):
+        p = f"mtp.{j}."
+        s.update(_layer_specs(cfg, p, cfg.num_hidden_layers + j, rank, world))
+        for name in ("enorm.weight", "hnorm.weight", "norm.weight"):
+            s[p + name] = Spec((D,), "fp32")
+        s[p + "e_proj.weight"] = Spec((D, D), "linear")
+        s[p + "h_proj.weight"] = Spec((D, D), "linear")
+        s[p + "hc_head_fn"] = Spec((hc, hc * D), "fp32")
+        s[p + "hc_head_base"] = Spec((hc,), "fp32")
+        s[p + "hc_head_scale"] = Spec((1,), "fp32")
+    return s
+
+
+def _layer_specs(cfg: ModelConfig, p: str, i: int, rank: int, world: int) -> dict[str, Spec]:
+    """One decoder layer's tensors under prefix p (`layers.N.` or `mtp.J.`), layer index i."""
+    D, H, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    hc, g = cfg.hc_mult, cfg.o_groups
+    mix = (2 + hc) * hc
+    row = (0, world, rank) if world > 1 else None
+    col = (1, world, rank) if world > 1 else None
+    s: dict[str, Spec] = {}
+    s[p + "attn_norm.weight"] = Spec((D,), "fp32")
+    s[p + "ffn_norm.weight"] = Spec((D,), "fp32")
+    for site in ("attn", "ffn"):
+        s[p + f"hc_{site}_fn"] = Spec((mix, hc * D), "fp32")
+        s[p + f"hc_{site}_base"] = Spec((mix,), "fp32")
+        s[p + f"hc_{site}_scale"] = Spec((3,), "fp32")
+    a = p + "attn."
+    s[a + "wq_a.weight"] = Spec((cfg.q_lora_rank, D), "linear")
+    s[a + "q_norm.weight"] = Spec((cfg.q_lora_rank,), "fp32")
+    s[a + "wq_b.weight"] = Spec((H * hd, cfg.q_lora_rank), "linear", row)  # by head
+    s[a + "wkv.weight"] = Spec((hd, D), "linear")
+    s[a + "kv_norm.weight"] = Spec((hd,), "fp32")
+    s[a + "wo_a.weight"] = Spec((g * cfg.o_lora_rank, H * hd // g), "linear", row)  # whole groups
+    s[a + "wo_b.weight"] = Spec((D, g * cfg.o_lora_rank), "linear", col)
+    s[a + "attn_sink"] = Spec((H,), "fp32", row)
+    m = cfg.compress_rate(i)
+    if m:
+        csa = cfg.layer_types[i] == CSA
+        width = (2 if csa else 1) * hd  # CSA: two overlapping series Ca | Cb
+        s[a + "compressor.wkv.weight"] = Spec((width, D), "bf16")
+        s[a + "compressor.wgate.weight"] = Spec((width, D), "bf16")
+        s[a + "compressor.ape"] = Spec((m, width), "fp32")
+        s[a + "compressor.norm.weight"] = Spec((hd,), "fp32")
+        if csa:
+            nI, dI = cfg.index_n_heads, cfg.index_head_dim
+            s[a + "indexer.wq_b.weight"] = Spec((nI * dI, cfg.q_lora_rank), "linear")
+            s[a + "indexer.weights_proj.weight"] = Spec((nI, D), "bf16")
+            s[a + "indexer.compressor.wkv.weight"] = Spec((2 * dI, D), "bf16")
+            s[a + "indexer.compressor.wgate.weight"] = Spec((2 * dI, D), "bf16")
+            s[a + "indexer.compressor.ape"] = Spec((m, 2 * dI), "fp32")
+            s[a + "indexer.compressor.norm.weight"] = Spec((dI,), "fp32")
+    f = p + "ffn."
+    s[f + "gate.weight"] = Spec((cfg.n_routed_experts, D), "bf16")
+    if i < cfg.num_hidden_layers and cfg.mlp_layer_types[i] == HASH_MOE:  # an MTP layer routes by score
+        s[f + "gate.tid2eid"] = Spec((cfg.vocab_size, cfg.num_experts_per_tok), "int")
+    else:
+        s[f + "gate.bias"] = Spec((cfg.n_routed_experts,), "fp32")
+    I = cfg.moe_intermediate_size
+    for e in expert_range(cfg, rank, world):
+        x = f + f"experts.{e}."
+        s[x + "w1.weight"] = Spec((I, D), "expert", expert=e)
+        s[x + "w3.weight"] = Spec((I, D), "expert", expert=e)
+        s[x + "w2.weight"] = Spec((D, I), "expert", expert=e)
+    if cfg.n_shared_experts:
+        s[f + "shared_experts.w1.weight"] = Spec((I, D), "linear", row)
+        s[f + "shared_experts.w3.weight"] = Spec((I, D), "linear", row)
+        s[f + "shared_experts.w2.weight"] = Spec((D, I), "linear", col)
     return s
 
 

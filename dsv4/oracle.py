@@ -135,3 +135,82 @@ def _take(stack, e):
     from .model.moe import take
 
     return take(stack, e)
+
+
+@torch.no_grad()
+def hf_mtp_logits(model, ids, dtype=torch.float32) -> torch.Tensor:
+    """The MTP layer's logits by the reference's formula (DeepSeek's MTPBlock) over HF's own layers: HF's
+    DeepseekV4Model of num_hidden_layers + 1 layers, the last one holding mtp.0's decoder layer (a sliding, score-
+    routed layer), the main layers giving the streams h[t] before the head; then for each position t < S - 1:
+    x = e_proj(enorm(embed(ids[t + 1]))) + h_proj(hnorm(h[t])) (every stream), HF's decoder layer over those rows
+    (causal, the sliding window), the layer's own hc_head (HF's HyperHead's math) and norm, and the model's head.
+    -> [S - 1, vocab] fp32. One rank; a model loaded with mtp=True."""
+    import torch.nn.functional as F
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    from .config import MOE, SLIDING
+
+    if model.world != 1 or not model.transformer.mtp:
+        raise ValueError("hf_mtp_logits needs a single-rank model with its MTP layer (mtp=True)")
+    cfg, tr = model.cfg, model.transformer
+    n = cfg.num_hidden_layers
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("quantization_config", "architectures", "torch_dtype",
+                                                              "compress_ratios", "num_hash_layers")}
+    d.update(num_hidden_layers=n + 1, layer_types=[*cfg.layer_types, SLIDING],
+             mlp_layer_types=[*cfg.mlp_layer_types, MOE], compress_rates=dict(cfg.compress_rates))
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        hf = DeepseekV4ForCausalLM(DeepseekV4Config(**d)).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    flat, L, I = tr.flat_weights(), tr.mtp[0], cfg.moe_intermediate_size
+    for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
+        if "rotary_emb" in name:
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
+        if m:
+            stack = (tr.layers[int(m[1])] if int(m[1]) < n else L)["ffn"]["experts"]
+            for e in range(cfg.n_routed_experts):
+                if m[2] == "gate_up_proj":
+                    p[e, :I].copy_(_dense(_take(stack["w1"], e), p.dtype))
+                    p[e, I:].copy_(_dense(_take(stack["w3"], e), p.dtype))
+                else:
+                    p[e].copy_(_dense(_take(stack["w2"], e), p.dtype))
+            continue
+        official = official_name(name)
+        if official.startswith(f"layers.{n}."):
+            official = "mtp.0." + official.removeprefix(f"layers.{n}.")
+        src = flat.get(official)
+        if src is None:
+            raise KeyError(f"no dsv4 weight for HF {name} ({official})")
+        p.copy_(_dense(src, p.dtype) if p.is_floating_point() else src.to(p.dtype))
+    ids = torch.tensor([list(ids)])
+    S, eps = ids.shape[1], cfg.rms_norm_eps
+    body = hf.model
+
+    def run(layers, h, input_ids):
+        pos = torch.arange(h.shape[1]).unsqueeze(0)
+        embeds = h[:, :, 0]
+        mask = create_sliding_window_causal_mask(config=body.config, inputs_embeds=embeds, attention_mask=None,
+                                                 past_key_values=None, position_ids=pos)
+        rope = {kind: body.rotary_emb(embeds, position_ids=pos, layer_type=kind) for kind in ("main", "compress")}
+        for layer in layers:
+            h = layer(h, position_embeddings=rope, position_ids=pos, attention_mask=mask, input_ids=input_ids)
+        return h
+
+    def norm(x, w):
+        return _dense(w, dtype) * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+    h = run(body.layers[:n], body.embed_tokens(ids).unsqueeze(2).expand(-1, -1, cfg.hc_mult, -1).contiguous(), ids)
+    e = norm(body.embed_tokens(ids[:, 1:]), L["enorm"])
+    x = F.linear(e, _dense(L["e_proj"], dtype)).unsqueeze(2) + F.linear(norm(h[:, :S - 1], L["hnorm"]),
+                                                                          _dense(L["h_proj"], dtype))
+    x = run(body.layers[n:], x, ids[:, 1:])
+    fn, base, scale = (_dense(t, torch.float32) for t in L["hc_head"])
+    flat_x = x.flatten(2).float()
+    mixes = F.linear(flat_x * torch.rsqrt(flat_x.square().mean(-1, keepdim=True) + eps), fn)
+    pre = torch.sigmoid(mixes * scale + base) + cfg.hc_eps
+    y = (pre.unsqueeze(-1) * x.float()).sum(dim=2).to(dtype)
+    return hf.lm_head(norm(y, L["norm"]))[0].float()

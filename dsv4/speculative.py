@@ -61,7 +61,15 @@ class ScriptedDrafter:
         return self.script[done:done + max(k, 0)]
 
 
-DRAFTERS = {"ngram": NgramDrafter}
+class MtpDrafter:
+    """The model's own MTP layer (DeepSeek-V4's multi-token prediction; dsv4.load(..., mtp=True)): each verify step
+    also runs it (Model.verify_draft) and it drafts the next step's tokens on the device, drawn with the sampler's
+    key at their positions. The stream is still the plain one; how often a draft is right is the layer's."""
+
+    device = True  # drafts come back from the verify step itself, not from propose
+
+
+DRAFTERS = {"ngram": NgramDrafter, "mtp": MtpDrafter}
 
 
 @dataclass
@@ -102,12 +110,21 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
         prefill(model, state, ids[:-1])
     token, out, stop = ids[-1], [], set(stops)
     budget = min(max_tokens, state.capacity - state.host_pos)
+    on_device, drafts = getattr(drafter, "device", False), []
+    if on_device and k < 1:
+        raise ValueError(f"k {k}: the MTP drafter drafts at least one token a step")
     while len(out) < budget:
         # a step yields at most its drafts + 1 tokens: never more than the budget left
-        drafts = [int(t) for t in drafter.propose(ids + out, min(k, budget - len(out) - 1))][:budget - len(out) - 1]
-        got = model.verify(state, token, drafts, sampling, stops)
+        room = budget - len(out) - 1
+        if on_device:
+            proposed = drafts[:room]
+            got, drafts = model.verify_draft(state, token, proposed, sampling, stops, k)
+            drafts = list(drafts)
+        else:
+            proposed = [int(t) for t in drafter.propose(ids + out, min(k, room))][:room]
+            got = model.verify(state, token, proposed, sampling, stops)
         tally.steps += 1
-        tally.proposed += len(drafts)
+        tally.proposed += len(proposed)
         tally.accepted += len(got) - 1
         tally.tokens += len(got)
         for t in got:

@@ -113,24 +113,27 @@ class DecodeState:
         self.prefill_graphs: dict = {}
         self.pool = None  # the StatePool whose slot `slot` this state is a view of (None: its own)
         self.slot: int | None = None
+        # The MTP layers' sliding windows (Model.new_state makes them where the model has MTP layers): the drafter's
+        # own cache, outside the committed bytes (a draft is a guess: the stream never depends on it)
+        self.mtp_caches: list[LayerCache] = []
 
     def row(self, slot: int) -> "DecodeState":
         """Slot `slot` of a stacked state (slots=n): a DecodeState of views, starting at position 0."""
         view = DecodeState.__new__(DecodeState)
         vars(view).update(cfg=self.cfg, capacity=self.capacity, device=self.device, dtype=self.dtype, host_pos=0,
                           layers=[layer.row(slot) for layer in self.layers], quarantine=None, replay=None,
-                          prefill_graphs={}, pool=None, slot=slot)
+                          prefill_graphs={}, pool=None, slot=slot, mtp_caches=[])
         for name in ("pos", "hidden", "logits", "input", "token", "counts"):
             setattr(view, name, getattr(self, name)[slot])
         return view
 
-    def ahead(self, n: int) -> "DecodeState":
-        """This state as a step n positions on would see it: the same buffers, pos + n (a new device scalar). A
-        verify step's row n reads the caches through it, once the rows before it have written theirs
-        (dsv4.speculative)."""
+    def ahead(self, n: "int | torch.Tensor") -> "DecodeState":
+        """This state as a step n positions on would see it: the same buffers, pos + n (a new device scalar; n an int
+        or a device scalar, whose host_pos is then this state's: a one-token step never reads it). A verify step's
+        row n reads the caches through it, once the rows before it have written theirs (dsv4.speculative)."""
         view = DecodeState.__new__(DecodeState)
-        vars(view).update(vars(self), pos=self.pos + n, host_pos=self.host_pos + n, replay=None, prefill_graphs={},
-                          pool=None)
+        vars(view).update(vars(self), pos=self.pos + n, host_pos=self.host_pos + n if isinstance(n, int) else
+                          self.host_pos, replay=None, prefill_graphs={}, pool=None)
         return view
 
     # ---- guards ------------------------------------------------------------
@@ -176,6 +179,8 @@ class DecodeState:
         """End a quarantine (and free the graph): the state's bytes are not to be trusted, so they are zeroed."""
         for _, t in self.committed():
             t.zero_()
+        for cache in self.mtp_caches:
+            cache.win.zero_()
         self.host_pos = 0
         self.quarantine = None
 

@@ -205,10 +205,13 @@ def stored(name: str, spec: Spec, cfg: ModelConfig, seed: int, device="cpu", key
 
 
 def random_weights(cfg: ModelConfig, *, rank: int = 0, world: int = 1, device="cpu",
-                   dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[str, torch.Tensor | QWeight]:
-    """This rank's weights, in the form `load_weights` returns, drawn on `device` without touching disk."""
+                   dtype: torch.dtype = torch.float32, seed: int = 0,
+                   mtp: bool = False) -> dict[str, torch.Tensor | QWeight]:
+    """This rank's weights, in the form `load_weights` returns, drawn on `device` without touching disk (with
+    `mtp`, the MTP layers' too: each tensor's values depend on its name and the seed alone, so the main model's
+    are the same either way)."""
     check_rank(cfg, rank, world)
-    specs = tensor_specs(cfg, rank, world)
+    specs = tensor_specs(cfg, rank, world, mtp)
     out: dict[str, torch.Tensor | QWeight] = {}
     # One draw per (layer, w1|w2|w3) for all local experts: thousands of experts, a few kernels each.
     groups: dict[str, list[str]] = {}

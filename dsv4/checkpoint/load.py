@@ -85,8 +85,8 @@ def _expected_shapes(spec: Spec, kind: str) -> tuple[list[int], list[int] | None
     return shape, None
 
 
-def _locate(path: Path) -> tuple[dict[str, Path], Path]:
-    """name -> shard file (mtp.* dropped), and the file that lists them (index or single file)."""
+def _locate(path: Path, mtp: bool = False) -> tuple[dict[str, Path], Path]:
+    """name -> shard file (mtp.* dropped unless `mtp`), and the file that lists them (index or single file)."""
     index = path / INDEX
     if index.is_file():
         try:
@@ -97,7 +97,7 @@ def _locate(path: Path) -> tuple[dict[str, Path], Path]:
             raise _err(index, None, "not a valid index (weight_map is not a table of tensor name -> file)")
         where = {}
         for name, file in weight_map.items():
-            if name.startswith("mtp."):
+            if name.startswith("mtp.") and not mtp:
                 continue
             if not (path / file).is_file():
                 raise _err(path / file, name, f"listed in {INDEX} but the shard file does not exist")
@@ -105,18 +105,24 @@ def _locate(path: Path) -> tuple[dict[str, Path], Path]:
         return where, index
     single = path / SINGLE
     if single.is_file():
-        return {name: single for name in _header(single) if not name.startswith("mtp.")}, single
+        return {name: single for name in _header(single) if mtp or not name.startswith("mtp.")}, single
     raise CheckpointError(f"{path}: no {INDEX} and no {SINGLE}")
 
 
-def _validate(cfg: ModelConfig, where: dict[str, Path], listing: Path) -> None:
+def _validate(cfg: ModelConfig, where: dict[str, Path], listing: Path, mtp: bool = False) -> None:
     headers = {f: _header(f) for f in sorted(set(where.values()))}
-    full = tensor_specs(cfg)
+    full = tensor_specs(cfg, mtp=mtp)
     scales = {scale_name(n): n for n, s in full.items() if storage(s, cfg) in ("fp8", "fp4")}
+    if mtp and not any(name.startswith("mtp.") for name in where):
+        raise _err(listing, None, f"no MTP layer (mtp.0.*; config num_nextn_predict_layers "
+                                  f"{cfg.num_nextn_predict_layers}): load it without mtp")
     for file, head in headers.items():
         for name in head:
-            if not (name in full or name in scales or name.startswith("mtp.")):
-                raise _err(file, name, "unexpected tensor: not part of this config's layout")
+            if not (name in full or name in scales or (name.startswith("mtp.") and not mtp)):
+                why = "unexpected tensor: not part of this config's layout"
+                if name.startswith("mtp.") and ".compressor." in name:
+                    why += " (an MTP layer with a compressor: dsv4 runs sliding-window MTP layers, as Flash's)"
+                raise _err(file, name, why)
 
     def entry(name: str, owner: str) -> tuple[Path, str, list[int]]:
         if name not in where:
@@ -195,8 +201,10 @@ def _progress(path: Path, total: int, rank: int):
 
 
 def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: int = 1, device="cpu",
-                 dtype: torch.dtype = torch.float32) -> tuple[ModelConfig, dict[str, torch.Tensor | QWeight]]:
-    """(cfg, this rank's weights). Quantised weights stay quantised (QWeight); see `as_memory`."""
+                 dtype: torch.dtype = torch.float32,
+                 mtp: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | QWeight]]:
+    """(cfg, this rank's weights; with `mtp` the MTP layers' too). Quantised weights stay quantised (QWeight); see
+    `as_memory`."""
     path = Path(path)
     if cfg is None:
         if not (path / "config.json").is_file():
@@ -206,11 +214,11 @@ def load_weights(path, cfg: ModelConfig | None = None, *, rank: int = 0, world: 
         except ConfigError as e:
             raise CheckpointError(str(e)) from None
     check_rank(cfg, rank, world)
-    where, listing = _locate(path)
-    _validate(cfg, where, listing)
-    check_fits(cfg, rank, world, device, dtype, str(path))
+    where, listing = _locate(path, mtp)
+    _validate(cfg, where, listing, mtp)
+    check_fits(cfg, rank, world, device, dtype, str(path), mtp)
 
-    specs = tensor_specs(cfg, rank, world)
+    specs = tensor_specs(cfg, rank, world, mtp)
     handles = _Handles(where)
     out: dict[str, torch.Tensor | QWeight] = {}
     # tid2eid first: its values are the one check that needs data; then shard by shard.

@@ -18,11 +18,11 @@ class NotEnoughMemoryError(ValueError):
     """A rank's weights do not fit the memory its device has free."""
 
 
-def weight_bytes(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype) -> int:
+def weight_bytes(cfg: ModelConfig, rank: int, world: int, dtype: torch.dtype, mtp: bool = False) -> int:
     """Bytes of this rank's weights in the form the model holds them (dsv4.layout.as_memory):
     FP8/FP4 stay packed with their ue8m0 scales, tid2eid int64, fp32 kept, the rest in `dtype`."""
     total = 0
-    for spec in tensor_specs(cfg, rank, world).values():
+    for spec in tensor_specs(cfg, rank, world, mtp).values():
         shape = list(spec.shape)
         sl = local_slice(spec)
         if sl is not None:
@@ -50,13 +50,14 @@ def available_bytes(device: torch.device) -> tuple[int, str]:
     return free, what
 
 
-def check_fits(cfg: ModelConfig, rank: int, world: int, device, dtype: torch.dtype, source: str) -> None:
+def check_fits(cfg: ModelConfig, rank: int, world: int, device, dtype: torch.dtype, source: str,
+               mtp: bool = False) -> None:
     """Raise NotEnoughMemoryError when the weights cannot fit (the estimate counts weights only: states
     and activations come on top). CPU ranks share one host's RAM: there
     all ranks' weights count."""
     device = torch.device(device)
-    need = sum(weight_bytes(cfg, r, world, dtype) for r in range(world)) if device.type == "cpu" \
-        else weight_bytes(cfg, rank, world, dtype)
+    need = sum(weight_bytes(cfg, r, world, dtype, mtp) for r in range(world)) if device.type == "cpu" \
+        else weight_bytes(cfg, rank, world, dtype, mtp)
     free, what = available_bytes(device)
     if need > free:
         who = f"the weights of {world} CPU ranks" if device.type == "cpu" and world > 1 else \

@@ -46,11 +46,11 @@ def _nbytes(shape, kind: str) -> int:
     return n * {"bf16": 2, "fp32": 4, "int": 4}[kind]
 
 
-def _plan(cfg: ModelConfig, max_shard_bytes: int) -> list[list[str]]:
+def _plan(cfg: ModelConfig, max_shard_bytes: int, mtp: bool = False) -> list[list[str]]:
     """Tensor names per shard, in layout order; a weight and its scale share a shard."""
     shards: list[list[str]] = [[]]
     size = 0
-    for name, spec in tensor_specs(cfg).items():
+    for name, spec in tensor_specs(cfg, mtp=mtp).items():
         n = _nbytes(spec.shape, storage(spec, cfg))
         if shards[-1] and size + n > max_shard_bytes:
             shards.append([])
@@ -60,9 +60,9 @@ def _plan(cfg: ModelConfig, max_shard_bytes: int) -> list[list[str]]:
     return shards
 
 
-def _write(cfg: ModelConfig, out: Path, seed: int, max_shard_bytes: int, device) -> None:
-    specs = tensor_specs(cfg)
-    plan = _plan(cfg, max_shard_bytes)
+def _write(cfg: ModelConfig, out: Path, seed: int, max_shard_bytes: int, device, mtp: bool = False) -> None:
+    specs = tensor_specs(cfg, mtp=mtp)
+    plan = _plan(cfg, max_shard_bytes, mtp)
     weight_map: dict[str, str] = {}
     total = 0
     for i, names in enumerate(plan):
@@ -89,8 +89,9 @@ def _write(cfg: ModelConfig, out: Path, seed: int, max_shard_bytes: int, device)
 
 
 def synth(cfg: ModelConfig, out_dir, seed: int = 0, quant: str = "none", *,
-          max_shard_bytes: int = 2 * 10**9, overwrite: bool = False, device="cpu") -> Path:
-    """Write the checkpoint of (cfg, seed, quant) to out_dir and return its path.
+          max_shard_bytes: int = 2 * 10**9, overwrite: bool = False, device="cpu", mtp: bool = False) -> Path:
+    """Write the checkpoint of (cfg, seed, quant) to out_dir and return its path; with `mtp` its MTP layers too
+    (`mtp.J.*`, as the official release holds them; the main model's tensors are the same bytes either way).
 
     quant "fp8": FP8 dense linears + FP4 routed experts (the official release); "none": bf16 linears.
     An existing non-empty out_dir is an error unless overwrite=True (then it is replaced atomically).
@@ -105,7 +106,7 @@ def synth(cfg: ModelConfig, out_dir, seed: int = 0, quant: str = "none", *,
     # Same parent: the final rename stays on one filesystem, hence atomic.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        _write(wcfg, tmp, seed, max_shard_bytes, device)
+        _write(wcfg, tmp, seed, max_shard_bytes, device, mtp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         if out.exists() or out.is_symlink():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))

@@ -124,7 +124,7 @@ class DistributedModel(ModelCommon):
             try:
                 self.local = build(spec["path"], rank_device(device, 0), spec["dtype"], rank=0, world=world,
                                    group=self._group, init=spec["init"], seed=spec["seed"],
-                                   tokenizer=spec["tokenizer"])
+                                   tokenizer=spec["tokenizer"], mtp=spec["mtp"])
             except Exception as e:  # noqa: BLE001 - raised after the workers' outcome is known
                 local_err = e
             self._raise_first(local_err, self._collect("load"))
@@ -318,11 +318,11 @@ for _name, _how in RANK_CALLS.items():
 
 
 def load_spawned(path_or_preset, device, dtype, ranks: int, init=None, seed: int = 0,
-                 timeout: float = DEFAULT_TIMEOUT, tokenizer: str | None = None) -> DistributedModel:
+                 timeout: float = DEFAULT_TIMEOUT, tokenizer: str | None = None, mtp: bool = False) -> DistributedModel:
     """Start ranks-1 workers, join them with this process as rank 0, and load every rank's slice."""
     if not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks {ranks!r}: a positive integer")
     device, dtype = placement(device, dtype)
     spec = dict(path=str(path_or_preset), device=device.type, dtype=dtype, init=init, seed=seed,
-                timeout=float(timeout), tokenizer=tokenizer)
+                timeout=float(timeout), tokenizer=tokenizer, mtp=mtp)
     return DistributedModel(spec, ranks, float(timeout))

@@ -98,7 +98,7 @@ def serve(conn, rank: int, world: int, port: int, spec: dict):
                               timeout=datetime.timedelta(seconds=spec["timeout"]))
         group = init_group(store, backend(device), rank, world, spec["timeout"])
         me = Rank(build(spec["path"], device, spec["dtype"], rank=rank, world=world, group=group,
-                         init=spec["init"], seed=spec["seed"], tokenizer=spec["tokenizer"]))
+                         init=spec["init"], seed=spec["seed"], tokenizer=spec["tokenizer"], mtp=spec["mtp"]))
         conn.send(("ok", None))
     except BaseException as e:  # noqa: BLE001 - reported to the driver, which raises it
         conn.send(("err", pack_error(e)))

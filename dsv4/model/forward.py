@@ -25,6 +25,7 @@ from . import attention as attention_module
 from .attention import attention, attention_pooled
 from .commit import Undo, Write, commit
 from .hc import hc_head, hc_post, hc_pre
+from .linear import linear
 from .rows import dense, rows_alone, short_chunk
 from .moe import moe
 from .norm import rms_norm
@@ -69,14 +70,25 @@ class Transformer:
         self.norm = weights["norm.weight"]
         self.hc_head = (weights["hc_head_fn"], weights["hc_head_base"], weights["hc_head_scale"])
         self.layers = [self._layer(weights, i) for i in range(cfg.num_hidden_layers)]
+        # The MTP layers, where the weights hold them (dsv4.load(mtp=True)): speculative decoding's drafter (mtp_rows)
+        self.mtp = [self._mtp_layer(weights, j) for j in range(cfg.num_nextn_predict_layers)
+                    if f"mtp.{j}.enorm.weight" in weights]
         self.weights = weights  # by official name (experts now live stacked in self.layers)
         self.trace = None  # a Counter while a graph is being captured (see dsv4.replay)
 
     def flat_weights(self) -> dict:
         return self.weights
 
-    def _layer(self, wt: dict, i: int) -> dict:
-        p, cfg = f"layers.{i}.", self.cfg
+    def _mtp_layer(self, wt: dict, j: int) -> dict:
+        """MTP layer j (`mtp.J.`): a decoder layer at index num_hidden_layers + j and what joins it to the main model."""
+        p = f"mtp.{j}."
+        layer = self._layer(wt, self.cfg.num_hidden_layers + j, p)
+        layer.update({k: wt[p + k + ".weight"] for k in ("enorm", "hnorm", "e_proj", "h_proj", "norm")},
+                     hc_head=(wt[p + "hc_head_fn"], wt[p + "hc_head_base"], wt[p + "hc_head_scale"]))
+        return layer
+
+    def _layer(self, wt: dict, i: int, p: str | None = None) -> dict:
+        p, cfg = p or f"layers.{i}.", self.cfg
         get = lambda name: wt[p + name]  # noqa: E731
         attn = {k: get("attn." + k + ".weight") for k in ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "wo_a", "wo_b")}
         attn["attn_sink"] = get("attn.attn_sink")
@@ -91,7 +103,7 @@ class Transformer:
             if attention_module.CONFIG["fuse_xproj"]:
                 self._fuse_xproj(wt, p, attn)
         ffn = {"gate": get("ffn.gate.weight")}
-        if cfg.mlp_layer_types[i] == HASH_MOE:
+        if i < cfg.num_hidden_layers and cfg.mlp_layer_types[i] == HASH_MOE:  # an MTP layer routes by score
             ffn["tid2eid"] = get("ffn.gate.tid2eid")
         else:
             ffn["bias"] = get("ffn.gate.bias")
@@ -237,13 +249,15 @@ class Transformer:
             post, comb, collapsed = hc_pre(h, *L["hc"][site], cfg)
             return h, post, comb, rms_norm(collapsed, L[site + "_norm"], cfg.rms_norm_eps)
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
+    def head(self, h: torch.Tensor, hc: tuple | None = None, norm: torch.Tensor | None = None) -> torch.Tensor:
         """Streams [B, hc, D] of each sequence's last token -> logits [B, vocab] in the head's dtype (vocab-parallel,
         gathered); each row as it would be alone. The states hold them in fp32: settle widens them as it stores them
-        (exact), so no launch of its own converts them."""
+        (exact), so no launch of its own converts them. hc, norm: an MTP layer's own hc_head and norm (its head
+        weight is the model's)."""
         B = h.shape[0]
+        hc, norm = hc or self.hc_head, self.norm if norm is None else norm
         with phase("head"), rows_alone():
-            y = rms_norm(hc_head(h, *self.hc_head, self.cfg), self.norm, self.cfg.rms_norm_eps)
+            y = rms_norm(hc_head(h, *hc, self.cfg), norm, self.cfg.rms_norm_eps)
             local = dense(y, self.head_w.dequant(self.dtype), source=self.head_w.data)  # [B, vocab / world]
             with phase("collective"):
                 full = self.comm.all_gather(local.reshape(-1))  # rank-major: [world * B * vocab / world]
@@ -293,6 +307,34 @@ class Transformer:
         assert not writes, "a verify step stages nothing: its writes are applied as its rows go"
         self.comm.end_step()
         return self.comm.verdict, h, self.head(h), undo
+
+
+    def mtp_rows(self, states: list[DecodeState], h: torch.Tensor, tokens: torch.Tensor, undo: Undo,
+                 j: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer j (DeepSeek-V4's multi-token prediction: the reference's MTPBlock) over rows of one sequence in
+        turn, as Transformer.verify's: row r at states[r].pos, from the main model's streams h[r] [hc, D] there and
+        the token after that position, tokens[r] -> (its streams [R, hc, D], logits [R, vocab] of the token after
+        tokens[r]). Its window rows go to each state's mtp_caches[j] through undo. The embedding and the head's
+        weight are the main model's; hnorm normalises each stream and e_proj's row joins every stream; then the
+        layer (mHC, sliding attention, MoE) and the layer's own hc_head and norm. A collective step of its own: the
+        caller brackets it with comm.begin_step / end_step. (dsv4.oracle.hf_mtp_logits is its reference.)"""
+        cfg, L = self.cfg, self.mtp[j]
+        i, (R, hc, D), eps = cfg.num_hidden_layers + j, h.shape, cfg.rms_norm_eps
+        steps = [Step(s.pos, 1, self.rope, cfg.sliding_window, None, s.host_pos) for s in states]
+        with rows_alone(True, 1):
+            e = rms_norm(self.embed.index_select(0, tokens).to(self.dtype), L["enorm"], eps)
+            x = linear(e, L["e_proj"]).unsqueeze(1) + linear(rms_norm(h, L["hnorm"], eps).reshape(R * hc, D),
+                                                            L["h_proj"]).view(R, hc, D)
+            post, comb, collapsed = hc_pre(x, *L["hc"]["attn"], cfg)
+            with phase("attention"):
+                a = attention(rms_norm(collapsed, L["attn_norm"], eps), steps, L["attn"],
+                              [s.mtp_caches[j] for s in states], i, cfg, self.heads, [], None, undo)
+            x, post, comb, y = self._boundary(self._reduce(a, i, "attention"), post, comb, x, L, "ffn", True,
+                                              (i, "moe"))
+            with phase("moe"):
+                f = moe(y, tokens, L["ffn"], self.experts.start, cfg, self.comm.payload(i, "moe", y.dtype))
+            x = self._boundary(self._reduce(f, i, "moe"), post, comb, x, None, "attn", True, (i + 1, "attention"))[0]
+        return x, self.head(x, L["hc_head"], L["norm"])
 
 
 def _settle_state(s: DecodeState, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
