@@ -532,8 +532,7 @@ class Model(ModelCommon):
         stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
         tf = self.transformer
         with torch.inference_mode():
-            verdict, h, logits, undo = tf.verify(state, tokens)
-            verdict = verdict.clone()  # the comm's buffer: the MTP layer's step reuses it
+            h, logits, undo = tf.verify(state, tokens)  # the step's collectives still open: the MTP layer's join them
             logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
             with phase("sampler"):
                 draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
@@ -544,7 +543,6 @@ class Model(ModelCommon):
             last = accepted.view(1)
             undos, drafted = [undo], []
             if k:
-                tf.comm.begin_step()
                 undos.append(Undo())
                 g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
                 ahead = Undo()  # the further drafts' rows: all taken back
@@ -554,9 +552,9 @@ class Model(ModelCommon):
                     if r + 1 < k:
                         g, row = tf.mtp_rows([state.ahead(accepted + (r + 1))], g, drafted[-1].view(1), ahead)
                         row = row[0]
-                tf.comm.end_step()
-                verdict = verdict + tf.comm.verdict
                 ahead.take_back(torch.zeros(1, dtype=torch.bool, device=self.device))
+            tf.comm.end_step()
+            verdict = tf.comm.verdict  # one verdict for the model's rows and the MTP layer's
             ok = verdict == 0
             kept = ok & (torch.arange(R, device=self.device) <= accepted)
             for u in reversed(undos):

@@ -25,6 +25,7 @@ RANK_CALLS = {
     "prefill": "all", "prefill_batch": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
     "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree", "verify": "agree",
+    "verify_draft": "agree",
     "step_batch_launch": "all", "step_batch_settle": "agree", "drop_batch": "all",
     "batch_captures": "local",
     "replay_counts": "local", "captures": "local", "graph_census": "local", "digests": "local",
@@ -62,6 +63,10 @@ class DecodeModel(Protocol):
 
     def verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling: SamplingParams | None = None,
                stops: Sequence[int] = ()) -> tuple[int, ...]: ...
+
+    def verify_draft(self, state: DecodeState, token: int, drafts: Sequence[int],
+                     sampling: SamplingParams | None = None, stops: Sequence[int] = (),
+                     k: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
 
     def step_batch(self, states: Sequence[DecodeState], tokens: Sequence[int],
                    samplings: Sequence[SamplingParams | None], active: Sequence[bool] | None = None,

@@ -293,20 +293,21 @@ class Transformer:
         return verdict
 
 
-    def verify(self, state: DecodeState, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Undo]:
+    def verify(self, state: DecodeState, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Undo]:
         """A verify step's forward and head (dsv4.speculative): tokens [R] of one sequence at pos, pos + 1, ...; row
         j computed as the decode step at pos + j would compute it (its row-wise work with the others', rows alone;
-        its attention after rows 0..j-1 have written their cache rows). -> (verdict, streams [R, hc, D], logits
-        [R, vocab], the applied writes to take back). Nothing of the state but its caches has changed: the caller
-        chooses the rows to keep, takes back the others (every row when the verdict refuses) and settles."""
+        its attention after rows 0..j-1 have written their cache rows). -> (streams [R, hc, D], logits [R, vocab],
+        the applied writes to take back). The step's collectives stay open (comm.begin_step ran, end_step has not:
+        the MTP layer's may join them, under one verdict); nothing of the state but its caches has changed: the
+        caller ends the step, chooses the rows to keep, takes back the others (every row when the verdict
+        refuses) and settles."""
         R = tokens.shape[0]
         undo = Undo()
         self.comm.begin_step()
         state.counts[0].add_(1)
         writes, h = self.forward([state.ahead(j) for j in range(R)], tokens, undo=undo)
         assert not writes, "a verify step stages nothing: its writes are applied as its rows go"
-        self.comm.end_step()
-        return self.comm.verdict, h, self.head(h), undo
+        return h, self.head(h), undo
 
 
     def mtp_rows(self, states: list[DecodeState], h: torch.Tensor, tokens: torch.Tensor, undo: Undo,
@@ -316,8 +317,8 @@ class Transformer:
         the token after that position, tokens[r] -> (its streams [R, hc, D], logits [R, vocab] of the token after
         tokens[r]). Its window rows go to each state's mtp_caches[j] through undo. The embedding and the head's
         weight are the main model's; hnorm normalises each stream and e_proj's row joins every stream; then the
-        layer (mHC, sliding attention, MoE) and the layer's own hc_head and norm. A collective step of its own: the
-        caller brackets it with comm.begin_step / end_step. (dsv4.oracle.hf_mtp_logits is its reference.)"""
+        layer (mHC, sliding attention, MoE) and the layer's own hc_head and norm. Its collectives join the step the
+        caller holds open (comm.begin_step ... end_step). (dsv4.oracle.hf_mtp_logits is its reference.)"""
         cfg, L = self.cfg, self.mtp[j]
         i, (R, hc, D), eps = cfg.num_hidden_layers + j, h.shape, cfg.rms_norm_eps
         steps = [Step(s.pos, 1, self.rope, cfg.sliding_window, None, s.host_pos) for s in states]
