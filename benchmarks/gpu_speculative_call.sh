@@ -10,7 +10,7 @@ SUMMARY_LINES=12
 export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests"
 step 150 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_speculative_gpu.py
 DSV4_SPECULATIVE=1 step 100 "$OUT/spec_mini.txt" python benchmarks/speculative_bench.py --preset mini --k 1 --k 3 \
-  --k 7 --steps 48 --rounds 3
+  --k 7 --steps 48 --rounds 3 --mtp
 DSV4_SPECULATIVE=1 step 200 "$OUT/spec_flash.txt" python benchmarks/speculative_bench.py --preset flash \
   --proxy-world 2 --k 1 --k 3 --steps 32 --rounds 3
 step 120 "$OUT/gate.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 --prime 64 \

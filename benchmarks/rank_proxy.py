@@ -66,23 +66,25 @@ class LoopbackComm(Comm):
         return x.repeat(self.world, *([1] * (x.dim() - 1)))
 
 
-def build_proxy(name: str, world: int, rank: int = 0, device=None, dtype=None, seed: int = 0) -> Model:
-    """Rank `rank` of preset `name` split over `world` ranks, alone on `device`, with a LoopbackComm."""
+def build_proxy(name: str, world: int, rank: int = 0, device=None, dtype=None, seed: int = 0,
+                mtp: bool = False) -> Model:
+    """Rank `rank` of preset `name` split over `world` ranks, alone on `device`, with a LoopbackComm (with `mtp`,
+    its MTP layer too)."""
     device, dtype = placement(device, dtype)
     cfg = preset_config(name)
-    check_fits(cfg, rank, world, device, dtype, f"preset {name!r}, rank {rank} of {world} (proxy)")
-    weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed)
-    comm = LoopbackComm(cfg.num_hidden_layers, device, rank, world)
+    check_fits(cfg, rank, world, device, dtype, f"preset {name!r}, rank {rank} of {world} (proxy)", mtp)
+    weights = random_weights(cfg, rank=rank, world=world, device=device, dtype=dtype, seed=seed, mtp=mtp)
+    comm = LoopbackComm(cfg.num_hidden_layers + (cfg.num_nextn_predict_layers if mtp else 0), device, rank, world)
     return Model(cfg, Transformer(cfg, weights, comm, device, dtype), _stand_in(cfg))
 
 
-def load(preset: str, device, proxy_world: int = 0, seed: int = 0):
+def load(preset: str, device, proxy_world: int = 0, seed: int = 0, mtp: bool = False):
     """What the benchmark scripts measure: the preset's model, or with proxy_world > 0 rank 0 of that many (proxy)."""
     if proxy_world:
-        return build_proxy(preset, proxy_world, 0, device, seed=seed)
+        return build_proxy(preset, proxy_world, 0, device, seed=seed, mtp=mtp)
     import dsv4
 
-    return dsv4.load(preset, device=device, seed=seed)
+    return dsv4.load(preset, device=device, seed=seed, mtp=mtp)
 
 
 def label(preset: str, proxy_world: int) -> str:

@@ -3,7 +3,8 @@
 From one prefix: the plain eager step loop (model.step; on CUDA also its replayed graph, for scale) gives the
 reference stream; then, for each k, verify steps whose drafts are that stream (every draft accepted: k + 1 tokens
 a step, the machinery's best case) and drafts that are all wrong (one token a step: the verify step's cost with
-nothing gained). Rounds in ABBA order; each row `steps` tokens. Prints SPECULATIVE_ROW per row and SPECULATIVE per
+nothing gained); with --mtp also verify steps drafted by the model's MTP layer (Model.verify_draft: random weights
+draft badly, so this arm is the layer's cost: its forward on every row, and k drafts). Rounds in ABBA order; each row `steps` tokens. Prints SPECULATIVE_ROW per row and SPECULATIVE per
 arm: median tok/s, tokens and milliseconds a step, the ratio to the plain eager loop measured in the same run, and
 whether the arm's stream is the plain one (it must be: the benchmark fails otherwise). On CUDA set
 DSV4_SPECULATIVE=1 (verify has not run on a GPU before: this script is its first run there).
@@ -46,12 +47,17 @@ def plain(model, state, token, steps, sampling):
 
 
 def verified(model, state, token, steps, sampling, drafts_of, k):
-    """steps tokens by verify steps; drafts_of(done, k): the drafts after `done` tokens -> (tokens, seconds, steps)."""
+    """steps tokens by verify steps; drafts_of(done, k): the drafts after `done` tokens (None: the MTP layer's,
+    Model.verify_draft) -> (tokens, seconds, steps)."""
     sync(model)
     t = time.perf_counter()
-    out, n = [], 0
+    out, n, drafted = [], 0, []
     while len(out) < steps:
-        got = model.verify(state, token, drafts_of(len(out), min(k, steps - len(out) - 1)), sampling)
+        room = min(k, steps - len(out) - 1)
+        if drafts_of is None:
+            got, drafted = model.verify_draft(state, token, list(drafted)[:room], sampling, k=k)
+        else:
+            got = model.verify(state, token, drafts_of(len(out), room), sampling)
         out += got
         token, n = got[-1], n + 1
     return out, time.perf_counter() - t, n
@@ -66,10 +72,11 @@ def main() -> int:
     p.add_argument("--prime", type=int, default=64)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mtp", action="store_true", help="also arms drafted by the MTP layer (loaded for them)")
     a = p.parse_args()
     ks = a.k or [1, 3]
     t0 = time.perf_counter()
-    model = load(a.preset, a.device, a.proxy_world)
+    model = load(a.preset, a.device, a.proxy_world, mtp=a.mtp)
     where = provenance(model.device, label(a.preset, a.proxy_world))
     emit("SPECULATIVE_BUILD", where, build_s=round(time.perf_counter() - t0, 1), ks=ks)
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
@@ -86,6 +93,8 @@ def main() -> int:
     for k in ks:
         arms[f"right_k{k}"] = (k, lambda done, n: reference[done:done + n])
         arms[f"wrong_k{k}"] = (k, lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]])
+        if a.mtp:
+            arms[f"mtp_k{k}"] = (k, None)
     for name, arm in arms.items():  # a first row of each arm unscored: its compiles
         if arm is not None:
             state.restore(prefix)

@@ -84,7 +84,8 @@ def _load(args):
         # --preset tiny beside a ./tiny directory: the flag already said which one is meant
         warnings.filterwarnings("ignore", message=".* is the preset; the directory")
         return load(source, device=_device(args.device), dtype=dtype, ranks=args.ranks, seed=args.weight_seed,
-                    tokenizer="stand-in" if getattr(args, "stand_in_tokenizer", False) else None)
+                    tokenizer="stand-in" if getattr(args, "stand_in_tokenizer", False) else None,
+                    mtp=getattr(args, "speculate", None) == "mtp")  # the MTP layer only where it drafts
 
 
 def _select_gemv(args):
@@ -200,7 +201,7 @@ def cmd_synth(args) -> int:
         return 2
     cfg = preset(args.preset) if args.preset else ModelConfig.from_json(args.config)
     try:
-        out = synth(cfg, args.out, seed=args.seed, quant=args.quant, overwrite=args.overwrite)
+        out = synth(cfg, args.out, seed=args.seed, quant=args.quant, overwrite=args.overwrite, mtp=args.mtp)
     except FileExistsError:
         print(f"dsv4 synth: {args.out} already exists and is not empty (--overwrite replaces it)", file=sys.stderr)
         return 2
@@ -338,8 +339,8 @@ def main(argv=None) -> int:
     g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
     g.add_argument("--speculate", choices=["none", *speculative_drafters()], default="none",
-                   help="speculative decoding with this drafter (ngram: prompt lookup); the tokens are the plain "
-                        "loop's, bit for bit (dsv4.speculative)")
+                   help="speculative decoding with this drafter (ngram: prompt lookup; mtp: the checkpoint's MTP "
+                        "layer, loaded for it); the tokens are the plain loop's, bit for bit (dsv4.speculative)")
     g.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
     g.set_defaults(fn=cmd_generate)
 
@@ -383,6 +384,7 @@ def main(argv=None) -> int:
     s.add_argument("--quant", choices=["none", "fp8"], default="none",
                    help="fp8 = the official layout: FP8 e4m3 dense, FP4 e2m1 experts, ue8m0 scales")
     s.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (atomically)")
+    s.add_argument("--mtp", action="store_true", help="also the MTP layer (mtp.0.*), as the official release has it")
     s.set_defaults(fn=cmd_synth)
 
     b = sub.add_parser("bench", help="decode tok/s, eager against full-token graph replay (JSON records)")

@@ -392,8 +392,8 @@ def test_serve_takes_mma_unless_told(monkeypatch):
 
 
 def test_generate_speculating_prints_the_same_text():
-    """--speculate ngram: the verify steps' tokens are the plain loop's (dsv4.speculative), so is the text; the
-    tally goes to stderr. A prompt that repeats itself gives the drafter something to find."""
+    """--speculate ngram | mtp: the verify steps' tokens are the plain loop's (dsv4.speculative), so is the text; the
+    tally goes to stderr. A prompt that repeats itself gives the n-gram drafter something to find."""
     args = ["generate", "--preset", "tiny", "--device", "cpu", "--prompt", "ab ab ab ab ab ab ab", "--max-tokens",
             "24", "--seed", "4"]
     plain = dsv4_cli(*args)
@@ -401,5 +401,8 @@ def test_generate_speculating_prints_the_same_text():
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
     assert "speculative (ngram, up to 3 drafts):" in spec.stderr and "verify steps" in spec.stderr
+    mtp = dsv4_cli(*args, "--speculate", "mtp", "--draft-tokens", "2")  # the preset's random MTP layer drafts
+    assert mtp.returncode == 0 and mtp.stdout == plain.stdout, mtp.stderr
+    assert "speculative (mtp, up to 2 drafts):" in mtp.stderr
     bad = dsv4_cli(*args, "--speculate", "ngram", "--draft-tokens", "-1")
     assert bad.returncode != 0 and "--draft-tokens -1" in bad.stderr
