@@ -27,7 +27,7 @@ from .checkpoint.load import load_weights
 from .checkpoint.memory import check_fits
 from .config import CSA, ModelConfig, PRESETS, preset
 from .kernels import bookkeeping, moe as fused_moe
-from .model.commit import Undo
+from .model.commit import Undo, commit
 from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
@@ -511,6 +511,46 @@ class Model(ModelCommon):
             raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to "
                              f"{min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}")
         return self._verify(state, token, drafts, sampling, stops, k)
+
+    def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int,
+                        chunk_size: int | None = None) -> torch.Tensor:
+        """prefill(state, ids, chunk_size), the same bits, then the MTP layer over the prompt's last sliding_window
+        positions (their streams kept as the prefill computes them; `token`, the one after ids, is the last one's
+        next token), so the drafter's window holds the prompt as the reference's would before the first
+        verify_draft. Its collectives a step of their own: a refusal quarantines the state (RefusalError). Without
+        an MTP layer, or where a replayed prefill graph computed the streams unseen, the prefill alone."""
+        if not (self.transformer.mtp and state.mtp_caches):
+            return self.prefill(state, ids, chunk_size)
+        tf, streams = self.transformer, []
+        forward = tf.forward
+
+        def keep(*args, **kwargs):
+            writes, h = forward(*args, **kwargs)
+            streams.append(h)
+            return writes, h
+
+        tf.forward = keep  # this instance's, for this prefill alone
+        try:
+            logits = self.prefill(state, ids, chunk_size)
+        finally:
+            del tf.forward
+        n = len(ids)
+        if sum(h.shape[0] for h in streams) != n:
+            return logits
+        rows = min(n, self.cfg.sliding_window)
+        h = torch.cat(streams)[n - rows:]
+        tokens = self._tokens([*list(ids)[n - rows + 1:], token], "prefill_drafted").to(self.device)
+        with torch.inference_mode():
+            writes: list = []
+            tf.comm.begin_step()
+            tf.mtp_rows([state.ahead(-rows)], h, tokens, None, writes=writes)
+            tf.comm.end_step()
+            commit(writes, tf.comm.verdict)
+            verdict = float(tf.comm.verdict)
+        if verdict != 0:
+            state.quarantine = self.refusal_message()
+            raise RefusalError(state.quarantine)
+        return logits
 
     def _verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling, stops: Sequence[int],
                 k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -106,13 +106,13 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
     tally = Tally() if tally is None else tally
     ids = list(ids)
     state = model.new_state(capacity or len(ids) + max_tokens)
-    if len(ids) > 1:
-        prefill(model, state, ids[:-1])
-    token, out, stop = ids[-1], [], set(stops)
-    budget = min(max_tokens, state.capacity - state.host_pos)
     on_device, drafts = getattr(drafter, "device", False), []
     if on_device and k < 1:
         raise ValueError(f"k {k}: the MTP drafter drafts at least one token a step")
+    if len(ids) > 1:  # the same chunks either way; the MTP layer's window also takes the prompt's last positions
+        model.prefill_drafted(state, ids[:-1], ids[-1]) if on_device else prefill(model, state, ids[:-1])
+    token, out, stop = ids[-1], [], set(stops)
+    budget = min(max_tokens, state.capacity - state.host_pos)
     while len(out) < budget:
         # a step yields at most its drafts + 1 tokens: never more than the budget left
         room = budget - len(out) - 1

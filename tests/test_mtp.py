@@ -98,6 +98,24 @@ def test_greedy_drafts_are_the_layers_argmax(model):
     assert drafted >= 4
 
 
+def test_a_prompt_fills_the_mtp_window(model):
+    """prefill_drafted: the main state's bytes are prefill's, and the MTP layer's window holds the prompt's last
+    positions, so the first drafts after it are the reference's argmax there too (the window's rows computed as a
+    chunk: within tolerance of the row-by-row ones, the argmax the same)."""
+    greedy, prompt = SamplingParams.greedy(), IDS
+    stream = list(model.sample_tokens(prompt, 6, greedy))
+    ref = mtp_logits(model, [*prompt, *stream]).argmax(-1)
+    plain, drafted = model.new_state(64), model.new_state(64)
+    model.prefill(plain, prompt[:-1])
+    model.prefill_drafted(drafted, prompt[:-1], prompt[-1])
+    assert drafted.digest() == plain.digest() and drafted.mtp_caches[0].win.abs().sum() > 0
+    token, done = prompt[-1], 0
+    for _ in range(3):
+        got, nxt = model.verify_draft(drafted, token, [], greedy, k=1)
+        done, token = done + 1, got[-1]
+        assert got == (stream[done - 1],) and nxt == (int(ref[len(prompt) - 2 + done]),), f"after {done} tokens"
+
+
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0, seed=3), SamplingParams.greedy(),
                                       SamplingParams(temperature=0.8, top_p=0.9, seed=4)], ids=["t1", "greedy", "p"])
 @pytest.mark.parametrize("k", [1, 3])

@@ -310,32 +310,36 @@ class Transformer:
         return h, self.head(h), undo
 
 
-    def mtp_rows(self, states: list[DecodeState], h: torch.Tensor, tokens: torch.Tensor, undo: Undo,
-                 j: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def mtp_rows(self, states: list[DecodeState], h: torch.Tensor, tokens: torch.Tensor, undo: Undo | None,
+                 j: int = 0, writes: list[Write] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """MTP layer j (DeepSeek-V4's multi-token prediction: the reference's MTPBlock) over rows of one sequence in
         turn, as Transformer.verify's: row r at states[r].pos, from the main model's streams h[r] [hc, D] there and
         the token after that position, tokens[r] -> (its streams [R, hc, D], logits [R, vocab] of the token after
         tokens[r]). Its window rows go to each state's mtp_caches[j] through undo. The embedding and the head's
         weight are the main model's; hnorm normalises each stream and e_proj's row joins every stream; then the
         layer (mHC, sliding attention, MoE) and the layer's own hc_head and norm. Its collectives join the step the
-        caller holds open (comm.begin_step ... end_step). (dsv4.oracle.hf_mtp_logits is its reference.)"""
+        caller holds open (comm.begin_step ... end_step). (dsv4.oracle.hf_mtp_logits is its reference.)
+        undo None: the rows are one chunk instead (states: one state at the chunk's first position), its window
+        writes staged into `writes` for the caller's commit, and no logits (a prompt's rows: the window's warm-up)."""
         cfg, L = self.cfg, self.mtp[j]
         i, (R, hc, D), eps = cfg.num_hidden_layers + j, h.shape, cfg.rms_norm_eps
-        steps = [Step(s.pos, 1, self.rope, cfg.sliding_window, None, s.host_pos) for s in states]
-        with rows_alone(True, 1):
+        T = 1 if undo is not None else R
+        steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None, s.host_pos) for s in states]
+        with rows_alone(short_chunk(T), T):
             e = rms_norm(self.embed.index_select(0, tokens).to(self.dtype), L["enorm"], eps)
             x = linear(e, L["e_proj"]).unsqueeze(1) + linear(rms_norm(h, L["hnorm"], eps).reshape(R * hc, D),
                                                             L["h_proj"]).view(R, hc, D)
             post, comb, collapsed = hc_pre(x, *L["hc"]["attn"], cfg)
             with phase("attention"):
                 a = attention(rms_norm(collapsed, L["attn_norm"], eps), steps, L["attn"],
-                              [s.mtp_caches[j] for s in states], i, cfg, self.heads, [], None, undo)
+                              [s.mtp_caches[j] for s in states], i, cfg, self.heads,
+                              [] if writes is None else writes, None, undo)
             x, post, comb, y = self._boundary(self._reduce(a, i, "attention"), post, comb, x, L, "ffn", True,
                                               (i, "moe"))
             with phase("moe"):
                 f = moe(y, tokens, L["ffn"], self.experts.start, cfg, self.comm.payload(i, "moe", y.dtype))
             x = self._boundary(self._reduce(f, i, "moe"), post, comb, x, None, "attn", True, (i + 1, "attention"))[0]
-        return x, self.head(x, L["hc_head"], L["norm"])
+        return x, None if undo is None else self.head(x, L["hc_head"], L["norm"])
 
 
 def _settle_state(s: DecodeState, keep: torch.Tensor, last: torch.Tensor, logits: torch.Tensor, T: int):
