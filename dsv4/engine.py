@@ -570,45 +570,53 @@ class Model(ModelCommon):
         state.check_room(R)
         tokens = self._tokens([token, *drafts], "verify").to(self.device)
         stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
-        tf = self.transformer
         with torch.inference_mode():
-            h, logits, undo = tf.verify(state, tokens)  # the step's collectives still open: the MTP layer's join them
-            logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
-            with phase("sampler"):
-                draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
-            match = tokens[1:] == draws[:-1]
-            if stop is not None:
-                match &= ~torch.isin(draws[:-1], stop)
-            accepted = torch.cumprod(match.long(), 0).sum()  # drafts accepted: the leading matches
-            last = accepted.view(1)
-            undos, drafted = [undo], []
-            if k:
-                undos.append(Undo())
-                g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
-                ahead = Undo()  # the further drafts' rows: all taken back
-                g, row = g.index_select(0, last), mtp_logits.index_select(0, last)[0]
-                for r in range(k):  # the layer at pos + accepted + r drafts the token at pos + accepted + r + 2
-                    drafted.append(sample(row.float(), sampling, state.pos + accepted + (r + 2)))
-                    if r + 1 < k:
-                        g, row = tf.mtp_rows([state.ahead(accepted + (r + 1))], g, drafted[-1].view(1), ahead)
-                        row = row[0]
-                ahead.take_back(torch.zeros(1, dtype=torch.bool, device=self.device))
-            tf.comm.end_step()
-            verdict = tf.comm.verdict  # one verdict for the model's rows and the MTP layer's
-            ok = verdict == 0
-            kept = ok & (torch.arange(R, device=self.device) <= accepted)
-            for u in reversed(undos):
-                u.take_back(kept)
-            state.hidden.copy_(torch.where(ok, h.index_select(0, last)[0], state.hidden))
-            state.logits.copy_(torch.where(ok, logits.index_select(0, last)[0], state.logits))
-            state.token.copy_(torch.where(ok, draws.index_select(0, last)[0], state.token))
-            state.pos.add_(ok.long() * (accepted + 1))
-            state.counts[1].add_(ok.long())
-            out = torch.cat([draws.double(), accepted.double().view(1), verdict.double().view(1),
-                             *(d.double().view(1) for d in drafted)]).tolist()
+            out = self.verify_device(state, tokens, sampling, stop, k).tolist()
         n = int(out[R]) + 1
         self._settle(state, out[R + 1], n)
         return tuple(int(t) for t in out[:n]), tuple(int(t) for t in out[R + 2:])
+
+    def verify_device(self, state: DecodeState, tokens: torch.Tensor, sampling: SamplingParams,
+                      stop: torch.Tensor | None = None, k: int = 0) -> torch.Tensor:
+        """A verify step as device work alone (what a CUDA graph of it would hold; verify and verify_draft check
+        their input and read this back): tokens [R] on the device, stop the stop tokens or None, k the MTP
+        layer's drafts (0: none) -> [the R draws, drafts accepted, verdict, the k drafts] fp64. No host sync, no
+        shape from data (tests/test_speculative.py runs it under NoHostSync)."""
+        R, tf = tokens.shape[0], self.transformer
+        h, logits, undo = tf.verify(state, tokens)  # the step's collectives still open: the MTP layer's join them
+        logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
+        with phase("sampler"):
+            draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
+        match = tokens[1:] == draws[:-1]
+        if stop is not None:
+            match &= ~torch.isin(draws[:-1], stop)
+        accepted = torch.cumprod(match.long(), 0).sum()  # drafts accepted: the leading matches
+        last = accepted.view(1)
+        undos, drafted = [undo], []
+        if k:
+            undos.append(Undo())
+            g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
+            ahead = Undo()  # the further drafts' rows: all taken back
+            g, row = g.index_select(0, last), mtp_logits.index_select(0, last)[0]
+            for r in range(k):  # the layer at pos + accepted + r drafts the token at pos + accepted + r + 2
+                drafted.append(sample(row.float(), sampling, state.pos + accepted + (r + 2)))
+                if r + 1 < k:
+                    g, row = tf.mtp_rows([state.ahead(accepted + (r + 1))], g, drafted[-1].view(1), ahead)
+                    row = row[0]
+            ahead.take_back(torch.zeros(1, dtype=torch.bool, device=tokens.device))
+        tf.comm.end_step()
+        verdict = tf.comm.verdict  # one verdict for the model's rows and the MTP layer's
+        ok = verdict == 0
+        kept = ok & (torch.arange(R, device=tokens.device) <= accepted)
+        for u in reversed(undos):
+            u.take_back(kept)
+        state.hidden.copy_(torch.where(ok, h.index_select(0, last)[0], state.hidden))
+        state.logits.copy_(torch.where(ok, logits.index_select(0, last)[0], state.logits))
+        state.token.copy_(torch.where(ok, draws.index_select(0, last)[0], state.token))
+        state.pos.add_(ok.long() * (accepted + 1))
+        state.counts[1].add_(ok.long())
+        return torch.cat([draws.double(), accepted.double().view(1), verdict.double().view(1),
+                          *(d.double().view(1) for d in drafted)])
 
     def _io(self, device: torch.device) -> "_HostIO | None":
         """The device's pinned step I/O (CONFIG pinned_io, CUDA), made at its first step."""

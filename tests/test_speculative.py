@@ -214,3 +214,19 @@ def test_two_ranks_speculative_stream_is_the_plain_stream(two):
     for _ in range(4):
         token = two.step(plain_state, token, SAMPLINGS[0])
     assert two.digests_all(plain_state) == digests
+
+
+@pytest.mark.parametrize("mtp", [False, True], ids=["verify", "verify_draft"])
+def test_a_verify_step_is_capturable(mtp):
+    """Model.verify_device (what a CUDA graph of a verify step would hold) reads nothing back and sizes nothing
+    from data (dsv4.syncguard.NoHostSync, on CPU); its readback settles as verify's would."""
+    from dsv4.syncguard import NoHostSync
+
+    model = dsv4.load("tiny", device="cpu", mtp=mtp)
+    tokens = plain(model, SAMPLINGS[0], steps=4)[0]
+    state = prefilled(model)
+    with torch.inference_mode(), NoHostSync():
+        out = model.verify_device(state, torch.tensor([PROMPT[-1], *tokens[:3]]), SAMPLINGS[0],
+                                  torch.tensor([model.cfg.eos_token_id]), k=2 if mtp else 0)
+    out = out.tolist()
+    assert [int(t) for t in out[:4]] == tokens[:4] and out[4] == 3 and out[5] == 0 and len(out) == (8 if mtp else 6)
