@@ -46,7 +46,7 @@ def plain(model, state, token, steps, sampling):
     return out, time.perf_counter() - t
 
 
-def verified(model, state, token, steps, sampling, drafts_of, k):
+def verified(model, state, token, steps, sampling, drafts_of, k, graph=False):
     """steps tokens by verify steps; drafts_of(done, k): the drafts after `done` tokens (None: the MTP layer's,
     Model.verify_draft) -> (tokens, seconds, steps)."""
     sync(model)
@@ -54,10 +54,11 @@ def verified(model, state, token, steps, sampling, drafts_of, k):
     out, n, drafted = [], 0, []
     while len(out) < steps:
         room = min(k, steps - len(out) - 1)
+        full = graph and room == k  # a graph holds one row count: the last, shorter steps run eagerly
         if drafts_of is None:
-            got, drafted = model.verify_draft(state, token, list(drafted)[:room], sampling, k=k)
+            got, drafted = model.verify_draft(state, token, list(drafted)[:room], sampling, k=k, graph=full)
         else:
-            got = model.verify(state, token, drafts_of(len(out), room), sampling)
+            got = model.verify(state, token, drafts_of(len(out), room), sampling, graph=full)
         out += got
         token, n = got[-1], n + 1
     return out, time.perf_counter() - t, n
@@ -73,6 +74,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mtp", action="store_true", help="also arms drafted by the MTP layer (loaded for them)")
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     a = p.parse_args()
     ks = a.k or [1, 3]
     t0 = time.perf_counter()
@@ -89,27 +92,43 @@ def main() -> int:
     state.restore(prefix)
     reference, _ = plain(model, state, first, a.steps, sp)  # also the first run: compiles
     vocab = model.cfg.vocab_size
+    graphs = a.graph and model.device.type == "cuda"
     arms = {"plain": None}
     for k in ks:
-        arms[f"right_k{k}"] = (k, lambda done, n: reference[done:done + n])
-        arms[f"wrong_k{k}"] = (k, lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]])
+        arms[f"right_k{k}"] = (k, lambda done, n: reference[done:done + n], False)
+        arms[f"wrong_k{k}"] = (k, lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]], False)
         if a.mtp:
-            arms[f"mtp_k{k}"] = (k, None)
-    for name, arm in arms.items():  # a first row of each arm unscored: its compiles
-        if arm is not None:
+            arms[f"mtp_k{k}"] = (k, None, False)
+    if graphs:
+        arms.update({name + "_graph": (arm[0], arm[1], True) for name, arm in list(arms.items()) if arm is not None})
+        arms["plain_graph"] = "graph"
+        graph_state = model.new_state(cap)  # the plain step's full-token graph (its own state: one graph a state)
+        graph_state.restore(prefix)
+        model.enable_replay(graph_state, sp)
+    for name, arm in arms.items():  # a first row of each arm unscored: its compiles and captures
+        if arm == "graph":
+            graph_state.restore(prefix)
+            plain(model, graph_state, first, min(a.steps, 8), sp)
+        elif arm is not None:
             state.restore(prefix)
-            verified(model, state, first, min(a.steps, 8), sp, arm[1], arm[0])
+            verified(model, state, first, min(a.steps, 8), sp, arm[1], arm[0], arm[2])
     walls = {name: [] for name in arms}
     per_step = {name: [] for name in arms}
     same = {name: True for name in arms}
     for r in range(a.rounds):
         for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-            state.restore(prefix)
-            if arms[name] is None:
+            arm = arms[name]
+            if arm == "graph":
+                graph_state.restore(prefix)
+                out, wall = plain(model, graph_state, first, a.steps, sp)
+                steps = a.steps
+            elif arm is None:
+                state.restore(prefix)
                 out, wall = plain(model, state, first, a.steps, sp)
                 steps = a.steps
             else:
-                out, wall, steps = verified(model, state, first, a.steps, sp, arms[name][1], arms[name][0])
+                state.restore(prefix)
+                out, wall, steps = verified(model, state, first, a.steps, sp, arm[1], arm[0], arm[2])
             walls[name].append(wall)
             per_step[name].append(wall / steps * 1e3)
             same[name] &= out == reference
@@ -118,7 +137,7 @@ def main() -> int:
     base = a.steps / statistics.median(walls["plain"])
     for name, arm in arms.items():
         rate = a.steps / statistics.median(walls[name])
-        emit("SPECULATIVE", where, arm=name, k=None if arm is None else arm[0], tok_s=round(rate, 2),
+        emit("SPECULATIVE", where, arm=name, k=arm[0] if isinstance(arm, tuple) else None, tok_s=round(rate, 2),
              over_plain_eager=round(rate / base, 4), ms_per_step=round(statistics.median(per_step[name]), 3),
              same_stream_as_plain=same[name], steps=a.steps, rounds=a.rounds, prime=a.prime)
     if not all(same.values()):

@@ -32,7 +32,7 @@ from .model.forward import Transformer
 from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
-from .replay import CONFIG as REPLAY, PrefillReplay
+from .replay import CONFIG as REPLAY, PrefillReplay, VerifyReplay
 from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
                       restricts, sample, sample_processed, sample_rows, upload)
 from .state import (CapacityError, DecodeState, LayerCache, Pools, QuarantineError, RefusalError,  # noqa: F401
@@ -286,6 +286,8 @@ class Model(ModelCommon):
         self._batches: dict[tuple, Batch] = {}  # captured batch steps, by their states and processing mode
         # each state's token counts, made at its first processed step (a static buffer its graphs read)
         self._counts: weakref.WeakKeyDictionary[DecodeState, TokenCounts] = weakref.WeakKeyDictionary()
+        # each state's captured verify steps (replay.VerifyReplay), by (rows, drafts, sampling, stop tokens)
+        self._verify_graphs: weakref.WeakKeyDictionary[DecodeState, dict] = weakref.WeakKeyDictionary()
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
         self._pools = Pools.from_env(cfg, self.device, self.dtype)  # DSV4_POOL=n: states are pool slots
@@ -484,25 +486,27 @@ class Model(ModelCommon):
         return int(token_out)
 
     def verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling=None,
-               stops: Sequence[int] = ()) -> tuple[int, ...]:
+               stops: Sequence[int] = (), graph: bool = False) -> tuple[int, ...]:
         """A speculative step (dsv4.speculative): `token` at state.pos and the drafted tokens after it, in one
         forward whose row j is the decode step at pos + j, bit for bit (Transformer.verify). Each row draws with
         pos + j + 1 as model.step would; draft j is accepted while it equals the draw before it and that draw is
         not in `stops` (model.step would have stopped there). Commits the rows up to the last accepted one and
         takes back the others, so the state's bytes are those of that many model.step calls; returns their draws
         (1 to len(drafts) + 1 tokens). One verdict, as a step: a refusal takes back every row, quarantines the
-        state and raises RefusalError."""
-        return self._verify(state, token, drafts, sampling, stops, 0)[0]
+        state and raises RefusalError. graph (CUDA): the step replayed from the state's graph for its row count,
+        sampling and stops (replay.VerifyReplay, captured at the first such step; never GPU-run yet)."""
+        return self._verify(state, token, drafts, sampling, stops, 0, graph)[0]
 
     def verify_draft(self, state: DecodeState, token: int, drafts: Sequence[int], sampling=None,
-                     stops: Sequence[int] = (), k: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                     stops: Sequence[int] = (), k: int = 1,
+                     graph: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """verify, then the MTP layer's k drafts for the next step -> (the tokens, the drafts). The MTP layer runs
         on every row (the main model's streams there and the row's draw) and keeps the rows the step keeps (its
         window: state.mtp_caches); the last kept row drafts the token after the next input, each further draft
         runs the layer again on its own streams (those rows taken back after). A draft is drawn with the sampler's
         key at its position from the MTP layer's logits, so where the layer agrees with the model it drafts the
         very token the model will draw (greedy: its argmax). The tokens are verify's whatever the drafts; one
-        verdict for both forwards."""
+        verdict for both forwards. graph: as verify's."""
         if not self.transformer.mtp:
             raise ValueError("verify_draft: this model has no MTP layer (dsv4.load(..., mtp=True) reads it)")
         if not state.mtp_caches:
@@ -510,7 +514,7 @@ class Model(ModelCommon):
         if not isinstance(k, int) or not 1 <= k < min(MAX_VERIFY_ROWS, self.cfg.sliding_window):
             raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to "
                              f"{min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}")
-        return self._verify(state, token, drafts, sampling, stops, k)
+        return self._verify(state, token, drafts, sampling, stops, k, graph)
 
     def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int,
                         chunk_size: int | None = None) -> torch.Tensor:
@@ -553,7 +557,7 @@ class Model(ModelCommon):
         return logits
 
     def _verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling, stops: Sequence[int],
-                k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                k: int, graph: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if self.device.type == "cuda" and kernels.getenv("DSV4_SPECULATIVE", "0") != "1":
             raise NotImplementedError("verify: speculative steps are proven on CPU and have not run on a GPU yet; "
                                       "DSV4_SPECULATIVE=1 runs them on CUDA anyway")
@@ -570,8 +574,15 @@ class Model(ModelCommon):
         state.check_room(R)
         tokens = self._tokens([token, *drafts], "verify").to(self.device)
         stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
-        with torch.inference_mode():
-            out = self.verify_device(state, tokens, sampling, stop, k).tolist()
+        if graph and self.device.type == "cuda":
+            graphs = self._verify_graphs.setdefault(state, {})
+            key = (R, k, sampling, tuple(stops))
+            if key not in graphs:
+                graphs[key] = VerifyReplay(self, state, R, k, sampling, stop)
+            out = graphs[key].run(state, tokens)
+        else:
+            with torch.inference_mode():
+                out = self.verify_device(state, tokens, sampling, stop, k).tolist()
         n = int(out[R]) + 1
         self._settle(state, out[R + 1], n)
         return tuple(int(t) for t in out[:n]), tuple(int(t) for t in out[R + 2:])

@@ -264,3 +264,52 @@ def enable(model, state, sampling):
     state.check_open()
     state.replay = FullTokenReplay(model, state, sampling)
     return state.replay
+
+
+class VerifyReplay:
+    """A verify step of one state (engine.Model.verify_device: dsv4.speculative) captured once for its row count R,
+    its MTP drafts k, its sampling and its stop tokens; a replay reads the R tokens from a static buffer (copied in
+    before it) and leaves [draws, accepted, verdict, drafts] in a static output, read back after it. The warm-up runs
+    on a scratch copy of the state (its MTP window zeros: a warm-up's drafts are never used), so the state advances
+    only by the replays. Never run on a GPU yet (session 46): Model.verify takes it with graph=True, under
+    DSV4_SPECULATIVE=1, and tests/test_speculative_gpu.py checks it against the eager verify."""
+
+    def __init__(self, model, state, R: int, k: int, sampling, stop: torch.Tensor | None, warmup: int = 2):
+        if state.device.type != "cuda":
+            raise ReplayError("a verify graph needs a CUDA state")
+        self.model, self.R, self.k, self.sampling, self.stop, self.warmup = model, R, k, sampling, stop, warmup
+        self.tokens = torch.zeros(R, dtype=torch.int64, device=state.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+        self.captures = 0
+
+    def _capture(self, state):
+        model = self.model
+        census_before = model.comm.census.clone()
+        scratch = model.new_state(state.capacity)
+        scratch.restore(state)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(self.warmup):
+                scratch.restore(state)  # a warm-up commits: each starts where the state is
+                model.verify_device(scratch, self.tokens, self.sampling, self.stop, self.k)
+        torch.cuda.current_stream().wait_stream(side)
+        model.comm.census.copy_(census_before)  # the warm-up's reductions are not the state's
+        del scratch
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.inference_mode(), torch.cuda.graph(graph):
+                self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k)
+        except Exception as e:
+            raise ReplayError(f"verify capture failed: {e}") from e
+        self.graph = graph
+        self.captures += 1
+
+    def run(self, state, tokens: torch.Tensor) -> list:
+        """One verify step of `state` on `tokens` [R] (device): the capture at the first; -> the readback."""
+        self.tokens.copy_(tokens)
+        if self.graph is None:
+            self._capture(state)
+        self.graph.replay()
+        return self.out.tolist()

@@ -92,12 +92,13 @@ class Tally:
 
 def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
                   drafter=None, k: int = 4, capacity: int | None = None, stops: Sequence[int] = (),
-                  tally: Tally | None = None) -> Iterator[int]:
+                  tally: Tally | None = None, graph: bool = False) -> Iterator[int]:
     """dsv4.generation.sample_tokens with verify steps: prefill `ids` in the same chunks, then yield up to max_tokens
     tokens, each verify step proposing up to k drafts (drafter.propose(context, k); default NgramDrafter()). The
     tokens are generation.sample_tokens's, bit for bit, through to the first token in `stops` (yielded, then the
     generation ends: the plain loop's caller stops there too; rows after it are never committed). tally: counts
-    the steps and drafts."""
+    the steps and drafts. graph (CUDA): each verify step of a full set of drafts replayed from its graph
+    (Model.verify's graph; the same bits as eager, as a graph holds the same kernels)."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
     if not isinstance(k, int) or k < 0:
@@ -118,11 +119,12 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
         room = budget - len(out) - 1
         if on_device:
             proposed = drafts[:room]
-            got, drafts = model.verify_draft(state, token, proposed, sampling, stops, k)
+            got, drafts = model.verify_draft(state, token, proposed, sampling, stops, k,
+                                             graph=graph and len(proposed) == k)
             drafts = list(drafts)
         else:
             proposed = [int(t) for t in drafter.propose(ids + out, min(k, room))][:room]
-            got = model.verify(state, token, proposed, sampling, stops)
+            got = model.verify(state, token, proposed, sampling, stops, graph=graph and len(proposed) == k)
         tally.steps += 1
         tally.proposed += len(proposed)
         tally.accepted += len(got) - 1

@@ -88,3 +88,35 @@ def test_verify_refuses_cuda_without_the_switch(model, prompt, monkeypatch):
     with pytest.raises(NotImplementedError, match="DSV4_SPECULATIVE=1"):
         model.verify(state, prompt[-1], [1], SAMPLING)
     assert state.host_pos == len(prompt) - 1 and state.quarantine is None
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_verify_graph_is_the_eager_verify(model, prompt, plain, k):
+    """graph=True (replay.VerifyReplay, captured at the first step of k drafts): the same tokens and bytes as the
+    decode steps, with drafts right and wrong."""
+    tokens, states = plain
+    state, token, done = prefilled(model, prompt), prompt[-1], 0
+    while done + k + 1 <= STEPS:
+        drafts = list(tokens[done:done + k])
+        if (done // (k + 1)) % 2:
+            drafts[-1] = (drafts[-1] + 1) % model.cfg.vocab_size
+        got = model.verify(state, token, drafts, SAMPLING, graph=True)
+        assert list(got) == tokens[done:done + len(got)]
+        done += len(got)
+        assert after(state) == states[done - 1], f"after {done} tokens"
+        token = got[-1]
+    assert model._verify_graphs[state][(k + 1, 0, SAMPLING, ())].captures == 1
+
+
+@pytest.fixture(scope="module")
+def mtp_model():
+    return dsv4.load(PRESET, device="cuda", seed=0, mtp=True)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_mtp_drafted_stream_on_cuda(mtp_model, prompt, graph):
+    plain = list(mtp_model.sample_tokens(prompt, 24, SAMPLING))
+    tally = spec.Tally()
+    got = list(spec.sample_tokens(mtp_model, prompt, 24, SAMPLING, drafter=spec.MtpDrafter(), k=2, tally=tally,
+                                  graph=graph))
+    assert got == plain and tally.proposed > 0
