@@ -268,7 +268,8 @@ def cmd_serve(args) -> int:
     with _model(args) as model:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
                         max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, prefill_chunk=args.prefill_chunk,
-                        api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture)
+                        api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture,
+                        speculate=None if args.speculate == "none" else args.speculate, draft_tokens=args.draft_tokens)
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world}, gemv {kernels.gemv()})",
               file=sys.stderr, flush=True)
@@ -374,6 +375,10 @@ def main(argv=None) -> int:
                     help="CUDA: capture every batch bucket's graph before listening, so no request pays a "
                          "capture (default; --no-precapture: capture each bucket at its first use)")
     sv.add_argument("--verbose", action="store_true", help="log each request")
+    sv.add_argument("--speculate", choices=["none", *speculative_drafters()], default="none",
+                    help="speculative decoding of a sequence decoding alone (ngram: prompt lookup; mtp: the "
+                         "checkpoint's MTP layer, loaded for it); every request's tokens stay the plain step's")
+    sv.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
     sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")

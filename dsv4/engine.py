@@ -316,9 +316,8 @@ class Model(ModelCommon):
 
     # ---- states ------------------------------------------------------------
     def new_state(self, capacity: int) -> DecodeState:
-        if self._pools is not None:
-            return self._pools.new_state(capacity)
-        state = DecodeState(self.cfg, capacity, self.device, self.dtype)
+        state = self._pools.new_state(capacity) if self._pools is not None else \
+            DecodeState(self.cfg, capacity, self.device, self.dtype)
         n = self.cfg.num_hidden_layers
         state.mtp_caches = [LayerCache(self.cfg, n + j, capacity, self.device, self.dtype)
                             for j in range(len(self.transformer.mtp))]

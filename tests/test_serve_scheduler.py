@@ -394,3 +394,41 @@ def test_a_refusal_in_pipelined_rounds_fails_its_sequences_and_the_next_runs(mod
         sched.submit(Sequence(list(ids), n, sp, lambda e, i=i: again[i].append(e)))
     _drive(sched, lambda: not sched.running and not sched.waiting)
     assert [[e[1] for e in g if e[0] == "token"] for g in again] == [solo(model, *j) for j in jobs]
+
+
+@pytest.mark.parametrize("speculate", ["ngram", "mtp"])
+def test_speculating_alone_keeps_every_stream(speculate):
+    """speculate: a sequence decoding alone takes verify steps (drafted by prompt lookup or the MTP layer), two
+    decoding together the batched step; either way every sequence's tokens are Model.sample_tokens's. The metrics
+    count the drafts."""
+    from dsv4.serve.metrics import Metrics
+
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32, mtp=speculate == "mtp")
+    sp = [dsv4.SamplingParams(temperature=1.0, seed=s) for s in (1, 2)]
+    rep = [5, 9, 3, 7] * 4
+    want = [solo(model, rep, 20, sp[0]), solo(model, [4, 4, 8], 12, sp[1])]
+    metrics = Metrics("tiny")
+    verified = []
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, metrics=metrics,
+                      speculate=speculate, draft_tokens=3)
+    original = model.verify_draft if speculate == "mtp" else model.verify
+
+    def counted(*args, **kwargs):
+        verified.append(len(args[2]))
+        return original(*args, **kwargs)
+
+    setattr(model, "verify_draft" if speculate == "mtp" else "verify", counted)
+    try:
+        assert served(sched, [(rep, 20, sp[0]), ([4, 4, 8], 12, sp[1])]) == want
+        assert verified and metrics.draft_tokens._value.get() == sum(verified)  # the drafts each verify step took
+        sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate=speculate,
+                          draft_tokens=3)
+        assert served(sched, [(rep, 20, sp[0])]) == want[:1]
+    finally:
+        delattr(model, "verify_draft" if speculate == "mtp" else "verify")
+    assert b"dsv4_spec_decode_num_draft_tokens" in metrics.render()
+    with pytest.raises(ValueError, match="speculate 'bogus'"):
+        Scheduler(model, speculate="bogus")
+    if speculate == "mtp":
+        with pytest.raises(ValueError, match="without its MTP layer"):
+            Scheduler(dsv4.load("tiny", device="cpu", dtype=torch.float32), max_num_seqs=1, speculate="mtp")

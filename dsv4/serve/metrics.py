@@ -27,6 +27,10 @@ class Metrics:
         self.tpot = make(Histogram, "dsv4_time_per_output_token_seconds",
                          "Between consecutive sampled tokens of one sequence", buckets=_TPOT_BUCKETS)
         self.rejected = make(Counter, "dsv4_requests_rejected", "Requests refused with 429 (queue full)")
+        self.draft_tokens = make(Counter, "dsv4_spec_decode_num_draft_tokens",
+                                 "Drafted tokens a verify step checked (speculative decoding)")
+        self.accepted_tokens = make(Counter, "dsv4_spec_decode_num_accepted_tokens",
+                                    "Drafted tokens a verify step accepted (speculative decoding)")
         self.finished = Counter("dsv4_requests_finished", "Choices (a sequence each) ended, by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
@@ -39,6 +43,10 @@ class Metrics:
     def next_token(self, seconds: float):
         self.tpot.observe(seconds)
         self.generation_tokens.inc()
+
+    def speculated(self, drafted: int, accepted: int):
+        self.draft_tokens.inc(drafted)
+        self.accepted_tokens.inc(accepted)
 
     def queues(self, running: int, waiting: int):
         self.running.set(running)

@@ -35,6 +35,11 @@ a round runs the smallest bucket holding every decoding sequence's slot, the buc
 as inactive rows (they compute and commit nothing). Slots are handed out lowest first, so the
 buckets stay small; sequences join and leave between steps without a recapture.
 
+Speculative decoding (`speculate`: "ngram" or "mtp", off by default): a round whose one decoding sequence has no
+logit processing or grammar runs a verify step for it (Model.verify / verify_draft: its drafts' tokens, then the
+rest as a plain step would draw them), unpipelined; its tokens are the plain step's, bit for bit, so a sequence's
+stream is the same with it or without. With two or more decoding sequences the batched step runs as ever.
+
 n choices of one request are n Sequences (the handler tags each one's events with its choice
 index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p, logprobs) or a
 grammar (`constraint`: response_format) makes its round's step `Model.step_batch_processed`: its
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,6 +66,7 @@ from ..engine import StepHeld
 from ..model.moe import long_tile_chunks, wave_tile_waves
 from ..model.rows import short_chunk
 from ..sampler import LogitsParams, Processing, SamplingParams
+from ..speculative import NgramDrafter
 from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
@@ -91,6 +98,9 @@ class Sequence:
     logits: LogitsParams | None = None  # logit processing and logprobs on the device; None: the plain sampler
     constraint: object = None  # a grammar.Constraint (response_format): the allowed tokens of each step
     inflight: int = 0  # pipelined steps launched for this sequence and not settled yet (0 or 1)
+    history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter reads them)
+    drafts: tuple = ()  # the MTP layer's drafts for the step after `drafted_at` tokens
+    drafted_at: int = -1
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -111,10 +121,20 @@ class Sequence:
 
 class Scheduler:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
-                 prefill_chunk: int = 64, metrics=None, graphs: bool | None = None, pipelined: bool = True):
+                 prefill_chunk: int = 64, metrics=None, graphs: bool | None = None, pipelined: bool = True,
+                 speculate: str | None = None, draft_tokens: int = 4):
         if max_num_seqs < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
                              f"prefill_chunk {prefill_chunk} >= 1 are required")
+        if speculate not in (None, "ngram", "mtp") or not isinstance(draft_tokens, int) or draft_tokens < 1:
+            raise ValueError(f"speculate {speculate!r} (None, 'ngram' or 'mtp') with draft_tokens {draft_tokens!r} "
+                             ">= 1")
+        # speculative decoding (dsv4.speculative) of a sequence that decodes alone: verify steps whose tokens are
+        # the plain step's, bit for bit, so a sequence's stream does not change with it
+        self.speculate, self.draft_tokens = speculate, draft_tokens
+        self.ngram = NgramDrafter() if speculate == "ngram" else None
+        if speculate and model.device.type == "cuda" and os.environ.get("DSV4_SPECULATIVE", "0") != "1":
+            raise ValueError("speculate: verify steps have not run on a GPU yet; DSV4_SPECULATIVE=1 runs them anyway")
         self.model, self.max_waiting, self.prefill_chunk, self.metrics = model, max_waiting, prefill_chunk, metrics
         # The slots are the rows of one pool (dsv4.state.StatePool): a batched step over them runs each of
         # attention's, the compressors' and the indexer's kernels once for all rows where the pooled
@@ -124,6 +144,8 @@ class Scheduler:
             self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
         finally:
             model.each("pool_states", 0)
+        if speculate == "mtp" and not self.slots[0].mtp_caches:
+            raise ValueError("speculate 'mtp': the model was loaded without its MTP layer (dsv4.load(..., mtp=True))")
         # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self.pipelined = pipelined
@@ -319,7 +341,13 @@ class Scheduler:
     def _decode(self, seqs: list[Sequence]):
         """One batched step for every decoding sequence: eager over their own slots, or the graph of
         the smallest bucket of slots that holds them all; pipelined, launched before the previous step
-        settles."""
+        settles. With speculate, a sequence decoding alone (without logit processing or a grammar) takes a verify
+        step instead (_speculate)."""
+        if self.speculate and len(seqs) == 1 and seqs[0].logits is None and seqs[0].constraint is None:
+            self._drain()  # its launched batched step first: the verify step continues from its state
+            if not seqs[0].cancelled:
+                self._speculate(seqs[0])
+            return
         if self.pipelined and all(s.logits is None and s.constraint is None for s in seqs):
             self._decode_pipelined(seqs)
             return
@@ -343,6 +371,35 @@ class Scheduler:
         for seq, token in zip(rows, out):
             if seq is not None:
                 self._guarded(seq, lambda s: self._took(s, token))
+
+    def _speculate(self, seq: Sequence):
+        """One verify step of a sequence decoding alone: its drafts (the n-gram drafter's, or the MTP layer's from
+        its last verify step, if no other step ran since), at most what max_tokens and the slot leave; its tokens
+        taken one by one as a plain step's (EOS, max_tokens and cancels end it as ever; the verify step commits
+        nothing past an EOS)."""
+        state = self.slots[seq.slot]
+        room = max(0, min(self.draft_tokens, seq.max_tokens - seq.generated - 1, state.capacity - state.host_pos - 1))
+        stops = () if seq.ignore_eos else (self.model.cfg.eos_token_id,)
+        try:
+            if self.speculate == "mtp":
+                drafts = list(seq.drafts)[:room] if seq.drafted_at == seq.generated else []
+                got, drafted = self.model.verify_draft(state, seq.token, drafts, seq.sampling, stops, self.draft_tokens,
+                                                       graph=self.graphs and len(drafts) == self.draft_tokens)
+            else:
+                drafts = self.ngram.propose(seq.prompt_ids + seq.history, room)[:room]
+                got = self.model.verify(state, seq.token, drafts, seq.sampling, stops,
+                                        graph=self.graphs and len(drafts) == self.draft_tokens)
+        except Exception as e:  # noqa: BLE001 - a refused step: this sequence fails, others go on
+            self._failed([seq], e)
+            return
+        if self.metrics is not None:
+            self.metrics.speculated(len(drafts), len(got) - 1)
+        for token in got:
+            if seq.cancelled:
+                break
+            self._guarded(seq, lambda s: self._took(s, token))
+        if self.speculate == "mtp":
+            seq.drafts, seq.drafted_at = drafted, seq.generated
 
     def _rows(self, seqs: list[Sequence]) -> tuple[list, list]:
         """A step's rows (a Sequence, or None for a free slot of the bucket) and their states."""
@@ -403,6 +460,8 @@ class Scheduler:
         """drawn: the token (a plain step) or its Drawn (a processed one)."""
         seq.token = getattr(drawn, "token", drawn)
         seq.generated += 1
+        if self.ngram is not None:
+            seq.history.append(seq.token)
         self._observe(seq)
         seq.emit(("token", drawn if seq.logits is not None and seq.logits.logprobs is not None else seq.token))
         if seq.constraint is not None:

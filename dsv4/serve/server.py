@@ -50,7 +50,7 @@ class Server:
     def __init__(self, model, host: str = "127.0.0.1", port: int = 8000, model_name: str = "dsv4",
                  max_model_len: int | None = None, verbose: bool = False, max_body: int = 16 << 20,
                  max_num_seqs: int = 16, max_waiting: int = 64, prefill_chunk: int | None = None, api_key: str | None = None,
-                 precapture: bool = True):
+                 precapture: bool = True, speculate: str | None = None, draft_tokens: int = 4):
         limit = model.cfg.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(f"max_model_len {max_model_len}: the model's max_position_embeddings is {limit}")
@@ -64,7 +64,7 @@ class Server:
         if prefill_chunk is None:
             prefill_chunk = model.prefill_chunk(self.max_model_len)
         self.scheduler = Scheduler(model, max_num_seqs, self.max_model_len, max_waiting, prefill_chunk,
-                                   self.metrics)
+                                   self.metrics, speculate=speculate, draft_tokens=draft_tokens)
         if precapture:  # on CUDA: every bucket's graph now, not in a request's first step (GPU-checked, session 5)
             self.scheduler.capture_buckets()
             if model.device.type == "cuda":  # and the prefill kernels' compiles
