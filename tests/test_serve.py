@@ -425,3 +425,15 @@ def test_cli_serve_starts_and_answers():
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+def test_a_speculating_server_serves_the_engines_stream(model):
+    """--speculate ngram: a request decoding alone takes verify steps; through the OpenAI client its text is the
+    engine's plain stream, and /metrics counts the drafts."""
+    with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=256, max_num_seqs=2, speculate="ngram",
+                draft_tokens=3) as srv:
+        prompt = "la la la la la la la la"
+        out = serving.client(srv).completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=1.0, seed=3)
+        expected = engine_stream(model, model.tokenizer.encode(prompt), 16, dsv4.SamplingParams(temperature=1.0, seed=3))
+        assert out.choices[0].text == model.tokenizer.decode(expected)
+        assert "dsv4_spec_decode_num_draft_tokens_total{" in httpx.get(root(srv) + "/metrics").text
