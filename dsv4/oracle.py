@@ -109,12 +109,21 @@ def hf_model_from(model, dtype=torch.bfloat16, expert_dtype=None):
             for name, b in mod.named_buffers(recurse=False):
                 if b.is_floating_point():
                     setattr(mod, name, b.to(dtype))
-    flat = tr.flat_weights()
-    I = cfg.moe_intermediate_size
+    _fill(hf, model)
+    return hf
+
+
+def _fill(hf, model):
+    """Every parameter and buffer of the HF model from the dsv4 model's weights, dequantised (rotary tables
+    excepted: HF computes its own). An HF layer past the model's layers is its MTP layer (`mtp.0.`)."""
+    cfg, tr = model.cfg, model.transformer
+    flat, n, I = tr.flat_weights(), cfg.num_hidden_layers, cfg.moe_intermediate_size
     for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
+        if "rotary_emb" in name:
+            continue
         m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
         if m:
-            stack = tr.layers[int(m[1])]["ffn"]["experts"]
+            stack = (tr.layers[int(m[1])] if int(m[1]) < n else tr.mtp[int(m[1]) - n])["ffn"]["experts"]
             for e in range(cfg.n_routed_experts):
                 if m[2] == "gate_up_proj":
                     p[e, :I].copy_(_dense(_take(stack["w1"], e), p.dtype))
@@ -122,13 +131,13 @@ def hf_model_from(model, dtype=torch.bfloat16, expert_dtype=None):
                 else:
                     p[e].copy_(_dense(_take(stack["w2"], e), p.dtype))
             continue
-        if "rotary_emb" in name:
-            continue
-        src = flat.get(official_name(name))
+        official = official_name(name)
+        if official.startswith(f"layers.{n}."):
+            official = "mtp.0." + official.removeprefix(f"layers.{n}.")
+        src = flat.get(official)
         if src is None:
-            raise KeyError(f"no dsv4 weight for HF {name} ({official_name(name)})")
+            raise KeyError(f"no dsv4 weight for HF {name} ({official})")
         p.copy_(_dense(src, p.dtype) if p.is_floating_point() else src.to(p.dtype))
-    return hf
 
 
 def _take(stack, e):
@@ -165,27 +174,8 @@ def hf_mtp_logits(model, ids, dtype=torch.float32) -> torch.Tensor:
         hf = DeepseekV4ForCausalLM(DeepseekV4Config(**d)).eval()
     finally:
         torch.set_default_dtype(prev)
-    flat, L, I = tr.flat_weights(), tr.mtp[0], cfg.moe_intermediate_size
-    for name, p in list(hf.named_parameters()) + list(hf.named_buffers()):
-        if "rotary_emb" in name:
-            continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)", name)
-        if m:
-            stack = (tr.layers[int(m[1])] if int(m[1]) < n else L)["ffn"]["experts"]
-            for e in range(cfg.n_routed_experts):
-                if m[2] == "gate_up_proj":
-                    p[e, :I].copy_(_dense(_take(stack["w1"], e), p.dtype))
-                    p[e, I:].copy_(_dense(_take(stack["w3"], e), p.dtype))
-                else:
-                    p[e].copy_(_dense(_take(stack["w2"], e), p.dtype))
-            continue
-        official = official_name(name)
-        if official.startswith(f"layers.{n}."):
-            official = "mtp.0." + official.removeprefix(f"layers.{n}.")
-        src = flat.get(official)
-        if src is None:
-            raise KeyError(f"no dsv4 weight for HF {name} ({official})")
-        p.copy_(_dense(src, p.dtype) if p.is_floating_point() else src.to(p.dtype))
+    _fill(hf, model)
+    L = tr.mtp[0]
     ids = torch.tensor([list(ids)])
     S, eps = ids.shape[1], cfg.rms_norm_eps
     body = hf.model

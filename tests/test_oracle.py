@@ -127,3 +127,14 @@ def test_custom_configs_match_hf(index, tmp_path):
     mine = [ours.prefill(state, ids[:7], chunk_size=3)] + [ours.decode(state, t) for t in ids[7:]]
     errors = [rel(a, b) for a, b in zip(mine, ref)]
     assert max(errors) <= TOL, f"worst at position {6 + errors.index(max(errors))}: {max(errors):.3g}"
+
+
+def test_hf_model_from_holds_the_models_weights(tmp_path):
+    """dsv4.oracle.hf_model_from (the GPU benchmarks' oracle: HF's model filled from a dsv4 model in memory) gives
+    the logits HF's own loader gives from the checkpoint on disk."""
+    from dsv4.oracle import hf_model_from
+
+    path = synth(preset("tiny"), tmp_path / "ckpt", seed=7, quant="fp8")
+    ids = torch.tensor([[3, 9, 27, 81, 5, 6, 7]])
+    filled = hf_model_from(dsv4.load(path, device="cpu", dtype=torch.float32), dtype=torch.float32)
+    assert rel(filled(ids).logits[0], hf_model(path)(ids).logits[0]) <= TOL
