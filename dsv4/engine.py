@@ -147,13 +147,13 @@ class ModelCommon:
         return self.each("replay_counts", state)
 
 
+# Most rows of one verify step (Model.verify: a token and its drafts); a model also caps them at its sliding window.
+MAX_VERIFY_ROWS = 16
+
 # Most tokens per default prefill chunk. A chunk reads the routed experts it picks once per tile of pairs
 # (dsv4.kernels.moe_tc's long tiles; past ~96 pairs an expert, all of them dequantised once per chunk), while
 # the sliding attention's logits span the whole chunk, so their cost per token grows with it; past a few
 # thousand tokens the second outweighs the first.
-# Most rows of one verify step (Model.verify: a token and its drafts); a model also caps them at its sliding window.
-MAX_VERIFY_ROWS = 16
-
 PREFILL_CHUNK = 4096
 PREFILL_BUDGET = 16 << 30  # bytes of a default chunk's largest activations
 
@@ -510,9 +510,8 @@ class Model(ModelCommon):
             raise ValueError("verify_draft: this model has no MTP layer (dsv4.load(..., mtp=True) reads it)")
         if not state.mtp_caches:
             raise ValueError("verify_draft: the state has no MTP window (a pool slot, or made before the MTP layer)")
-        if not isinstance(k, int) or not 1 <= k < min(MAX_VERIFY_ROWS, self.cfg.sliding_window):
-            raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to "
-                             f"{min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}")
+        if not isinstance(k, int) or not 1 <= k < self._verify_rows():
+            raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to {self._verify_rows() - 1}")
         return self._verify(state, token, drafts, sampling, stops, k, graph)
 
     def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int,
@@ -565,10 +564,9 @@ class Model(ModelCommon):
             raise TypeError(f"verify: sampling {sampling!r}: a SamplingParams (logit processing is not speculated)")
         drafts = list(drafts)
         R = 1 + len(drafts)
-        if R > min(MAX_VERIFY_ROWS, self.cfg.sliding_window):
-            raise ValueError(f"verify: {len(drafts)} drafts; at most {min(MAX_VERIFY_ROWS, self.cfg.sliding_window) - 1}"
-                             f" (a verify step's rows: {MAX_VERIFY_ROWS}, and no more than sliding_window "
-                             f"{self.cfg.sliding_window})")
+        if R > self._verify_rows():
+            raise ValueError(f"verify: {len(drafts)} drafts; at most {self._verify_rows() - 1} (a verify step's rows: "
+                             f"{MAX_VERIFY_ROWS}, and no more than sliding_window {self.cfg.sliding_window})")
         state.check_open()
         state.check_room(R)
         tokens = self._tokens([token, *drafts], "verify").to(self.device)
@@ -585,6 +583,10 @@ class Model(ModelCommon):
         n = int(out[R]) + 1
         self._settle(state, out[R + 1], n)
         return tuple(int(t) for t in out[:n]), tuple(int(t) for t in out[R + 2:])
+
+    def _verify_rows(self) -> int:
+        """Most rows of one verify step on this model (each row's writes land in distinct ring slots)."""
+        return min(MAX_VERIFY_ROWS, self.cfg.sliding_window)
 
     def verify_device(self, state: DecodeState, tokens: torch.Tensor, sampling: SamplingParams,
                       stop: torch.Tensor | None = None, k: int = 0) -> torch.Tensor:
