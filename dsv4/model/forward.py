@@ -309,7 +309,6 @@ class Transformer:
         assert not writes, "a verify step stages nothing: its writes are applied as its rows go"
         return h, self.head(h), undo
 
-
     def mtp_rows(self, states: list[DecodeState], h: torch.Tensor, tokens: torch.Tensor, undo: Undo | None,
                  j: int = 0, writes: list[Write] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """MTP layer j (DeepSeek-V4's multi-token prediction: the reference's MTPBlock) over rows of one sequence in
@@ -324,8 +323,9 @@ class Transformer:
         cfg, L = self.cfg, self.mtp[j]
         i, (R, hc, D), eps = cfg.num_hidden_layers + j, h.shape, cfg.rms_norm_eps
         T = 1 if undo is not None else R
+        alone = short_chunk(T)
         steps = [Step(s.pos, T, self.rope, cfg.sliding_window, None, s.host_pos) for s in states]
-        with rows_alone(short_chunk(T), T):
+        with rows_alone(alone, T):
             e = rms_norm(self.embed.index_select(0, tokens).to(self.dtype), L["enorm"], eps)
             x = linear(e, L["e_proj"]).unsqueeze(1) + linear(rms_norm(h, L["hnorm"], eps).reshape(R * hc, D),
                                                             L["h_proj"]).view(R, hc, D)
@@ -334,11 +334,11 @@ class Transformer:
                 a = attention(rms_norm(collapsed, L["attn_norm"], eps), steps, L["attn"],
                               [s.mtp_caches[j] for s in states], i, cfg, self.heads,
                               [] if writes is None else writes, None, undo)
-            x, post, comb, y = self._boundary(self._reduce(a, i, "attention"), post, comb, x, L, "ffn", True,
+            x, post, comb, y = self._boundary(self._reduce(a, i, "attention"), post, comb, x, L, "ffn", alone,
                                               (i, "moe"))
             with phase("moe"):
                 f = moe(y, tokens, L["ffn"], self.experts.start, cfg, self.comm.payload(i, "moe", y.dtype))
-            x = self._boundary(self._reduce(f, i, "moe"), post, comb, x, None, "attn", True, (i + 1, "attention"))[0]
+            x = self._boundary(self._reduce(f, i, "moe"), post, comb, x, None, "attn", alone, (i + 1, "attention"))[0]
         return x, None if undo is None else self.head(x, L["hc_head"], L["norm"])
 
 
