@@ -514,15 +514,18 @@ class Model(ModelCommon):
             raise ValueError(f"verify_draft: k {k!r}: drafts for the next step, 1 to {self._verify_rows() - 1}")
         return self._verify(state, token, drafts, sampling, stops, k, graph)
 
-    def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int,
-                        chunk_size: int | None = None) -> torch.Tensor:
+    def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int, chunk_size: int | None = None,
+                        sampling=None, k: int = 0) -> tuple[int, ...]:
         """prefill(state, ids, chunk_size), the same bits, then the MTP layer over the prompt's last sliding_window
         positions (their streams kept as the prefill computes them; `token`, the one after ids, is the last one's
         next token), so the drafter's window holds the prompt as the reference's would before the first
-        verify_draft. Its collectives a step of their own: a refusal quarantines the state (RefusalError). Without
-        an MTP layer, or where a replayed prefill graph computed the streams unseen, the prefill alone."""
+        verify_draft; -> the layer's k drafts for that first step (drawn as verify_draft's: the token after `token`'s
+        successor first). Its collectives a step of their own: a refusal quarantines the state (RefusalError).
+        Without an MTP layer, or where a replayed prefill graph computed the streams unseen, the prefill alone (no
+        drafts)."""
         if not (self.transformer.mtp and state.mtp_caches):
-            return self.prefill(state, ids, chunk_size)
+            self.prefill(state, ids, chunk_size)
+            return ()
         tf, streams = self.transformer, []
         forward = tf.forward
 
@@ -533,26 +536,47 @@ class Model(ModelCommon):
 
         tf.forward = keep  # this instance's, for this prefill alone
         try:
-            logits = self.prefill(state, ids, chunk_size)
+            self.prefill(state, ids, chunk_size)
         finally:
             del tf.forward
         n = len(ids)
         if sum(h.shape[0] for h in streams) != n:
-            return logits
+            return ()
         rows = min(n, self.cfg.sliding_window)
         h = torch.cat(streams)[n - rows:]
         tokens = self._tokens([*list(ids)[n - rows + 1:], token], "prefill_drafted").to(self.device)
+        sampling = sampling or SamplingParams()
         with torch.inference_mode():
             writes: list = []
             tf.comm.begin_step()
-            tf.mtp_rows([state.ahead(-rows)], h, tokens, None, writes=writes)
+            g, _ = tf.mtp_rows([state.ahead(-rows)], h, tokens, None, writes=writes)
+            drafted = []
+            if k:  # the last prompt position's row drafts the token after `token`'s successor: position pos + 1
+                L = tf.mtp[0]
+                row = tf.head(g[-1:], L["hc_head"], L["norm"])[0]
+                drafted = self._mtp_drafts(state, g[-1:], row, torch.zeros((), dtype=torch.int64, device=self.device),
+                                           sampling, k)
             tf.comm.end_step()
             commit(writes, tf.comm.verdict)
-            verdict = float(tf.comm.verdict)
-        if verdict != 0:
+            out = torch.cat([tf.comm.verdict.double().view(1), *(d.double().view(1) for d in drafted)]).tolist()
+        if out[0] != 0:
             state.quarantine = self.refusal_message()
             raise RefusalError(state.quarantine)
-        return logits
+        return tuple(int(t) for t in out[1:])
+
+    def _mtp_drafts(self, state: DecodeState, g: torch.Tensor, row: torch.Tensor, at: torch.Tensor, sampling,
+                    k: int) -> list[torch.Tensor]:
+        """k drafts from the MTP layer's row at state.pos + at - 1 (its streams g [1, hc, D], its logits row): the
+        first drawn from row with the sampler's key at pos + at + 1, each further one by the layer again at the
+        next position on its own streams and the draft before (those rows' window writes taken back)."""
+        tf, drafted, ahead = self.transformer, [], Undo()
+        for r in range(k):
+            drafted.append(sample(row.float(), sampling, state.pos + at + (r + 1)))
+            if r + 1 < k:
+                g, row = tf.mtp_rows([state.ahead(at + r)], g, drafted[-1].view(1), ahead)
+                row = row[0]
+        ahead.take_back(torch.zeros(1, dtype=torch.bool, device=g.device))
+        return drafted
 
     def _verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling, stops: Sequence[int],
                 k: int, graph: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -605,17 +629,11 @@ class Model(ModelCommon):
         accepted = torch.cumprod(match.long(), 0).sum()  # drafts accepted: the leading matches
         last = accepted.view(1)
         undos, drafted = [undo], []
-        if k:
+        if k:  # the layer at pos + accepted (the last kept row) drafts the token at pos + accepted + 2, and on
             undos.append(Undo())
             g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
-            ahead = Undo()  # the further drafts' rows: all taken back
-            g, row = g.index_select(0, last), mtp_logits.index_select(0, last)[0]
-            for r in range(k):  # the layer at pos + accepted + r drafts the token at pos + accepted + r + 2
-                drafted.append(sample(row.float(), sampling, state.pos + accepted + (r + 2)))
-                if r + 1 < k:
-                    g, row = tf.mtp_rows([state.ahead(accepted + (r + 1))], g, drafted[-1].view(1), ahead)
-                    row = row[0]
-            ahead.take_back(torch.zeros(1, dtype=torch.bool, device=tokens.device))
+            drafted = self._mtp_drafts(state, g.index_select(0, last), mtp_logits.index_select(0, last)[0],
+                                       accepted + 1, sampling, k)
         tf.comm.end_step()
         verdict = tf.comm.verdict  # one verdict for the model's rows and the MTP layer's
         ok = verdict == 0

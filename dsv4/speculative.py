@@ -110,8 +110,10 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
     on_device, drafts = getattr(drafter, "device", False), []
     if on_device and k < 1:
         raise ValueError(f"k {k}: the MTP drafter drafts at least one token a step")
-    if len(ids) > 1:  # the same chunks either way; the MTP layer's window also takes the prompt's last positions
-        model.prefill_drafted(state, ids[:-1], ids[-1]) if on_device else prefill(model, state, ids[:-1])
+    if len(ids) > 1 and on_device:  # the same chunks; the MTP layer's window takes the prompt's last positions too,
+        drafts = list(model.prefill_drafted(state, ids[:-1], ids[-1], sampling=sampling, k=k))  # and drafts
+    elif len(ids) > 1:
+        prefill(model, state, ids[:-1])
     token, out, stop = ids[-1], [], set(stops)
     budget = min(max_tokens, state.capacity - state.host_pos)
     while len(out) < budget:

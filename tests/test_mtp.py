@@ -100,15 +100,16 @@ def test_greedy_drafts_are_the_layers_argmax(model):
 
 def test_a_prompt_fills_the_mtp_window(model):
     """prefill_drafted: the main state's bytes are prefill's, and the MTP layer's window holds the prompt's last
-    positions, so the first drafts after it are the reference's argmax there too (the window's rows computed as a
-    chunk: within tolerance of the row-by-row ones, the argmax the same)."""
+    positions, so its draft for the first step and the drafts after it are the reference's argmax there too (the
+    window's rows computed as a chunk: within tolerance of the row-by-row ones, the argmax the same)."""
     greedy, prompt = SamplingParams.greedy(), IDS
     stream = list(model.sample_tokens(prompt, 6, greedy))
     ref = mtp_logits(model, [*prompt, *stream]).argmax(-1)
     plain, drafted = model.new_state(64), model.new_state(64)
     model.prefill(plain, prompt[:-1])
-    model.prefill_drafted(drafted, prompt[:-1], prompt[-1])
+    first = model.prefill_drafted(drafted, prompt[:-1], prompt[-1], sampling=greedy, k=1)
     assert drafted.digest() == plain.digest() and drafted.mtp_caches[0].win.abs().sum() > 0
+    assert first == (int(ref[len(prompt) - 2]),)  # the last prompt position's row drafts the first step's draft
     token, done = prompt[-1], 0
     for _ in range(3):
         got, nxt = model.verify_draft(drafted, token, [], greedy, k=1)
