@@ -4,7 +4,8 @@
 # DSV4_SPECULATIVE=1): their CUDA tests (verify rows == model.step's decode steps, bit for bit, eager and as a graph;
 # the MTP-drafted stream == the plain one, on mini), then what a verify step costs and yields against the plain step
 # on mini and on a Flash rank (benchmarks/speculative_bench.py: every draft right, every draft wrong, the MTP layer's
-# drafts, k = 1 and 3, eager and as graphs, the plain step's replay beside them). First the gate on mini at main's
+# drafts, k = 1 and 3, eager and as graphs, the plain step's replay beside them; on mini with the head zeroed, so the
+# MTP layer's drafts are always right and its arms show full acceptance with its cost, on the Flash rank as is). First the gate on mini at main's
 # defaults: session 46 changed default-path Python (attention/forward/state/engine plumbing for verify and the MTP
 # layer, the same kernels and launches), so the stream 96066ac1 / 1fd7a9bb must hold.
 # Usage: OUT=dir bash benchmarks/gpu_speculative_call.sh   (carry .whl)
@@ -15,6 +16,6 @@ step 110 "$OUT/gate.txt" python -m dsv4.cli gate --preset mini --device cuda --r
   --output 64 --out "$OUT/receipts-gate.txt"
 step 180 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_speculative_gpu.py
 DSV4_SPECULATIVE=1 step 100 "$OUT/spec_mini.txt" python benchmarks/speculative_bench.py --preset mini --k 1 --k 3 \
-  --steps 48 --rounds 3 --mtp --graph
+  --steps 48 --rounds 3 --mtp --graph --zero-head
 DSV4_SPECULATIVE=1 step 180 "$OUT/spec_flash.txt" python benchmarks/speculative_bench.py --preset flash \
   --proxy-world 2 --k 1 --k 3 --steps 32 --rounds 2 --mtp --graph

@@ -74,14 +74,19 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--mtp", action="store_true", help="also arms drafted by the MTP layer (loaded for them)")
+    p.add_argument("--zero-head", action="store_true",
+                   help="the head's weight zeroed: every logit 0, so the MTP layer's drafts are always the model's "
+                        "draws (its arms then show full acceptance, its cost included)")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     a = p.parse_args()
     ks = a.k or [1, 3]
     t0 = time.perf_counter()
     model = load(a.preset, a.device, a.proxy_world, mtp=a.mtp)
+    if a.zero_head:
+        model.transformer.head_w.data.zero_()
     where = provenance(model.device, label(a.preset, a.proxy_world))
-    emit("SPECULATIVE_BUILD", where, build_s=round(time.perf_counter() - t0, 1), ks=ks)
+    emit("SPECULATIVE_BUILD", where, build_s=round(time.perf_counter() - t0, 1), ks=ks, zero_head=a.zero_head)
     sp = dsv4.SamplingParams(temperature=1.0, seed=20260907)
     prompt = torch.randint(2, model.cfg.vocab_size, (a.prime,), generator=torch.Generator().manual_seed(7)).tolist()
     cap = a.prime + a.steps + 16

@@ -174,3 +174,20 @@ def test_two_ranks_mtp_drafts_agree_and_keep_the_stream(tmp_path):
         assert one.verify_draft(alone, IDS[-1], [], sampling, k=2)[0] == drafted[0]
     finally:
         two.close()
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0, seed=11), SamplingParams.greedy()],
+                         ids=["t1", "greedy"])
+def test_a_layer_that_agrees_is_accepted_every_time(sampling):
+    """With the shared head zeroed every logit is 0, the model's and the MTP layer's alike: the same uniform
+    distribution, so a draft drawn with the sampler's key at its position is the very token the model draws there
+    (temperature 1: the same u over the same CDF; greedy: token 0). Every draft is then accepted: k + 1 tokens a
+    verify step, the recursive drafts included, and the stream is still the plain one."""
+    model = dsv4.load("tiny", device="cpu", mtp=True)
+    model.transformer.head_w.data.zero_()  # (bf16 storage: the dequantised weight is 0 too)
+    plain = list(model.sample_tokens(IDS, 24, sampling))
+    for k in (1, 3):
+        tally = spec.Tally()
+        got = list(spec.sample_tokens(model, IDS, 24, sampling, drafter=spec.MtpDrafter(), k=k, tally=tally))
+        assert got == plain
+        assert tally.acceptance == 1.0 and tally.steps == -(-24 // (k + 1)), tally
