@@ -22,7 +22,7 @@ import time
 import torch
 
 import dsv4
-from dsv4 import speculative
+from dsv4.kernels import undo as fused_undo
 from dsv4.receipts import emit, provenance
 
 try:
@@ -77,6 +77,8 @@ def main() -> int:
     p.add_argument("--zero-head", action="store_true",
                    help="the head's weight zeroed: every logit 0, so the MTP layer's drafts are always the model's "
                         "draws (its arms then show full acceptance, its cost included)")
+    p.add_argument("--fused-undo", action="store_true",
+                   help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused): arms *_fu")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     a = p.parse_args()
@@ -106,23 +108,34 @@ def main() -> int:
             arms[f"mtp_k{k}"] = (k, None, False)
     if graphs:
         arms.update({name + "_graph": (arm[0], arm[1], True) for name, arm in list(arms.items()) if arm is not None})
+    if a.fused_undo:
+        arms.update({name + "_fu": (*arm, True) for name, arm in list(arms.items()) if arm is not None})
+    if graphs:
         arms["plain_graph"] = "graph"
         graph_state = model.new_state(cap)  # the plain step's full-token graph (its own state: one graph a state)
         graph_state.restore(prefix)
         model.enable_replay(graph_state, sp)
+    # each verify arm its own state: a state's verify graphs are keyed by rows and drafts, not by the undo's form
+    states = {name: model.new_state(cap) for name, arm in arms.items() if isinstance(arm, tuple)}
+
+    def fused(arm) -> bool:
+        return isinstance(arm, tuple) and len(arm) > 3
+
     for name, arm in arms.items():  # a first row of each arm unscored: its compiles and captures
+        fused_undo.CONFIG["fused"] = fused(arm)
         if arm == "graph":
             graph_state.restore(prefix)
             plain(model, graph_state, first, min(a.steps, 8), sp)
         elif arm is not None:
-            state.restore(prefix)
-            verified(model, state, first, min(a.steps, 8), sp, arm[1], arm[0], arm[2])
+            states[name].restore(prefix)
+            verified(model, states[name], first, min(a.steps, 8), sp, arm[1], arm[0], arm[2])
     walls = {name: [] for name in arms}
     per_step = {name: [] for name in arms}
     same = {name: True for name in arms}
     for r in range(a.rounds):
         for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             arm = arms[name]
+            fused_undo.CONFIG["fused"] = fused(arm)
             if arm == "graph":
                 graph_state.restore(prefix)
                 out, wall = plain(model, graph_state, first, a.steps, sp)
@@ -132,8 +145,8 @@ def main() -> int:
                 out, wall = plain(model, state, first, a.steps, sp)
                 steps = a.steps
             else:
-                state.restore(prefix)
-                out, wall, steps = verified(model, state, first, a.steps, sp, arm[1], arm[0], arm[2])
+                states[name].restore(prefix)
+                out, wall, steps = verified(model, states[name], first, a.steps, sp, arm[1], arm[0], arm[2])
             walls[name].append(wall)
             per_step[name].append(wall / steps * 1e3)
             same[name] &= out == reference

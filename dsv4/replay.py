@@ -22,7 +22,7 @@ import os
 import torch
 
 from . import graph_nodes, profile
-from .kernels import commit_step, lanes
+from .kernels import commit_step, lanes, undo
 from .layout import CONFIG as LAYOUT
 from .sampler import SamplingParams, SamplingRows, restricts
 
@@ -301,6 +301,7 @@ class VerifyReplay:
         try:
             with torch.inference_mode(), torch.cuda.graph(graph):
                 self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k)
+            undo.captured()  # the fused Undo's tables (kernels/undo.py), before the first replay
         except Exception as e:
             raise ReplayError(f"verify capture failed: {e}") from e
         self.graph = graph

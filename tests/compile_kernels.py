@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk, undo  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -815,6 +815,15 @@ for n in (1, 100):
     commit_step.commit([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.int64),
                               torch.zeros(n, 512, dtype=torch.bfloat16), torch.ones(n, dtype=torch.bool))],
                        torch.zeros(()))
+
+
+# A verify step's writes (kernels/undo.py, CONFIG fused): a row's writes applied with their old rows saved (one row
+# a write: split 1), and every record taken back in one launch; dtype codes are runtime values.
+undo.apply([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64),
+                  torch.zeros(1, 512, dtype=torch.bfloat16), torch.ones(1, dtype=torch.bool))],
+           [torch.zeros(1, 512, dtype=torch.bfloat16)])
+undo.take_back([(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64),
+                 torch.zeros(1, 512, dtype=torch.bfloat16), 0)], torch.zeros(2, dtype=torch.bool))
 
 
 def hc_boundary_variants(dtype):

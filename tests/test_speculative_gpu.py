@@ -90,10 +90,15 @@ def test_verify_refuses_cuda_without_the_switch(model, prompt, monkeypatch):
     assert state.host_pos == len(prompt) - 1 and state.quarantine is None
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch_undo", "fused_undo"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_verify_graph_is_the_eager_verify(model, prompt, plain, k):
+def test_verify_graph_is_the_eager_verify(model, prompt, plain, k, fused, monkeypatch):
     """graph=True (replay.VerifyReplay, captured at the first step of k drafts): the same tokens and bytes as the
-    decode steps, with drafts right and wrong."""
+    decode steps, with drafts right and wrong; the writes by torch's ops or by kernels/undo.py (CONFIG fused, its
+    tables filled after the capture)."""
+    from dsv4.kernels import undo as fused_undo
+
+    monkeypatch.setitem(fused_undo.CONFIG, "fused", fused)
     tokens, states = plain
     state, token, done = prefilled(model, prompt), prompt[-1], 0
     while done + k + 1 <= STEPS:

@@ -15,6 +15,7 @@ import torch
 from .. import kernels
 from ..kernels import commit as fused
 from ..kernels import commit_step
+from ..kernels import undo as fused_undo
 
 
 @dataclass
@@ -53,8 +54,19 @@ class Undo:
     def __init__(self):
         self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
 
+    @staticmethod
+    def _fused(t: torch.Tensor) -> bool:
+        return fused_undo.CONFIG["fused"] and kernels.use_triton(t)
+
     def apply(self, writes: list[Write], row: int):
-        """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite."""
+        """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite (in one launch with
+        dsv4.kernels.undo, CONFIG fused)."""
+        if writes and self._fused(writes[0].buf) and fused_undo.supported(writes):
+            saves = [torch.empty((w.rows.shape[0], *w.buf.shape[1:]), dtype=w.buf.dtype, device=w.buf.device)
+                     for w in writes]
+            fused_undo.apply(writes, saves)
+            self.records += [(w.buf, w.index, s, row) for w, s in zip(writes, saves)]
+            return
         for w in writes:
             old = w.buf[w.index]  # a copy (advanced indexing)
             new = w.rows.to(w.buf.dtype)
@@ -65,7 +77,12 @@ class Undo:
             self.records.append((w.buf, w.index, old, row))
 
     def take_back(self, kept: torch.Tensor):
-        """kept [rows] bool (device): write back what each row not kept overwrote, the last write first."""
+        """kept [rows] bool (device): write back what each row not kept overwrote, the last write first (all in one
+        launch with dsv4.kernels.undo, CONFIG fused: the same bytes, see there)."""
+        if self.records and self._fused(kept) and all(buf.is_contiguous() for buf, _, _, _ in self.records):
+            fused_undo.take_back(self.records, kept)
+            self.records = []
+            return
         for buf, index, old, row in reversed(self.records):
             buf.index_copy_(0, index, torch.where(kept[row], buf[index], old))
         self.records = []

@@ -1,0 +1,107 @@
+"""dsv4.kernels.undo (a verify step's writes in one launch a row, their taking back in one a step) against the torch
+ops of dsv4.model.commit.Undo, in Triton's interpreter on CPU (and on CUDA where there is one): the same bytes in
+every buffer after each apply and after the take-back, for writes with and without keep masks, rows of other dtypes
+(converted as torch's .to), strided rows (a column view), and several rows writing one store row. Then whole verify
+steps with CONFIG fused: the plain stream, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsv4
+from dsv4.kernels import undo as fused_undo
+from dsv4.model.commit import Undo, Write
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture
+def kernels_on(monkeypatch):
+    monkeypatch.setenv("DSV4_KERNELS", "triton")
+    monkeypatch.setitem(fused_undo.CONFIG, "fused", True)
+
+
+def buffers(device, g):
+    """A step's buffers of each dtype: a window ring, a compressor ring, a store (bf16 model), an fp32 ring."""
+    return {"win": torch.randn(8, 64, generator=g).to(device, torch.bfloat16),
+            "ring": torch.randn(8, 2, 32, generator=g).to(device, torch.bfloat16),
+            "store": torch.randn(6, 64, generator=g).to(device, torch.bfloat16),
+            "f32": torch.randn(8, 48, generator=g).to(device)}
+
+
+def row_writes(bufs, r, device, g):
+    """Row r's writes: its window slot, its ring slot (rows a column view of a wider fp32 output, converted), the
+    store row of its window (kept only at the closing row), an fp32 ring slot."""
+    i64 = dict(dtype=torch.int64, device=device)
+    wide = torch.randn(1, 3 * 64, generator=g).to(device)
+    return [Write(bufs["win"], torch.tensor([r % 8], **i64), torch.randn(1, 64, generator=g).to(device, torch.bfloat16)),
+            Write(bufs["ring"], torch.tensor([(r + 3) % 8], **i64), wide[:, 64:128].view(1, 2, 32)),
+            Write(bufs["store"], torch.tensor([2 + r // 4], **i64),
+                  torch.randn(1, 64, generator=g).to(device, torch.bfloat16),
+                  torch.tensor([r % 4 == 3], device=device)),
+            Write(bufs["f32"], torch.tensor([(r + 5) % 8], **i64), torch.randn(1, 48, generator=g).to(device))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("accepted", [0, 2, 5])
+def test_fused_undo_is_the_torch_undo(device, accepted, kernels_on, monkeypatch):
+    R = 6
+    out, launches = [], []
+    for name in ("apply", "take_back"):  # count the kernels' launches: the fused arm must not fall back
+        real = getattr(fused_undo, name)
+        monkeypatch.setattr(fused_undo, name, lambda *a, real=real, name=name: (launches.append(name), real(*a)))
+    for fused in (False, True):
+        monkeypatch.setitem(fused_undo.CONFIG, "fused", fused)
+        g = torch.Generator().manual_seed(5)
+        bufs = buffers(device, g)
+        before = {k: v.clone() for k, v in bufs.items()}
+        undo, seen = Undo(), []
+        for r in range(R):
+            undo.apply(row_writes(bufs, r, device, g), r)
+            seen.append({k: v.clone() for k, v in bufs.items()})
+        kept = torch.arange(R, device=device) <= accepted
+        undo.take_back(kept)
+        out.append((seen, {k: v.clone() for k, v in bufs.items()}, before))
+    assert launches == ["apply"] * R + ["take_back"]  # one launch a row, one for the take-back
+    for r in range(R):
+        for k in out[0][0][r]:
+            assert torch.equal(out[0][0][r][k], out[1][0][r][k]), f"after row {r}'s apply, {k}"
+    for k in out[0][1]:
+        assert torch.equal(out[0][1][k], out[1][1][k]), f"after the take-back, {k}"
+    if accepted == 0:  # nothing but row 0 kept: every buffer as row 0 left it
+        assert all(torch.equal(out[1][1][k], out[1][0][0][k]) for k in out[1][1])
+
+
+def test_refused_verify_takes_every_row_back(kernels_on):
+    g = torch.Generator().manual_seed(9)
+    bufs = buffers("cpu", g)
+    before = {k: v.clone() for k, v in bufs.items()}
+    undo = Undo()
+    for r in range(4):
+        undo.apply(row_writes(bufs, r, "cpu", g), r)
+    undo.take_back(torch.zeros(4, dtype=torch.bool))
+    assert all(torch.equal(bufs[k], before[k]) for k in bufs)
+
+
+def test_verify_steps_with_the_fused_undo_keep_the_plain_stream(kernels_on, monkeypatch):
+    """The tiny model through every kernel (the interpreter), its verify steps' writes by the fused Undo."""
+    model = dsv4.load("tiny", device="cpu")
+    sampling = dsv4.SamplingParams(temperature=1.0, seed=2)
+    prompt = [5, 9, 3, 7, 1, 2]
+    state, token, plain = model.new_state(32), prompt[-1], []
+    model.prefill(state, prompt[:-1])
+    for _ in range(7):
+        token = model.step(state, token, sampling)
+        plain.append(token)
+    digest = state.digest()
+    state = model.new_state(32)
+    model.prefill(state, prompt[:-1])
+    drafts = list(plain[:3])
+    got = model.verify(state, prompt[-1], drafts, sampling)
+    drafts = list(plain[4:7])
+    drafts[1] += 1
+    got += model.verify(state, got[-1], drafts, sampling)
+    got += model.verify(state, got[-1], [], sampling)
+    assert list(got) == plain and state.digest() == digest
