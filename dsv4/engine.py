@@ -589,8 +589,8 @@ class Model(ModelCommon):
         drafts = list(drafts)
         R = 1 + len(drafts)
         if R > self._verify_rows():
-            raise ValueError(f"verify: {len(drafts)} drafts; at most {self._verify_rows() - 1} (a verify step's rows: "
-                             f"{MAX_VERIFY_ROWS}, and no more than sliding_window {self.cfg.sliding_window})")
+            raise ValueError(f"verify: {len(drafts)} drafts; at most {self._verify_rows() - 1} (a verify step's rows: at "
+                             f"most {MAX_VERIFY_ROWS}, the sliding window and each compressor's ring)")
         state.check_open()
         state.check_room(R)
         tokens = self._tokens([token, *drafts], "verify").to(self.device)
@@ -609,8 +609,12 @@ class Model(ModelCommon):
         return tuple(int(t) for t in out[:n]), tuple(int(t) for t in out[R + 2:])
 
     def _verify_rows(self) -> int:
-        """Most rows of one verify step on this model (each row's writes land in distinct ring slots)."""
-        return min(MAX_VERIFY_ROWS, self.cfg.sliding_window)
+        """Most rows of one verify step on this model: within MAX_VERIFY_ROWS and every ring (the sliding window,
+        each compressor's: 2m rows for CSA, m for HCA), so a step's rows write distinct ring slots (Flash: 8)."""
+        cfg = self.cfg
+        rings = [2 * m if cfg.layer_types[i] == CSA else m
+                 for i in range(cfg.num_hidden_layers) if (m := cfg.compress_rate(i))]
+        return min(MAX_VERIFY_ROWS, cfg.sliding_window, *rings)
 
     def verify_device(self, state: DecodeState, tokens: torch.Tensor, sampling: SamplingParams,
                       stop: torch.Tensor | None = None, k: int = 0) -> torch.Tensor:
