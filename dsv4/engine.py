@@ -13,6 +13,7 @@ several (whose ranks each build here). Model offers the DecodeModel calls (dsv4.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import weakref
@@ -526,6 +527,33 @@ class Model(ModelCommon):
         if not (self.transformer.mtp and state.mtp_caches):
             self.prefill(state, ids, chunk_size)
             return ()
+        with self._streams() as streams:
+            self.prefill(state, ids, chunk_size)
+        n = len(ids)
+        if sum(h.shape[0] for h in streams) != n:
+            return ()
+        return self._warm_drafter([state], [torch.cat(streams)], [list(ids)], [token], sampling, k)[0]
+
+    def prefill_batch_drafted(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]],
+                              nexts: Sequence[int]) -> torch.Tensor:
+        """prefill_batch(states, chunks), the same bits, then each state's MTP layer window over its chunk's last
+        sliding_window positions (nexts[b]: the token after chunks[b]), as prefill_drafted's for a prompt in chunks
+        (dsv4 serve --speculate mtp). Without an MTP layer, prefill_batch alone."""
+        if not (self.transformer.mtp and all(s.mtp_caches for s in states)):
+            return self.prefill_batch(states, chunks)
+        with self._streams() as streams:
+            logits = self.prefill_batch(states, chunks)
+        T = len(chunks[0])
+        if sum(h.shape[0] for h in streams) == T * len(states):
+            h = torch.cat(streams)
+            self._warm_drafter(list(states), [h[b * T:(b + 1) * T] for b in range(len(states))],
+                               [list(c) for c in chunks], list(nexts), None, 0)
+        return logits
+
+    @contextlib.contextmanager
+    def _streams(self):
+        """Within: every forward's final streams (all rows) appended to the list yielded (this instance's forward
+        wrapped for the while; the same computation)."""
         tf, streams = self.transformer, []
         forward = tf.forward
 
@@ -534,35 +562,43 @@ class Model(ModelCommon):
             streams.append(h)
             return writes, h
 
-        tf.forward = keep  # this instance's, for this prefill alone
+        tf.forward = keep
         try:
-            self.prefill(state, ids, chunk_size)
+            yield streams
         finally:
             del tf.forward
-        n = len(ids)
-        if sum(h.shape[0] for h in streams) != n:
-            return ()
-        rows = min(n, self.cfg.sliding_window)
-        h = torch.cat(streams)[n - rows:]
-        tokens = self._tokens([*list(ids)[n - rows + 1:], token], "prefill_drafted").to(self.device)
+
+    def _warm_drafter(self, states: list[DecodeState], streams: list[torch.Tensor], ids: list[list[int]],
+                      nexts: list[int], sampling, k: int) -> list[tuple[int, ...]]:
+        """Each state's MTP window over the last sliding_window positions just prefilled (streams[b], their tokens
+        ids[b], the token after them nexts[b]), as one chunk a state, one collective step for all; the k drafts a
+        state's last position makes for its first verify step (k 0: none). A refusal quarantines every state."""
+        tf, W = self.transformer, self.cfg.sliding_window
         sampling = sampling or SamplingParams()
         with torch.inference_mode():
             writes: list = []
+            drafted: list[list[torch.Tensor]] = []
             tf.comm.begin_step()
-            g, _ = tf.mtp_rows([state.ahead(-rows)], h, tokens, None, writes=writes)
-            drafted = []
-            if k:  # the last prompt position's row drafts the token after `token`'s successor: position pos + 1
-                L = tf.mtp[0]
-                row = tf.head(g[-1:], L["hc_head"], L["norm"])[0]
-                drafted = self._mtp_drafts(state, g[-1:], row, torch.zeros((), dtype=torch.int64, device=self.device),
-                                           sampling, k)
+            for state, h, chunk, nxt in zip(states, streams, ids, nexts):
+                rows = min(len(chunk), W)
+                tokens = self._tokens([*chunk[len(chunk) - rows + 1:], nxt], "the drafter's prompt").to(self.device)
+                g, _ = tf.mtp_rows([state.ahead(-rows)], h[len(chunk) - rows:], tokens, None, writes=writes)
+                drafted.append([])
+                if k:  # the last position's row drafts the token after the next one's successor: position pos + 1
+                    L = tf.mtp[0]
+                    row = tf.head(g[-1:], L["hc_head"], L["norm"])[0]
+                    drafted[-1] = self._mtp_drafts(state, g[-1:], row, torch.zeros((), dtype=torch.int64,
+                                                                                    device=self.device), sampling, k)
             tf.comm.end_step()
             commit(writes, tf.comm.verdict)
-            out = torch.cat([tf.comm.verdict.double().view(1), *(d.double().view(1) for d in drafted)]).tolist()
+            out = torch.cat([tf.comm.verdict.double().view(1), *(d.double().view(1) for ds in drafted for d in ds)])
+            out = out.tolist()
         if out[0] != 0:
-            state.quarantine = self.refusal_message()
-            raise RefusalError(state.quarantine)
-        return tuple(int(t) for t in out[1:])
+            message = self.refusal_message()
+            for state in states:
+                state.quarantine = message
+            raise RefusalError(message)
+        return [tuple(int(t) for t in out[1 + b * k:1 + (b + 1) * k]) for b in range(len(states))]
 
     def _mtp_drafts(self, state: DecodeState, g: torch.Tensor, row: torch.Tensor, at: torch.Tensor, sampling,
                     k: int) -> list[torch.Tensor]:

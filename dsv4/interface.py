@@ -22,7 +22,7 @@ from .state import DecodeState
 from .tokenizer import Tokenizer
 
 RANK_CALLS = {
-    "prefill": "all", "prefill_batch": "all", "prefill_drafted": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
+    "prefill": "all", "prefill_batch": "all", "prefill_drafted": "all", "prefill_batch_drafted": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
     "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree", "verify": "agree",
     "verify_draft": "agree",
@@ -57,6 +57,9 @@ class DecodeModel(Protocol):
 
     def prefill_drafted(self, state: DecodeState, ids: Sequence[int], token: int, chunk_size: int | None = None,
                         sampling: SamplingParams | None = None, k: int = 0) -> tuple[int, ...]: ...
+
+    def prefill_batch_drafted(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]],
+                              nexts: Sequence[int]) -> torch.Tensor: ...
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor: ...
 

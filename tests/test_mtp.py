@@ -191,3 +191,22 @@ def test_a_layer_that_agrees_is_accepted_every_time(sampling):
         got = list(spec.sample_tokens(model, IDS, 24, sampling, drafter=spec.MtpDrafter(), k=k, tally=tally))
         assert got == plain
         assert tally.acceptance == 1.0 and tally.steps == -(-24 // (k + 1)), tally
+
+
+def test_a_grouped_prefill_fills_each_window_as_alone(model):
+    """prefill_batch_drafted (the server's prefill with --speculate mtp): each state's bytes are prefill_batch's and
+    its MTP window is the one prefill_drafted leaves for the same chunk; a prompt in two chunks leaves the window
+    of its last positions (the second chunk's, and the first's within the window)."""
+    prompts = [IDS[:7], [9, 8, 7, 6, 5, 4, 3]]
+    grouped = [model.new_state(32) for _ in prompts]
+    model.prefill_batch_drafted(grouped, [p[:-1] for p in prompts], [p[-1] for p in prompts])
+    for state, p in zip(grouped, prompts):
+        alone, plain = model.new_state(32), model.new_state(32)
+        model.prefill_drafted(alone, p[:-1], p[-1])
+        model.prefill(plain, p[:-1], chunk_size=len(p) - 1)
+        assert state.digest() == plain.digest()
+        assert torch.equal(state.mtp_caches[0].win, alone.mtp_caches[0].win)
+    chunked = model.new_state(32)
+    model.prefill_batch_drafted([chunked], [IDS[:4]], [IDS[4]])
+    model.prefill_batch_drafted([chunked], [IDS[4:12]], [IDS[12]])
+    assert chunked.mtp_caches[0].win.abs().sum(-1).gt(0).all()  # every slot of the window written

@@ -316,8 +316,13 @@ class Scheduler:
         """The next prefill chunk of each sequence: the short chunks of one length in one forward, each longer
         one in its own (dsv4.model.rows.short_chunk). A group that fails fails its sequences alone."""
         for group in self._prefill_groups(seqs):
+            states, chunks = [self.slots[s.slot] for s, _ in group], [c for _, c in group]
             try:
-                self.model.prefill_batch([self.slots[s.slot] for s, _ in group], [c for _, c in group])
+                if self.speculate == "mtp":  # the MTP layer's window over each chunk too (the same prefill bits)
+                    nexts = [s.prompt_ids[s.prefilled + len(c)] for s, c in group]
+                    self.model.prefill_batch_drafted(states, chunks, nexts)
+                else:
+                    self.model.prefill_batch(states, chunks)
             except Exception as e:  # noqa: BLE001 - a refused forward: its sequences fail, others go on
                 self._failed([s for s, _ in group], e)
                 continue
