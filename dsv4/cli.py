@@ -170,6 +170,13 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _add_speculate_args(p: argparse.ArgumentParser):
+    p.add_argument("--speculate", choices=["none", *speculative_drafters()], default="none",
+                   help="speculative decoding with this drafter (ngram: prompt lookup; mtp: the checkpoint's MTP "
+                        "layer, loaded for it); the tokens are the plain loop's, bit for bit (dsv4.speculative)")
+    p.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
+
+
 def speculative_drafters() -> list[str]:
     from .speculative import DRAFTERS
 
@@ -240,7 +247,14 @@ def cmd_chat(args) -> int:
                                       seed=args.seed + turn)
             reply = chat.ChatReply(fmt)
             request = Request(ids, min(args.max_tokens, room), sampling, skip_special=not fmt.markup)
-            for text, finish, _ in generate(model, request, progress=True):
+            tokens = None
+            if args.speculate != "none":  # the same tokens, in fewer forwards where the drafts are right
+                from . import speculative
+
+                tokens = speculative.sample_tokens(model, ids, request.max_tokens, sampling,
+                                                   speculative.DRAFTERS[args.speculate](), args.draft_tokens,
+                                                   stops=[model.cfg.eos_token_id])
+            for text, finish, _ in generate(model, request, progress=True, tokens=tokens):
                 for delta in (reply.push(text), reply.end() if finish else None):
                     if delta and delta.get("reasoning_content"):
                         thought = delta["reasoning_content"]  # the thinking, to stderr
@@ -339,10 +353,7 @@ def main(argv=None) -> int:
     g.add_argument("--prompt", default="The quick brown fox", help="the text to continue")
     g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
-    g.add_argument("--speculate", choices=["none", *speculative_drafters()], default="none",
-                   help="speculative decoding with this drafter (ngram: prompt lookup; mtp: the checkpoint's MTP "
-                        "layer, loaded for it); the tokens are the plain loop's, bit for bit (dsv4.speculative)")
-    g.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
+    _add_speculate_args(g)
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")
@@ -352,6 +363,7 @@ def main(argv=None) -> int:
                    help="DeepSeek-V4's thinking mode: the reasoning streams to stderr, the answer to stdout")
     c.add_argument("--max-tokens", type=int, default=256, help="per reply")
     c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
+    _add_speculate_args(c)
     _add_sampling_args(c, temperature=0.7, top_p=0.95, seed_help="sampling seed (turn n uses seed + n)")
     c.set_defaults(fn=cmd_chat)
 

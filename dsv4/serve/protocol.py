@@ -632,11 +632,15 @@ def model_name(body) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def generate(model, req: Request, progress: bool = False) -> Iterator[tuple[str, str | None, int]]:
+def generate(model, req: Request, progress: bool = False,
+             tokens: Iterator[int] | None = None) -> Iterator[tuple[str, str | None, int]]:
     """Yield (text delta, finish_reason or None, tokens sampled so far); the last has a finish_reason.
-    `progress`: a bar over a long prompt's prefill on a terminal (dsv4.generation.prefill)."""
+    `progress`: a bar over a long prompt's prefill on a terminal (dsv4.generation.prefill). tokens: the request's
+    sampled tokens from elsewhere (dsv4.speculative.sample_tokens: the same ones)."""
     text = TextStream(model.tokenizer, model.cfg.eos_token_id, req.stop, skip_special=req.skip_special)
-    for token in model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling, progress=progress):
+    if tokens is None:
+        tokens = model.sample_tokens(req.prompt_ids, req.max_tokens, req.sampling, progress=progress)
+    for token in tokens:
         delta = text.push(token)
         if text.finish:
             yield delta, text.finish, text.n
