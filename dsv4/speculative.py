@@ -9,9 +9,10 @@ tokens, the logits and the state's bytes are those of the plain step loop (`samp
 only how many tokens each forward yields. Temperature 1 included: the draw at a position is a pure function of
 that position's logits and key, which the verify row reproduces exactly.
 
-Drafters here need no weights: `NgramDrafter` (prompt lookup: the tokens that followed the latest earlier
-occurrence of the context's last n-gram) and `ScriptedDrafter` (a given continuation, e.g. a reference stream: a
-benchmark's best case). The model's own MTP head (DeepSeek-V4's `mtp.*` weights) is not loaded yet.
+Drafters: `NgramDrafter` (prompt lookup: the tokens that followed the latest earlier occurrence of the context's
+last n-gram) and `ScriptedDrafter` (a given continuation, e.g. a reference stream: a benchmark's best case) need no
+weights; `MtpDrafter` is the model's own MTP layer (DeepSeek-V4's `mtp.0.*`, dsv4.load(..., mtp=True)), run by
+each verify step itself (Model.verify_draft), its drafts drawn with the sampler's key at their positions.
 
 Cost: a verify step reads the weights once for all its rows, but its attention, compressors and indexer run row by
 row (each row must see the one before it); it pays where the drafts are often right.
