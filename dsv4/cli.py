@@ -333,6 +333,8 @@ def cmd_gate(args) -> int:
     from .gate import run_gate
 
     _device(args.device)
+    if args.speculative:  # the gate proves the verify step: its ranks (spawned at the load) run it on CUDA too
+        os.environ["DSV4_SPECULATIVE"] = "1"
     if isinstance(_source(args), Path) and args.model in PRESETS:
         args.model = f"./{args.model}"  # the directory, as dsv4.load reads a bare preset name as the preset
     _select_gemv(args)
@@ -423,6 +425,10 @@ def main(argv=None) -> int:
     gt.add_argument("--batch", type=int, default=0, metavar="B",
                     help="also: B sequences decoded in one batched step against each alone, every byte "
                          "compared (BATCH_IDENTITY), and a refusal inside a batched step (BATCH_REFUSAL)")
+    gt.add_argument("--speculative", type=int, default=0, metavar="K",
+                    help="also: verify steps of K drafts (a third of them wrong) against the plain steps, every byte "
+                         "compared (SPECULATIVE_IDENTITY), and a refusal inside a verify step (SPECULATIVE_REFUSAL); "
+                         "sets DSV4_SPECULATIVE=1 for the gate's ranks")
     gt.add_argument("--profile", action="store_true", help="also an unscored 32-step window under NVTX ranges")
     gt.add_argument("--out", help="also write the records to this file")
     gt.set_defaults(fn=cmd_gate)

@@ -27,7 +27,8 @@ def test_cpu_gate_two_ranks(tmp_path):
     and HCA (16, at 48) closes; the refusal cells (prime + 3, the middle, the end) lie on three layers."""
     out = tmp_path / "receipts.txt"
     proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "gate", "--preset", "tiny", "--device", "cpu",
-                           "--ranks", "2", "--prime", "32", "--output", "24", "--batch", "3", "--out", str(out)],
+                           "--ranks", "2", "--prime", "32", "--output", "24", "--batch", "3", "--speculative", "3",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = records(out.read_text())
@@ -42,6 +43,10 @@ def test_cpu_gate_two_ranks(tmp_path):
     pipelined = [r for t, r in recs if t == "BATCH_PIPELINED"]  # the server's pipelined steps, against solo
     assert len(pipelined) == 1 and pipelined[0]["tokens"] == 3 * 27 - 3 and pipelined[0]["all_rank_final_state_equal"]
     assert [(r["rows_unchanged"], r["next_step_held"]) for t, r in recs if t == "BATCH_PIPELINED_REFUSAL"] == [(True, True)]
+    spec = [r for t, r in recs if t == "SPECULATIVE_IDENTITY"]  # verify steps against plain ones, on two ranks
+    assert len(spec) == 1 and spec[0]["tokens"] == 24 and 0 < spec[0]["accepted"] < spec[0]["drafted"]
+    assert spec[0]["verify_steps"] < 24 and spec[0]["all_rank_cache_hidden_logits"]
+    assert [(r["state_unchanged"], r["quarantined"]) for t, r in recs if t == "SPECULATIVE_REFUSAL"] == [(True, True)]
     exact = [r for t, r in recs if t == "REPLAY_EXACT"]
     assert len(exact) >= 24 // 4 and all(r["all_rank_cache_hidden_logits"] for r in exact)
     refusals = [r for t, r in recs if t == "REPLAY_REFUSAL"]
@@ -81,6 +86,9 @@ def test_gate_rejects_tiny_sizes():
     proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "gate", "--preset", "tiny", "--device", "cpu",
                            "--prime", "4"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "at least 8" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "gate", "--preset", "tiny", "--device", "cpu",
+                           "--speculative", "9"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--speculative 9" in proc.stderr
 
 
 def test_looped():

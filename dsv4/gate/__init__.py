@@ -14,6 +14,8 @@ One process group, one model load. It tries to prove the fast path wrong:
 4. 20 ABBA rows (eager A, graph B) timing OUTPUT tokens end to end from the prefix, each checked
    against the correctness stream (MEASURE), then REPLAY_SUMMARY;
 5. --profile: an unscored 32-step window under NVTX ranges, crossing an HCA boundary.
+(--batch B: batched steps against solo ones, speculative.py's --speculative K: verify steps against plain ones, each
+with a refusal inside, after step 3.)
 
 Exit 0 only when every check held; the first failing check prints GATE_FAIL with the position,
 the field and both values. Where the seed's protocol has no meaning here, the protocol record
@@ -42,6 +44,10 @@ def run_gate(args) -> int:
         return 2
     if getattr(args, "batch", 0) < 0:
         print(f"dsv4 gate: --batch {args.batch}: a number of rows >= 0", file=sys.stderr)
+        return 2
+    if not 0 <= getattr(args, "speculative", 0) <= 7:
+        print(f"dsv4 gate: --speculative {args.speculative}: drafts a verify step, 0 (off) to 7 (a step's rows stay "
+              "within every ring: Flash's compressors hold 8)", file=sys.stderr)
         return 2
     source = args.model or args.preset or "tiny"
     dtype = getattr(torch, args.dtype) if args.dtype else None

@@ -11,6 +11,7 @@ from ..receipts import Receipts, provenance
 from ..sampler import SamplingParams
 from . import timing
 from .batch import batched_vs_solo
+from .speculative import verified_vs_plain
 from .checks import capture_once, census, check_census, expect, identity, looped, same
 
 PROMPT_TEXT = (
@@ -76,6 +77,8 @@ class Gate:
         self.refusals(prefix, inputs)
         if getattr(self.args, "batch", 0):
             batched_vs_solo(self, prefix, first)
+        if getattr(self.args, "speculative", 0):
+            verified_vs_plain(self, prefix, first)
         self.r.note("PASS replay correctness and live refusal cells; beginning bounded 20-row ABBA")
         timing.abba(self, prefix, first, inputs, expected_identity, schedule)
         if self.args.profile:
