@@ -39,7 +39,7 @@ PROMPT = "The engine that people who run DeepSeek-V4 on their own GPUs reach for
 
 
 def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: str | None = None,
-              profile: bool = False) -> int:
+              profile: bool = False, speculate: str | None = None, draft_tokens: int = 4) -> int:
     graph_arm = model.device.type == "cuda"
     emit("BENCH_BUILD", provenance(model.device, preset), build_s=round(build_s, 2), ranks=model.world,
          dtype=str(model.dtype).removeprefix("torch."), layers=model.cfg.num_hidden_layers,
@@ -97,6 +97,9 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
          captures=model.captures(graph) if graph_arm else 0, **launches,
          timing_scope="model.step: forward+commit+head+sample+readback, median row; pipelined: the one-row batch "
                       "graph with one step in flight (dsv4.generation.pipelined_tokens, what generate runs on CUDA)")
+    if speculate:
+        same &= _speculative(model, prompt, first, streams[0], steps, rows, sp, speculate, draft_tokens, graph_arm,
+                             e, g, preset)
     if profile:
         _profile(model, prefix, first, sp, g if graph_arm else e, preset, steps)
     if not same:
@@ -104,6 +107,48 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
               file=sys.stderr)
         return 1
     return 0
+
+
+def _speculative(model, prompt: list[int], first: int, stream: list[int], steps: int, rows: int, sp, name: str,
+                 k: int, graph_arm: bool, eager_tok_s: float, graph_tok_s: float | None, preset: str | None) -> bool:
+    """BENCH_SPECULATIVE: rows of verify steps (dsv4.speculative, drafter `name`, k drafts; graphs on CUDA) from the
+    same prefix (for mtp, prefilled with its window filled: Model.prefill_drafted), each the plain rows' stream (the
+    returned bool); tok/s, tokens a step and the drafts accepted, against the plain arms' medians."""
+    from . import speculative
+
+    drafter = speculative.DRAFTERS[name]()
+    prefix = model.new_state(len(prompt) + steps + 8)
+    first_drafts = ()
+    if getattr(drafter, "device", False):  # the plain rows' prefix (the same chunks), `first` the token after it
+        first_drafts = model.prefill_drafted(prefix, prompt, first, sampling=sp, k=k)
+    else:
+        model.prefill(prefix, prompt)
+    state, walls, tally, same = model.new_state(prefix.capacity), [], speculative.Tally(), True
+    for row in range(rows + 1):  # the first row unscored: its compiles and captures
+        state.restore(prefix)
+        t = speculative.Tally()
+        sync(model)
+        start = time.perf_counter()
+        out = list(speculative.continue_tokens(model, state, first, prompt, steps, sp, drafter, k, tally=t,
+                                               graph=graph_arm, drafts=first_drafts))
+        sync(model)
+        wall = time.perf_counter() - start
+        same &= out == stream
+        if row:
+            walls.append(wall)
+            for f in ("steps", "proposed", "accepted", "tokens"):
+                setattr(tally, f, getattr(tally, f) + getattr(t, f))
+            emit("BENCH_ROW", row=row - 1, arm=f"speculative_{name}", graph_arm=graph_arm,
+                 tok_s=round(steps / wall, 3))
+    rate = steps / statistics.median(walls)
+    emit("BENCH_SPECULATIVE", provenance(model.device, preset), drafter=name, draft_tokens=k, rows=rows,
+         steps_per_row=steps, tok_s=round(rate, 3), over_eager=round(rate / eager_tok_s, 3),
+         over_graph=round(rate / graph_tok_s, 3) if graph_tok_s else None, verify_steps=tally.steps,
+         tokens_per_step=round(tally.tokens_per_step, 3), drafts_accepted=round(tally.acceptance, 4),
+         same_stream=same, graph_arm=graph_arm,
+         timing_scope="verify steps from the prefix (first draws the same), median row; a draft is right only as "
+                      "often as the drafter predicts the model: random weights almost never")
+    return same
 
 
 def timed_pipelined(model, state, first: int, steps: int, sampling) -> tuple[list[int], int]:

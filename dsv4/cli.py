@@ -325,7 +325,7 @@ def cmd_bench(args) -> int:
     start = time.perf_counter()
     with _model(args) as model:
         return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.preset,
-                         args.profile)
+                         args.profile, None if args.speculate == "none" else args.speculate, args.draft_tokens)
 
 
 def cmd_gate(args) -> int:
@@ -414,6 +414,7 @@ def main(argv=None) -> int:
     b.add_argument("--profile", action="store_true",
                    help="also: GPU time and kernels per phase per token, bytes read per token per rank, "
                         "the copy bandwidth measured now and the roofline fraction (BENCH_PROFILE)")
+    _add_speculate_args(b)
     b.set_defaults(fn=cmd_bench)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")

@@ -105,7 +105,6 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
     if not isinstance(k, int) or k < 0:
         raise ValueError(f"k {k!r}: drafts a step, an integer >= 0")
     drafter = NgramDrafter() if drafter is None else drafter
-    tally = Tally() if tally is None else tally
     ids = list(ids)
     state = model.new_state(capacity or len(ids) + max_tokens)
     on_device, drafts = getattr(drafter, "device", False), []
@@ -115,11 +114,23 @@ def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampl
         drafts = list(model.prefill_drafted(state, ids[:-1], ids[-1], sampling=sampling, k=k))  # and drafts
     elif len(ids) > 1:
         prefill(model, state, ids[:-1])
-    token, out, stop = ids[-1], [], set(stops)
-    budget = min(max_tokens, state.capacity - state.host_pos)
-    while len(out) < budget:
+    yield from continue_tokens(model, state, ids[-1], ids[:-1], min(max_tokens, state.capacity - state.host_pos),
+                               sampling, drafter, k, stops, tally, graph, drafts)
+
+
+def continue_tokens(model: DecodeModel, state, token: int, context: Sequence[int], n: int,
+                    sampling: SamplingParams | None = None, drafter=None, k: int = 4, stops: Sequence[int] = (),
+                    tally: Tally | None = None, graph: bool = False, drafts: Sequence[int] = ()) -> Iterator[int]:
+    """Up to n tokens from a state already at its position, `token` its next input and `context` the tokens before
+    it (the n-gram drafter's text), by verify steps: sample_tokens's loop (the plain steps' tokens, bit for bit).
+    drafts: the MTP drafter's for the first step (Model.prefill_drafted's), if any."""
+    drafter = NgramDrafter() if drafter is None else drafter
+    tally = Tally() if tally is None else tally
+    on_device, drafts, ids = getattr(drafter, "device", False), list(drafts), [*context, token]
+    out, stop = [], set(stops)
+    while len(out) < n:
         # a step yields at most its drafts + 1 tokens: never more than the budget left
-        room = budget - len(out) - 1
+        room = n - len(out) - 1
         if on_device:
             proposed = drafts[:room]
             got, drafts = model.verify_draft(state, token, proposed, sampling, stops, k,

@@ -162,6 +162,8 @@ class DecodeState:
             raise ValueError("restore needs a state of the same model and capacity")
         for (_, dst), (_, src) in zip(self.committed(), other.committed(), strict=True):
             dst.copy_(src)
+        for dst, src in zip(self.mtp_caches, other.mtp_caches):  # the drafter's window too, where both have one
+            dst.win.copy_(src.win)
         self.host_pos = other.host_pos
 
     def digest(self) -> tuple[str, str, int]:

@@ -133,6 +133,18 @@ def test_bench_prints_its_records():
     assert summary["gemv"] == "v2"
 
 
+def test_bench_speculating_prints_the_verify_rows():
+    """--speculate mtp: rows of verify steps from the same prefix (its MTP window filled), their stream the plain
+    rows'; BENCH_SPECULATIVE says how many tokens a step they made."""
+    r = dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prime", "20", "--steps", "6", "--rows", "1",
+                 "--speculate", "mtp", "--draft-tokens", "2")
+    assert r.returncode == 0, r.stderr
+    records = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines()}
+    spec = records["BENCH_SPECULATIVE"]
+    assert spec["same_stream"] and spec["drafter"] == "mtp" and spec["draft_tokens"] == 2
+    assert 1 <= spec["tokens_per_step"] <= 3 and spec["verify_steps"] >= 2
+
+
 def test_gemv_flag_selects_the_decode_gemvs(monkeypatch):
     """--gemv names the decode GEMVs' kernels for the load (and the ranks it spawns, through the environment); the
     records say which ran."""
