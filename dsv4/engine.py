@@ -601,13 +601,13 @@ class Model(ModelCommon):
         return [tuple(int(t) for t in out[1 + b * k:1 + (b + 1) * k]) for b in range(len(states))]
 
     def _mtp_drafts(self, state: DecodeState, g: torch.Tensor, row: torch.Tensor, at: torch.Tensor, sampling,
-                    k: int) -> list[torch.Tensor]:
+                    k: int, rows: SamplingRows | None = None) -> list[torch.Tensor]:
         """k drafts from the MTP layer's row at state.pos + at - 1 (its streams g [1, hc, D], its logits row): the
         first drawn from row with the sampler's key at pos + at + 1, each further one by the layer again at the
         next position on its own streams and the draft before (those rows' window writes taken back)."""
         tf, drafted, ahead = self.transformer, [], Undo()
         for r in range(k):
-            drafted.append(sample(row.float(), sampling, state.pos + at + (r + 1)))
+            drafted.append(sample(row.float(), sampling, state.pos + at + (r + 1), rows))
             if r + 1 < k:
                 g, row = tf.mtp_rows([state.ahead(at + r)], g, drafted[-1].view(1), ahead)
                 row = row[0]
@@ -633,10 +633,10 @@ class Model(ModelCommon):
         stop = self._tokens(list(stops), "verify stops").to(self.device) if stops else None
         if graph and self.device.type == "cuda":
             graphs = self._verify_graphs.setdefault(state, {})
-            key = (R, k, sampling, tuple(stops))
+            key = (R, k, restricts(sampling), tuple(stops))  # the sampling's values are loaded before each replay
             if key not in graphs:
                 graphs[key] = VerifyReplay(self, state, R, k, sampling, stop)
-            out = graphs[key].run(state, tokens)
+            out = graphs[key].run(state, tokens, sampling)
         else:
             with torch.inference_mode():
                 out = self.verify_device(state, tokens, sampling, stop, k).tolist()
@@ -653,16 +653,22 @@ class Model(ModelCommon):
         return min(MAX_VERIFY_ROWS, cfg.sliding_window, *rings)
 
     def verify_device(self, state: DecodeState, tokens: torch.Tensor, sampling: SamplingParams,
-                      stop: torch.Tensor | None = None, k: int = 0) -> torch.Tensor:
+                      stop: torch.Tensor | None = None, k: int = 0,
+                      rows: tuple[SamplingRows, SamplingRows] | None = None) -> torch.Tensor:
         """A verify step as device work alone (what a CUDA graph of it would hold; verify and verify_draft check
         their input and read this back): tokens [R] on the device, stop the stop tokens or None, k the MTP
         layer's drafts (0: none) -> [the R draws, drafts accepted, verdict, the k drafts] fp64. No host sync, no
-        shape from data (tests/test_speculative.py runs it under NoHostSync)."""
+        shape from data (tests/test_speculative.py runs it under NoHostSync). rows: the sampling as device rows (R
+        for the draws, 1 for a draft; a graph's, loaded before each replay), else made here; every row draws as
+        model.step's sample would (SamplingRows: each row's bits its own)."""
         R, tf = tokens.shape[0], self.transformer
+        if rows is None:
+            rows = (SamplingRows(R, tokens.device, sampling, restricted=restricts(sampling)),
+                    SamplingRows(1, tokens.device, sampling, restricted=restricts(sampling)))
         h, logits, undo = tf.verify(state, tokens)  # the step's collectives still open: the MTP layer's join them
         logits = logits.float()  # what settle stores: the draw reads the fp32 logits, as model.step's does
         with phase("sampler"):
-            draws = torch.stack([sample(logits[j], sampling, state.pos + (j + 1)) for j in range(R)])
+            draws = sample(logits, sampling, state.pos + torch.arange(1, R + 1, device=tokens.device), rows[0])
         match = tokens[1:] == draws[:-1]
         if stop is not None:
             match &= ~torch.isin(draws[:-1], stop)
@@ -673,7 +679,7 @@ class Model(ModelCommon):
             undos.append(Undo())
             g, mtp_logits = tf.mtp_rows([state.ahead(j) for j in range(R)], h, draws, undos[-1])
             drafted = self._mtp_drafts(state, g.index_select(0, last), mtp_logits.index_select(0, last)[0],
-                                       accepted + 1, sampling, k)
+                                       accepted + 1, sampling, k, rows[1])
         tf.comm.end_step()
         verdict = tf.comm.verdict  # one verdict for the model's rows and the MTP layer's
         ok = verdict == 0

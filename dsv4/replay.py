@@ -279,6 +279,10 @@ class VerifyReplay:
             raise ReplayError("a verify graph needs a CUDA state")
         self.model, self.R, self.k, self.sampling, self.stop, self.warmup = model, R, k, sampling, stop, warmup
         self.tokens = torch.zeros(R, dtype=torch.int64, device=state.device)
+        # the sampling as device rows (R draws, 1 draft), loaded before each replay: one graph serves every seed and
+        # temperature of its kind (restricted or not), as a batched step's graph does
+        self.rows = (SamplingRows(R, state.device, sampling, restricted=restricts(sampling)),
+                     SamplingRows(1, state.device, sampling, restricted=restricts(sampling)))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         self.captures = 0
@@ -293,23 +297,26 @@ class VerifyReplay:
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(self.warmup):
                 scratch.restore(state)  # a warm-up commits: each starts where the state is
-                model.verify_device(scratch, self.tokens, self.sampling, self.stop, self.k)
+                model.verify_device(scratch, self.tokens, self.sampling, self.stop, self.k, self.rows)
         torch.cuda.current_stream().wait_stream(side)
         model.comm.census.copy_(census_before)  # the warm-up's reductions are not the state's
         del scratch
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.inference_mode(), torch.cuda.graph(graph):
-                self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k)
+                self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k, self.rows)
             undo.captured()  # the fused Undo's tables (kernels/undo.py), before the first replay
         except Exception as e:
             raise ReplayError(f"verify capture failed: {e}") from e
         self.graph = graph
         self.captures += 1
 
-    def run(self, state, tokens: torch.Tensor) -> list:
-        """One verify step of `state` on `tokens` [R] (device): the capture at the first; -> the readback."""
+    def run(self, state, tokens: torch.Tensor, sampling) -> list:
+        """One verify step of `state` on `tokens` [R] (device) drawing with `sampling`: the capture at the first;
+        -> the readback."""
         self.tokens.copy_(tokens)
+        self.rows[0].load([sampling] * self.R)
+        self.rows[1].load([sampling])
         if self.graph is None:
             self._capture(state)
         self.graph.replay()

@@ -384,16 +384,18 @@ class Scheduler:
         nothing past an EOS)."""
         state = self.slots[seq.slot]
         room = max(0, min(self.draft_tokens, seq.max_tokens - seq.generated - 1, state.capacity - state.host_pos - 1))
+        # eager verify steps: a graph per slot (replay.VerifyReplay) would hold a step's activations for each of
+        # max_num_seqs slots; until a GPU run weighs that, the server does not capture them
+        graph = False
         stops = () if seq.ignore_eos else (self.model.cfg.eos_token_id,)
         try:
             if self.speculate == "mtp":
                 drafts = list(seq.drafts)[:room] if seq.drafted_at == seq.generated else []
                 got, drafted = self.model.verify_draft(state, seq.token, drafts, seq.sampling, stops, self.draft_tokens,
-                                                       graph=self.graphs and len(drafts) == self.draft_tokens)
+                                                       graph=graph)
             else:
                 drafts = self.ngram.propose(seq.prompt_ids + seq.history, room)[:room]
-                got = self.model.verify(state, seq.token, drafts, seq.sampling, stops,
-                                        graph=self.graphs and len(drafts) == self.draft_tokens)
+                got = self.model.verify(state, seq.token, drafts, seq.sampling, stops, graph=graph)
         except Exception as e:  # noqa: BLE001 - a refused step: this sequence fails, others go on
             self._failed([seq], e)
             return
