@@ -287,7 +287,7 @@ class Model(ModelCommon):
         self._batches: dict[tuple, Batch] = {}  # captured batch steps, by their states and processing mode
         # each state's token counts, made at its first processed step (a static buffer its graphs read)
         self._counts: weakref.WeakKeyDictionary[DecodeState, TokenCounts] = weakref.WeakKeyDictionary()
-        # each state's captured verify steps (replay.VerifyReplay), by (rows, drafts, sampling, stop tokens)
+        # each state's captured verify steps (replay.VerifyReplay), by (rows, drafts, restricted-ness, stop tokens)
         self._verify_graphs: weakref.WeakKeyDictionary[DecodeState, dict] = weakref.WeakKeyDictionary()
         self.comm = transformer.comm
         self.device, self.dtype = transformer.device, transformer.dtype
@@ -494,7 +494,8 @@ class Model(ModelCommon):
         takes back the others, so the state's bytes are those of that many model.step calls; returns their draws
         (1 to len(drafts) + 1 tokens). One verdict, as a step: a refusal takes back every row, quarantines the
         state and raises RefusalError. graph (CUDA): the step replayed from the state's graph for its row count,
-        sampling and stops (replay.VerifyReplay, captured at the first such step; never GPU-run yet)."""
+        kind of sampling and stops (replay.VerifyReplay, captured at the first such step, the sampling's values loaded
+        before each replay; never GPU-run yet)."""
         return self._verify(state, token, drafts, sampling, stops, 0, graph)[0]
 
     def verify_draft(self, state: DecodeState, token: int, drafts: Sequence[int], sampling=None,
