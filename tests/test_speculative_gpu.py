@@ -110,7 +110,7 @@ def test_verify_graph_is_the_eager_verify(model, prompt, plain, k, fused, monkey
         done += len(got)
         assert after(state) == states[done - 1], f"after {done} tokens"
         token = got[-1]
-    assert model._verify_graphs[state][(k + 1, 0, SAMPLING, ())].captures == 1
+    assert model._verify_graphs[state][(k + 1, 0, False, ())].captures == 1  # one graph: rows, drafts, unrestricted
 
 
 @pytest.fixture(scope="module")
