@@ -152,9 +152,12 @@ def cmd_generate(args) -> int:
             from . import speculative
 
             tally = speculative.Tally()
+            # on CUDA each full verify step replays its graph (freed with the generation's state), as the plain
+            # generation replays its step's
             tokens = speculative.sample_tokens(model, ids, args.max_tokens, sampling,
                                                speculative.DRAFTERS[args.speculate](), args.draft_tokens,
-                                               stops=[model.cfg.eos_token_id], tally=tally)
+                                               stops=[model.cfg.eos_token_id], tally=tally,
+                                               graph=model.device.type == "cuda")
         for piece, n in text_deltas(model, ids, args.max_tokens, sampling, progress=True, tokens=tokens):
             _show(piece)
         wall = time.perf_counter() - start
@@ -253,7 +256,7 @@ def cmd_chat(args) -> int:
 
                 tokens = speculative.sample_tokens(model, ids, request.max_tokens, sampling,
                                                    speculative.DRAFTERS[args.speculate](), args.draft_tokens,
-                                                   stops=[model.cfg.eos_token_id])
+                                                   stops=[model.cfg.eos_token_id], graph=model.device.type == "cuda")
             for text, finish, _ in generate(model, request, progress=True, tokens=tokens):
                 for delta in (reply.push(text), reply.end() if finish else None):
                     if delta and delta.get("reasoning_content"):
