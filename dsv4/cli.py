@@ -286,9 +286,12 @@ def cmd_serve(args) -> int:
         server = Server(model, args.host, args.port, args.served_model_name, args.max_model_len, args.verbose,
                         max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, prefill_chunk=args.prefill_chunk,
                         api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture,
-                        speculate=None if args.speculate == "none" else args.speculate, draft_tokens=args.draft_tokens)
+                        speculate=None if args.speculate == "none" else args.speculate, draft_tokens=args.draft_tokens,
+                        prefix_cache=args.prefix_cache)
+        cache = server.scheduler.prefix
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
-              f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world}, gemv {kernels.gemv()})",
+              f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world}, gemv {kernels.gemv()}"
+              + (f", prefix cache {cache.size} states at chunks of {cache.chunk}" if cache else "") + ")",
               file=sys.stderr, flush=True)
         try:
             server.serve_forever()
@@ -396,6 +399,12 @@ def main(argv=None) -> int:
                     help="speculative decoding of a sequence decoding alone (ngram: prompt lookup; mtp: the "
                          "checkpoint's MTP layer, loaded for it); every request's tokens stay the plain step's")
     sv.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
+    sv.add_argument("--prefix-cache", type=int, default=0, metavar="STATES",
+                    help="keep the decode states of up to STATES prompt prefixes (each a state of --max-model-len "
+                         "tokens): a prompt that begins with a cached prefix (a conversation's earlier turns, a "
+                         "shared system prompt) prefills only the rest, its tokens the same as without the cache. "
+                         "Prefixes are cached at multiples of --prefill-chunk, so a smaller chunk reuses more "
+                         "(default 0: off)")
     sv.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")

@@ -31,6 +31,10 @@ class Metrics:
                                  "Drafted tokens a verify step checked (speculative decoding)")
         self.accepted_tokens = make(Counter, "dsv4_spec_decode_num_accepted_tokens",
                                     "Drafted tokens a verify step accepted (speculative decoding)")
+        self.prefix_queries = make(Counter, "dsv4_prefix_cache_queries",
+                                   "Prompt tokens to prefill looked up in the prefix cache")
+        self.prefix_hits = make(Counter, "dsv4_prefix_cache_hits",
+                                "Prompt tokens the prefix cache gave (not prefilled again)")
         self.finished = Counter("dsv4_requests_finished", "Choices (a sequence each) ended, by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
         self.model_name = model_name
@@ -47,6 +51,10 @@ class Metrics:
     def speculated(self, drafted: int, accepted: int):
         self.draft_tokens.inc(drafted)
         self.accepted_tokens.inc(accepted)
+
+    def prefix_cached(self, queried: int, hit: int):
+        self.prefix_queries.inc(max(0, queried))
+        self.prefix_hits.inc(hit)
 
     def queues(self, running: int, waiting: int):
         self.running.set(running)

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from ..engine import StepHeld
 from ..model.moe import long_tile_chunks, wave_tile_waves
 from ..model.rows import short_chunk
+from ..prefix import PrefixCache
 from ..sampler import LogitsParams, Processing, SamplingParams
 from ..speculative import NgramDrafter
 from .protocol import RequestError
@@ -101,6 +102,8 @@ class Sequence:
     history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter reads them)
     drafts: tuple = ()  # the MTP layer's drafts for the step after `drafted_at` tokens
     drafted_at: int = -1
+    cached: int | None = None  # prompt tokens the prefix cache gave (None: not looked up yet)
+    marks: tuple = ()  # where its prefill offers the prefix cache a snapshot (dsv4.prefix.Match.marks)
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -122,10 +125,12 @@ class Sequence:
 class Scheduler:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
                  prefill_chunk: int = 64, metrics=None, graphs: bool | None = None, pipelined: bool = True,
-                 speculate: str | None = None, draft_tokens: int = 4):
+                 speculate: str | None = None, draft_tokens: int = 4, prefix_cache: int = 0):
         if max_num_seqs < 1 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError(f"max_num_seqs {max_num_seqs} >= 1, max_waiting {max_waiting} >= 0 and "
                              f"prefill_chunk {prefill_chunk} >= 1 are required")
+        if not isinstance(prefix_cache, int) or isinstance(prefix_cache, bool) or prefix_cache < 0:
+            raise ValueError(f"prefix_cache {prefix_cache!r}: the states the prefix cache keeps, an integer >= 0")
         if speculate not in (None, "ngram", "mtp") or not isinstance(draft_tokens, int) or draft_tokens < 1:
             raise ValueError(f"speculate {speculate!r} (None, 'ngram' or 'mtp') with draft_tokens {draft_tokens!r} "
                              ">= 1")
@@ -146,6 +151,10 @@ class Scheduler:
             model.each("pool_states", 0)
         if speculate == "mtp" and not self.slots[0].mtp_caches:
             raise ValueError("speculate 'mtp': the model was loaded without its MTP layer (dsv4.load(..., mtp=True))")
+        # prefix caching (dsv4.prefix, off by default): a prompt that begins with a cached prompt's chunks starts
+        # from their state; its chunk boundaries, so its bits and tokens, are the same as without it
+        self.prefix = (PrefixCache(model, prefix_cache, max_model_len, prefill_chunk, drafted=speculate == "mtp")
+                       if prefix_cache else None)
         # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self.pipelined = pipelined
@@ -295,6 +304,7 @@ class Scheduler:
         return True
 
     def _round(self):
+        self._lookup([s for s in self.running if not s.cancelled and s.cached is None])
         prefilling = [s for s in self.running if not s.cancelled and s.prefilling]
         if prefilling:
             # settle the launched step first: its tokens go out now, not after the prefill (a long forward that
@@ -312,6 +322,33 @@ class Scheduler:
                 self.free += [s.slot for s in done]
             self._gauge()
 
+    def _lookup(self, seqs: list[Sequence]):
+        """New sequences' prompts in the prefix cache: a cached prefix restored into the slot (its prefill goes on
+        from there), and where each prefill should offer the cache a snapshot."""
+        for seq in seqs:
+            if self.prefix is None:
+                seq.cached = 0
+                continue
+            match = self.prefix.match(seq.prompt_ids)
+            try:
+                self.prefix.restore(self.slots[seq.slot], match)
+            except Exception as e:  # noqa: BLE001 - the copy failed: this sequence fails, others go on
+                self._failed([seq], e)
+                continue
+            seq.cached = seq.prefilled = match.tokens
+            seq.marks = match.marks
+            if self.metrics is not None:
+                self.metrics.prefix_cached(len(seq.prompt_ids) - 1, match.tokens)
+
+    def _offer(self, seq: Sequence):
+        """A snapshot of the sequence's state for the prefix cache, where its prefill reached one of its marks."""
+        if self.prefix is None or seq.prefilled not in seq.marks:
+            return
+        try:
+            self.prefix.offer(seq.prompt_ids, seq.prefilled, self.slots[seq.slot])
+        except Exception:  # noqa: BLE001 - a copy that failed leaves no entry; the sequence itself is untouched
+            log.exception("dsv4 serve: the prefix cache could not keep a snapshot")
+
     def _prefill(self, seqs: list[Sequence]):
         """The next prefill chunk of each sequence: the short chunks of one length in one forward, each longer
         one in its own (dsv4.model.rows.short_chunk). A group that fails fails its sequences alone."""
@@ -328,6 +365,7 @@ class Scheduler:
                 continue
             for seq, chunk in group:
                 seq.prefilled += len(chunk)
+                self._offer(seq)
 
     def _prefill_groups(self, seqs: list[Sequence]) -> list[list[tuple[Sequence, list[int]]]]:
         """(sequence, next chunk) pairs by forward: short chunks of one length together, at most

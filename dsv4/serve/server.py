@@ -50,7 +50,8 @@ class Server:
     def __init__(self, model, host: str = "127.0.0.1", port: int = 8000, model_name: str = "dsv4",
                  max_model_len: int | None = None, verbose: bool = False, max_body: int = 16 << 20,
                  max_num_seqs: int = 16, max_waiting: int = 64, prefill_chunk: int | None = None, api_key: str | None = None,
-                 precapture: bool = True, speculate: str | None = None, draft_tokens: int = 4):
+                 precapture: bool = True, speculate: str | None = None, draft_tokens: int = 4,
+                 prefix_cache: int = 0):
         limit = model.cfg.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(f"max_model_len {max_model_len}: the model's max_position_embeddings is {limit}")
@@ -64,7 +65,8 @@ class Server:
         if prefill_chunk is None:
             prefill_chunk = model.prefill_chunk(self.max_model_len)
         self.scheduler = Scheduler(model, max_num_seqs, self.max_model_len, max_waiting, prefill_chunk,
-                                   self.metrics, speculate=speculate, draft_tokens=draft_tokens)
+                                   self.metrics, speculate=speculate, draft_tokens=draft_tokens,
+                                   prefix_cache=prefix_cache)
         if precapture:  # on CUDA: every bucket's graph now, not in a request's first step (GPU-checked, session 5)
             self.scheduler.capture_buckets()
             if model.device.type == "cuda":  # and the prefill kernels' compiles
@@ -297,7 +299,7 @@ class _Choice:
     reply parser (reasoning, content, tool calls)."""
 
     def __init__(self, server: Server, call: protocol.Call, choice: protocol.Choice, emit, arrived: float):
-        self.index, self.echo = choice.index, choice.prompt.echo
+        self.index, self.echo, self.prompt = choice.index, choice.prompt.echo, choice.prompt
         eos = None if call.ignore_eos else server.model.cfg.eos_token_id
         # A reply that is parsed decodes special tokens as text: its markup must reach the parser.
         self.text = TextStream(server.model.tokenizer, eos, call.stop, skip_special=not call.reply.markup)
@@ -462,7 +464,13 @@ class _Reply:
 
     def usage(self) -> dict:
         p, n = sum(len(p.ids) for p in self.call.prompts), sum(c.text.n for c in self.choices)
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        if self.server.scheduler.prefix is not None:  # OpenAI's field: the prompt tokens a cache gave, per prompt once
+            cached = {}
+            for c in self.choices:
+                cached.setdefault(id(c.prompt), c.seq.cached or 0)
+            usage["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
+        return usage
 
     def envelope(self, choices: list, stream: bool) -> dict:
         chat = self.call.chat
