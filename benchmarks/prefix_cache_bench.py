@@ -80,6 +80,7 @@ def main() -> int:
         """The turns' (seconds, tokens, prefilled); the replies are the first arm's, so every arm sees one text."""
         sched = Scheduler(model, max_num_seqs=1, max_model_len=a.max_model_len, prefill_chunk=chunk,
                           prefix_cache=cache)
+        sched.capture_buckets()  # as `dsv4 serve` does before it listens (CUDA): no turn pays a capture
         history, out = words(a.system, 1), []
         for k in range(a.turns):
             prompt = history + words(a.message, 100 + k)
