@@ -233,3 +233,48 @@ def test_usage_reports_the_cached_tokens(model):
         text = httpx.get(root(srv) + "/metrics").text
         line = next(x for x in text.splitlines() if x.startswith("dsv4_prefix_cache_hits_total{"))
         assert float(line.split()[-1]) == 48
+
+
+def test_choices_of_one_prompt_prefill_once(model, monkeypatch):
+    """With the cache on, sequences of one prompt (a request's n choices) prefill it once: the others copy the state
+    when its prefill ends, at any length (no chunk boundary needed: the same prompt, the same chunks). Their tokens
+    are those each prefilled alone; a leader cancelled mid-prefill leaves its followers to prefill on their own."""
+    from dsv4.serve.scheduler import Scheduler
+
+    prompt = ids(45, 7)  # a prefill of 44 tokens: 5 chunks of 8, then 4
+    sp = [dsv4.SamplingParams(temperature=1.0, seed=s) for s in range(3)]
+    batch = [(prompt, 5, s) for s in sp]
+    want = drive(Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C), batch)
+    chunks = []
+    real = model.prefill_batch
+
+    def counted(states, parts):
+        chunks.append(len(states))
+        return real(states, parts)
+
+    monkeypatch.setattr(model, "prefill_batch", counted)
+    from dsv4.serve.metrics import Metrics
+
+    metrics = Metrics("tiny")
+    sched = Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C, prefix_cache=1, metrics=metrics)
+    assert drive(sched, batch) == want
+    assert chunks == [1] * 6  # one sequence's chunks, not three
+    assert metrics.prefix_hits._value.get() == 2 * 44 and metrics.prefix_queries._value.get() == 3 * 44
+
+    # the leader cancelled after its second chunk: the followers go on by themselves (one leads, one follows)
+    from dsv4.serve.scheduler import Sequence
+
+    chunks.clear()
+    sched = Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C, prefix_cache=1)
+    out, done = [[] for _ in batch], []
+    seqs = [Sequence(list(p), n, s, (lambda i: lambda e: out[i].append(e[1]) if e[0] == "token" else done.append(e))(i))
+            for i, (p, n, s) in enumerate(batch)]
+    for seq in seqs:
+        sched.submit(seq)
+    _drive(sched, lambda: len(chunks) == 2)
+    assert seqs[1].leader is seqs[0] and seqs[2].leader is seqs[0]
+    seqs[0].cancel()
+    _drive(sched, lambda: len(done) == 2 and len(sched.running) == 0)
+    sched._drain()
+    assert out[1:] == want[1:]
+    assert chunks == [1] * 8  # two of the leader's, then six of the new leader's

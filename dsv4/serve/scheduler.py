@@ -40,6 +40,11 @@ logit processing or grammar runs a verify step for it (Model.verify / verify_dra
 rest as a plain step would draw them), unpipelined; its tokens are the plain step's, bit for bit, so a sequence's
 stream is the same with it or without. With two or more decoding sequences the batched step runs as ever.
 
+Prefix caching (`prefix_cache` states, off by default; dsv4.prefix): a new sequence whose prompt begins with a cached
+prompt's chunks starts from their state, and its prefill offers the cache snapshots at its marks; one whose prompt
+another sequence is prefilling (a request's n choices) follows it and copies its state when that prefill ends. Either
+way a sequence's bytes and tokens are those of its own prefill.
+
 n choices of one request are n Sequences (the handler tags each one's events with its choice
 index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p, logprobs) or a
 grammar (`constraint`: response_format) makes its round's step `Model.step_batch_processed`: its
@@ -104,6 +109,8 @@ class Sequence:
     drafted_at: int = -1
     cached: int | None = None  # prompt tokens the prefix cache gave (None: not looked up yet)
     marks: tuple = ()  # where its prefill offers the prefix cache a snapshot (dsv4.prefix.Match.marks)
+    leader: "Sequence | None" = None  # a sequence prefilling the same prompt, whose state this one copies
+    followers: list = field(default_factory=list)  # sequences waiting for this one's prefill (the same prompt)
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -305,7 +312,7 @@ class Scheduler:
 
     def _round(self):
         self._lookup([s for s in self.running if not s.cancelled and s.cached is None])
-        prefilling = [s for s in self.running if not s.cancelled and s.prefilling]
+        prefilling = [s for s in self.running if not s.cancelled and s.prefilling and s.leader is None]
         if prefilling:
             # settle the launched step first: its tokens go out now, not after the prefill (a long forward that
             # waits for the device anyway, so nothing is left to overlap)
@@ -324,10 +331,22 @@ class Scheduler:
 
     def _lookup(self, seqs: list[Sequence]):
         """New sequences' prompts in the prefix cache: a cached prefix restored into the slot (its prefill goes on
-        from there), and where each prefill should offer the cache a snapshot."""
+        from there), and where each prefill should offer the cache a snapshot. A sequence whose prompt another one
+        is prefilling (the n choices of a request, or the same prompt twice) follows it instead: it copies that
+        state when its prefill ends (_fork), the same bytes its own prefill would leave, at any length."""
+        for seq in self.running:  # the followers of a leader that ended before its prefill: looked up again
+            if seq.leader is not None and seq.leader.cancelled and not seq.cancelled:
+                seq.leader = None
+                seqs.append(seq)
         for seq in seqs:
             if self.prefix is None:
                 seq.cached = 0
+                continue
+            leader = next((s for s in self.running if s is not seq and s.leader is None and not s.cancelled
+                           and s.cached is not None and s.prefilling and s.prompt_ids == seq.prompt_ids), None)
+            if leader is not None:
+                seq.leader, seq.cached = leader, 0
+                leader.followers.append(seq)
                 continue
             match = self.prefix.match(seq.prompt_ids)
             try:
@@ -339,6 +358,22 @@ class Scheduler:
             seq.marks = match.marks
             if self.metrics is not None:
                 self.metrics.prefix_cached(len(seq.prompt_ids) - 1, match.tokens)
+
+    def _fork(self, seq: Sequence):
+        """A sequence's prefill has ended: the sequences following it take a copy of its state."""
+        followers, seq.followers = seq.followers, []
+        for f in followers:
+            if f.cancelled:
+                continue
+            try:
+                self.slots[f.slot].restore(self.slots[seq.slot])
+            except Exception as e:  # noqa: BLE001 - the copy failed: this follower fails, others go on
+                self._failed([f], e)
+                continue
+            f.leader, f.cached = None, seq.prefilled
+            f.prefilled = seq.prefilled
+            if self.metrics is not None:
+                self.metrics.prefix_cached(len(f.prompt_ids) - 1, f.cached)
 
     def _offer(self, seq: Sequence):
         """A snapshot of the sequence's state for the prefix cache, where its prefill reached one of its marks."""
@@ -366,6 +401,8 @@ class Scheduler:
             for seq, chunk in group:
                 seq.prefilled += len(chunk)
                 self._offer(seq)
+                if not seq.prefilling:
+                    self._fork(seq)
 
     def _prefill_groups(self, seqs: list[Sequence]) -> list[list[tuple[Sequence, list[int]]]]:
         """(sequence, next chunk) pairs by forward: short chunks of one length together, at most
