@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import math
 import os
 import re
@@ -140,6 +141,12 @@ def cmd_generate(args) -> int:
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=args.seed)
+    if args.prompts_file is not None:
+        return _generate_file(args, sampling)
+    given = [f for f, v in (("--out", args.out), ("--max-num-seqs", args.max_num_seqs),
+                            ("--prefill-chunk", args.prefill_chunk), ("--prefix-cache", args.prefix_cache)) if v]
+    if given:
+        raise ValueError(f"{given[0]} goes with --prompts-file")
     if args.speculate != "none" and not 0 <= args.draft_tokens:
         raise SystemExit(f"dsv4 generate: --draft-tokens {args.draft_tokens}: an integer >= 0")
     with _model(args) as model:
@@ -171,6 +178,83 @@ def cmd_generate(args) -> int:
                   f"steps, {tally.accepted} of {tally.proposed} drafts accepted, {tally.tokens_per_step:.2f} tokens "
                   "a step", file=sys.stderr)
     return 0
+
+
+_LINE_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "top_k", "seed"}
+
+
+def _read_prompts(path: str, max_tokens: int, sampling) -> tuple[list, list, list]:
+    """A JSON-lines file of prompts: each line a text, or an object with "prompt" (a text or token ids) and any of
+    max_tokens, temperature, top_p, top_k, seed (the command's flags otherwise); blank lines skipped."""
+    from dataclasses import replace
+
+    prompts, budgets, samplings = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path} line {n}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg})") from None
+            if isinstance(row, str):
+                row = {"prompt": row}
+            if not isinstance(row, dict) or "prompt" not in row:
+                raise ValueError(f"{where}: a JSON text, or an object with a \"prompt\"")
+            unknown = sorted(set(row) - _LINE_FIELDS)
+            if unknown:
+                raise ValueError(f"{where}: unknown field {unknown[0]!r} (allowed: {', '.join(sorted(_LINE_FIELDS))})")
+            try:
+                samplings.append(replace(sampling, **{k: row[k] for k in ("temperature", "top_p", "top_k", "seed")
+                                                      if k in row}))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{where}: {e}") from None
+            prompts.append(row["prompt"])
+            budgets.append(row.get("max_tokens", max_tokens))
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts, budgets, samplings
+
+
+def _generate_file(args, sampling) -> int:
+    """`dsv4 generate --prompts-file`: every prompt batched as a server batches requests (dsv4.generate_many); one
+    JSON line a prompt, in the file's order, written whole or not at all."""
+    from .serve.offline import GenerationError, generate_many
+
+    if args.speculate != "none":
+        raise ValueError("--speculate decodes one sequence; --prompts-file batches many (use one or the other)")
+    prompts, budgets, samplings = _read_prompts(args.prompts_file, args.max_tokens, sampling)
+    with _model(args) as model:
+        start = time.perf_counter()
+        try:
+            done = generate_many(model, prompts, budgets, samplings, max_num_seqs=args.max_num_seqs or 16,
+                                 prefill_chunk=args.prefill_chunk, prefix_cache=args.prefix_cache, progress=True)
+            failed = {}
+        except GenerationError as e:
+            done, failed = e.completions, e.failed
+        wall = time.perf_counter() - start
+        lines = []
+        for i, c in enumerate(done):
+            row = {"index": i, "error": str(failed[i])} if c is None else {
+                "index": i, "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+                "prompt_tokens": len(c.prompt_token_ids), "cached_tokens": c.cached_tokens}
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        if args.out is None:
+            sys.stdout.writelines(lines)
+        else:
+            tmp = f"{args.out}.tmp-{os.getpid()}"
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.writelines(lines)
+                os.replace(tmp, args.out)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+        n = sum(len(c.token_ids) for c in done if c is not None)
+        print(f"[dsv4] {len(done)} prompts, {n} tokens in {wall:.2f} s ({n / wall:.1f} tok/s incl. prefill) on "
+              f"{model.device} x{model.world}" + (f"; {len(failed)} failed" if failed else ""), file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _add_speculate_args(p: argparse.ArgumentParser):
@@ -362,6 +446,18 @@ def main(argv=None) -> int:
     g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     _add_sampling_args(g, temperature=1.0, top_p=1.0, seed_help="sampling seed")
     _add_speculate_args(g)
+    g.add_argument("--prompts-file", default=None, metavar="JSONL",
+                   help="generate for every prompt of a JSON-lines file (a text a line, or {\"prompt\": text or token "
+                        "ids, and any of max_tokens, temperature, top_p, top_k, seed}), batched as a server batches "
+                        "requests, each prompt's tokens its own stream alone; one JSON line a prompt out")
+    g.add_argument("--out", default=None, help="with --prompts-file: write the JSON lines here (whole, or nothing) "
+                                               "instead of stdout")
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help="with --prompts-file: sequences decoding at once (default 16)")
+    g.add_argument("--prefill-chunk", type=int, default=None,
+                   help="with --prompts-file: prompt tokens per prefill chunk (default: the model's)")
+    g.add_argument("--prefix-cache", type=int, default=0, metavar="STATES",
+                   help="with --prompts-file: prompt prefixes kept (dsv4 serve --prefix-cache); 0: off")
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="chat in the terminal (DeepSeek's chat encoding)")
