@@ -148,3 +148,10 @@ def test_cli_batch_flags_need_a_prompts_file(capsys):
     assert "--prefix-cache goes with --prompts-file" in capsys.readouterr().err
     assert main(["generate", "--preset", "tiny", "--device", "cpu", "--prompts-file", "/nonexistent.jsonl"]) == 2
     assert "/nonexistent.jsonl" in capsys.readouterr().err
+
+
+def test_the_package_face_offers_it_lazily():
+    """dsv4.generate_many is this function; `import dsv4` alone does not load the HTTP stack."""
+    assert dsv4.generate_many is generate_many
+    code = "import sys, dsv4; assert 'fastapi' not in sys.modules; dsv4.generate_many; assert 'fastapi' in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
