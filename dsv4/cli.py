@@ -311,7 +311,18 @@ def cmd_chat(args) -> int:
 
     messages = [{"role": "system", "content": args.system}] if args.system else []
     switches = {"thinking": True} if args.thinking else None
+    if args.prefix_cache and args.speculate != "none":
+        raise ValueError("--prefix-cache and --speculate: one or the other (a verify loop prefills on its own)")
+    if args.prefill_chunk is not None and not args.prefix_cache:
+        raise ValueError("--prefill-chunk goes with --prefix-cache")
     with _model(args) as model:
+        cache = None
+        if args.prefix_cache:  # each turn resends the conversation: from the last turn's prompt on, prefilled once
+            from .generation import sample_tokens
+            from .prefix import PrefixCache
+
+            cache = PrefixCache(model, 2, args.max_model_len,
+                                args.prefill_chunk or model.prefill_chunk(args.max_model_len))
         for turn in itertools.count():
             if sys.stdin.isatty():
                 sys.stderr.write("> ")
@@ -341,6 +352,8 @@ def cmd_chat(args) -> int:
                 tokens = speculative.sample_tokens(model, ids, request.max_tokens, sampling,
                                                    speculative.DRAFTERS[args.speculate](), args.draft_tokens,
                                                    stops=[model.cfg.eos_token_id], graph=model.device.type == "cuda")
+            elif cache is not None:
+                tokens = sample_tokens(model, ids, request.max_tokens, sampling, prefix=cache)
             for text, finish, _ in generate(model, request, progress=True, tokens=tokens):
                 for delta in (reply.push(text), reply.end() if finish else None):
                     if delta and delta.get("reasoning_content"):
@@ -351,6 +364,9 @@ def cmd_chat(args) -> int:
                         _show(delta["content"])
             sys.stdout.write("\n")
             messages.append(reply.message())
+            if cache is not None:
+                print(f"[dsv4] prefix cache: {cache.hits} of {cache.queries} prompt tokens reused so far",
+                      file=sys.stderr)
     return 0
 
 
@@ -467,6 +483,13 @@ def main(argv=None) -> int:
                    help="DeepSeek-V4's thinking mode: the reasoning streams to stderr, the answer to stdout")
     c.add_argument("--max-tokens", type=int, default=256, help="per reply")
     c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
+    c.add_argument("--prefix-cache", action="store_true",
+                   help="keep each turn's prompt state at its last prefill chunk boundary, so the next turn prefills "
+                        "only from there (each turn a state of --max-model-len tokens; the tokens those of a plain "
+                        "prefill at that capacity and chunk)")
+    c.add_argument("--prefill-chunk", type=int, default=None,
+                   help="with --prefix-cache: prompt tokens per prefill chunk (default: the model's for "
+                        "--max-model-len); a smaller chunk reuses more of each turn")
     _add_speculate_args(c)
     _add_sampling_args(c, temperature=0.7, top_p=0.95, seed_help="sampling seed (turn n uses seed + n)")
     c.set_defaults(fn=cmd_chat)

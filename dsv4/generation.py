@@ -31,14 +31,23 @@ def prefill(model: DecodeModel, state, ids: Sequence[int], progress: bool = Fals
 
 
 def sample_tokens(model: DecodeModel, ids: Sequence[int], max_tokens: int, sampling: SamplingParams | None = None,
-                  capacity: int | None = None, progress: bool = False) -> Iterator[int]:
-    """Prefill `ids` (a bar on a terminal with `progress`), then yield up to max_tokens sampled tokens, each
-    fed back as the next input (EOS included: where to stop is the caller's)."""
+                  capacity: int | None = None, progress: bool = False, chunk_size: int | None = None,
+                  prefix=None) -> Iterator[int]:
+    """Prefill `ids` (a bar on a terminal with `progress`; chunks of chunk_size, default the model's), then yield up
+    to max_tokens sampled tokens, each fed back as the next input (EOS included: where to stop is the caller's).
+    prefix: a dsv4.prefix.PrefixCache to prefill through (its capacity and chunk; the same bytes as without it)."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens {max_tokens!r}: a positive integer")
-    state = model.new_state(capacity or len(ids) + max_tokens)
-    if len(ids) > 1:
-        prefill(model, state, ids[:-1], progress)
+    if prefix is not None:
+        if capacity not in (None, prefix.capacity) or chunk_size not in (None, prefix.chunk):
+            raise ValueError(f"sample_tokens: capacity {capacity} and chunk_size {chunk_size} with a prefix cache of "
+                             f"states of {prefix.capacity} tokens at chunks of {prefix.chunk}")
+        state = model.new_state(prefix.capacity)
+        prefix.prefill(state, ids)
+    else:
+        state = model.new_state(capacity or len(ids) + max_tokens)
+        if len(ids) > 1:
+            prefill(model, state, ids[:-1], progress, chunk_size)
     token = ids[-1]
     steps = min(max_tokens, state.capacity - state.host_pos)
     # On one GPU the step as a graph, one step in flight (graph == eager, bit for bit). Over several ranks the step

@@ -114,6 +114,43 @@ def test_chat_thinking_streams_the_reasoning_to_stderr():
     assert r.stdout == answer + "\n"
 
 
+def test_chat_prefix_cache_reuses_each_turn_and_keeps_its_tokens():
+    """--prefix-cache: each turn prefills from the last turn's prompt state (stderr counts the tokens reused), and
+    the replies are those of a plain prefill at the same capacity and chunk (a turn's stream rebuilt here as cmd_chat
+    builds it)."""
+    import re
+
+    from dsv4.generation import sample_tokens
+    from dsv4.serve import chat as chat_module
+    from dsv4.serve.protocol import Request, generate
+
+    lines = ["hello", "how are you", "tell me more"]
+    r = chat("".join(x + "\n" for x in lines), "--max-tokens", "6", "--seed", "3", "--prefix-cache",
+             "--prefill-chunk", "8", "--max-model-len", "256")
+    assert r.returncode == 0, r.stderr
+    reused = [tuple(map(int, m)) for m in re.findall(r"prefix cache: (\d+) of (\d+) prompt tokens", r.stderr)]
+    assert len(reused) == 3 and reused[0][0] == 0 and reused[2][0] > reused[1][0] > 0
+    model = dsv4.load("tiny", device="cpu")
+    messages, out = [], []
+    for turn, line in enumerate(lines):
+        messages.append({"role": "user", "content": line})
+        ids, fmt = chat_module.prompt(model.tokenizer, messages)
+        sampling = dsv4.SamplingParams(temperature=0.7, top_p=0.95, seed=3 + turn)
+        request = Request(ids, min(6, 256 - len(ids)), sampling, skip_special=not fmt.markup)
+        tokens = sample_tokens(model, ids, request.max_tokens, sampling, capacity=256, chunk_size=8)
+        reply = chat_module.ChatReply(fmt)
+        shown = []
+        for text, finish, _ in generate(model, request, tokens=tokens):
+            for delta in (reply.push(text), reply.end() if finish else None):
+                if delta and delta.get("content"):
+                    shown.append(delta["content"])
+        out.append("".join(shown))
+        messages.append(reply.message())
+    assert r.stdout == "".join(x + "\n" for x in out)
+    bad = chat("hello\n", "--prefill-chunk", "8")
+    assert bad.returncode == 2 and "--prefill-chunk goes with --prefix-cache" in bad.stderr
+
+
 def test_chat_refuses_a_conversation_past_its_limit():
     r = chat("hello there, a long enough line\n", "--max-model-len", "8")
     assert r.returncode == 2 and "--max-model-len 8" in r.stderr

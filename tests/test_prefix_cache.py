@@ -278,3 +278,18 @@ def test_choices_of_one_prompt_prefill_once(model, monkeypatch):
     sched._drain()
     assert out[1:] == want[1:]
     assert chunks == [1] * 8  # two of the leader's, then six of the new leader's
+
+
+def test_sample_tokens_through_the_cache(model):
+    """generation.sample_tokens(prefix=cache): the tokens of a plain prefill at the cache's capacity and chunk."""
+    from dsv4.generation import sample_tokens
+
+    cache = PrefixCache(model, 2, CAP, C)
+    sp = dsv4.SamplingParams(temperature=1.0, seed=5)
+    first = ids(30, 1)
+    for prompt in (first, first + ids(12, 2)):
+        got = list(sample_tokens(model, prompt, 6, sp, prefix=cache))
+        assert got == list(sample_tokens(model, prompt, 6, sp, capacity=CAP, chunk_size=C))
+    assert cache.hits == 24
+    with pytest.raises(ValueError, match="capacity 128 and chunk_size None with a prefix cache of states of 256"):
+        list(sample_tokens(model, first, 6, sp, capacity=128, prefix=cache))
