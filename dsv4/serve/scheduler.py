@@ -41,9 +41,10 @@ rest as a plain step would draw them), unpipelined; its tokens are the plain ste
 stream is the same with it or without. With two or more decoding sequences the batched step runs as ever.
 
 Prefix caching (`prefix_cache` states, off by default; dsv4.prefix): a new sequence whose prompt begins with a cached
-prompt's chunks starts from their state, and its prefill offers the cache snapshots at its marks; one whose prompt
-another sequence is prefilling (a request's n choices) follows it and copies its state when that prefill ends. Either
-way a sequence's bytes and tokens are those of its own prefill.
+prompt's chunks starts from their state, and its prefill offers the cache snapshots at its marks; one that shares
+more of its prompt with a sequence prefilling now (a burst of requests with one system prompt, a request's n choices)
+follows it and copies its state when that prefill reaches their shared chunk boundary (or, for the same prompt, its
+end). Either way a sequence's bytes and tokens are those of its own prefill.
 
 n choices of one request are n Sequences (the handler tags each one's events with its choice
 index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p, logprobs) or a
@@ -109,8 +110,9 @@ class Sequence:
     drafted_at: int = -1
     cached: int | None = None  # prompt tokens the prefix cache gave (None: not looked up yet)
     marks: tuple = ()  # where its prefill offers the prefix cache a snapshot (dsv4.prefix.Match.marks)
-    leader: "Sequence | None" = None  # a sequence prefilling the same prompt, whose state this one copies
-    followers: list = field(default_factory=list)  # sequences waiting for this one's prefill (the same prompt)
+    leader: "Sequence | None" = None  # a sequence prefilling a prompt that shares ours, whose state we copy
+    follow_at: int = 0  # ... when its prefill reaches this many tokens
+    followers: list = field(default_factory=list)  # sequences waiting for this one's prefill to reach their prefix
 
     def cancel(self):
         """Ask the scheduler to drop this sequence at its next round (any thread)."""
@@ -331,10 +333,11 @@ class Scheduler:
 
     def _lookup(self, seqs: list[Sequence]):
         """New sequences' prompts in the prefix cache: a cached prefix restored into the slot (its prefill goes on
-        from there), and where each prefill should offer the cache a snapshot. A sequence whose prompt another one
-        is prefilling (the n choices of a request, or the same prompt twice) follows it instead: it copies that
-        state when its prefill ends (_fork), the same bytes its own prefill would leave, at any length."""
-        for seq in self.running:  # the followers of a leader that ended before its prefill: looked up again
+        from there), and where each prefill should offer the cache a snapshot. A sequence sharing more of its prompt
+        with one that is prefilling now (a system prompt of a burst of requests, a request's n choices) follows that
+        one instead: it copies its state when that prefill reaches their shared prefix (_hand_over), the bytes its own
+        prefill would leave there: a chunk boundary of both, or, for the same prompt, its end."""
+        for seq in self.running:  # the followers of a leader that ended before the hand-over: looked up again
             if seq.leader is not None and seq.leader.cancelled and not seq.cancelled:
                 seq.leader = None
                 seqs.append(seq)
@@ -342,13 +345,19 @@ class Scheduler:
             if self.prefix is None:
                 seq.cached = 0
                 continue
-            leader = next((s for s in self.running if s is not seq and s.leader is None and not s.cancelled
-                           and s.cached is not None and s.prefilling and s.prompt_ids == seq.prompt_ids), None)
-            if leader is not None:
-                seq.leader, seq.cached = leader, 0
-                leader.followers.append(seq)
-                continue
             match = self.prefix.match(seq.prompt_ids)
+            leader, at = self._leader(seq)
+            if leader is not None and at > match.tokens:
+                seq.leader, seq.follow_at, seq.cached, seq.marks = leader, at, 0, match.marks
+                leader.followers.append(seq)
+                if at % self.prefill_chunk == 0:  # where the leader goes on, a snapshot for later prompts too
+                    leader.marks = tuple(sorted({*leader.marks, at}))
+                if self.metrics is not None:
+                    self.metrics.prefix_cached(len(seq.prompt_ids) - 1, 0)
+                if leader.prefilled == at:  # there already: its snapshot and this one's copy now
+                    self._offer(leader)
+                    self._hand_over(leader)
+                continue
             try:
                 self.prefix.restore(self.slots[seq.slot], match)
             except Exception as e:  # noqa: BLE001 - the copy failed: this sequence fails, others go on
@@ -359,11 +368,38 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.prefix_cached(len(seq.prompt_ids) - 1, match.tokens)
 
-    def _fork(self, seq: Sequence):
-        """A sequence's prefill has ended: the sequences following it take a copy of its state."""
-        followers, seq.followers = seq.followers, []
-        for f in followers:
+    def _leader(self, seq: Sequence) -> tuple[Sequence | None, int]:
+        """The prefilling sequence whose state will hold the most of `seq`'s prefill, and how many tokens: their
+        shared prompt's last chunk boundary (with the MTP layer's window, the token there shared too), or the whole
+        prefill of the same prompt; only a sequence not past it yet."""
+        best, most = None, 0
+        n = len(seq.prompt_ids) - 1
+        for s in self.running:
+            if s is seq or s.leader is not None or s.cancelled or s.cached is None or not s.prefilling:
+                continue
+            if s.prompt_ids == seq.prompt_ids:
+                at = n
+            else:
+                shared = next((i for i, (a, b) in enumerate(zip(s.prompt_ids, seq.prompt_ids)) if a != b),
+                              min(len(s.prompt_ids), len(seq.prompt_ids)))
+                limit = min(shared - (self.speculate == "mtp"), n, len(s.prompt_ids) - 1)
+                at = max(0, limit) // self.prefill_chunk * self.prefill_chunk
+            if at > most and s.prefilled <= at:
+                best, most = s, at
+        return best, most
+
+    def _hand_over(self, seq: Sequence):
+        """The sequences following `seq` whose shared prefix its prefill has reached take a copy of its state; those
+        it has passed (it can only pass one that waits for its end: none) are looked up again."""
+        waiting = []
+        for f in seq.followers:
             if f.cancelled:
+                continue
+            if f.follow_at > seq.prefilled and seq.prefilling:
+                waiting.append(f)
+                continue
+            if f.follow_at != seq.prefilled:
+                f.leader, f.cached = None, None
                 continue
             try:
                 self.slots[f.slot].restore(self.slots[seq.slot])
@@ -372,8 +408,10 @@ class Scheduler:
                 continue
             f.leader, f.cached = None, seq.prefilled
             f.prefilled = seq.prefilled
+            f.marks = tuple(m for m in f.marks if m > f.prefilled)
             if self.metrics is not None:
-                self.metrics.prefix_cached(len(f.prompt_ids) - 1, f.cached)
+                self.metrics.prefix_cached(0, f.cached)
+        seq.followers = waiting
 
     def _offer(self, seq: Sequence):
         """A snapshot of the sequence's state for the prefix cache, where its prefill reached one of its marks."""
@@ -401,8 +439,8 @@ class Scheduler:
             for seq, chunk in group:
                 seq.prefilled += len(chunk)
                 self._offer(seq)
-                if not seq.prefilling:
-                    self._fork(seq)
+                if seq.followers:
+                    self._hand_over(seq)
 
     def _prefill_groups(self, seqs: list[Sequence]) -> list[list[tuple[Sequence, list[int]]]]:
         """(sequence, next chunk) pairs by forward: short chunks of one length together, at most
