@@ -55,6 +55,7 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd += ["--no-precapture"] if args.no_precapture else []
     cmd += ["--gemv", args.gemv] if args.gemv else []
     cmd += ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
+    cmd += ["--prefix-cache", str(args.prefix_cache)] if args.prefix_cache else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in proc.stderr:
@@ -210,6 +211,9 @@ def main():
                     help="start the server with --no-precapture (each bucket's graph captured at its first use)")
     ap.add_argument("--gemv", choices=["v2", "v3"], help="start the server with --gemv (its decode GEMVs' kernels)")
     ap.add_argument("--prefill-chunk", type=int, help="start the server with --prefill-chunk (its prefill chunks' tokens)")
+    ap.add_argument("--prefix-cache", type=int, default=0, help="start the server with --prefix-cache (states kept)")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="every prompt begins with the same this many tokens (a system prompt)")
     ap.add_argument("--warmup", type=int, default=0,
                     help="untimed passes of every level first (the kernels' first compiles for the prefill shapes a "
                          "level makes stay out of its figures: the steady state of a server that has run a while)")
@@ -235,6 +239,9 @@ def main():
             return args.prompt_tokens if lo is None else rng.randint(lo, args.prompt_tokens)
 
         prompts = [[rng.randrange(2, vocab_hi) for _ in range(length())] for _ in range(64)]
+        if args.shared_prefix:  # one system prompt: every prompt's first tokens the same
+            shared = prompts[-1][:args.shared_prefix]
+            prompts = [shared + p[len(shared):] for p in prompts]
         # warm-up: first-call costs stay out of the levels; FIRST shows them (kernels the server's own warm-up,
         # before it listened, did not compile for this prompt length)
         emit("FIRST", prompt_tokens=args.prompt_tokens, **one_request(client, model, prompts[0], 4, seed=0))
