@@ -59,7 +59,17 @@ class PrefixCache:
             raise ValueError(f"prefix cache chunk {chunk} >= capacity {capacity}: no prompt of a state of {capacity} "
                              "tokens has a chunk boundary to cache")
         self.model, self.capacity, self.chunk, self.drafted = model, capacity, chunk, drafted
-        self.free = [_Entry(model.new_state(capacity)) for _ in range(entries)]
+        self.free = []
+        try:
+            for _ in range(entries):
+                self.free.append(_Entry(model.new_state(capacity)))
+        except RuntimeError as e:  # torch.OutOfMemoryError is one: say which setting asked for the memory
+            if "out of memory" not in str(e).lower():
+                raise
+            kept = len(self.free)
+            self.free = []
+            raise ValueError(f"prefix cache: {entries} states of {capacity} tokens do not fit in memory ({kept} did); "
+                             "ask for fewer states or a smaller max_model_len") from None
         self.entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()  # least recent first
         self.prefixes: collections.Counter[int] = collections.Counter()  # chunk-chain hash -> entries passing it
         self.queries = self.hits = 0  # prefill tokens looked up, and found

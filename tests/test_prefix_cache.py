@@ -321,3 +321,18 @@ def test_a_burst_sharing_a_system_prompt_prefills_it_once(model, monkeypatch):
     assert sum(tokens) == 40 + sum(len(p) - 1 - 40 for p, _, _ in batch)
     assert metrics.prefix_hits._value.get() == 80
     assert 40 in [len(e.ids) for e in sched.prefix.entries.values()]
+
+
+def test_a_cache_that_does_not_fit_is_named(model, monkeypatch):
+    real = model.new_state
+    made = []
+
+    def new_state(capacity):
+        if len(made) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+        made.append(capacity)
+        return real(capacity)
+
+    monkeypatch.setattr(model, "new_state", new_state)
+    with pytest.raises(ValueError, match="5 states of 256 tokens do not fit in memory .2 did."):
+        PrefixCache(model, 5, CAP, C)
