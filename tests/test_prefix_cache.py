@@ -336,3 +336,62 @@ def test_a_cache_that_does_not_fit_is_named(model, monkeypatch):
     monkeypatch.setattr(model, "new_state", new_state)
     with pytest.raises(ValueError, match="5 states of 256 tokens do not fit in memory .2 did."):
         PrefixCache(model, 5, CAP, C)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_arrivals_and_cancels_keep_every_stream(model, seed):
+    """Requests arriving over the rounds, sharing system prompts at random lengths (some the same prompt), some
+    cancelled while they prefill or follow another: every request's tokens are its stream alone (the ones cancelled, a
+    prefix of it), through the cache, the hand-overs and the orphaned followers."""
+    import random
+
+    from dsv4.generation import sample_tokens
+    from dsv4.serve.scheduler import Scheduler, Sequence
+
+    rng = random.Random(seed)
+    systems = [ids(rng.randint(9, 40), 50 + i) for i in range(2)]
+    pool = []
+    for i in range(12):
+        base = rng.choice(systems)
+        prompt = base[:rng.randint(len(base) // 2, len(base))] + ids(rng.randint(1, 20), 100 + i)
+        pool.append(prompt if rng.random() > 0.25 or not pool else rng.choice(pool))
+    sp = [dsv4.SamplingParams(temperature=1.0, seed=rng.randrange(100)) for _ in pool]
+    from dsv4.serve.metrics import Metrics
+
+    metrics = Metrics("tiny")
+    sched = Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C, max_waiting=16, prefix_cache=3,
+                      metrics=metrics)
+    followed = []
+    real = sched._hand_over
+    sched._hand_over = lambda seq: (followed.append(len(seq.followers)), real(seq))
+    out = [[] for _ in pool]
+    seqs, cancelled, ended = [], set(), set()
+    for i, prompt in enumerate(pool):
+        seqs.append(Sequence(list(prompt), 5, sp[i], (lambda i: lambda e: out[i].append(e[1]) if e[0] == "token"
+                                                       else ended.add(i))(i)))
+    nxt = 0
+    for _ in range(600):
+        if nxt < len(seqs) and rng.random() < 0.5:
+            sched.submit(seqs[nxt])
+            nxt += 1
+        live = [j for j in range(nxt) if j not in ended and j not in cancelled]
+        if live and rng.random() < 0.08:
+            j = rng.choice(live)
+            seqs[j].cancel()
+            cancelled.add(j)
+        if nxt == len(seqs) and not sched.running and not sched.waiting:
+            break
+        if sched.running or sched.waiting:
+            sched._admit()
+            sched._round()
+    else:
+        raise AssertionError("the scheduler did not finish")
+    sched._drain()
+    assert metrics.prefix_hits._value.get() > 0  # seeds 0 and 1 also hand states over (8 and 2 followers)
+    for i, prompt in enumerate(pool):
+        want = list(sample_tokens(model, prompt, 5, sp[i], capacity=CAP, chunk_size=C))
+        if i in cancelled:
+            assert out[i] == want[:len(out[i])], i
+        else:
+            assert out[i] == want, i
+    assert sum(1 for i in range(len(pool)) if i not in cancelled) >= 6
