@@ -18,20 +18,12 @@ import torch
 
 import dsv4
 from dsv4.serve.offline import GenerationError, generate_many
+from test_serve_scheduler import solo
 
 
 @pytest.fixture(scope="module")
 def model():
     return dsv4.load("tiny", device="cpu", dtype=torch.float32)
-
-
-def solo(model, ids, n, sampling):
-    out = []
-    for t in model.sample_tokens(ids, n, sampling):
-        out.append(t)
-        if t == model.cfg.eos_token_id:
-            break
-    return out
 
 
 def prompts(model):
