@@ -395,3 +395,38 @@ def test_random_arrivals_and_cancels_keep_every_stream(model, seed):
         else:
             assert out[i] == want, i
     assert sum(1 for i in range(len(pool)) if i not in cancelled) >= 6
+
+
+def test_a_leader_refused_mid_prefill_leaves_its_followers_their_streams(model, monkeypatch):
+    """A request's three choices: the one prefilling is refused in its second chunk (its choice fails with the
+    engine's error, nothing committed); the two following it are looked up again, one leads, and both get their
+    streams alone."""
+    from dsv4.serve.scheduler import Scheduler, Sequence
+
+    prompt = ids(45, 7)
+    sp = [dsv4.SamplingParams(temperature=1.0, seed=s) for s in range(3)]
+    want = drive(Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C), [(prompt, 5, s) for s in sp])
+    calls = []
+    real = model.prefill_batch
+
+    def refuse_second(states, parts):
+        calls.append(len(states))
+        if len(calls) == 2:
+            model.arm_refusal(0, 0, 5, "moe")
+            try:
+                return real(states, parts)
+            finally:
+                model.reset_refusals()
+        return real(states, parts)
+
+    monkeypatch.setattr(model, "prefill_batch", refuse_second)
+    sched = Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C, prefix_cache=1)
+    out, events = [[] for _ in sp], [[] for _ in sp]
+    for i, s in enumerate(sp):
+        sched.submit(Sequence(list(prompt), 5, s, (lambda i: lambda e: (out[i].append(e[1]) if e[0] == "token"
+                                                                        else events[i].append(e)))(i)))
+    _drive(sched, lambda: all(events) and not sched.running)
+    sched._drain()
+    assert [e[0][0] for e in events] == ["error", "done", "done"]
+    assert out[1:] == want[1:] and out[0] == []
+    assert calls == [1] * 8  # the leader's two chunks (the second refused), then the new leader's six
