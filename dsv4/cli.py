@@ -561,6 +561,10 @@ def main(argv=None) -> int:
                     help="also: verify steps of K drafts (a third of them wrong) against the plain steps, every byte "
                          "compared (SPECULATIVE_IDENTITY), and a refusal inside a verify step (SPECULATIVE_REFUSAL); "
                          "sets DSV4_SPECULATIVE=1 for the gate's ranks")
+    gt.add_argument("--prefix-cache", action="store_true",
+                    help="also: prompts prefilled through the prefix cache (dsv4.prefix) against plain prefills at its "
+                         "chunk, every byte compared on every rank, steps from both (PREFIX_IDENTITY), and a refusal "
+                         "inside a cached prefill that leaves the cache as it was (PREFIX_REFUSAL)")
     gt.add_argument("--profile", action="store_true", help="also an unscored 32-step window under NVTX ranges")
     gt.add_argument("--out", help="also write the records to this file")
     gt.set_defaults(fn=cmd_gate)

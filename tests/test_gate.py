@@ -23,12 +23,12 @@ def records(text: str) -> list[tuple[str, dict]]:
 
 
 def test_cpu_gate_two_ranks(tmp_path):
-    """The protocol on two ranks. Its 24 sampled tokens (positions 33..56) cross tiny's window of 8 and its CSA (4)
+    """The protocol on two ranks (with the batch, speculative and prefix-cache checks). Its 24 sampled tokens (positions 33..56) cross tiny's window of 8 and its CSA (4)
     and HCA (16, at 48) closes; the refusal cells (prime + 3, the middle, the end) lie on three layers."""
     out = tmp_path / "receipts.txt"
     proc = subprocess.run([sys.executable, "-m", "dsv4.cli", "gate", "--preset", "tiny", "--device", "cpu",
                            "--ranks", "2", "--prime", "32", "--output", "24", "--batch", "3", "--speculative", "3",
-                           "--out", str(out)],
+                           "--prefix-cache", "--out", str(out)],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = records(out.read_text())
@@ -47,6 +47,9 @@ def test_cpu_gate_two_ranks(tmp_path):
     assert len(spec) == 1 and spec[0]["tokens"] == 24 and 0 < spec[0]["accepted"] < spec[0]["drafted"]
     assert spec[0]["verify_steps"] < 24 and spec[0]["all_rank_cache_hidden_logits"]
     assert [(r["state_unchanged"], r["quarantined"]) for t, r in recs if t == "SPECULATIVE_REFUSAL"] == [(True, True)]
+    prefix = [r for t, r in recs if t == "PREFIX_IDENTITY"]  # prefills through the prefix cache against plain ones
+    assert len(prefix) == 1 and prefix[0]["restored"] == [0, 16, 0, 8] and prefix[0]["all_rank_cache_hidden_logits"]
+    assert [(r["quarantined"], r["cache_unchanged"]) for t, r in recs if t == "PREFIX_REFUSAL"] == [(True, True)]
     exact = [r for t, r in recs if t == "REPLAY_EXACT"]
     assert len(exact) >= 24 // 4 and all(r["all_rank_cache_hidden_logits"] for r in exact)
     refusals = [r for t, r in recs if t == "REPLAY_REFUSAL"]

@@ -14,8 +14,9 @@ One process group, one model load. It tries to prove the fast path wrong:
 4. 20 ABBA rows (eager A, graph B) timing OUTPUT tokens end to end from the prefix, each checked
    against the correctness stream (MEASURE), then REPLAY_SUMMARY;
 5. --profile: an unscored 32-step window under NVTX ranges, crossing an HCA boundary.
-(--batch B: batched steps against solo ones, speculative.py's --speculative K: verify steps against plain ones, each
-with a refusal inside, after step 3.)
+(--batch B: batched steps against solo ones, speculative.py's --speculative K: verify steps against plain ones,
+prefix.py's --prefix-cache: prefills through the prefix cache against plain ones, each with a refusal inside, after
+step 3.)
 
 Exit 0 only when every check held; the first failing check prints GATE_FAIL with the position,
 the field and both values. Where the seed's protocol has no meaning here, the protocol record

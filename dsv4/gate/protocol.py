@@ -11,6 +11,7 @@ from ..receipts import Receipts, provenance
 from ..sampler import SamplingParams
 from . import timing
 from .batch import batched_vs_solo
+from .prefix import prefix_vs_plain
 from .speculative import verified_vs_plain
 from .checks import capture_once, census, check_census, expect, identity, looped, same
 
@@ -79,6 +80,8 @@ class Gate:
             batched_vs_solo(self, prefix, first)
         if getattr(self.args, "speculative", 0):
             verified_vs_plain(self, prefix, first)
+        if getattr(self.args, "prefix_cache", False):
+            prefix_vs_plain(self, prompt)
         self.r.note("PASS replay correctness and live refusal cells; beginning bounded 20-row ABBA")
         timing.abba(self, prefix, first, inputs, expected_identity, schedule)
         if self.args.profile:
