@@ -14,6 +14,7 @@ Prints JSON records (dsv4.receipts), provenance included:
                  all-reduces per token per rank (census), the graph's census and captures, and
                  on CUDA the launches of one step of each arm on rank 0 (torch.profiler: CUDA
                  kernels and copies; eager launches its kernels one by one, the graph replays them)
+  BENCH_PREFILL  (--prefill N[,M...]) per prompt length: the median wall of its prefill, tokens a second
   BENCH_PROFILE  (--profile) per rank: us per token of each phase of the step from the prefix, timed inside
                  a replayed CUDA graph (CPU: eager steps), against the plain graph; bytes read, the roofline
 
@@ -39,13 +40,15 @@ PROMPT = "The engine that people who run DeepSeek-V4 on their own GPUs reach for
 
 
 def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: str | None = None,
-              profile: bool = False, speculate: str | None = None, draft_tokens: int = 4) -> int:
+              profile: bool = False, speculate: str | None = None, draft_tokens: int = 4,
+              prefill: tuple[int, ...] = ()) -> int:
     graph_arm = model.device.type == "cuda"
     emit("BENCH_BUILD", provenance(model.device, preset), build_s=round(build_s, 2), ranks=model.world,
          dtype=str(model.dtype).removeprefix("torch."), layers=model.cfg.num_hidden_layers,
          gib_per_rank=[round(m / 2**30, 2) for m in model.each("memory_allocated")])
     sp = SamplingParams(temperature=1.0, seed=20260907)
     text = model.tokenizer.encode(PROMPT)
+    prefilled = all([_prefill_rows(model, (text * (n // len(text) + 1))[:n], rows, preset) for n in prefill])
     prompt = (text * (prime // len(text) + 1))[:prime]
     cap = prime + steps + 8
     prefix = model.new_state(cap)
@@ -106,6 +109,9 @@ def run_bench(model, prime: int, steps: int, rows: int, build_s: float, preset: 
         print("dsv4 bench: rows sampled different streams" + (" (eager against graph)" if graph_arm else ""),
               file=sys.stderr)
         return 1
+    if not prefilled:
+        print("dsv4 bench: a prompt's prefills left different logits", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -149,6 +155,33 @@ def _speculative(model, prompt: list[int], first: int, stream: list[int], steps:
          timing_scope="verify steps from the prefix (first draws the same), median row; a draft is right only as "
                       "often as the drafter predicts the model: random weights almost never")
     return same
+
+
+def _prefill_rows(model, prompt: list[int], rows: int, preset: str | None) -> bool:
+    """BENCH_PREFILL: a prompt's prefill (model.prefill at the model's default chunk for a state of its length plus
+    8), one unscored run (its compiles), then `rows` timed runs into a fresh state each: the median wall, tokens a
+    second, and the logits every run left (the same bytes, or the row is flagged)."""
+    import hashlib
+
+    n, walls, shas = len(prompt), [], set()
+    for row in range(rows + 1):
+        state = model.new_state(n + 8)
+        sync(model)
+        start = time.perf_counter()
+        logits = model.prefill(state, prompt)
+        sync(model)
+        wall = time.perf_counter() - start
+        shas.add(hashlib.sha256(logits.float().cpu().numpy().tobytes()).hexdigest()[:16])
+        state.discard()
+        if row:
+            walls.append(wall)
+    wall = statistics.median(walls)
+    emit("BENCH_PREFILL", provenance(model.device, preset), prompt_tokens=n, chunk=model.prefill_chunk(n + 8),
+         rows=rows, wall_s=round(wall, 4), walls_s=[round(w, 4) for w in walls], tok_s=round(n / wall, 1),
+         same_logits=len(shas) == 1,
+         timing_scope="model.prefill of the whole prompt into a fresh state (its chunks, their forwards, the last "
+                      "token's logits read back), median row after one unscored")
+    return len(shas) == 1
 
 
 def timed_pipelined(model, state, first: int, steps: int, sampling) -> tuple[list[int], int]:

@@ -428,10 +428,19 @@ def cmd_bench(args) -> int:
     if min(args.prime, args.steps, args.rows) < 1:
         print("dsv4 bench: --prime, --steps and --rows must be at least 1", file=sys.stderr)
         return 2
+    try:
+        prefill = tuple(int(n) for n in args.prefill.split(",")) if args.prefill else ()
+    except ValueError:
+        prefill = (0,)
+    if any(n < 2 for n in prefill):
+        print(f"dsv4 bench: --prefill {args.prefill}: prompt lengths, integers >= 2 separated by commas",
+              file=sys.stderr)
+        return 2
     start = time.perf_counter()
     with _model(args) as model:
         return run_bench(model, args.prime, args.steps, args.rows, time.perf_counter() - start, args.preset,
-                         args.profile, None if args.speculate == "none" else args.speculate, args.draft_tokens)
+                         args.profile, None if args.speculate == "none" else args.speculate, args.draft_tokens,
+                         prefill)
 
 
 def cmd_gate(args) -> int:
@@ -542,6 +551,9 @@ def main(argv=None) -> int:
     b.add_argument("--prime", type=int, default=128, help="prompt tokens before the timed rows")
     b.add_argument("--steps", type=int, default=32, help="sampled steps per row")
     b.add_argument("--rows", type=int, default=4, help="rows per arm (ABBA order)")
+    b.add_argument("--prefill", default=None, metavar="N[,M...]",
+                   help="also: the prefill of prompts of these lengths, --rows timed runs each (BENCH_PREFILL: median "
+                        "wall, tok/s)")
     b.add_argument("--profile", action="store_true",
                    help="also: GPU time and kernels per phase per token, bytes read per token per rank, "
                         "the copy bandwidth measured now and the roofline fraction (BENCH_PROFILE)")

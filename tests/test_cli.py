@@ -157,9 +157,13 @@ def test_chat_refuses_a_conversation_past_its_limit():
 
 
 def test_bench_prints_its_records():
-    r = dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prime", "20", "--steps", "6", "--rows", "2")
+    r = dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prime", "20", "--steps", "6", "--rows", "2",
+                 "--prefill", "200")
     assert r.returncode == 0, r.stderr
     records = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines()}
+    prefill = records["BENCH_PREFILL"]  # --prefill: the prompt's prefill, rows timed, the same logits each
+    assert prefill["prompt_tokens"] == 200 and len(prefill["walls_s"]) == 2 and prefill["same_logits"]
+    assert abs(prefill["tok_s"] * prefill["wall_s"] / 200 - 1) < 0.02  # tokens a second of the median wall
     summary = records["BENCH_SUMMARY"]
     assert summary["same_stream"] and summary["eager_tok_s"] > 0
     assert summary["graph_arm"] is False and summary["graph_tok_s"] is None  # no CUDA graph on CPU
@@ -167,6 +171,7 @@ def test_bench_prints_its_records():
     rows = [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("BENCH_ROW ")]
     assert [row["arm"] for row in rows] == ["eager"] * 4  # the arm that ran: no graph on CPU
     assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--steps", "0").returncode == 2
+    assert dsv4_cli("bench", "--preset", "tiny", "--device", "cpu", "--prefill", "1").returncode == 2
     assert summary["gemv"] == "v2"
 
 
