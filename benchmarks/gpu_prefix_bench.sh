@@ -10,3 +10,6 @@ step 250 "$OUT/prefix_mini_256.txt" python benchmarks/prefix_cache_bench.py --pr
   --system 2048 --turns 6 --message 128 --reply 128 --chunk 256 --rows 4 --max-model-len 8192
 step 250 "$OUT/prefix_mini_1024.txt" python benchmarks/prefix_cache_bench.py --preset mini --device cuda \
   --system 2048 --turns 6 --message 128 --reply 128 --chunk 1024 --rows 4 --max-model-len 8192
+# dsv4 bench --prefill (session 47): mini's prefill at 1,024 and 4,096 tokens beside its decode rows.
+step 80 "$OUT/bench_prefill_mini.txt" python -m dsv4.cli bench --preset mini --device cuda --prime 64 --steps 32 \
+  --rows 3 --prefill 1024,4096
