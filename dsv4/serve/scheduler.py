@@ -389,8 +389,9 @@ class Scheduler:
         return best, most
 
     def _hand_over(self, seq: Sequence):
-        """The sequences following `seq` whose shared prefix its prefill has reached take a copy of its state; those
-        it has passed (it can only pass one that waits for its end: none) are looked up again."""
+        """The sequences following `seq` whose shared prefix its prefill has reached take a copy of its state. One
+        whose point its prefill stepped over, or ended before (neither should happen: both prompts are chunked from
+        0, and a point is a chunk boundary or the end), is looked up again rather than given other bytes."""
         waiting = []
         for f in seq.followers:
             if f.cancelled:
