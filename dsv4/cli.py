@@ -388,11 +388,14 @@ def cmd_serve(args) -> int:
                         api_key=args.api_key or os.environ.get("DSV4_API_KEY"), precapture=args.precapture,
                         speculate=None if args.speculate == "none" else args.speculate, draft_tokens=args.draft_tokens,
                         prefix_cache=args.prefix_cache)
+        from .state import state_bytes
+
         cache = server.scheduler.prefix
+        mib = state_bytes(model.cfg, server.max_model_len, model.dtype) / 2**20
         print(f"[dsv4] serving {args.served_model_name!r} at {server.url} (max_model_len {server.max_model_len}, "
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world}, gemv {kernels.gemv()}"
-              + (f", prefix cache {cache.size} states at chunks of {cache.chunk}" if cache else "") + ")",
-              file=sys.stderr, flush=True)
+              + (f", prefix cache {cache.size} states at chunks of {cache.chunk}" if cache else "")
+              + f"; a state {mib:,.1f} MiB a rank)", file=sys.stderr, flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:

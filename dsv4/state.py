@@ -187,6 +187,13 @@ class DecodeState:
         self.quarantine = None
 
 
+def state_bytes(cfg: ModelConfig, capacity: int, dtype) -> int:
+    """The bytes of one DecodeState of `capacity` tokens (its committed buffers; a rank's copy), counted on the meta
+    device: nothing allocated (what a server's slots and prefix cache will hold)."""
+    state = DecodeState(cfg, capacity, torch.device("meta"), dtype)
+    return sum(t.numel() * t.element_size() for _, t in state.committed())
+
+
 class StatePool:
     def __init__(self, cfg: ModelConfig, slots: int, capacity: int, device, dtype):
         if not isinstance(slots, int) or slots < 1:

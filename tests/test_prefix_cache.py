@@ -430,3 +430,12 @@ def test_a_leader_refused_mid_prefill_leaves_its_followers_their_streams(model, 
     assert [e[0][0] for e in events] == ["error", "done", "done"]
     assert out[1:] == want[1:] and out[0] == []
     assert calls == [1] * 8  # the leader's two chunks (the second refused), then the new leader's six
+
+
+def test_state_bytes_counts_a_states_buffers(model):
+    """dsv4.state.state_bytes (the serve banner's figure) is what a state of that capacity allocates."""
+    from dsv4.state import state_bytes
+
+    state = model.new_state(CAP)
+    assert state_bytes(model.cfg, CAP, model.dtype) == sum(t.numel() * t.element_size() for _, t in state.committed())
+    assert state_bytes(model.cfg, 2 * CAP, model.dtype) > state_bytes(model.cfg, CAP, model.dtype)
