@@ -34,8 +34,8 @@ def provenance(device=None, preset: str | None = None) -> dict:
     """commit, torch, device, device_name, kernels (DSV4_KERNELS), gemv (the decode GEMVs' kernels), prefill_gemv
     (DSV4_PREFILL_GEMV: a short prefill chunk's, the process's unless set), fuse_qkv
     (DSV4_FUSE_QKV: attention's wq_a and wkv in one linear), fuse_xproj (DSV4_FUSE_XPROJ: the compressors' and
-    the indexer's bf16 linears of x in one), pdl (DSV4_PDL: programmatic dependent launch) and preset of a
-    measurement."""
+    the indexer's bf16 linears of x in one), pdl (DSV4_PDL: programmatic dependent launch), sampler (DSV4_SAMPLER:
+    the draw's method, dsv4.sampler CONFIG; another method, another stream) and preset of a measurement."""
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -43,7 +43,7 @@ def provenance(device=None, preset: str | None = None) -> dict:
             "kernels": kernels.mode(), "gemv": kernels.gemv(),
             "prefill_gemv": layout_config["prefill_gemv"] or kernels.gemv(),
             "fuse_qkv": layout_config["fuse_qkv"], "fuse_xproj": layout_config["fuse_xproj"], "pdl": kernels.PDL,
-            "preset": preset}
+            "sampler": kernels.getenv("DSV4_SAMPLER", "inverse"), "preset": preset}
 
 
 class Receipts:

@@ -205,6 +205,8 @@ class SamplingRows:
         self.top_k = torch.full((n,), p.top_k, dtype=torch.int64, device=device)
         self.key = torch.full((n,), _signed(_key(p.seed)), dtype=torch.int64, device=device)
         self._check_restricted([p])
+        if CONFIG["method"] == "gumbel":
+            gumbel_table(device)  # its copy to the device now, before any capture that draws with these rows
 
     def _check_restricted(self, params: list[SamplingParams]) -> None:
         wide = [p for p in params if restricts(p)]
@@ -323,7 +325,9 @@ def _kept_mask(kept: "_Kept") -> torch.Tensor:
 
 def _token(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
     """The drawn (or greedy) token of each row: dsv4.kernels.sample's two launches where they run, else
-    `_token_reference`."""
+    `_token_reference`; with CONFIG method "gumbel", `_token_gumbel`."""
+    if CONFIG["method"] == "gumbel":
+        return _token_gumbel(logits, rows.temperature, rows.key, pos, kept)
     if kernels.use_triton(logits, gpu_checked=sample_kernel.GPU_CHECKED) and sample_kernel.supported(logits, kept):
         return sample_kernel.token(logits, rows.temperature, rows.key, pos.to(torch.int64), kept)
     return _token_reference(logits, rows.temperature, rows.key, pos, kept)
@@ -368,6 +372,53 @@ def _row_token(x: torch.Tensor, t: torch.Tensor, u: torch.Tensor, kept: torch.Te
     first = torch.where(_cumsum(w) > share, i, width).amin(dim=-1, keepdim=True)
     last = torch.where(w > 0, i, 0).amax(dim=-1, keepdim=True)
     return pick * width + torch.minimum(first, last)
+
+
+# The draw's method, for the whole process (every rank reads it from the environment):
+#   "inverse" (the default): the kept tokens' CDF inverted in vocabulary order at u(seed, pos) (_row_token);
+#   "gumbel" (DSV4_SAMPLER=gumbel, opt-in; the torch ops on every device, no kernel yet): the Gumbel-max draw
+#       argmax_i(z_i + G_i) over the kept tokens, z = logits / temperature, one G_i a token from (seed, pos, i)
+#       (_token_gumbel). Another stream, as exact and as reproducible, and the coupling a speculative step wants: a
+#       drafter drawing with the same G agrees with the model within a few points of rejection sampling's bound
+#       (benchmarks/coupling_acceptance.py), where the inverse draw loses most drafts at flat distributions.
+CONFIG = {"method": kernels.getenv("DSV4_SAMPLER", "inverse")}
+if CONFIG["method"] not in ("inverse", "gumbel"):
+    raise ValueError(f"DSV4_SAMPLER={CONFIG['method']!r}: 'inverse' (the default) or 'gumbel'")
+
+_GUMBEL_BITS = 24
+_GUMBEL: dict = {}  # device -> the table of G over the 2**24 values of u
+
+
+def gumbel_table(device) -> torch.Tensor:
+    """G(u) = -log(-log(u)) at u = (k + 1/2) 2**-24, k = 0 .. 2**24 - 1, as float32 [2**24] (64 MiB) on `device`:
+    computed once on the host in float64 and copied, so every device adds the very same G (each device's own log
+    could round differently, and the draw must be the host's bit for bit)."""
+    device = torch.device(device)
+    table = _GUMBEL.get(device)
+    if table is None:
+        u = (torch.arange(1 << _GUMBEL_BITS, dtype=torch.float64) + 0.5) * 2.0**-_GUMBEL_BITS
+        table = _GUMBEL[device] = (-torch.log(-torch.log(u))).to(torch.float32).to(device)
+    return table
+
+
+def _gumbel_index(key: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Each row's G index of each token [B, vocab]: the top 24 bits of SplitMix64 output i + 1 started at the row's
+    draw state mix(key + (pos + 1) G) (the state u(seed, pos) takes its bits from), elementwise over int64."""
+    x = _mix_t((pos.to(torch.int64) + 1) * _signed(_G) + key)
+    i = torch.arange(1, vocab + 1, dtype=torch.int64, device=key.device)
+    return _lsr(_mix_t(x.unsqueeze(-1) + i * _signed(_G)), 64 - _GUMBEL_BITS)
+
+
+def _token_gumbel(logits: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor, pos: torch.Tensor,
+                  kept: torch.Tensor | None) -> torch.Tensor:
+    """The Gumbel-max draw of each row: argmax over the kept tokens of z + G, z = logits.float() / temperature in
+    fp32 and G from the table (fp32 adds, correctly rounded everywhere; argmax's ties to the lowest id), so every row
+    is its own and the host recomputes it bit for bit; a greedy row (temperature 0): the argmax of its logits."""
+    t = temperature.masked_fill(temperature == 0, 1.0).unsqueeze(-1)
+    z = logits.float() / t + gumbel_table(logits.device)[_gumbel_index(key, pos, logits.shape[-1])]
+    if kept is not None:
+        z = z.masked_fill(~kept, -math.inf)
+    return torch.where(temperature == 0, torch.argmax(logits, dim=-1), torch.argmax(z, dim=-1))
 
 
 def _uniform_rows(key: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,9 @@ def test_a_record_is_its_kind_and_one_json_object(tmp_path, capsys):
 def test_provenance_names_the_conditions():
     p = provenance("cpu", "tiny")
     assert set(p) == {"commit", "torch", "device", "device_name", "kernels", "gemv", "prefill_gemv", "fuse_qkv",
-                      "fuse_xproj", "pdl", "preset"}
+                      "fuse_xproj", "pdl", "sampler", "preset"}
     assert p["device"] == "cpu" and p["preset"] == "tiny" and p["kernels"] in ("auto", "torch", "triton")
+    assert p["sampler"] in ("inverse", "gumbel")
     json.dumps(p)
 
 
