@@ -116,3 +116,15 @@ def test_an_unknown_method_is_refused_at_import():
     r = subprocess.run([sys.executable, "-c", "import dsv4"], capture_output=True, text=True, timeout=120,
                        env={"DSV4_SAMPLER": "bogus", "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "DSV4_SAMPLER='bogus'" in r.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_draws_equal_host_draws(gumbel):
+    """On a GPU the Gumbel draw of the same logits is the host's, token for token (the shared table)."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 129280, generator=g) * 3
+    pos = torch.arange(64) * 7
+    for sp in (SamplingParams(seed=1), SamplingParams(temperature=0.6, top_p=0.9, seed=2)):
+        host = sample(logits, sp, pos)
+        device = sample(logits.cuda(), sp, pos.cuda())
+        assert torch.equal(host, device.cpu())
