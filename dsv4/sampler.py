@@ -36,6 +36,7 @@ import torch
 
 from . import kernels
 from .kernels import draw
+from .kernels import gumbel as gumbel_kernel
 from .kernels import sample as sample_kernel
 
 __all__ = ["SamplingParams", "SamplingRows", "GREEDY", "uniform", "sample", "sample_rows", "LogitsParams",
@@ -327,6 +328,8 @@ def _token(logits: torch.Tensor, rows: SamplingRows, pos: torch.Tensor, kept: to
     """The drawn (or greedy) token of each row: dsv4.kernels.sample's two launches where they run, else
     `_token_reference`; with CONFIG method "gumbel", `_token_gumbel`."""
     if CONFIG["method"] == "gumbel":
+        if kernels.use_triton(logits, gpu_checked=gumbel_kernel.GPU_CHECKED) and gumbel_kernel.supported(logits, kept):
+            return gumbel_kernel.token(logits, rows.temperature, rows.key, pos, kept, gumbel_table(logits.device))
         return _token_gumbel(logits, rows.temperature, rows.key, pos, kept)
     if kernels.use_triton(logits, gpu_checked=sample_kernel.GPU_CHECKED) and sample_kernel.supported(logits, kept):
         return sample_kernel.token(logits, rows.temperature, rows.key, pos.to(torch.int64), kept)
@@ -376,7 +379,7 @@ def _row_token(x: torch.Tensor, t: torch.Tensor, u: torch.Tensor, kept: torch.Te
 
 # The draw's method, for the whole process (every rank reads it from the environment):
 #   "inverse" (the default): the kept tokens' CDF inverted in vocabulary order at u(seed, pos) (_row_token);
-#   "gumbel" (DSV4_SAMPLER=gumbel, opt-in; the torch ops on every device, no kernel yet): the Gumbel-max draw
+#   "gumbel" (DSV4_SAMPLER=gumbel, opt-in; dsv4.kernels.gumbel where it runs, else torch ops): the Gumbel-max draw
 #       argmax_i(z_i + G_i) over the kept tokens, z = logits / temperature, one G_i a token from (seed, pos, i)
 #       (_token_gumbel). Another stream, as exact and as reproducible, and the coupling a speculative step wants: a
 #       drafter drawing with the same G agrees with the model within a few points of rejection sampling's bound

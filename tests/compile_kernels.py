@@ -28,7 +28,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4.config import preset  # noqa: E402
 from dsv4 import kernels  # noqa: E402
-from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk, undo  # noqa: E402
+from dsv4.kernels import attention, bookkeeping, commit, commit_step, compressor, dense, dequant, door, draw, expert_groups, gate_route, geometry, gumbel, hc, hc_boundary, hc_head, hc_post, moe, moe_gl, moe_tc, norm, normrope, prefill_attention, prefill_moe, qgemv, qgemv_mma, rope, rope_table, route, sample, topk, undo  # noqa: E402
 from dsv4.model.rope import Rope  # noqa: E402
 from dsv4.model.step import PoolStep, Step  # noqa: E402
 from dsv4.formats import QWeight  # noqa: E402
@@ -883,6 +883,13 @@ for n, vocab, dtype in ((1, 129280, torch.float32), (16, 129280, torch.float32),
     for kept in (None, torch.zeros(n, vocab, dtype=torch.bool)):
         sample.token(torch.zeros(n, vocab, dtype=dtype), torch.ones(n), torch.zeros(n, dtype=torch.int64),
                      torch.zeros(n, dtype=torch.int64), kept)
+
+# the Gumbel-max draw (DSV4_SAMPLER=gumbel): the same shapes as the inverse draw's token
+for n, vocab, dtype in ((1, 129280, torch.float32), (16, 129280, torch.float32), (1, 1000, torch.float32),
+                        (1, 129280, torch.bfloat16)):
+    for kept in (None, torch.zeros(n, vocab, dtype=torch.bool)):
+        gumbel.token(torch.zeros(n, vocab, dtype=dtype), torch.ones(n), torch.zeros(n, dtype=torch.int64),
+                     torch.zeros(n, dtype=torch.int64), kept, torch.zeros(1 << 24))
 
 # the indexer's top-k (one variant per row length's power of two): Flash's k over a small store (k == N), the
 # decode benchmark's store (1027 keys), the limit's two largest; a k and N of no power of two (tiny's GPU tests);

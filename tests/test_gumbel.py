@@ -128,3 +128,35 @@ def test_device_draws_equal_host_draws(gumbel):
         host = sample(logits, sp, pos)
         device = sample(logits.cuda(), sp, pos.cuda())
         assert torch.equal(host, device.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_is_the_reference_bit_for_bit(gumbel, monkeypatch, dtype):
+    """dsv4.kernels.gumbel (interpreted on CPU, compiled on a GPU) draws the reference's tokens exactly: every row
+    kind (sampled, greedy, a kept set), several chunks a row, any batch."""
+    pytest.importorskip("triton")
+    from dsv4 import kernels
+    from dsv4.kernels import gumbel as kernel
+
+    if not (kernels.interpreting() or torch.cuda.is_available()):
+        pytest.skip("the kernel runs interpreted (TRITON_INTERPRET=1) or on a GPU")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        monkeypatch.setattr(kernel, "CHUNK", 64)  # several chunks a row, at the interpreter's pace
+    g = torch.Generator().manual_seed(5)
+    V = 300 if device == "cpu" else 129280
+    logits = (torch.randn(6, V, generator=g) * 3).to(dtype)
+    logits[3, 17] = logits[3, 250] = logits[3].max() + 1  # a tie: the lowest id
+    params = [SamplingParams(seed=1), SamplingParams(temperature=0.5, seed=2), SamplingParams.greedy(),
+              SamplingParams.greedy(), SamplingParams(top_k=7, seed=4), SamplingParams(top_p=0.6, seed=5)]
+    rows = sampler.SamplingRows(6, device)
+    rows.load(params)
+    pos = torch.tensor([9, 10, 11, 12, 13, 14], device=device)
+    kept = sampler._kept_mask(sampler._kept_set(logits.to(device), rows))
+    got = kernel.token(logits.to(device), rows.temperature, rows.key, pos, kept, sampler.gumbel_table(device))
+    want = sampler._token_gumbel(logits.to(device), rows.temperature, rows.key, pos, kept)
+    assert torch.equal(got.cpu(), want.cpu()) and int(got[3]) == 17
+    alone = kernel.token(logits[1:2].to(device), rows.temperature[1:2], rows.key[1:2], pos[1:2], None,
+                         sampler.gumbel_table(device))
+    assert int(alone[0]) == int(sampler._token_gumbel(logits[1:2].to(device), rows.temperature[1:2], rows.key[1:2],
+                                                      pos[1:2], None)[0])
