@@ -17,7 +17,7 @@ import torch
 
 import dsv4
 from dsv4.prefix import PrefixCache
-from test_serve_scheduler import _drive, served
+from test_serve_scheduler import _drive, counted_prefills, served
 
 C, CAP = 8, 256
 
@@ -406,20 +406,7 @@ def test_a_leader_refused_mid_prefill_leaves_its_followers_their_streams(model, 
     prompt = ids(45, 7)
     sp = [dsv4.SamplingParams(temperature=1.0, seed=s) for s in range(3)]
     want = drive(Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C), [(prompt, 5, s) for s in sp])
-    calls = []
-    real = model.prefill_batch
-
-    def refuse_second(states, parts):
-        calls.append(len(states))
-        if len(calls) == 2:
-            model.arm_refusal(0, 0, 5, "moe")
-            try:
-                return real(states, parts)
-            finally:
-                model.reset_refusals()
-        return real(states, parts)
-
-    monkeypatch.setattr(model, "prefill_batch", refuse_second)
+    calls = counted_prefills(model, monkeypatch, refuse=lambda sizes: len(sizes) == 2)  # the leader's second chunk
     sched = Scheduler(model, max_num_seqs=3, max_model_len=CAP, prefill_chunk=C, prefix_cache=1)
     out, events = [[] for _ in sp], [[] for _ in sp]
     for i, s in enumerate(sp):

@@ -177,14 +177,16 @@ def grouped_jobs(model):
             (ids(13, 3), 7, dsv4.SamplingParams.greedy()), ([5], 6, dsv4.SamplingParams(seed=14))]
 
 
-def counted_prefills(model, monkeypatch, refuse_first_group=False):
-    """Record the states of each prefill_batch call; optionally refuse the first one of several states."""
+def counted_prefills(model, monkeypatch, refuse_first_group=False, refuse=None):
+    """Record the states of each prefill_batch call; optionally refuse the first one of several states, or the call
+    where refuse(the sizes so far, this one's last) holds."""
     sizes = []
     real = model.prefill_batch
 
     def prefill_batch(states, chunks):
         sizes.append(len(states))
-        if refuse_first_group and len(states) > 1 and all(n == 1 for n in sizes[:-1]):
+        if (refuse is not None and refuse(sizes)) or (refuse_first_group and len(states) > 1
+                                                      and all(n == 1 for n in sizes[:-1])):
             model.arm_refusal(0, 0, 5, "moe")
             try:
                 return real(states, chunks)
