@@ -397,6 +397,8 @@ def gumbel_table(device) -> torch.Tensor:
     computed once on the host in float64 and copied, so every device adds the very same G (each device's own log
     could round differently, and the draw must be the host's bit for bit)."""
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # one table a GPU, whichever way its device is named
+        device = torch.device("cuda", torch.cuda.current_device())
     table = _GUMBEL.get(device)
     if table is None:
         u = (torch.arange(1 << _GUMBEL_BITS, dtype=torch.float64) + 0.5) * 2.0**-_GUMBEL_BITS
