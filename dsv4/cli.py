@@ -321,7 +321,7 @@ def cmd_chat(args) -> int:
             from .generation import sample_tokens
             from .prefix import PrefixCache
 
-            cache = PrefixCache(model, 2, args.max_model_len,
+            cache = PrefixCache(model, args.prefix_cache, args.max_model_len,
                                 args.prefill_chunk or model.prefill_chunk(args.max_model_len))
         for turn in itertools.count():
             if sys.stdin.isatty():
@@ -495,10 +495,11 @@ def main(argv=None) -> int:
                    help="DeepSeek-V4's thinking mode: the reasoning streams to stderr, the answer to stdout")
     c.add_argument("--max-tokens", type=int, default=256, help="per reply")
     c.add_argument("--max-model-len", type=int, default=8192, help="the whole conversation, in tokens")
-    c.add_argument("--prefix-cache", action="store_true",
-                   help="keep each turn's prompt state at its last prefill chunk boundary, so the next turn prefills "
-                        "only from there (each turn a state of --max-model-len tokens; the tokens those of a plain "
-                        "prefill at that capacity and chunk)")
+    c.add_argument("--prefix-cache", type=int, default=0, metavar="STATES",
+                   help="keep up to STATES prompt states (each at its prompt's last prefill chunk boundary; 2 serve one "
+                        "conversation), so each turn prefills only from the last one's (each turn a state of "
+                        "--max-model-len tokens; the tokens those of a plain prefill at that capacity and chunk); "
+                        "0: off")
     c.add_argument("--prefill-chunk", type=int, default=None,
                    help="with --prefix-cache: prompt tokens per prefill chunk (default: the model's for "
                         "--max-model-len); a smaller chunk reuses more of each turn")

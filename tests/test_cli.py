@@ -125,7 +125,7 @@ def test_chat_prefix_cache_reuses_each_turn_and_keeps_its_tokens():
     from dsv4.serve.protocol import Request, generate
 
     lines = ["hello", "how are you", "tell me more"]
-    r = chat("".join(x + "\n" for x in lines), "--max-tokens", "6", "--seed", "3", "--prefix-cache",
+    r = chat("".join(x + "\n" for x in lines), "--max-tokens", "6", "--seed", "3", "--prefix-cache", "2",
              "--prefill-chunk", "8", "--max-model-len", "256")
     assert r.returncode == 0, r.stderr
     reused = [tuple(map(int, m)) for m in re.findall(r"prefix cache: (\d+) of (\d+) prompt tokens", r.stderr)]
