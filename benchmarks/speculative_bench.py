@@ -64,6 +64,37 @@ def verified(model, state, token, steps, sampling, drafts_of, k, graph=False):
     return out, time.perf_counter() - t, n
 
 
+def profile(model, prefix, first, sp, reference, k, where, steps=4):
+    """Eager plain steps and eager verify steps of k wrong drafts (each one token), `steps` of each under
+    torch.profiler: kernels a step, their device microseconds a step, and the 25 most launched names (on CPU, a smoke
+    run: torch's ops for kernels, their self time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fused_undo.CONFIG["fused"] = False  # the verify step's writes by torch's ops, as by default
+    vocab = model.cfg.vocab_size
+    arms = {"plain": None, f"verify_k{k}": lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]]}
+    for name, drafts_of in arms.items():
+        state = model.new_state(prefix.capacity)
+        state.restore(prefix)
+        cuda = model.device.type == "cuda"
+        with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            if drafts_of is None:
+                plain(model, state, first, steps, sp)
+            else:
+                verified(model, state, first, steps + 1, sp, drafts_of, k)  # steps + 1 tokens: `steps` verify steps
+            sync(model)
+        kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+        kernels = [e for e in prof.events() if e.device_type == kind]
+        by_name: dict[str, list] = {}
+        for e in kernels:
+            by_name.setdefault(e.name[:90], []).append(e.device_time if cuda else e.self_cpu_time_total)
+        top = sorted(by_name.items(), key=lambda kv: -len(kv[1]))[:25]
+        emit("SPECULATIVE_KERNELS", where, arm=name, steps=steps, kernels_per_step=round(len(kernels) / steps, 1),
+             device_us_per_step=round(sum(sum(ts) for ts in by_name.values()) / steps, 1),
+             top=[[n, round(len(ts) / steps, 1), round(sum(ts) / steps, 1)] for n, ts in top])
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="mini")
@@ -81,6 +112,9 @@ def main() -> int:
                    help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused): arms *_fu")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="last (a profiler session slows later launches): eager verify steps of K drafts and plain "
+                        "steps under torch.profiler, their kernels a step by name (SPECULATIVE_KERNELS)")
     a = p.parse_args()
     ks = a.k or [1, 3]
     t0 = time.perf_counter()
@@ -153,11 +187,24 @@ def main() -> int:
             emit("SPECULATIVE_ROW", round=r, arm=name, tok_s=round(a.steps / wall, 2), steps=steps,
                  ms_per_step=round(wall / steps * 1e3, 3))
     base = a.steps / statistics.median(walls["plain"])
+
+    def kernel_nodes(name, arm):
+        """The graph arm's kernel nodes a step: the full-token graph's, or the k-draft verify graph's."""
+        if arm == "graph":
+            return model.graph_census(graph_state).get("kernel_nodes")
+        if isinstance(arm, tuple) and arm[2]:
+            full = [g.census for key, g in model._verify_graphs.get(states[name], {}).items() if key[0] == arm[0] + 1]
+            return full[0].get("kernel_nodes") if full else None
+        return None
+
     for name, arm in arms.items():
         rate = a.steps / statistics.median(walls[name])
         emit("SPECULATIVE", where, arm=name, k=arm[0] if isinstance(arm, tuple) else None, tok_s=round(rate, 2),
              over_plain_eager=round(rate / base, 4), ms_per_step=round(statistics.median(per_step[name]), 3),
-             same_stream_as_plain=same[name], steps=a.steps, rounds=a.rounds, prime=a.prime)
+             same_stream_as_plain=same[name], kernel_nodes=kernel_nodes(name, arm), steps=a.steps,
+             rounds=a.rounds, prime=a.prime)
+    if a.profile:
+        profile(model, prefix, first, sp, reference, a.profile, where)
     if not all(same.values()):
         sys.stderr.write("speculative_bench: a verify arm's stream is not the plain stream\n")
         return 1

@@ -286,6 +286,7 @@ class VerifyReplay:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         self.captures = 0
+        self.census: dict = {}  # the captured graph's nodes by kind (dsv4.graph_nodes)
 
     def _capture(self, state):
         model = self.model
@@ -301,13 +302,15 @@ class VerifyReplay:
         torch.cuda.current_stream().wait_stream(side)
         model.comm.census.copy_(census_before)  # the warm-up's reductions are not the state's
         del scratch
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)  # its nodes counted before it is instantiated (_instantiate)
         try:
             with torch.inference_mode(), torch.cuda.graph(graph):
                 self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k, self.rows)
             undo.captured()  # the fused Undo's tables (kernels/undo.py), before the first replay
         except Exception as e:
+            undo.capture_failed()
             raise ReplayError(f"verify capture failed: {e}") from e
+        self.census = _instantiate(graph)
         self.graph = graph
         self.captures += 1
 

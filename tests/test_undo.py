@@ -11,10 +11,12 @@ import pytest
 import torch
 
 import dsv4
+from dsv4 import kernels
 from dsv4.kernels import undo as fused_undo
 from dsv4.model.commit import Undo, Write
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# CPU tensors through the kernels need Triton's interpreter (CI's; on the GPU machine the CUDA cases run instead)
+DEVICES = (["cpu"] if kernels.interpreting() else []) + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture
@@ -74,17 +76,20 @@ def test_fused_undo_is_the_torch_undo(device, accepted, kernels_on, monkeypatch)
         assert all(torch.equal(out[1][1][k], out[1][0][0][k]) for k in out[1][1])
 
 
-def test_refused_verify_takes_every_row_back(kernels_on):
+@pytest.mark.parametrize("device", DEVICES)
+def test_refused_verify_takes_every_row_back(device, kernels_on):
     g = torch.Generator().manual_seed(9)
-    bufs = buffers("cpu", g)
+    bufs = buffers(device, g)
     before = {k: v.clone() for k, v in bufs.items()}
     undo = Undo()
     for r in range(4):
-        undo.apply(row_writes(bufs, r, "cpu", g), r)
-    undo.take_back(torch.zeros(4, dtype=torch.bool))
+        undo.apply(row_writes(bufs, r, device, g), r)
+    undo.take_back(torch.zeros(4, dtype=torch.bool, device=device))
     assert all(torch.equal(bufs[k], before[k]) for k in bufs)
 
 
+@pytest.mark.skipif(not kernels.interpreting(), reason="the tiny model's kernels on CPU need Triton's interpreter "
+                    "(on CUDA: tests/test_speculative_gpu.py's fused_undo cases)")
 def test_verify_steps_with_the_fused_undo_keep_the_plain_stream(kernels_on, monkeypatch):
     """The tiny model through every kernel (the interpreter), its verify steps' writes by the fused Undo."""
     model = dsv4.load("tiny", device="cpu")
@@ -105,3 +110,19 @@ def test_verify_steps_with_the_fused_undo_keep_the_plain_stream(kernels_on, monk
     got += model.verify(state, got[-1], drafts, sampling)
     got += model.verify(state, got[-1], [], sampling)
     assert list(got) == plain and state.digest() == digest
+
+
+def test_tables_recorded_in_a_capture_are_filled_after_it():
+    """A capture records its tables as empty device tensors made in its inference mode; `captured` fills them outside
+    it (the first GPU run refused the in-place fill there), and a failed capture's tables do not reach the next."""
+    with torch.inference_mode():
+        table = torch.empty(2, 3, dtype=torch.int64)
+    fused_undo._tables.pending.append((table, [(1, 2, 3), (4, 5, 6)]))
+    fused_undo.captured()
+    assert table.tolist() == [[1, 2, 3], [4, 5, 6]] and fused_undo._tables.pending == []
+    with torch.inference_mode():
+        dead = torch.zeros(1, 3, dtype=torch.int64)
+    fused_undo._tables.pending.append((dead, [(7, 8, 9)]))
+    fused_undo.capture_failed()
+    fused_undo.captured()
+    assert dead.tolist() == [[0, 0, 0]] and fused_undo._tables.pending == []

@@ -155,9 +155,16 @@ class _Tables:
         return torch.tensor(entries, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
 
     def fill(self):
-        while self.pending:
-            table, entries = self.pending.pop(0)
-            table.copy_(torch.tensor(entries, dtype=torch.int64), non_blocking=False)
+        # the tables were made in the capture's inference mode: their fill is an in-place update of inference tensors,
+        # refused outside it (the first GPU run, session 48). Taken off the list first, so a failed fill leaves no
+        # table of a dead capture to the next one.
+        pending, self.pending = self.pending, []
+        with torch.inference_mode():
+            for table, entries in pending:
+                table.copy_(torch.tensor(entries, dtype=torch.int64), non_blocking=False)
+
+    def discard(self):
+        self.pending = []
 
 
 _tables = _Tables()
@@ -166,6 +173,11 @@ _tables = _Tables()
 def captured() -> None:
     """After a CUDA graph capture: the tables it recorded, filled before its first replay."""
     _tables.fill()
+
+
+def capture_failed() -> None:
+    """After a CUDA graph capture that failed: its tables dropped (the next capture records its own)."""
+    _tables.discard()
 
 
 def apply(writes, saves: list[torch.Tensor]) -> None:
