@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import os
 
 import torch
@@ -43,6 +44,25 @@ CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
 if CONFIG["fetch"] not in ("kernel", "copy"):
     raise ValueError(f"DSV4_FETCH={CONFIG['fetch']!r}: expected 'kernel' or 'copy'")
 
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool=None):
+    """torch.cuda.graph(graph, pool) with Python's cycle collector run before it and held off during it. torch no
+    longer collects at a capture's start (torch.compiler.config.force_cudagraph_gc, off), so a dead cycle holding an
+    older graph (a finished batch's, a dropped state's) could be collected by an allocation inside the capture: the
+    old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates the new
+    capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the one-row
+    graph of a generation after the scheduler's batches in one process)."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        if was:
+            gc.enable()
 
 class ReplayError(RuntimeError):
     pass
@@ -99,7 +119,7 @@ class FullTokenReplay:
         trace = collections.Counter()
         model.transformer.trace = trace
         try:
-            with torch.inference_mode(), self._marking(state), torch.cuda.graph(graph):
+            with torch.inference_mode(), self._marking(state), capturing(graph):
                 self.out = model.step_device(state, self.sampling, self.rows, self.host)
             commit_step.captured()  # the graph's commit table, before its first replay
         except Exception as e:  # a capture that breaks is the one unsupported thing
@@ -196,7 +216,7 @@ class BatchReplay:
         trace = collections.Counter()
         model.transformer.trace = trace
         try:
-            with torch.inference_mode(), torch.cuda.graph(graph):
+            with torch.inference_mode(), capturing(graph):
                 self.out = model.step_batch_device(batch)
             commit_step.captured()
         except Exception as e:
@@ -233,7 +253,7 @@ class PrefillReplay:
         self.graph = torch.cuda.CUDAGraph()
         self.replays = 0
         try:
-            with torch.inference_mode(), torch.cuda.graph(self.graph, pool=pool):
+            with torch.inference_mode(), capturing(self.graph, pool):
                 self.verdict = model.transformer.transaction([state], self.tokens, by_position=False)
             commit_step.captured()
         except Exception as e:
@@ -304,7 +324,7 @@ class VerifyReplay:
         del scratch
         graph = torch.cuda.CUDAGraph(keep_graph=True)  # its nodes counted before it is instantiated (_instantiate)
         try:
-            with torch.inference_mode(), torch.cuda.graph(graph):
+            with torch.inference_mode(), capturing(graph):
                 self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k, self.rows)
             undo.captured()  # the fused Undo's tables (kernels/undo.py), before the first replay
         except Exception as e:

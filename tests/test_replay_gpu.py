@@ -182,3 +182,38 @@ def test_pipelined_batched_graph_equals_solo_graphs(model, prefix, solo_streams)
         assert got[b] == [e[0] for e in solo_streams[b]], f"row {b}"
         assert (model.logits_sha(states[b]), states[b].digest()) == solo_streams[b][-1][1:], f"row {b}"
     assert model.batch_captures() == captures + 1
+
+
+def test_a_dead_graph_collected_during_a_capture_does_not_break_it():
+    """replay.capturing: an older graph held only by a dead reference cycle, and the cycle collector set to run at
+    nearly every allocation; the capture must still hold (its collect ran before it, and none runs inside it) and
+    replay. Without it torch.cuda.graph no longer collects first, and the old graph's destructor inside the capture
+    invalidated it (session 48 call 4: a generation's one-row graph after the scheduler's batches)."""
+    import gc
+
+    from dsv4.replay import capturing
+
+    x = torch.zeros(8, device="cuda")
+    old = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(old):
+        x.add_(1)
+    old.replay()
+    cycle = {"graph": old}
+    cycle["self"] = cycle
+    del old, cycle
+    threshold = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with capturing(graph):
+            y = x * 2
+            for _ in range(200):  # Python allocations: each may start a collection, were one allowed
+                _ = [object() for _ in range(4)]
+            y.add_(1)
+        assert gc.isenabled()
+    finally:
+        gc.set_threshold(*threshold)
+    x.fill_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.tolist() == [7.0] * 8

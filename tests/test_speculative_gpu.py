@@ -94,8 +94,9 @@ def test_verify_refuses_cuda_without_the_switch(model, prompt, monkeypatch):
 @pytest.mark.parametrize("k", [1, 3])
 def test_verify_graph_is_the_eager_verify(model, prompt, plain, k, fused, monkeypatch):
     """graph=True (replay.VerifyReplay, captured at the first step of k drafts): the same tokens and bytes as the
-    decode steps, with drafts right and wrong; the writes by torch's ops or by kernels/undo.py (CONFIG fused, its
-    tables filled after the capture)."""
+    decode steps, with drafts right and wrong; CONFIG fused on or off (the eager warm-up's writes by kernels/undo.py
+    when on; the capture records torch's ops either way: replays of a capture with the fused Undo faulted, session
+    48 call 4)."""
     from dsv4.kernels import undo as fused_undo
 
     monkeypatch.setitem(fused_undo.CONFIG, "fused", fused)

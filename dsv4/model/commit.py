@@ -56,7 +56,10 @@ class Undo:
 
     @staticmethod
     def _fused(t: torch.Tensor) -> bool:
-        return fused_undo.CONFIG["fused"] and kernels.use_triton(t)
+        # Not inside a CUDA graph capture: replays of a verify graph captured with the fused Undo faulted (an illegal
+        # address, session 48 call 4; eager it holds on CUDA, tests/test_undo.py), so a capture records torch's ops
+        return (fused_undo.CONFIG["fused"] and kernels.use_triton(t)
+                and not (t.is_cuda and torch.cuda.is_current_stream_capturing()))
 
     def apply(self, writes: list[Write], row: int):
         """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite (in one launch with
