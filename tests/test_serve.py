@@ -401,8 +401,8 @@ def test_port_in_use_is_one_line(model, server):
 
 
 def test_cli_serve_starts_and_answers():
-    """`dsv4 serve --preset tiny --port 0` prints its URL (and its prefix cache), answers (with the key of
-    DSV4_API_KEY only), and stops on SIGINT."""
+    """`dsv4 serve --preset tiny --port 0` prints its URL (and its prefix cache: on by default, cli.SERVE_PREFIX_STATES
+    states), answers (with the key of DSV4_API_KEY only), and stops on SIGINT."""
     import os
     import re
     import signal
@@ -411,14 +411,16 @@ def test_cli_serve_starts_and_answers():
 
     proc = subprocess.Popen([sys.executable, "-m", "dsv4.cli", "serve", "--preset", "tiny", "--device", "cpu",
                              "--port", "0", "--served-model-name", "cli-tiny", "--max-num-seqs", "2",
-                             "--prefix-cache", "2", "--prefill-chunk", "16"],
+                             "--prefill-chunk", "16"],
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "DSV4_API_KEY": "k3y"})
     try:
         line = proc.stderr.readline()
         url = re.search(r"at (http://\S+/v1)", line)
         assert url, line
-        assert "prefix cache 2 states at chunks of 16" in line, line
+        from dsv4.cli import SERVE_PREFIX_STATES
+
+        assert SERVE_PREFIX_STATES > 0 and f"prefix cache {SERVE_PREFIX_STATES} states at chunks of 16" in line, line
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url.group(1), api_key="none", max_retries=0, timeout=60).models.list()
         c = openai.OpenAI(base_url=url.group(1), api_key="k3y", max_retries=0, timeout=60)
