@@ -9,7 +9,7 @@
 # Usage: OUT=dir bash benchmarks/gpu_s48_call5.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
-export DEADLINE_S=${DEADLINE_S:-400}
+export DEADLINE_S=${DEADLINE_S:-330}
 export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests:$PWD"
 step 100 "$OUT/gate.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 --prime 64 \
   --output 64 --out "$OUT/receipts-gate.txt"
