@@ -455,8 +455,6 @@ def cmd_gate(args) -> int:
     from .gate import run_gate
 
     _device(args.device)
-    if args.speculative:  # the gate proves the verify step: its ranks (spawned at the load) run it on CUDA too
-        os.environ["DSV4_SPECULATIVE"] = "1"
     if isinstance(_source(args), Path) and args.model in PRESETS:
         args.model = f"./{args.model}"  # the directory, as dsv4.load reads a bare preset name as the preset
     _select_gemv(args)
@@ -580,8 +578,7 @@ def main(argv=None) -> int:
                          "compared (BATCH_IDENTITY), and a refusal inside a batched step (BATCH_REFUSAL)")
     gt.add_argument("--speculative", type=int, default=0, metavar="K",
                     help="also: verify steps of K drafts (a third of them wrong) against the plain steps, every byte "
-                         "compared (SPECULATIVE_IDENTITY), and a refusal inside a verify step (SPECULATIVE_REFUSAL); "
-                         "sets DSV4_SPECULATIVE=1 for the gate's ranks")
+                         "compared (SPECULATIVE_IDENTITY), and a refusal inside a verify step (SPECULATIVE_REFUSAL)")
     gt.add_argument("--prefix-cache", action="store_true",
                     help="also: prompts prefilled through the prefix cache (dsv4.prefix) against plain prefills at its "
                          "chunk, every byte compared on every rank, steps from both (PREFIX_IDENTITY), and a refusal "

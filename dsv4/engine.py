@@ -617,9 +617,6 @@ class Model(ModelCommon):
 
     def _verify(self, state: DecodeState, token: int, drafts: Sequence[int], sampling, stops: Sequence[int],
                 k: int, graph: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        if self.device.type == "cuda" and kernels.getenv("DSV4_SPECULATIVE", "0") != "1":
-            raise NotImplementedError("verify: speculative steps are proven on CPU and have not run on a GPU yet; "
-                                      "DSV4_SPECULATIVE=1 runs them on CUDA anyway")
         sampling = sampling or SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"verify: sampling {sampling!r}: a SamplingParams (logit processing is not speculated)")

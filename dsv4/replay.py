@@ -291,8 +291,8 @@ class VerifyReplay:
     its MTP drafts k, its sampling and its stop tokens; a replay reads the R tokens from a static buffer (copied in
     before it) and leaves [draws, accepted, verdict, drafts] in a static output, read back after it. The warm-up runs
     on a scratch copy of the state (its MTP window zeros: a warm-up's drafts are never used), so the state advances
-    only by the replays. Never run on a GPU yet (session 46): Model.verify takes it with graph=True, under
-    DSV4_SPECULATIVE=1, and tests/test_speculative_gpu.py checks it against the eager verify."""
+    only by the replays. Model.verify takes it with graph=True; tests/test_speculative_gpu.py checks it against the
+    eager verify and `dsv4 gate --speculative` against the plain steps (first on an H200 in session 48)."""
 
     def __init__(self, model, state, R: int, k: int, sampling, stop: torch.Tensor | None, warmup: int = 2):
         if state.device.type != "cuda":

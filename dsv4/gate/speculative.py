@@ -6,8 +6,7 @@ The drafts are the plain stream with every third one wrong, so the steps accept 
 each verify step must yield exactly the plain stream's next tokens, and leave the state (logits, cache, hidden
 state, position) the plain loop has after as many steps. The refusal, armed on a rank and layer inside a verify
 step, must raise, quarantine the state and leave its cache, hidden state and position as they were (the rows the
-step had written taken back). On CUDA the gate runs this with DSV4_SPECULATIVE=1 (it sets it for its ranks): the
-gate is where a GPU first proves the verify step.
+step had written taken back). Its first GPU run: session 48 (mini on an H200, verify steps as graphs).
 """
 
 from __future__ import annotations

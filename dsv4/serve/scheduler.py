@@ -148,7 +148,8 @@ class Scheduler:
         self.speculate, self.draft_tokens = speculate, draft_tokens
         self.ngram = NgramDrafter() if speculate == "ngram" else None
         if speculate and model.device.type == "cuda" and os.environ.get("DSV4_SPECULATIVE", "0") != "1":
-            raise ValueError("speculate: verify steps have not run on a GPU yet; DSV4_SPECULATIVE=1 runs them anyway")
+            raise ValueError("speculate: the server's verify steps have not run on a GPU yet (the engine's have: "
+                             "dsv4 gate --speculative); DSV4_SPECULATIVE=1 runs them anyway")
         self.model, self.max_waiting, self.prefill_chunk, self.metrics = model, max_waiting, prefill_chunk, metrics
         # The slots are the rows of one pool (dsv4.state.StatePool): a batched step over them runs each of
         # attention's, the compressors' and the indexer's kernels once for all rows where the pooled
