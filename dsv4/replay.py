@@ -39,11 +39,13 @@ from .sampler import SamplingParams, SamplingRows, restricts
 # bookkeeping.fetch, a kernel reading the pinned host buffer (session 42 call 9's kernel table: 4.5 us of the step,
 # the graph's first node), or "copy", a memcpy node from it (the copy engine's DMA; the first kernel then starts after
 # it without PDL). Untimed: an arm for the next GPU session (decode_ab --arm copy=replay.fetch=copy).
+# gc_hold (DSV4_CAPTURE_GC_HOLD=1; off until its GPU run, see capturing): every capture with the cycle collector run
+# before it and held off during it.
 CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
-          "fetch": os.environ.get("DSV4_FETCH", "kernel")}
+          "fetch": os.environ.get("DSV4_FETCH", "kernel"),
+          "gc_hold": os.environ.get("DSV4_CAPTURE_GC_HOLD", "0") == "1"}
 if CONFIG["fetch"] not in ("kernel", "copy"):
     raise ValueError(f"DSV4_FETCH={CONFIG['fetch']!r}: expected 'kernel' or 'copy'")
-
 
 
 @contextlib.contextmanager
@@ -53,7 +55,12 @@ def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     older graph (a finished batch's, a dropped state's) could be collected by an allocation inside the capture: the
     old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates the new
     capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the one-row
-    graph of a generation after the scheduler's batches in one process)."""
+    graph of a generation after the scheduler's batches in one process). With CONFIG gc_hold off (the default until
+    a GPU run: written in session 48, whose device time ran out on refused starts) it is torch.cuda.graph alone."""
+    if not CONFIG["gc_hold"]:
+        with torch.cuda.graph(graph, pool=pool):
+            yield
+        return
     gc.collect()
     was = gc.isenabled()
     gc.disable()
@@ -63,6 +70,7 @@ def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     finally:
         if was:
             gc.enable()
+
 
 class ReplayError(RuntimeError):
     pass

@@ -184,14 +184,17 @@ def test_pipelined_batched_graph_equals_solo_graphs(model, prefix, solo_streams)
     assert model.batch_captures() == captures + 1
 
 
-def test_a_dead_graph_collected_during_a_capture_does_not_break_it():
+def test_a_dead_graph_collected_during_a_capture_does_not_break_it(monkeypatch):
     """replay.capturing: an older graph held only by a dead reference cycle, and the cycle collector set to run at
     nearly every allocation; the capture must still hold (its collect ran before it, and none runs inside it) and
     replay. Without it torch.cuda.graph no longer collects first, and the old graph's destructor inside the capture
     invalidated it (session 48 call 4: a generation's one-row graph after the scheduler's batches)."""
     import gc
 
+    from dsv4 import replay
     from dsv4.replay import capturing
+
+    monkeypatch.setitem(replay.CONFIG, "gc_hold", True)
 
     x = torch.zeros(8, device="cuda")
     old = torch.cuda.CUDAGraph()
