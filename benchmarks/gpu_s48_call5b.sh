@@ -10,7 +10,7 @@ export DEADLINE_S=${DEADLINE_S:-250}
 export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests:$PWD"
 DSV4_CAPTURE_GC_HOLD=1 step 100 "$OUT/gate.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 --prime 64 \
   --output 64 --out "$OUT/receipts-gate.txt"
-DSV4_CAPTURE_GC_HOLD=1 step 80 "$OUT/offline_mini.txt" python benchmarks/offline_bench.py --preset mini --device cuda --prompts 32 \
-  --prompt-tokens 128 --max-tokens 64 --rounds 3
-step 60 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_undo.py \
+step 40 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_undo.py \
   tests/test_replay_gpu.py::test_a_dead_graph_collected_during_a_capture_does_not_break_it
+DSV4_CAPTURE_GC_HOLD=1 step 70 "$OUT/offline_mini.txt" python benchmarks/offline_bench.py --preset mini --device cuda --prompts 32 \
+  --prompt-tokens 128 --max-tokens 64 --rounds 3
