@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# For the next device (written in session 48, whose device time ran out on refused starts): why a verify step costs
+# 2.5-5 plain steps (session 48 call 2): speculative_bench on mini with the head zeroed, each verify graph's kernel
+# nodes beside the plain graph's, and a torch.profiler table of eager verify steps (3 drafts) against plain steps by
+# kernel name (--profile: last, a profiler session slows later launches); the same arms on a Flash rank; then the
+# conversation's time to first token per turn with the prefix cache (mini, chunk 256). If session 48's call 5b did
+# not run: first the gate and offline_bench under DSV4_CAPTURE_GC_HOLD=1 (benchmarks/gpu_s48_call5b.sh).
+# Usage: OUT=dir bash benchmarks/gpu_s49_call1.sh   (carry .whl)
+source benchmarks/gpu_env.sh
+SUMMARY_LINES=16
+export DEADLINE_S=${DEADLINE_S:-540}
+export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests:$PWD"
+step 120 "$OUT/spec_mini.txt" python benchmarks/speculative_bench.py --preset mini --k 1 --k 3 --steps 32 --rounds 2 \
+  --graph --zero-head --profile 3
+step 150 "$OUT/spec_flash.txt" python benchmarks/speculative_bench.py --preset flash --proxy-world 2 --k 1 --k 3 \
+  --steps 16 --rounds 2 --graph --profile 3
+step 250 "$OUT/prefix_mini_256.txt" python benchmarks/prefix_cache_bench.py --preset mini --device cuda \
+  --system 2048 --turns 6 --message 128 --reply 128 --chunk 256 --rows 4 --max-model-len 8192
