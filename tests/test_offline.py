@@ -147,3 +147,24 @@ def test_the_package_face_offers_it_lazily():
     assert dsv4.generate_many is generate_many
     code = "import sys, dsv4; assert 'fastapi' not in sys.modules; dsv4.generate_many; assert 'fastapi' in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+def test_a_finished_batch_leaves_nothing_to_the_cycle_collector(model):
+    """generate_many's scheduler, its sequences and their states go when it returns, by reference counting: left in
+    a cycle (the unstarted scheduler thread's target, the emitters' list of sequences), they were freed by the cycle
+    collector whenever it ran, on CUDA possibly inside a later graph capture, whose destroyed graphs invalidated it
+    (session 48: model.sample_tokens after generate_many in one process)."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        out = generate_many(model, [[5, 7, 9, 11], [3, 4, 8]], 3, [dsv4.SamplingParams(temperature=1.0, seed=1)] * 2)
+        assert len(out) == 2
+        del out
+        gc.collect()
+        left = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("dsv4")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == [], left

@@ -176,7 +176,10 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name="dsv4-scheduler", daemon=True)
+        # made by start(): a Thread holds its target (self._loop, so self) until it has run, and a scheduler driven in
+        # the caller's thread (dsv4.generate_many) would stay in that cycle, its states and their CUDA graphs freed
+        # only by the cycle collector, which may run inside a later graph capture and invalidate it (session 48)
+        self.thread: threading.Thread | None = None
 
     # ---- handler side (any thread) ------------------------------------------
     def submit(self, seq: Sequence):
@@ -197,6 +200,7 @@ class Scheduler:
             self.cond.notify()
 
     def start(self):
+        self.thread = threading.Thread(target=self._loop, name="dsv4-scheduler", daemon=True)
         self.thread.start()
 
     def capture_buckets(self):
@@ -262,12 +266,12 @@ class Scheduler:
         with self.cond:
             self.stopping = True
             self.cond.notify()
-        if self.thread.is_alive():
+        if self.thread is not None and self.thread.is_alive():
             self.thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive() and self.error is None
+        return self.thread is not None and self.thread.is_alive() and self.error is None
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
