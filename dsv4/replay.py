@@ -48,19 +48,22 @@ if CONFIG["fetch"] not in ("kernel", "copy"):
     raise ValueError(f"DSV4_FETCH={CONFIG['fetch']!r}: expected 'kernel' or 'copy'")
 
 
-@contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, pool=None):
-    """torch.cuda.graph(graph, pool) with Python's cycle collector run before it and held off during it. torch no
-    longer collects at a capture's start (torch.compiler.config.force_cudagraph_gc, off), so a dead cycle holding an
-    older graph (a finished batch's, a dropped state's) could be collected by an allocation inside the capture: the
-    old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates the new
-    capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the one-row
-    graph of a generation after the scheduler's batches in one process). With CONFIG gc_hold off (the default until
-    a GPU run: written in session 48, whose device time ran out on refused starts) it is torch.cuda.graph alone."""
+    """torch.cuda.graph(graph, pool), with CONFIG gc_hold Python's cycle collector run before it and held off during
+    it. torch no longer collects at a capture's start (torch.compiler.config.force_cudagraph_gc, off), so a dead cycle
+    holding an older graph (a finished batch's, a dropped state's) could be collected by an allocation inside the
+    capture: the old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates
+    the new capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the
+    one-row graph of a generation after generate_many in one process; that cycle is gone at its root, see
+    Scheduler.thread). With gc_hold off (the default until a GPU run: written in session 48, whose device time ran out
+    on refused starts) it is torch.cuda.graph itself."""
     if not CONFIG["gc_hold"]:
-        with torch.cuda.graph(graph, pool=pool):
-            yield
-        return
+        return torch.cuda.graph(graph, pool=pool)
+    return _gc_held(graph, pool)
+
+
+@contextlib.contextmanager
+def _gc_held(graph: torch.cuda.CUDAGraph, pool):
     gc.collect()
     was = gc.isenabled()
     gc.disable()
