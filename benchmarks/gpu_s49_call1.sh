@@ -3,8 +3,9 @@
 # 2.5-5 plain steps (session 48 call 2): speculative_bench on mini with the head zeroed, each verify graph's kernel
 # nodes beside the plain graph's, and a torch.profiler table of eager verify steps (3 drafts) against plain steps by
 # kernel name (--profile: last, a profiler session slows later launches); the same arms on a Flash rank; then the
-# conversation's time to first token per turn with the prefix cache (mini, chunk 256). If session 48's call 5b did
-# not run: first the gate and offline_bench under DSV4_CAPTURE_GC_HOLD=1 (benchmarks/gpu_s48_call5b.sh).
+# server's verify steps (serve_bench --speculate ngram under DSV4_SPECULATIVE=1: IDENTITY must hold; it lifts the
+# scheduler's switch), then the conversation's time to first token per turn with the prefix cache (mini, chunk 256).
+# Run benchmarks/gpu_s48_call5c.sh first if session 48's last calls have not run.
 # Usage: OUT=dir bash benchmarks/gpu_s49_call1.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
@@ -14,5 +15,7 @@ step 120 "$OUT/spec_mini.txt" python benchmarks/speculative_bench.py --preset mi
   --graph --zero-head --profile 3
 step 150 "$OUT/spec_flash.txt" python benchmarks/speculative_bench.py --preset flash --proxy-world 2 --k 1 --k 3 \
   --steps 16 --rounds 2 --graph --profile 3
+DSV4_SPECULATIVE=1 step 120 "$OUT/serve_mini_spec.txt" python benchmarks/serve_bench.py --preset mini --device cuda \
+  --prompt-tokens 256 --max-tokens 64 --warmup 1 --concurrency 1,4 --speculate ngram --draft-tokens 3
 step 250 "$OUT/prefix_mini_256.txt" python benchmarks/prefix_cache_bench.py --preset mini --device cuda \
   --system 2048 --turns 6 --message 128 --reply 128 --chunk 256 --rows 4 --max-model-len 8192

@@ -55,7 +55,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd += ["--no-precapture"] if args.no_precapture else []
     cmd += ["--gemv", args.gemv] if args.gemv else []
     cmd += ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
-    cmd += ["--prefix-cache", str(args.prefix_cache)] if args.prefix_cache else []
+    cmd += ["--prefix-cache", str(args.prefix_cache)] if args.prefix_cache is not None else []
+    cmd += ["--speculate", args.speculate, "--draft-tokens", str(args.draft_tokens)] if args.speculate else []
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in proc.stderr:
@@ -211,7 +212,11 @@ def main():
                     help="start the server with --no-precapture (each bucket's graph captured at its first use)")
     ap.add_argument("--gemv", choices=["v2", "v3"], help="start the server with --gemv (its decode GEMVs' kernels)")
     ap.add_argument("--prefill-chunk", type=int, help="start the server with --prefill-chunk (its prefill chunks' tokens)")
-    ap.add_argument("--prefix-cache", type=int, default=0, help="start the server with --prefix-cache (states kept)")
+    ap.add_argument("--prefix-cache", type=int, default=None,
+                    help="start the server with --prefix-cache (states kept; 0: off; default: the server's)")
+    ap.add_argument("--speculate", choices=["ngram", "mtp"], default=None,
+                    help="start the server with --speculate (on CUDA it needs DSV4_SPECULATIVE=1 in the environment)")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="with --speculate: the server's --draft-tokens")
     ap.add_argument("--shared-prefix", type=int, default=0,
                     help="every prompt begins with the same this many tokens (a system prompt)")
     ap.add_argument("--warmup", type=int, default=0,
