@@ -17,5 +17,5 @@ step 150 "$OUT/spec_flash.txt" python benchmarks/speculative_bench.py --preset f
   --steps 16 --rounds 2 --graph --profile 3
 DSV4_SPECULATIVE=1 step 120 "$OUT/serve_mini_spec.txt" python benchmarks/serve_bench.py --preset mini --device cuda \
   --prompt-tokens 256 --max-tokens 64 --warmup 1 --concurrency 1,4 --speculate ngram --draft-tokens 3
-step 250 "$OUT/prefix_mini_256.txt" python benchmarks/prefix_cache_bench.py --preset mini --device cuda \
+step 150 "$OUT/prefix_mini_256.txt" python benchmarks/prefix_cache_bench.py --preset mini --device cuda \
   --system 2048 --turns 6 --message 128 --reply 128 --chunk 256 --rows 4 --max-model-len 8192
