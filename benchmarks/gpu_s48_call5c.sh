@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 48's last call, cut to the device time left after four refused starts: offline_bench at main's defaults
 # (call 4's reproduction: generate_many, then model.sample_tokens in one process; its cycle now gone at the root:
-# Scheduler.thread made by start(), generate_many's emitters' list cleared), then the capture test of replay CONFIG
+# generate_many drops its scheduler's unstarted thread (Scheduler.driven_inline) and its emitters' list), then the capture test of replay CONFIG
 # gc_hold (off by default).
 # Usage: DEADLINE_S=N OUT=dir bash benchmarks/gpu_s48_call5c.sh   (carry .whl)
 source benchmarks/gpu_env.sh

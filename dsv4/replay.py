@@ -55,7 +55,7 @@ def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     capture: the old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates
     the new capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the
     one-row graph of a generation after generate_many in one process; that cycle is gone at its root, see
-    Scheduler.thread). With gc_hold off (the default until a GPU run: written in session 48, whose device time ran out
+    Scheduler.driven_inline). With gc_hold off (the default until a GPU run: written in session 48, whose device time ran out
     on refused starts) it is torch.cuda.graph itself."""
     if not CONFIG["gc_hold"]:
         return torch.cuda.graph(graph, pool=pool)

@@ -156,7 +156,8 @@ def generate_many(model, prompts: Sequence[str | Sequence[int]], max_tokens: int
             pieces[i].append(texts[i].end("length"))
         out.append(Completion(ids[i], tokens[i], "".join(pieces[i]), finish[i] or "length", seqs[i].cached or 0))
     seqs.clear()  # each emitter holds seqs (it cancels its sequence): no cycle left to the cycle collector (see
-    # Scheduler.thread), so the scheduler's states and graphs go when this returns
+    # Scheduler.driven_inline), so the scheduler's states and graphs go when this returns
+    sched.driven_inline()
     if failed:
         raise GenerationError(out, failed)
     return out

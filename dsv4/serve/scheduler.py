@@ -176,10 +176,7 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
         self.error: BaseException | None = None
-        # made by start(): a Thread holds its target (self._loop, so self) until it has run, and a scheduler driven in
-        # the caller's thread (dsv4.generate_many) would stay in that cycle, its states and their CUDA graphs freed
-        # only by the cycle collector, which may run inside a later graph capture and invalidate it (session 48)
-        self.thread: threading.Thread | None = None
+        self.thread = threading.Thread(target=self._loop, name="dsv4-scheduler", daemon=True)
 
     # ---- handler side (any thread) ------------------------------------------
     def submit(self, seq: Sequence):
@@ -200,8 +197,17 @@ class Scheduler:
             self.cond.notify()
 
     def start(self):
-        self.thread = threading.Thread(target=self._loop, name="dsv4-scheduler", daemon=True)
         self.thread.start()
+
+    def driven_inline(self):
+        """A scheduler driven in its caller's thread (dsv4.generate_many), when it is done: its thread, never started,
+        dropped. An unstarted Thread holds its target (self._loop, so self), a cycle that would leave the scheduler,
+        its states and their CUDA graphs to the cycle collector, which may run inside a later graph capture: a
+        graph destroyed there invalidates the capture (session 48 call 4). A started thread drops its target as it
+        ends, so the server's scheduler needs none of this."""
+        if self.thread.is_alive():
+            raise RuntimeError("driven_inline: the scheduler's thread is running")
+        self.thread = None
 
     def capture_buckets(self):
         """Capture every bucket's batched step now, with all rows inactive (nothing changes), so that no
@@ -266,12 +272,12 @@ class Scheduler:
         with self.cond:
             self.stopping = True
             self.cond.notify()
-        if self.thread is not None and self.thread.is_alive():
+        if self.thread.is_alive():
             self.thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive() and self.error is None
+        return self.thread.is_alive() and self.error is None
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting)."""
