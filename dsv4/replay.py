@@ -318,6 +318,7 @@ class VerifyReplay:
         self.out: torch.Tensor | None = None
         self.captures = 0
         self.census: dict = {}  # the captured graph's nodes by kind (dsv4.graph_nodes)
+        self.undo_tables: list[torch.Tensor] = []
 
     def _capture(self, state):
         model = self.model
@@ -337,7 +338,7 @@ class VerifyReplay:
         try:
             with torch.inference_mode(), capturing(graph):
                 self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k, self.rows)
-            undo.captured()  # the fused Undo's tables (kernels/undo.py), before the first replay
+            self.undo_tables = undo.captured()  # the fused Undo's tables (kernels/undo.py): filled, kept as the graph
         except Exception as e:
             undo.capture_failed()
             raise ReplayError(f"verify capture failed: {e}") from e

@@ -81,12 +81,13 @@ def test_rejections_on_cuda_keep_the_plain_stream(model, prompt, plain):
 @pytest.mark.parametrize("k", [1, 3])
 def test_verify_graph_is_the_eager_verify(model, prompt, plain, k, fused, monkeypatch):
     """graph=True (replay.VerifyReplay, captured at the first step of k drafts): the same tokens and bytes as the
-    decode steps, with drafts right and wrong; CONFIG fused on or off (the eager warm-up's writes by kernels/undo.py
-    when on; the capture records torch's ops either way: replays of a capture with the fused Undo faulted, session
-    48 call 4)."""
+    decode steps, with drafts right and wrong; the writes by torch's ops, or by kernels/undo.py in the warm-up and
+    the capture (CONFIG fused and capture: its tables filled after the capture and kept with the graph; session 48
+    call 4's replays faulted when they were let go)."""
     from dsv4.kernels import undo as fused_undo
 
     monkeypatch.setitem(fused_undo.CONFIG, "fused", fused)
+    monkeypatch.setitem(fused_undo.CONFIG, "capture", fused)
     tokens, states = plain
     state, token, done = prefilled(model, prompt), prompt[-1], 0
     while done + k + 1 <= STEPS:

@@ -118,11 +118,12 @@ def test_tables_recorded_in_a_capture_are_filled_after_it():
     with torch.inference_mode():
         table = torch.empty(2, 3, dtype=torch.int64)
     fused_undo._tables.pending.append((table, [(1, 2, 3), (4, 5, 6)]))
-    fused_undo.captured()
+    kept = fused_undo.captured()  # the graph's owner keeps them: let go, they return to the graph's memory pool
     assert table.tolist() == [[1, 2, 3], [4, 5, 6]] and fused_undo._tables.pending == []
+    assert len(kept) == 1 and kept[0] is table
     with torch.inference_mode():
         dead = torch.zeros(1, 3, dtype=torch.int64)
     fused_undo._tables.pending.append((dead, [(7, 8, 9)]))
     fused_undo.capture_failed()
-    fused_undo.captured()
+    assert fused_undo.captured() == []
     assert dead.tolist() == [[0, 0, 0]] and fused_undo._tables.pending == []

@@ -18,8 +18,8 @@ Tables are int64 rows built on the host from the tensors' addresses: eager, copi
 sync; in a CUDA graph capture, an empty device table made in the capture (an allocation, no node), filled by
 `captured()` once the capture has ended and before the first replay (replay.VerifyReplay calls it).
 
-Off by default (CONFIG fused, DSV4_UNDO_FUSED=1): never run on a GPU yet; tests/test_undo.py checks it against
-the torch ops in Triton's interpreter.
+Off by default (CONFIG fused, DSV4_UNDO_FUSED=1; inside a capture also CONFIG capture, DSV4_UNDO_FUSED_CAPTURE=1):
+tests/test_undo.py checks it against the torch ops in Triton's interpreter and eager on CUDA.
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 # Session 48 (H200): eager it holds (tests/test_undo.py's CUDA cases); replays of a verify graph captured with it
-# faulted (an illegal address, not yet understood), so commit.Undo does not use it inside a capture.
+# faulted (an illegal address). Until then a capture's tables were dropped once filled, back to the graph's pool while
+# the graph still read them; now the graph's owner keeps them (`captured` returns them). Inside a capture only with
+# CONFIG capture (DSV4_UNDO_FUSED_CAPTURE=1) until a GPU run shows that was the fault.
 GPU_CHECKED = False
-CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "0") == "1"}
+CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "0") == "1", "capture": getenv("DSV4_UNDO_FUSED_CAPTURE", "0") == "1"}
 
 FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 APPLY_FIELDS = 9  # buf, index, rows, keep, save (addresses), rows, width, codes, rows' stride
@@ -156,7 +158,7 @@ class _Tables:
             return table
         return torch.tensor(entries, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
 
-    def fill(self):
+    def fill(self) -> list[torch.Tensor]:
         # the tables were made in the capture's inference mode: their fill is an in-place update of inference tensors,
         # refused outside it (the first GPU run, session 48). Taken off the list first, so a failed fill leaves no
         # table of a dead capture to the next one.
@@ -164,6 +166,7 @@ class _Tables:
         with torch.inference_mode():
             for table, entries in pending:
                 table.copy_(torch.tensor(entries, dtype=torch.int64), non_blocking=False)
+        return [table for table, _ in pending]
 
     def discard(self):
         self.pending = []
@@ -172,9 +175,11 @@ class _Tables:
 _tables = _Tables()
 
 
-def captured() -> None:
-    """After a CUDA graph capture: the tables it recorded, filled before its first replay."""
-    _tables.fill()
+def captured() -> list[torch.Tensor]:
+    """After a CUDA graph capture: the tables it recorded, filled before its first replay -> them, for the caller to
+    keep as long as its graph: the graph reads them at every replay, and a table let go goes back to the graph's
+    memory pool, free to be handed out again (replay.VerifyReplay keeps them)."""
+    return _tables.fill()
 
 
 def capture_failed() -> None:

@@ -56,10 +56,10 @@ class Undo:
 
     @staticmethod
     def _fused(t: torch.Tensor) -> bool:
-        # Not inside a CUDA graph capture: replays of a verify graph captured with the fused Undo faulted (an illegal
-        # address, session 48 call 4; eager it holds on CUDA, tests/test_undo.py), so a capture records torch's ops
+        # Inside a CUDA graph capture only with CONFIG capture: replays of a verify graph captured with the fused Undo
+        # faulted (an illegal address, session 48 call 4; eager it holds on CUDA), see kernels/undo.py
         return (fused_undo.CONFIG["fused"] and kernels.use_triton(t)
-                and not (t.is_cuda and torch.cuda.is_current_stream_capturing()))
+                and (fused_undo.CONFIG["capture"] or not (t.is_cuda and torch.cuda.is_current_stream_capturing())))
 
     def apply(self, writes: list[Write], row: int):
         """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite (in one launch with

@@ -1,0 +1,146 @@
+"""Why a verify graph captured with the fused Undo (kernels/undo.py) faulted on replay (session 48 call 4): one arm per
+process (a fault takes the process's CUDA context), each capturing one verify graph of `--rows` rows with CONFIG fused
+and capture on, then before its first replay:
+
+* the tables read back against the entries recorded at capture (the fill after the capture);
+* every address in them looked up in the allocator's snapshot: in a live block, a free one, or none, and in which
+  pool (a free block, or the default pool's, is an address the graph must not bake in);
+
+then its replays against eager verify steps (tokens and DecodeState.digest). Arms: `keep` (main: VerifyReplay keeps
+the tables as long as its graph), `drop` (session 48's code: the tables let go after the fill, a gc run).
+
+Usage: python benchmarks/undo_capture_diag.py --preset mini [--arm keep|drop] [--rows 4]   (no --arm: both, each in
+its own process)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+
+import torch
+
+POINTERS = {9: ("buf", "index", "rows", "keep", "save"), 7: ("buf", "index", "save")}
+
+
+def _blocks():
+    out = []
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        addr = seg["address"]
+        for b in seg["blocks"]:
+            start = b.get("address", addr)
+            out.append((start, start + b["size"], b["state"], tuple(seg.get("segment_pool_id", (0, 0)))))
+            addr = start + b["size"]
+    return out
+
+
+def _where(ptr, blocks):
+    for start, end, state, pool in blocks:
+        if start <= ptr < end:
+            return state, pool
+    return "none", None
+
+
+def arm(preset: str, which: str, rows: int) -> int:
+    import dsv4
+    from dsv4.kernels import undo as fused_undo
+
+    fused_undo.CONFIG["fused"] = fused_undo.CONFIG["capture"] = True
+    recorded = []
+    get = fused_undo._Tables.get
+
+    def recording_get(self, entries, width, device):
+        table = get(self, entries, width, device)
+        if torch.cuda.is_current_stream_capturing():
+            recorded.append((table, [tuple(e) for e in entries], width))
+        return table
+
+    fused_undo._Tables.get = recording_get
+    model = dsv4.load(preset, device="cuda", seed=0)
+    sampling = dsv4.SamplingParams(temperature=1.0, seed=7)
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(2, model.cfg.vocab_size, (40,), generator=g).tolist()
+    steps = 24
+
+    def prefilled():
+        s = model.new_state(len(prompt) + steps + 8)
+        model.prefill(s, prompt[:-1])
+        return s
+
+    ref, token, plain = prefilled(), prompt[-1], []
+    for _ in range(steps):
+        token = model.step(ref, token, sampling)
+        plain.append((token, ref.digest()))
+    tokens = [t for t, _ in plain]
+
+    state, token, done = prefilled(), prompt[-1], 0
+    from dsv4.replay import VerifyReplay
+    orig_capture = VerifyReplay._capture
+
+    def capture_then_check(self, st):
+        orig_capture(self, st)
+        torch.cuda.synchronize()
+        if which == "drop":
+            self.undo_tables = []
+            gc.collect()
+        bad_fill = sum(t.tolist() != [list(e) for e in entries] for t, entries, _ in recorded)
+        blocks = _blocks()
+        tally: dict = {}
+        for _, entries, width in recorded:
+            for e in entries:
+                for name, ptr in zip(POINTERS[width], e):
+                    if ptr == 0:
+                        continue
+                    state_, pool = _where(ptr, blocks)
+                    key = (width, name, state_, "default" if pool in (None, (0, 0)) else "private")
+                    tally[key] = tally.get(key, 0) + 1
+        tables_where = {}
+        for t, _, _ in recorded:
+            k = _where(t.data_ptr(), blocks)
+            tables_where[k] = tables_where.get(k, 0) + 1
+        print(f"arm {which}: {len(recorded)} tables recorded, {bad_fill} not as filled; tables' blocks {tables_where}")
+        for key, n in sorted(tally.items(), key=str):
+            print(f"  entry pointers width={key[0]} {key[1]}: {key[2]} block, {key[3]} pool: {n}")
+        sys.stdout.flush()
+
+    VerifyReplay._capture = capture_then_check
+    ok = True
+    while done + rows <= steps:
+        drafts = list(tokens[done:done + rows - 1])
+        if (done // rows) % 2:
+            drafts[-1] = (drafts[-1] + 1) % model.cfg.vocab_size
+        got = model.verify(state, token, drafts, sampling, graph=True)
+        torch.cuda.synchronize()
+        same = list(got) == tokens[done:done + len(got)]
+        done += len(got)
+        same = same and state.digest() == plain[done - 1][1]
+        ok = ok and same
+        token = got[-1]
+    print(f"arm {which}: replays {'== eager plain steps (tokens and digests)' if ok else 'DIFFER from the plain steps'}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="mini")
+    p.add_argument("--arm", choices=("keep", "drop"))
+    p.add_argument("--rows", type=int, default=4)
+    a = p.parse_args()
+    if a.arm:
+        return arm(a.preset, a.arm, a.rows)
+    rc = 0
+    for which in ("keep", "drop"):
+        r = subprocess.run([sys.executable, __file__, "--preset", a.preset, "--arm", which, "--rows", str(a.rows)],
+                           env=os.environ, capture_output=True, text=True)
+        print(r.stdout.strip())
+        print("\n".join(r.stderr.strip().splitlines()[-12:]))
+        print(f"arm {which}: exit {r.returncode}", flush=True)
+        rc |= r.returncode if which == "keep" else 0
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
