@@ -89,30 +89,60 @@ def _same_bytes(func, args) -> bool:
 
 
 @contextlib.contextmanager
-def launches_counted(census: Census | None):
-    """Every Triton launch of dsv4.kernels recorded in `census` (when given) as triton::<kernel>, and not run."""
+def launches_counted(census: Census | None, run: bool = False):
+    """Every Triton launch of dsv4.kernels recorded in `census` (when given) as triton::<kernel>, and not run (run:
+    run too, outside the census's mode, for a step whose later ops read what a kernel wrote: a verify step's indices)."""
     import importlib
     import pkgutil
 
     import dsv4.kernels as kernels
+    from torch.utils._python_dispatch import _disable_current_modes
 
     modules = [importlib.import_module(f"dsv4.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
     modules = [m for m in modules if hasattr(m, "launcher")]
     real = {m: m.launcher for m in modules}
 
-    def launcher(fn, t):
-        def launch(*args, **kwargs):
-            if census is not None:
-                census.record(f"triton::{fn.__name__}")
-        return collections.defaultdict(lambda: launch)
+    def launcher_of(module):
+        def launcher(fn, t):
+            kernel = real[module](fn, t) if run else None
+
+            def launch_on(grid):
+                def launch(*args, **kwargs):
+                    if census is not None:
+                        census.record(f"triton::{fn.__name__}")
+                    if run:
+                        with _disable_current_modes():
+                            kernel[grid](*args, **kwargs)
+                return launch
+            return _Grids(launch_on)
+        return launcher
 
     for m in modules:
-        m.launcher = launcher
+        m.launcher = launcher_of(m)
     try:
         yield
     finally:
         for m in modules:
             m.launcher = real[m]
+
+
+class _Grids:
+    """kernel[grid] -> its launch."""
+
+    def __init__(self, launch_on):
+        self.launch_on = launch_on
+
+    def __getitem__(self, grid):
+        return self.launch_on(grid)
+
+
+def verify_census(model, state, tokens: torch.Tensor, sampling) -> Census:
+    """One verify step (Model.verify_device) of state on tokens, its kernels run (its writes' indices are a kernel's
+    output). It commits: the caller's state advances."""
+    census = Census()
+    with torch.inference_mode(), launches_counted(census, run=True), census:
+        model.verify_device(state, tokens, sampling)
+    return census
 
 
 def solo_census(model, sampling=None) -> Census:

@@ -127,3 +127,20 @@ def test_tables_recorded_in_a_capture_are_filled_after_it():
     fused_undo.capture_failed()
     assert fused_undo.captured() == []
     assert dead.tolist() == [[0, 0, 0]] and fused_undo._tables.pending == []
+
+
+@pytest.mark.skipif(not kernels.interpreting(), reason="counts the kernels' launches run in Triton's interpreter")
+def test_a_verify_step_takes_its_writes_back_in_one_launch_a_row_and_layer(kernels_on):
+    """With CONFIG fused a verify step of R rows makes R launches of the Undo's writes a layer (all of a row's writes
+    in one) and one take-back, and none of torch's gathers and index copies (session 49's census of tiny: 213
+    launches a row with torch's ops, 97 with these)."""
+    from launches import verify_census
+
+    model = dsv4.load("tiny", device="cpu")
+    state = model.new_state(32)
+    model.prefill(state, [5, 9, 3, 7, 1, 2])
+    R = 3
+    census = verify_census(model, state, torch.tensor([4, 8, 6]), dsv4.SamplingParams(temperature=1.0, seed=2))
+    assert census.ops["triton::_apply_kernel"] == R * model.cfg.num_hidden_layers
+    assert census.ops["triton::_back_kernel"] == 1
+    assert not [site for (site, op), n in census.sites.items() if site.startswith("dsv4/model/commit.py")]
