@@ -9,8 +9,8 @@ and capture on, then before its first replay:
 then its replays against eager verify steps (tokens and DecodeState.digest). Arms: `keep` (main: VerifyReplay keeps
 the tables as long as its graph), `drop` (session 48's code: the tables let go after the fill, a gc run).
 
-Usage: python benchmarks/undo_capture_diag.py --preset mini [--arm keep|drop] [--rows 4]   (no --arm: both, each in
-its own process)
+Usage: python benchmarks/undo_capture_diag.py --preset mini [--arm keep|drop] [--rows 4] [--variant both|apply|back]
+(no --arm: both, each in its own process; --variant apply: the fused apply alone, back: the fused take-back alone)
 """
 
 from __future__ import annotations
@@ -44,11 +44,27 @@ def _where(ptr, blocks):
     return "none", None
 
 
-def arm(preset: str, which: str, rows: int) -> int:
+def arm(preset: str, which: str, rows: int, variant: str = "both") -> int:
     import dsv4
     from dsv4.kernels import undo as fused_undo
 
     fused_undo.CONFIG["fused"] = fused_undo.CONFIG["capture"] = True
+    from dsv4.model import commit
+    if variant != "both":  # one of the two kernels alone, the other half by torch's ops (their records agree)
+        fused_apply, fused_back = commit.Undo.apply, commit.Undo.take_back
+
+        def torch_only(method):
+            def run(self, *args):
+                fused_undo.CONFIG["fused"] = False
+                try:
+                    return method(self, *args)
+                finally:
+                    fused_undo.CONFIG["fused"] = True
+            return run
+        if variant == "apply":
+            commit.Undo.take_back = torch_only(fused_back)
+        else:
+            commit.Undo.apply = torch_only(fused_apply)
     recorded = []
     get = fused_undo._Tables.get
 
@@ -128,12 +144,15 @@ def main() -> int:
     p.add_argument("--preset", default="mini")
     p.add_argument("--arm", choices=("keep", "drop"))
     p.add_argument("--rows", type=int, default=4)
+    p.add_argument("--variant", choices=("both", "apply", "back"), default="both",
+                   help="both kernels, or only the apply (take-back by torch) or only the take-back")
     a = p.parse_args()
     if a.arm:
-        return arm(a.preset, a.arm, a.rows)
+        return arm(a.preset, a.arm, a.rows, a.variant)
     rc = 0
     for which in ("keep", "drop"):
-        r = subprocess.run([sys.executable, __file__, "--preset", a.preset, "--arm", which, "--rows", str(a.rows)],
+        r = subprocess.run([sys.executable, __file__, "--preset", a.preset, "--arm", which, "--rows", str(a.rows),
+                            "--variant", a.variant],
                            env=os.environ, capture_output=True, text=True)
         print(r.stdout.strip())
         print("\n".join(r.stderr.strip().splitlines()[-12:]))
