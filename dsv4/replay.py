@@ -39,11 +39,11 @@ from .sampler import SamplingParams, SamplingRows, restricts
 # bookkeeping.fetch, a kernel reading the pinned host buffer (session 42 call 9's kernel table: 4.5 us of the step,
 # the graph's first node), or "copy", a memcpy node from it (the copy engine's DMA; the first kernel then starts after
 # it without PDL). Untimed: an arm for the next GPU session (decode_ab --arm copy=replay.fetch=copy).
-# gc_hold (DSV4_CAPTURE_GC_HOLD=1; off until its GPU run, see capturing): every capture with the cycle collector run
-# before it and held off during it.
+# gc_hold (DSV4_CAPTURE_GC_HOLD; on by default since session 49, "0" turns it off; see capturing): every capture with
+# the cycle collector run before it and held off during it.
 CONFIG = {"mapped_io": os.environ.get("DSV4_MAPPED_IO", "1") == "1",
           "fetch": os.environ.get("DSV4_FETCH", "kernel"),
-          "gc_hold": os.environ.get("DSV4_CAPTURE_GC_HOLD", "0") == "1"}
+          "gc_hold": os.environ.get("DSV4_CAPTURE_GC_HOLD", "1") == "1"}
 if CONFIG["fetch"] not in ("kernel", "copy"):
     raise ValueError(f"DSV4_FETCH={CONFIG['fetch']!r}: expected 'kernel' or 'copy'")
 
@@ -55,8 +55,9 @@ def capturing(graph: torch.cuda.CUDAGraph, pool=None):
     capture: the old graph's destructor (CUDAGraph::reset) is not permitted while a stream captures and invalidates
     the new capture ("operation not permitted when stream is capturing (function reset)": session 48 call 4, the
     one-row graph of a generation after generate_many in one process; that cycle is gone at its root, see
-    Scheduler.driven_inline). With gc_hold off (the default until a GPU run: written in session 48, whose device time ran out
-    on refused starts) it is torch.cuda.graph itself."""
+    Scheduler.driven_inline, yet session 49 call C met the same fault in the same benchmark with it gone: cycles other
+    code makes are not ours to find one by one). On by default since session 49 (its test and the gate with it on the
+    H200, call A); with gc_hold off it is torch.cuda.graph itself."""
     if not CONFIG["gc_hold"]:
         return torch.cuda.graph(graph, pool=pool)
     return _gc_held(graph, pool)
@@ -327,18 +328,21 @@ class VerifyReplay:
         scratch.restore(state)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        tables = [0]
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(self.warmup):
                 scratch.restore(state)  # a warm-up commits: each starts where the state is
-                model.verify_device(scratch, self.tokens, self.sampling, self.stop, self.k, self.rows)
+                with undo.counting() as tables:  # the fused Undo's tables: their room reserved before the capture
+                    model.verify_device(scratch, self.tokens, self.sampling, self.stop, self.k, self.rows)
         torch.cuda.current_stream().wait_stream(side)
+        undo.reserve(state.device, tables[0])
         model.comm.census.copy_(census_before)  # the warm-up's reductions are not the state's
         del scratch
         graph = torch.cuda.CUDAGraph(keep_graph=True)  # its nodes counted before it is instantiated (_instantiate)
         try:
             with torch.inference_mode(), capturing(graph):
                 self.out = model.verify_device(state, self.tokens, self.sampling, self.stop, self.k, self.rows)
-            self.undo_tables = undo.captured()  # the fused Undo's tables (kernels/undo.py): filled, kept as the graph
+            self.undo_tables = undo.captured()  # the fused Undo's tables (kernels/undo.py): filled, kept with the graph
         except Exception as e:
             undo.capture_failed()
             raise ReplayError(f"verify capture failed: {e}") from e

@@ -112,21 +112,24 @@ def test_verify_steps_with_the_fused_undo_keep_the_plain_stream(kernels_on, monk
     assert list(got) == plain and state.digest() == digest
 
 
-def test_tables_recorded_in_a_capture_are_filled_after_it():
-    """A capture records its tables as empty device tensors made in its inference mode; `captured` fills them outside
-    it (the first GPU run refused the in-place fill there), and a failed capture's tables do not reach the next."""
-    with torch.inference_mode():
-        table = torch.empty(2, 3, dtype=torch.int64)
-    fused_undo._tables.pending.append((table, [(1, 2, 3), (4, 5, 6)]))
-    kept = fused_undo.captured()  # the graph's owner keeps them: let go, they return to the graph's memory pool
-    assert table.tolist() == [[1, 2, 3], [4, 5, 6]] and fused_undo._tables.pending == []
-    assert len(kept) == 1 and kept[0] is table
-    with torch.inference_mode():
-        dead = torch.zeros(1, 3, dtype=torch.int64)
-    fused_undo._tables.pending.append((dead, [(7, 8, 9)]))
+def test_a_capture_s_tables_are_room_reserved_before_it_and_filled_after_it():
+    """An eager step counts its tables' elements (`counting`); a capture of it takes its tables from room reserved
+    before it (never the graph's own pool: session 49 call C), records them, and `captured` fills them and hands the
+    room to the graph's owner; a failed capture's tables and room do not reach the next."""
+    with fused_undo.counting() as count:
+        fused_undo._tables.get([(1, 2, 3, 4, 5, 6, 7)] * 2, fused_undo.BACK_FIELDS, torch.device("cpu"))
+    assert count == [2 * fused_undo.BACK_FIELDS]
+    fused_undo.reserve(torch.device("cpu"), 9)
+    tables = fused_undo._tables
+    tables.pending += [(0, [(1, 2, 3), (4, 5, 6)]), (6, [(7, 8, 9)])]
+    tables.used = 9
+    room = fused_undo.captured()
+    assert len(room) == 1 and room[0].tolist() == list(range(1, 10))
+    assert tables.pending == [] and tables.room is None and tables.used == 0
+    fused_undo.reserve(torch.device("cpu"), 3)
+    tables.pending.append((0, [(7, 8, 9)]))
     fused_undo.capture_failed()
-    assert fused_undo.captured() == []
-    assert dead.tolist() == [[0, 0, 0]] and fused_undo._tables.pending == []
+    assert fused_undo.captured() == [] and tables.room is None
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="counts the kernels' launches run in Triton's interpreter")

@@ -15,14 +15,17 @@ small launches a row and compressed layer on a Flash rank. Here:
   all saved the same old bits, so the order does not matter (the reference's reverse order gives the same bytes).
 
 Tables are int64 rows built on the host from the tensors' addresses: eager, copied from pinned memory without a
-sync; in a CUDA graph capture, an empty device table made in the capture (an allocation, no node), filled by
-`captured()` once the capture has ended and before the first replay (replay.VerifyReplay calls it).
+sync; in a CUDA graph capture, slices of a device buffer reserved before the capture (`reserve`, sized by `counting`
+an eager warm-up of the same step), filled by `captured()` once the capture has ended and before the first replay
+(replay.VerifyReplay does all three).
 
 Off by default (CONFIG fused, DSV4_UNDO_FUSED=1; inside a capture also CONFIG capture, DSV4_UNDO_FUSED_CAPTURE=1):
 tests/test_undo.py checks it against the torch ops in Triton's interpreter and eager on CUDA.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -35,9 +38,8 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
     tl, constexpr = None, int
 
 # Session 48 (H200): eager it holds (tests/test_undo.py's CUDA cases); replays of a verify graph captured with it
-# faulted (an illegal address). Until then a capture's tables were dropped once filled, back to the graph's pool while
-# the graph still read them; now the graph's owner keeps them (`captured` returns them). Inside a capture only with
-# CONFIG capture (DSV4_UNDO_FUSED_CAPTURE=1) until a GPU run shows that was the fault.
+# faulted (an illegal address): its tables were memory of the graph's own pool (see _Tables), found in session 49.
+# Inside a capture only with CONFIG capture (DSV4_UNDO_FUSED_CAPTURE=1) until a GPU run proves the reserved room.
 GPU_CHECKED = False
 CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "0") == "1", "capture": getenv("DSV4_UNDO_FUSED_CAPTURE", "0") == "1"}
 
@@ -144,46 +146,88 @@ def supported(writes) -> bool:
 
 class _Tables:
     """Eager: a table from pinned host memory (torch's pinned allocator keeps it until its copy is done). In a
-    capture: an empty device table of the capture's own, recorded to be filled by `fill` after the capture."""
+    capture: a slice of `room`, a device buffer made before the capture (`reserve`), recorded to be filled by `fill`
+    once the capture has ended. Never memory of the graph's own pool: a block the capture hands out may have held a
+    tensor freed earlier in it, whose writer then runs before the kernel in every replay and overwrites a table
+    filled outside the graph (session 49 call C: compute-sanitizer, an invalid index pointer read from a table)."""
 
     def __init__(self):
-        self.pending: list[tuple[torch.Tensor, list]] = []
+        self.pending: list[tuple[int, list]] = []  # (offset in room, entries) of the capture's tables
+        self.room: torch.Tensor | None = None
+        self.used = 0
+        self.counted: list[int] | None = None  # the elements eager tables took, while `counting`
+
+    def ready(self, elements: int, device: torch.device) -> bool:
+        """Whether a table of `elements` can be made now (in a capture: whether the room reserved holds it)."""
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            return True
+        return self.room is not None and self.room.device == device and self.used + elements <= self.room.numel()
 
     def get(self, entries: list, width: int, device: torch.device) -> torch.Tensor:
+        n = len(entries) * width
+        if self.counted is not None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.counted[0] += n
         if device.type != "cuda":
             return torch.tensor(entries, dtype=torch.int64, device=device)
         if torch.cuda.is_current_stream_capturing():
-            table = torch.empty(len(entries), width, dtype=torch.int64, device=device)
-            self.pending.append((table, entries))
+            if not self.ready(n, device):
+                raise RuntimeError(f"kernels/undo: a table of {n} elements in a CUDA graph capture, with "
+                                   f"{0 if self.room is None else self.room.numel() - self.used} reserved left "
+                                   "(reserve() before the capture; commit.Undo checks ready())")
+            table = self.room[self.used:self.used + n].view(len(entries), width)
+            self.pending.append((self.used, entries))
+            self.used += n
             return table
         return torch.tensor(entries, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
 
     def fill(self) -> list[torch.Tensor]:
-        # the tables were made in the capture's inference mode: their fill is an in-place update of inference tensors,
-        # refused outside it (the first GPU run, session 48). Taken off the list first, so a failed fill leaves no
-        # table of a dead capture to the next one.
+        # Taken off first, so a failed fill leaves nothing of a dead capture to the next one. The room is made
+        # outside any inference mode, its fill too.
         pending, self.pending = self.pending, []
-        with torch.inference_mode():
-            for table, entries in pending:
-                table.copy_(torch.tensor(entries, dtype=torch.int64), non_blocking=False)
-        return [table for table, _ in pending]
+        room, self.room, self.used = self.room, None, 0
+        for offset, entries in pending:  # slices made here: the capture's views of room were its inference mode's
+            flat = torch.tensor(entries, dtype=torch.int64).flatten()
+            room[offset:offset + flat.numel()].copy_(flat, non_blocking=False)
+        return [] if room is None else [room]
 
     def discard(self):
-        self.pending = []
+        self.pending, self.room, self.used = [], None, 0
 
 
 _tables = _Tables()
 
 
+@contextlib.contextmanager
+def counting():
+    """Within: the elements of the tables that eager steps make, counted -> [count] (a capture of the same step then
+    needs that much reserved: replay.VerifyReplay counts its last warm-up)."""
+    count = [0]
+    _tables.counted = count
+    try:
+        yield count
+    finally:
+        _tables.counted = None
+
+
+def reserve(device: torch.device, elements: int) -> None:
+    """Before a CUDA graph capture: room for its tables, outside the graph's memory pool (see _Tables)."""
+    _tables.room = torch.zeros(max(elements, 1), dtype=torch.int64, device=device) if elements else None
+    _tables.used = 0
+
+
+def ready(elements: int, device: torch.device) -> bool:
+    """Whether a table of `elements` int64 can be made now: always eagerly; in a capture, within the room reserved."""
+    return _tables.ready(elements, device)
+
+
 def captured() -> list[torch.Tensor]:
-    """After a CUDA graph capture: the tables it recorded, filled before its first replay -> them, for the caller to
-    keep as long as its graph: the graph reads them at every replay, and a table let go goes back to the graph's
-    memory pool, free to be handed out again (replay.VerifyReplay keeps them)."""
+    """After a CUDA graph capture: the tables it recorded, filled before its first replay -> the room that holds them,
+    for the caller to keep as long as its graph (the graph reads them at every replay; replay.VerifyReplay keeps it)."""
     return _tables.fill()
 
 
 def capture_failed() -> None:
-    """After a CUDA graph capture that failed: its tables dropped (the next capture records its own)."""
+    """After a CUDA graph capture that failed: its tables and room dropped (the next capture reserves its own)."""
     _tables.discard()
 
 

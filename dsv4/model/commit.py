@@ -55,16 +55,17 @@ class Undo:
         self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
 
     @staticmethod
-    def _fused(t: torch.Tensor) -> bool:
-        # Inside a CUDA graph capture only with CONFIG capture: replays of a verify graph captured with the fused Undo
-        # faulted (an illegal address, session 48 call 4; eager it holds on CUDA), see kernels/undo.py
-        return (fused_undo.CONFIG["fused"] and kernels.use_triton(t)
-                and (fused_undo.CONFIG["capture"] or not (t.is_cuda and torch.cuda.is_current_stream_capturing())))
+    def _fused(t: torch.Tensor, elements: int) -> bool:
+        # Inside a CUDA graph capture only with CONFIG capture (see kernels/undo.py) and a table's room reserved before
+        # it (replay.VerifyReplay's); else torch's ops, whose records the fused take-back reads alike
+        capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
+        return (fused_undo.CONFIG["fused"] and kernels.use_triton(t) and (fused_undo.CONFIG["capture"] or not capturing)
+                and fused_undo.ready(elements, t.device))
 
     def apply(self, writes: list[Write], row: int):
         """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite (in one launch with
         dsv4.kernels.undo, CONFIG fused)."""
-        if writes and self._fused(writes[0].buf) and fused_undo.supported(writes):
+        if writes and self._fused(writes[0].buf, len(writes) * fused_undo.APPLY_FIELDS) and fused_undo.supported(writes):
             saves = [torch.empty((w.rows.shape[0], *w.buf.shape[1:]), dtype=w.buf.dtype, device=w.buf.device)
                      for w in writes]
             fused_undo.apply(writes, saves)
@@ -82,7 +83,8 @@ class Undo:
     def take_back(self, kept: torch.Tensor):
         """kept [rows] bool (device): write back what each row not kept overwrote, the last write first (all in one
         launch with dsv4.kernels.undo, CONFIG fused: the same bytes, see there)."""
-        if self.records and self._fused(kept) and all(buf.is_contiguous() for buf, _, _, _ in self.records):
+        if self.records and self._fused(kept, len(self.records) * fused_undo.BACK_FIELDS) and \
+                all(buf.is_contiguous() for buf, _, _, _ in self.records):
             fused_undo.take_back(self.records, kept)
             self.records = []
             return
