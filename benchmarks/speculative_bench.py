@@ -71,7 +71,7 @@ def profile(model, prefix, first, sp, reference, k, where, steps=4):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    fused_undo.CONFIG["fused"] = False  # the verify step's writes by torch's ops, as by default
+    fused_undo.CONFIG["fused"] = False  # the verify step's writes by torch's ops (their launches are what it counts)
     vocab = model.cfg.vocab_size
     arms = {"plain": None, f"verify_k{k}": lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]]}
     for name, drafts_of in arms.items():
@@ -109,7 +109,8 @@ def main() -> int:
                    help="the head's weight zeroed: every logit 0, so the MTP layer's drafts are always the model's "
                         "draws (its arms then show full acceptance, its cost included)")
     p.add_argument("--fused-undo", action="store_true",
-                   help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused): arms *_fu")
+                   help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused, the default since "
+                        "session 49): arms *_fu; the other arms take torch's ops")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     p.add_argument("--profile", type=int, default=0, metavar="K",

@@ -56,8 +56,8 @@ class Undo:
 
     @staticmethod
     def _fused(t: torch.Tensor, elements: int) -> bool:
-        # Inside a CUDA graph capture only with CONFIG capture (see kernels/undo.py) and a table's room reserved before
-        # it (replay.VerifyReplay's); else torch's ops, whose records the fused take-back reads alike
+        # Inside a CUDA graph capture with CONFIG capture (see kernels/undo.py) and a table's room reserved before it
+        # (replay.VerifyReplay's); else torch's ops, whose records the fused take-back reads alike
         capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
         return (fused_undo.CONFIG["fused"] and kernels.use_triton(t) and (fused_undo.CONFIG["capture"] or not capturing)
                 and fused_undo.ready(elements, t.device))
