@@ -20,12 +20,27 @@ row (each row must see the one before it); it pays where the drafts are often ri
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from .generation import prefill
 from .interface import DecodeModel
 from .sampler import SamplingParams
+
+
+# pad (DSV4_VERIFY_PAD=1; off until its GPU run, written in session 49 after the device time ran out): with graphs, a
+# host drafter's proposal short of k drafts (the n-gram drafter often finds none) is padded to k with its last token
+# (the context's last when it proposed none), so the step replays the full verify graph instead of running eagerly (an
+# eager verify step on a Flash rank ~75-85 ms, the 4-row graph 24.6 ms with torch's Undo: benchmarks/RESULTS.md,
+# session 49). Any drafts give the plain stream, so a pad is a draft like another (verified, counted as proposed, and
+# kept when the model draws it); only where the budget left holds k drafts (a step never yields past it).
+CONFIG = {"pad": os.environ.get("DSV4_VERIFY_PAD", "0") == "1"}
+
+
+def padded(proposed: list[int], k: int, last: int) -> list[int]:
+    """proposed, then its last token (or `last`, the context's, when it is empty) repeated up to k drafts."""
+    return proposed + [proposed[-1] if proposed else last] * (k - len(proposed))
 
 
 class NgramDrafter:
@@ -138,6 +153,8 @@ def continue_tokens(model: DecodeModel, state, token: int, context: Sequence[int
             drafts = list(drafts)
         else:
             proposed = [int(t) for t in drafter.propose(ids + out, min(k, room))][:room]
+            if graph and CONFIG["pad"] and len(proposed) < k <= room:
+                proposed = padded(proposed, k, token)
             got = model.verify(state, token, proposed, sampling, stops, graph=graph and len(proposed) == k)
         tally.steps += 1
         tally.proposed += len(proposed)

@@ -120,6 +120,21 @@ def test_speculative_stream_is_the_plain_stream(model, plains, s, drafter):
         assert 0 < tally.acceptance < 1
 
 
+def test_padded_drafts_keep_the_plain_stream(model, plains, monkeypatch):
+    """CONFIG pad (graphs: a short proposal padded to k so the full verify graph replays; on CPU graph=True runs the
+    same steps eagerly): the n-gram drafter's stream is the plain one, every step but the budget's last ones verifies
+    exactly k drafts, and a pad is the proposal's last token (the context's when it is empty)."""
+    assert spec.padded([], 3, 9) == [9, 9, 9] and spec.padded([4, 5], 4, 9) == [4, 5, 5, 5] and \
+        spec.padded([1, 2], 2, 9) == [1, 2]
+    monkeypatch.setitem(spec.CONFIG, "pad", True)
+    tokens = plains[0][0]
+    tally, k = spec.Tally(), 3
+    got = list(spec.sample_tokens(model, PROMPT, STEPS, SAMPLINGS[0], drafter=spec.NgramDrafter(), k=k, tally=tally,
+                                  graph=True))
+    assert got == tokens
+    assert tally.tokens == STEPS and tally.proposed >= k * (tally.steps - k)  # only the last k steps may be short
+
+
 def test_a_stop_token_ends_the_stream_where_plain_stops(model, plains):
     """The first stop drawn is the last token yielded; the rows drafted past it are never committed."""
     tokens, after = plains[0]
