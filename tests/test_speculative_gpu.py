@@ -114,3 +114,16 @@ def test_mtp_drafted_stream_on_cuda(mtp_model, prompt, graph):
     got = list(spec.sample_tokens(mtp_model, prompt, 24, SAMPLING, drafter=spec.MtpDrafter(), k=2, tally=tally,
                                   graph=graph))
     assert got == plain and tally.proposed > 0
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["short_eager", "padded_graph"])
+def test_ngram_stream_on_cuda(model, prompt, plain, pad, monkeypatch):
+    """The n-gram drafter with graphs: its short proposals run eagerly, or (speculative CONFIG pad) padded to k so the
+    verify graph replays; the stream is the plain one either way."""
+    monkeypatch.setitem(spec.CONFIG, "pad", pad)
+    tally = spec.Tally()
+    got = list(spec.sample_tokens(model, prompt, 24, SAMPLING, drafter=spec.NgramDrafter(), k=3, tally=tally,
+                                  graph=True))
+    assert got == list(model.sample_tokens(prompt, 24, SAMPLING))
+    if pad:
+        assert tally.proposed >= 3 * (tally.steps - 3)
