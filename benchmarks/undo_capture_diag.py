@@ -23,6 +23,8 @@ import sys
 
 import torch
 
+from dsv4.receipts import emit
+
 POINTERS = {9: ("buf", "index", "rows", "keep", "save"), 7: ("buf", "index", "save")}
 
 
@@ -117,9 +119,10 @@ def arm(preset: str, which: str, rows: int, variant: str = "both") -> int:
         for t, _, _ in recorded:
             k = _where(t.data_ptr(), blocks)
             tables_where[k] = tables_where.get(k, 0) + 1
-        print(f"arm {which}: {len(recorded)} tables recorded, {bad_fill} not as filled; tables' blocks {tables_where}")
-        for key, n in sorted(tally.items(), key=str):
-            print(f"  entry pointers width={key[0]} {key[1]}: {key[2]} block, {key[3]} pool: {n}")
+        emit("UNDO_CAPTURE_TABLES", arm=which, variant=variant, tables=len(recorded), not_as_filled=bad_fill,
+             tables_blocks={f"{state_} {pool}": n for (state_, pool), n in tables_where.items()},
+             pointers={f"width={w} {name}: {state_} block, {pool} pool": n for (w, name, state_, pool), n in
+                       sorted(tally.items(), key=str)})
         sys.stdout.flush()
 
     VerifyReplay._capture = capture_then_check
@@ -135,7 +138,7 @@ def arm(preset: str, which: str, rows: int, variant: str = "both") -> int:
         same = same and state.digest() == plain[done - 1][1]
         ok = ok and same
         token = got[-1]
-    print(f"arm {which}: replays {'== eager plain steps (tokens and digests)' if ok else 'DIFFER from the plain steps'}")
+    emit("UNDO_CAPTURE_REPLAYS", arm=which, variant=variant, same_as_plain_steps=ok)
     return 0 if ok else 1
 
 
@@ -154,9 +157,9 @@ def main() -> int:
         r = subprocess.run([sys.executable, __file__, "--preset", a.preset, "--arm", which, "--rows", str(a.rows),
                             "--variant", a.variant],
                            env=os.environ, capture_output=True, text=True)
-        print(r.stdout.strip())
-        print("\n".join(r.stderr.strip().splitlines()[-12:]))
-        print(f"arm {which}: exit {r.returncode}", flush=True)
+        sys.stdout.write(r.stdout)  # the arm's records
+        sys.stderr.write("\n".join(r.stderr.strip().splitlines()[-12:]) + "\n")
+        emit("UNDO_CAPTURE_ARM", arm=which, variant=a.variant, exit=r.returncode)
         rc |= r.returncode if which == "keep" else 0
     return rc
 

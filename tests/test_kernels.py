@@ -467,8 +467,8 @@ def test_each_kernel_module_declares_whether_it_is_gpu_checked(monkeypatch):
                 for m in pkgutil.iter_modules(kernels.__path__)}
     # every module declares it; since session 6 every one is through a GPU run but those still pending one
     # topk through session 8's calls 1-2; compile_log (DSV4_LOG_COMPILES, off) since session 14; undo (a verify step's
-    # writes, CONFIG fused off) since session 46; gumbel (the Gumbel-max draw, DSV4_SAMPLER=gumbel, off) since 47
-    pending = {"compile_log", "undo", "gumbel"}
+    # writes) from session 46 to session 49's call D; gumbel (the Gumbel-max draw, DSV4_SAMPLER=gumbel, off) since 47
+    pending = {"compile_log", "gumbel"}
     # session 17's, checked on the GPU (call 4), and hc_head (session 18), each with its off switch (DSV4_ROPE_TABLE,
     # DSV4_STEP_BOOKKEEPING, DSV4_HC_HEAD)
     switched = {"rope_table": ("DSV4_ROPE_TABLE", "1"), "bookkeeping": ("DSV4_STEP_BOOKKEEPING", "1"),
