@@ -216,7 +216,7 @@ def counting():
 
 def reserve(device: torch.device, elements: int) -> None:
     """Before a CUDA graph capture: room for its tables, outside the graph's memory pool (see _Tables)."""
-    _tables.room = torch.zeros(max(elements, 1), dtype=torch.int64, device=device) if elements else None
+    _tables.room = torch.zeros(elements, dtype=torch.int64, device=device) if elements else None
     _tables.used = 0
 
 
