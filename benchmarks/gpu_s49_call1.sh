@@ -5,7 +5,7 @@
 # kernel name (--profile: last, a profiler session slows later launches); the same arms on a Flash rank; then the
 # server's verify steps (serve_bench --speculate ngram under DSV4_SPECULATIVE=1: IDENTITY must hold; it lifts the
 # scheduler's switch), then the conversation's time to first token per turn with the prefix cache (mini, chunk 256).
-# Run benchmarks/gpu_s48_call5c.sh first if session 48's last calls have not run.
+# Superseded: session 49 ran its profile steps (gpu_s49_callA.sh); the rest is gpu_s50_call2.sh.
 # Usage: OUT=dir bash benchmarks/gpu_s49_call1.sh   (carry .whl)
 source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
