@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# For the next device (written in session 49, whose device time ran out): the fused Undo, on by default since
-# session 49 call D, through the gate's speculative check (verify graphs against the plain steps, a refusal inside
+# For the next device (written in session 49, whose device time ran out): the fused Undo (off by default; GPU-run in
+# session 49 call D), switched on for the whole call, through the gate's speculative check (verify graphs against the plain steps, a refusal inside
 # one); the whole speculative GPU file (MTP included) and with DSV4_VERIFY_PAD=1 (speculative CONFIG pad: short
 # proposals padded to k, the verify graph replayed); its cost on a Flash rank (session 49 call D was cut before it);
 # offline_bench at the defaults (gc_hold on) with room for its per-prompt captures.
@@ -9,6 +9,7 @@ source benchmarks/gpu_env.sh
 SUMMARY_LINES=16
 export DEADLINE_S=${DEADLINE_S:-570}
 export FAILURES_FILE="$OUT/failures.txt" PYTHONPATH="$PYTHONPATH:$PWD/tests:$PWD"
+export DSV4_UNDO_FUSED=1 DSV4_UNDO_FUSED_CAPTURE=1  # if all of this passes: both on by default
 step 90 "$OUT/gate_spec.txt" python -m dsv4.cli gate --preset mini --device cuda --ranks 1 --batch 4 --prime 64 \
   --output 64 --speculative 3 --out "$OUT/receipts-gate-spec.txt"
 step 130 "$OUT/pytest.txt" python -m pytest -q -p no:cacheprovider -rfE -p pytest_failures tests/test_undo.py \

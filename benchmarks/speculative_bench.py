@@ -109,8 +109,8 @@ def main() -> int:
                    help="the head's weight zeroed: every logit 0, so the MTP layer's drafts are always the model's "
                         "draws (its arms then show full acceptance, its cost included)")
     p.add_argument("--fused-undo", action="store_true",
-                   help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused, the default since "
-                        "session 49): arms *_fu; the other arms take torch's ops")
+                   help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused; with "
+                        "DSV4_UNDO_FUSED_CAPTURE=1 inside the graphs too): arms *_fu; the other arms take torch's ops")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     p.add_argument("--profile", type=int, default=0, metavar="K",

@@ -19,7 +19,7 @@ sync; in a CUDA graph capture, slices of a device buffer reserved before the cap
 an eager warm-up of the same step), filled by `captured()` once the capture has ended and before the first replay
 (replay.VerifyReplay does all three).
 
-On by default (CONFIG fused, DSV4_UNDO_FUSED; inside a capture also CONFIG capture, DSV4_UNDO_FUSED_CAPTURE):
+Off by default (CONFIG fused, DSV4_UNDO_FUSED=1; inside a capture also CONFIG capture, DSV4_UNDO_FUSED_CAPTURE=1):
 tests/test_undo.py checks it against the torch ops in Triton's interpreter and on CUDA, tests/test_speculative_gpu.py
 its verify graphs against the plain decode steps.
 """
@@ -43,10 +43,11 @@ except ImportError:  # the torch reference runs without triton; the kernel is ne
 # compute-sanitizer. Session 49 call D (H200), the tables in room reserved before the capture: test_undo's CUDA cases and
 # test_speculative_gpu's verify graphs (drafts right and wrong, 2 and 4 rows: the plain steps' tokens and bytes) pass;
 # on mini a verify graph of 4 rows 3.06 ms and 282 kernel nodes against torch's ops' 4.47 ms and 825 (speculative_bench,
-# benchmarks/RESULTS.md). On by default since then: CONFIG fused (DSV4_UNDO_FUSED=0 turns it off), and capture
-# (DSV4_UNDO_FUSED_CAPTURE=0: eager only).
+# benchmarks/RESULTS.md). Off by default until the gate's speculative check and the MTP layer's verify graphs run with
+# it (benchmarks/gpu_s50_call1.sh; session 49's device time ran out): DSV4_UNDO_FUSED=1 (eager), with
+# DSV4_UNDO_FUSED_CAPTURE=1 inside verify graphs too.
 GPU_CHECKED = True
-CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "1") == "1", "capture": getenv("DSV4_UNDO_FUSED_CAPTURE", "1") == "1"}
+CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "0") == "1", "capture": getenv("DSV4_UNDO_FUSED_CAPTURE", "0") == "1"}
 
 FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 APPLY_FIELDS = 9  # buf, index, rows, keep, save (addresses), rows, width, codes, rows' stride
