@@ -23,6 +23,7 @@ import torch
 
 import dsv4
 from dsv4.kernels import undo as fused_undo
+from dsv4.layout import CONFIG as LAYOUT
 from dsv4.receipts import emit, provenance
 
 try:
@@ -72,6 +73,7 @@ def profile(model, prefix, first, sp, reference, k, where, steps=4):
     from torch.profiler import profile as torch_profile
 
     fused_undo.CONFIG["fused"] = False  # the verify step's writes by torch's ops (their launches are what it counts)
+    LAYOUT["verify_chunk"] = False  # and its rows in turn
     vocab = model.cfg.vocab_size
     arms = {"plain": None, f"verify_k{k}": lambda done, n: [(t + 1) % vocab for t in reference[done:done + n]]}
     for name, drafts_of in arms.items():
@@ -111,6 +113,9 @@ def main() -> int:
     p.add_argument("--fused-undo", action="store_true",
                    help="every verify arm also with its writes by dsv4.kernels.undo (CONFIG fused; with "
                         "DSV4_UNDO_FUSED_CAPTURE=1 inside the graphs too): arms *_fu; the other arms take torch's ops")
+    p.add_argument("--chunk", action="store_true",
+                   help="every verify arm also with its rows as one chunk (layout CONFIG verify_chunk) and the fused "
+                        "Undo: arms *_ch")
     p.add_argument("--graph", action="store_true",
                    help="CUDA: every arm also as graphs (the plain step's replay, the verify steps' VerifyReplay)")
     p.add_argument("--profile", type=int, default=0, metavar="K",
@@ -143,8 +148,11 @@ def main() -> int:
             arms[f"mtp_k{k}"] = (k, None, False)
     if graphs:
         arms.update({name + "_graph": (arm[0], arm[1], True) for name, arm in list(arms.items()) if arm is not None})
+    plain_arms = [(name, arm) for name, arm in arms.items() if arm is not None]
     if a.fused_undo:
-        arms.update({name + "_fu": (*arm, True) for name, arm in list(arms.items()) if arm is not None})
+        arms.update({name + "_fu": (*arm, True) for name, arm in plain_arms})
+    if a.chunk:
+        arms.update({name + "_ch": (*arm, True, True) for name, arm in plain_arms})
     if graphs:
         arms["plain_graph"] = "graph"
         graph_state = model.new_state(cap)  # the plain step's full-token graph (its own state: one graph a state)
@@ -156,8 +164,12 @@ def main() -> int:
     def fused(arm) -> bool:
         return isinstance(arm, tuple) and len(arm) > 3
 
-    for name, arm in arms.items():  # a first row of each arm unscored: its compiles and captures
+    def switch(arm):
         fused_undo.CONFIG["fused"] = fused(arm)
+        LAYOUT["verify_chunk"] = isinstance(arm, tuple) and len(arm) > 4
+
+    for name, arm in arms.items():  # a first row of each arm unscored: its compiles and captures
+        switch(arm)
         if arm == "graph":
             graph_state.restore(prefix)
             plain(model, graph_state, first, min(a.steps, 8), sp)
@@ -170,7 +182,7 @@ def main() -> int:
     for r in range(a.rounds):
         for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             arm = arms[name]
-            fused_undo.CONFIG["fused"] = fused(arm)
+            switch(arm)
             if arm == "graph":
                 graph_state.restore(prefix)
                 out, wall = plain(model, graph_state, first, a.steps, sp)

@@ -70,7 +70,13 @@ CONFIG = {"fuse_qkv": os.environ.get("DSV4_FUSE_QKV", "1") == "1",
           # contiguous). The same values, so the same bits (tests/test_batch.py). On by default since session 41
           # (call 1: the pool and generation tests pass under it; mini's pipelined decode, generate's one-row batch
           # graph, 967.2 -> 971.9 tok/s, +0.48 %, ahead in every round, the same stream); DSV4_BATCH_LEAN=0 off
-          "batch_lean": os.environ.get("DSV4_BATCH_LEAN", "1") == "1"}
+          "batch_lean": os.environ.get("DSV4_BATCH_LEAN", "1") == "1",
+          # a verify step's attention with its rows as one chunk (dsv4.model.attention._in_chunk): each compressed
+          # layer's pools and index keys once for every row, the attention's kernels once (each row's program a
+          # decode step's, the keys its earlier rows wrote read from the chunk), every write applied once after it;
+          # written in session 50 without a GPU (tests/test_verify_chunk.py: the bytes and tokens of the rows in
+          # turn, in Triton's interpreter). Off (DSV4_VERIFY_CHUNK=1 on) until a GPU run shows the same bits there
+          "verify_chunk": os.environ.get("DSV4_VERIFY_CHUNK", "0") == "1"}
 from .formats import QWeight
 
 

@@ -35,7 +35,8 @@ def provenance(device=None, preset: str | None = None) -> dict:
     (DSV4_PREFILL_GEMV: a short prefill chunk's, the process's unless set), fuse_qkv
     (DSV4_FUSE_QKV: attention's wq_a and wkv in one linear), fuse_xproj (DSV4_FUSE_XPROJ: the compressors' and
     the indexer's bf16 linears of x in one), pdl (DSV4_PDL: programmatic dependent launch), sampler (DSV4_SAMPLER:
-    the draw's method, dsv4.sampler CONFIG; another method, another stream) and preset of a measurement."""
+    the draw's method, dsv4.sampler CONFIG; another method, another stream) and preset of a measurement; verify_chunk
+    (DSV4_VERIFY_CHUNK: a verify step's rows as one chunk, dsv4.layout) where it is on."""
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -43,7 +44,8 @@ def provenance(device=None, preset: str | None = None) -> dict:
             "kernels": kernels.mode(), "gemv": kernels.gemv(),
             "prefill_gemv": layout_config["prefill_gemv"] or kernels.gemv(),
             "fuse_qkv": layout_config["fuse_qkv"], "fuse_xproj": layout_config["fuse_xproj"], "pdl": kernels.PDL,
-            "sampler": kernels.getenv("DSV4_SAMPLER", "inverse"), "preset": preset}
+            "sampler": kernels.getenv("DSV4_SAMPLER", "inverse"), "preset": preset,
+            **({"verify_chunk": True} if layout_config["verify_chunk"] else {})}
 
 
 class Receipts:

@@ -388,6 +388,28 @@ pooled_variants(torch.bfloat16, 32, 512, 32)
 attention.CONFIG.update(default)
 
 
+def verify_variants(dtype, R, H, hd, half):
+    """A verify step's attention with its rows as one chunk (layout CONFIG verify_chunk): R rows of Flash's layers,
+    each a decode step's keys (sliding, CSA's 512 picks, HCA over 1026 store rows at rate 128)."""
+    W, z, rows = preset("flash").sliding_window, dict(dtype=dtype), 1026
+    verify = torch.arange(R, dtype=torch.int64)
+    args = (torch.zeros(R, H, hd, **z), torch.zeros(W, hd, **z), torch.zeros(R, hd, **z),
+            torch.zeros(R, W + 1, dtype=torch.bool), torch.zeros(H), torch.zeros(R, half), torch.zeros(R, half))
+    comp, new = torch.zeros(rows, hd, **z), torch.zeros(2, hd, **z)
+    for extra, rate in (({}, 0), (dict(comp=comp, new=new, sel=torch.zeros(R, 512, dtype=torch.int64),
+                                       valid=torch.zeros(R, 512, dtype=torch.bool)), 4),
+                        (dict(comp=comp, new=new, committed=torch.zeros(R, rows, dtype=torch.bool),
+                              new_visible=torch.zeros(R, 1, dtype=torch.bool)), 128)):
+        assert attention.supported(*args, **extra, verify=verify, rate=rate)
+        attention.attention(*args, **extra, verify=verify, rate=rate)
+
+
+verify_variants(torch.bfloat16, 4, 32, 512, 32)  # Flash, a rank of 2
+attention.CONFIG.update({"fused_combine": True})
+verify_variants(torch.bfloat16, 4, 32, 512, 32)
+attention.CONFIG.update(default)
+
+
 def xproj_variants(dtype):
     """DSV4_FUSE_XPROJ: Flash's stacked x projections of 3 rows (CSA: compressor wkv | wgate, indexer wkv | wgate,
     weights_proj; HCA: wkv | wgate) split into column views (strided rows) for the compressor's pool (a 3-token chunk
@@ -824,6 +846,12 @@ undo.apply([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(1, dt
            [torch.zeros(1, 512, dtype=torch.bfloat16)])
 undo.take_back([(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64),
                  torch.zeros(1, 512, dtype=torch.bfloat16), 0)], torch.zeros(2, dtype=torch.bool))
+# A verify step's rows as one chunk (layout CONFIG verify_chunk): a layer's writes of 4 rows in one application, their
+# records tagged by row (a device tensor of the row behind each index).
+undo.apply([Write(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64),
+                  torch.zeros(4, 512, dtype=torch.bfloat16))], [torch.zeros(4, 512, dtype=torch.bfloat16)])
+undo.take_back([(torch.zeros(128, 512, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64),
+                 torch.zeros(4, 512, dtype=torch.bfloat16), torch.arange(4))], torch.zeros(4, dtype=torch.bool))
 
 
 def hc_boundary_variants(dtype):

@@ -29,6 +29,13 @@ Pooled (POOLED, `ids`; dispatched by dsv4.kernels.pooled): the queries are B row
 row b's caches the slot ids[b] of stacked pool caches (win [slots, W, hd], comp [slots, NS, hd]), its
 chunk kv[b], its new rows new[b] and its masks row b of each. A row's program does exactly the
 arithmetic of the same row launched alone (the same splits: they depend on shapes only).
+
+Verify (VERIFY, `verify`: the rows' positions; dsv4.model.attention._in_chunk, layout CONFIG verify_chunk): the
+queries are the R rows of one sequence's verify step, row t the decode step at pos0 + t once rows 0..t-1 are
+committed, but nothing of the step is in the caches yet. Row t's program is that decode step's (T = 1 shapes, its
+own masks), with two kinds of loads pointed elsewhere: a ring slot that row t' < t wrote ((slot - pos0) mod W = t')
+reads kv[t'], and (HCA) a store row of a window this step closed reads the chunk's entry of that window. The same
+keys in the same places of the index space: the same bits as the decode step's launch.
 """
 
 import os
@@ -66,11 +73,11 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
                        m_ptr, l_ptr, acc_ptr, ids_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, tickets_ptr, NS, NW,
-                       sel_stride, ok_stride, scale, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
+                       sel_stride, ok_stride, scale, RATE, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
                        K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
                        BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
-                       MERGE_D: constexpr):
+                       MERGE_D: constexpr, VERIFY: constexpr = 0):
     """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
     pdl_wait()
     s = tl.program_id(0)
@@ -84,6 +91,16 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
         new_ptr += t * NW * HD
         if ALL_ROWS:
             ok_ptr += t * NS
+    if VERIFY:  # t is row t of a verify step at pos0 + t (T == 1): this step's rows t' < t wrote are its chunk's
+        pos0 = tl.load(ids_ptr)
+        slot0 = pos0 % W
+        chunk_ptr = kv_ptr
+        kv_ptr += t * HD
+        if ALL_ROWS:  # its committed mask; its own window's entry (NW == 1) among the chunk's windows from wid0
+            ok_ptr += t * NS
+            wid0 = pos0 // RATE
+            windows_ptr = new_ptr
+            new_ptr += ((pos0 + t) // RATE - wid0) * HD
     h_ok = h < H
     d = tl.arange(0, HD)
     q = tl.load(q_ptr + (t * H + h[:, None]) * HD + d[None, :], mask=h_ok[:, None], other=0.0)
@@ -99,6 +116,9 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
         in0 = j < S0
         ok = tl.load(vis_ptr + t * S0 + j, mask=in0, other=0) != 0
         row = tl.where(j < W, win_ptr + j * HD, kv_ptr + (j - W) * HD)
+        if VERIFY:  # ring slot j holds row `back`'s key once rows 0..t-1 are committed
+            back = (j - slot0 + W) % W
+            row = tl.where((j < W) & (back < t), chunk_ptr + back * HD, row)
         j1 = j - S0
         if PICKS:  # CSA
             in1 = (j1 >= 0) & (j1 < K)
@@ -110,6 +130,8 @@ def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_p
             j2 = j1 - NS
             in2 = (j2 >= 0) & (j2 < NW)
             row = tl.where(in1, comp_ptr + j1 * HD, tl.where(in2, new_ptr + j2 * HD, row))
+            if VERIFY:  # store rows from wid0 on: windows this step closed, in its chunk's entries
+                row = tl.where(in1 & (j1 >= wid0), windows_ptr + (j1 - wid0) * HD, row)
             ok = tl.where(in1, tl.load(ok_ptr + j1, mask=in1, other=0) != 0, ok)
             ok = tl.where(in2, tl.load(ok_new_ptr + t * NW + j2, mask=in2, other=0) != 0, ok)
         kt = tl.load(row[:, None] + d[None, :], mask=ok[:, None], other=0.0)  # [BLOCK_N, HD], K = V
@@ -257,13 +279,20 @@ def _combine_rope(parts, out, wt, s_ok, cos_ptr, sin_ptr, t, NOPE: constexpr, HA
 
 
 def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None, ids=None) -> bool:
+              new_visible=None, ids=None, verify=None, rate: int = 0) -> bool:
     T, H, hd = q.shape
     half = cos.shape[-1]
     rows = [x for x in (q, win, kv, comp, new) if x is not None]
     masks = [x for x in (visible, committed, new_visible) if x is not None]
     picks = [x for x in (sel, valid) if x is not None]
-    if ids is None:
+    if verify is not None:  # T rows of one sequence, each with a decode step's masks
+        W = win.shape[-2]
+        hca = comp is not None and sel is None
+        shapes = (ids is None and 1 <= T <= MAX_T and win.dim() == 2 and verify.dtype == torch.int64
+                  and verify.shape == (T,) and visible.shape == (T, W + 1) and kv.shape[0] == T
+                  and (not hca or (rate > 0 and committed.shape == (T, comp.shape[0])
+                                   and new_visible.shape == (T, 1))))
+    elif ids is None:
         shapes = 1 <= T <= MAX_T
     else:  # pooled: T rows of one token each, any number of them
         shapes = (ids.dtype == torch.int64 and ids.shape == (T,) and ids.is_contiguous() and win.dim() == 3
@@ -278,19 +307,28 @@ def supported(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
 
 
 def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None, valid=None, committed=None,
-              new_visible=None, ids=None) -> torch.Tensor:
+              new_visible=None, ids=None, verify=None, rate: int = 0) -> torch.Tensor:
     """q [T, H, hd] against the window [win; kv] masked by visible [T, W + T], plus CSA's picks
     (comp, new, sel, valid) or HCA's rows (comp, new, committed, new_visible); -> [T, H, hd] in q's dtype.
     Pooled (ids [B], T = B rows of one token): win [slots, W, hd], kv [B, hd], visible [B, W + 1],
-    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...]."""
+    comp [slots, NS, hd], new [B, n_win, hd], committed [B, NS], other masks [B, ...].
+    Verify (verify: the positions [T] of a verify step's rows, pos0 + t, of one sequence): row t is the decode step
+    at pos0 + t once rows 0..t-1 are committed, its caches as they were before the step (win [W, hd], comp), its
+    keys the decode step's: visible [T, W + 1] (each row's), kv [T, hd] the rows' keys, the keys rows t' < t left in
+    the ring read from kv; CSA: sel, valid [T, K] over [comp | new], new the entries of the windows the rows touch
+    (the rows as one chunk: model.compressor.index_topk), K the decode step's; HCA: committed [T, NS] and
+    new_visible [T, 1] each row's, new [n_win, hd] the windows the rows touch from wid0 = pos0 // rate, the store rows
+    from wid0 on (windows this step closed) read from it. Each row's program is the decode step's, its loads
+    pointed elsewhere: the same splits, the same arithmetic, the same bits."""
     T, H, hd = q.shape
-    pooled = ids is not None
-    chunk = 1 if pooled else T  # tokens of one sequence's chunk
+    pooled, verifying = ids is not None, verify is not None
+    chunk = 1 if pooled or verifying else T  # tokens of one sequence's chunk
     W, half = win.shape[-2], cos.shape[-1]
     picks, all_rows = sel is not None, comp is not None and sel is None  # CSA, HCA
-    n_keys = W + chunk + (sel.shape[-1] if picks else (comp.shape[-2] + new.shape[-2] if all_rows else 0))
+    nw = (1 if verifying else new.shape[-2]) if comp is not None else T  # a row's new windows (NW)
+    n_keys = W + chunk + (sel.shape[-1] if picks else (comp.shape[-2] + nw if all_rows else 0))
     rows = (comp, new) if comp is not None else (q, q)  # q: an unread stand-in
-    counts = (comp.shape[-2], new.shape[-2]) if comp is not None else (T, T)  # NS, NW (unread without comp)
+    counts = (comp.shape[-2], nw) if comp is not None else (T, T)  # NS, NW (unread without comp)
     masks = (sel, valid, visible) if picks else ((visible, committed, new_visible) if all_rows else (visible,) * 3)
     c = CONFIG
     block_h = min(c["block_h"], next_pow2(H))
@@ -307,12 +345,13 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     fused = c["fused_combine"] and splits <= c["fused_max_splits"]
     tickets = _tickets(T * blocks, q.device) if fused else m
     launcher(_attn_split_kernel, q)[(splits, blocks, T)](
-        q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else q, sink, cos, sin, out, tickets, *counts,
-        sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
-        T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
+        q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else (verify if verifying else q), sink, cos, sin,
+        out, tickets, *counts, sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
+        max(rate, 1), T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
-        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), **warps(c["num_warps"]))
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), VERIFY=verifying,
+        **warps(c["num_warps"]))
     if fused:
         return out
     nope = hd - 2 * half

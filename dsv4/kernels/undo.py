@@ -51,7 +51,7 @@ CONFIG = {"fused": getenv("DSV4_UNDO_FUSED", "0") == "1", "capture": getenv("DSV
 
 FLOATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 APPLY_FIELDS = 9  # buf, index, rows, keep, save (addresses), rows, width, codes, rows' stride
-BACK_FIELDS = 7  # buf, index, save (addresses), rows, width, code, verify row
+BACK_FIELDS = 8  # buf, index, save (addresses), rows, width, code, verify row, verify rows (address, or 0)
 BLOCK = 512
 MAX_SPLIT = 16
 
@@ -116,22 +116,25 @@ def _apply_kernel(table_ptr, SPLIT: constexpr, BLOCK: constexpr):
 
 def _back_kernel(table_ptr, kept_ptr, SPLIT: constexpr, BLOCK: constexpr):
     pdl_wait()
-    e = table_ptr + tl.program_id(0).to(tl.int64) * 7
+    e = table_ptr + tl.program_id(0).to(tl.int64) * 8
     dst, index, save, n = tl.load(e), tl.load(e + 1), tl.load(e + 2), tl.load(e + 3)
-    width, code, verify_row = tl.load(e + 4), tl.load(e + 5), tl.load(e + 6)
+    width, code, verify_row, verify_rows = tl.load(e + 4), tl.load(e + 5), tl.load(e + 6), tl.load(e + 7)
     back = tl.load(kept_ptr + verify_row) == 0
     c = tl.arange(0, BLOCK)
     i = tl.program_id(1).to(tl.int64)
-    while back and i < n:
-        row = tl.load(index.to(tl.pointer_type(tl.int64), bitcast=True) + i)
-        c0 = width * 0
-        while c0 < width:
-            m = (c0 + c) < width
-            if code == 0:
-                _copy_bits(dst, row * width + c0 + c, save, i * width + c0 + c, m, True)
-            else:
-                _copy_bits(dst, row * width + c0 + c, save, i * width + c0 + c, m, False)
-            c0 += BLOCK
+    while i < n:
+        if verify_rows != 0:  # each index its own verify row
+            back = tl.load(kept_ptr + tl.load(verify_rows.to(tl.pointer_type(tl.int64), bitcast=True) + i)) == 0
+        if back:
+            row = tl.load(index.to(tl.pointer_type(tl.int64), bitcast=True) + i)
+            c0 = width * 0
+            while c0 < width:
+                m = (c0 + c) < width
+                if code == 0:
+                    _copy_bits(dst, row * width + c0 + c, save, i * width + c0 + c, m, True)
+                else:
+                    _copy_bits(dst, row * width + c0 + c, save, i * width + c0 + c, m, False)
+                c0 += BLOCK
         i += SPLIT
 
 
@@ -248,9 +251,11 @@ def apply(writes, saves: list[torch.Tensor]) -> None:
 
 
 def take_back(records, kept: torch.Tensor) -> None:
-    """records: (buf, index, save, verify row); where kept[row] does not hold, save's bits back into buf[index]."""
+    """records: (buf, index, save, verify row); where kept[row] does not hold, save's bits back into buf[index]. A
+    record's row may be a device tensor [n] (int64, contiguous) of the row behind each of its n indices."""
     entries = [(buf.data_ptr(), index.data_ptr(), save.data_ptr(), index.shape[0], save[0].numel(),
-                0 if buf.element_size() == 4 else 1, row) for buf, index, save, row in records]
+                0 if buf.element_size() == 4 else 1, 0 if isinstance(row, torch.Tensor) else row,
+                row.data_ptr() if isinstance(row, torch.Tensor) else 0) for buf, index, save, row in records]
     split = min(MAX_SPLIT, next_pow2(max(index.shape[0] for _, index, _, _ in records)))
     table = _tables.get(entries, BACK_FIELDS, records[0][0].device)
     launcher(_back_kernel, records[0][0])[(len(records), split)](table, kept.view(torch.uint8), SPLIT=split,

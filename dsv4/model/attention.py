@@ -57,6 +57,8 @@ def attention(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     out: where the output projection's fused kernel writes it, when it runs (see _output).
     undo: a verify step's (dsv4.speculative): the rows are one sequence's successive positions (see _in_turn)."""
     if undo is not None:
+        if CONFIG["verify_chunk"] and _chunked(x, steps):
+            return _in_chunk(x, steps, w, caches, layer, cfg, heads, undo, out)
         return _in_turn(x, steps, w, caches, layer, cfg, heads, undo, out)
     B, T = len(steps), steps[0].T
     m = cfg.compress_rate(layer)
@@ -142,6 +144,56 @@ def _in_turn(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Model
         outs.append(o)
         undo.apply([window, *staged], b)
     return _output(torch.cat(outs), w, cfg, heads, out)
+
+
+def _chunked(x, steps: list[Step]) -> bool:
+    """Whether a verify step's rows run as one chunk (_in_chunk): its kernels run (each row's bits then those of
+    the rows in turn, which the torch reference does not promise), and the rows fit the decode kernels' chunk."""
+    return (kernels.use_triton(x, gpu_checked=fused.GPU_CHECKED) and len(steps) <= fused.MAX_T
+            and all(s.T == 1 for s in steps))
+
+
+def _in_chunk(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: ModelConfig, heads: int, undo: Undo,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """_in_turn's rows as one chunk (layout CONFIG verify_chunk): the same bits, a layer's launches whatever the rows.
+    Row t is the decode step at pos + t once rows 0..t-1 are committed. A compressed window's entry and an index key
+    are the same whoever computes them, from the ring or from the chunk (the same slots in the same order, the same
+    kernel), so the compressors and the indexer run once over the rows as a chunk (step.VerifyRows.chunk): each row's
+    top-k the decode step's picks (the same keys; the windows this step closes sort after the committed rows in
+    both index spaces, as in the store), cut to the decode step's K. The attention's kernel then runs every row as
+    its decode step (each row's masks and rope from VerifyRows.each), reading the ring rows and store rows its
+    earlier rows wrote from the chunk (dsv4.kernels.attention's verify). Nothing is written before every row has
+    read: the writes are applied last, in one Undo application, each index tagged with its row (the take-back
+    keeps the rows accepted)."""
+    rows = steps[0].verify_rows(len(steps))
+    each, cache = rows.each, caches[0]  # one sequence: every row's caches are the same buffers
+    m = cfg.compress_rate(layer)
+    cos, sin = each.cos_sin("compress" if m else "main")
+    x_out = _x_proj_first(x, w, m)
+    q_res, kv_a, roped = _q_res_kv(x, w, cfg, cos, sin)
+    staged, extra = [], {}
+    if m:
+        with phase("compressor"):
+            extra = _compressed(x, q_res, rows.chunk, w, cache, layer, cfg, staged,
+                                _project(x, q_res, w, cfg, x_out), False)
+        if "sel" in extra:  # the decode step's K: its index space holds one new window
+            K = min(cfg.index_topk, cache.icomp.shape[0] + 1)
+            extra.update(sel=extra["sel"][:, :K], valid=extra["valid"][:, :K])
+        else:
+            mine = each.windows(m, cache.ckv.shape[-2], cache.comp.shape[-2])
+            extra.update(committed=mine.committed, new_visible=mine.visible)
+    q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
+    visible, slots = each.sliding()
+    args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
+    if not fused.supported(*args, **extra, verify=each.positions, rate=m):
+        raise RuntimeError(f"layer {layer}: the verify attention kernel does not take these shapes/dtypes")
+    o = fused.attention(*args, **extra, verify=each.positions, rate=m)
+    tags = [rows.order]
+    if m:
+        win = rows.chunk.windows(m, cache.ckv.shape[0], cache.comp.shape[0])
+        tags += [rows.closers(m, win) if s.index is win.store_index else rows.order for s in staged]
+    undo.apply([Write(cache.win, slots, kv), *staged], tags)
+    return _output(o, w, cfg, heads, out)
 
 
 def attention_pooled(x, step: PoolStep, w: dict, cache, layer: int, cfg: ModelConfig, heads: int,

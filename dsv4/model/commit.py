@@ -62,23 +62,25 @@ class Undo:
         return (fused_undo.CONFIG["fused"] and kernels.use_triton(t) and (fused_undo.CONFIG["capture"] or not capturing)
                 and fused_undo.ready(elements, t.device))
 
-    def apply(self, writes: list[Write], row: int):
+    def apply(self, writes: list[Write], row: "int | list"):
         """Apply row `row`'s writes now (where their keep holds), keeping what they overwrite (in one launch with
-        dsv4.kernels.undo, CONFIG fused)."""
+        dsv4.kernels.undo, CONFIG fused). row: a verify row, or one per write, each a row or a device tensor [n] of
+        the row behind each of the write's n indices (the rows of a verify step applied as one chunk)."""
+        rows = row if isinstance(row, list) else [row] * len(writes)
         if writes and self._fused(writes[0].buf, len(writes) * fused_undo.APPLY_FIELDS) and fused_undo.supported(writes):
             saves = [torch.empty((w.rows.shape[0], *w.buf.shape[1:]), dtype=w.buf.dtype, device=w.buf.device)
                      for w in writes]
             fused_undo.apply(writes, saves)
-            self.records += [(w.buf, w.index, s, row) for w, s in zip(writes, saves)]
+            self.records += [(w.buf, w.index, s, r) for w, s, r in zip(writes, saves, rows)]
             return
-        for w in writes:
+        for w, r in zip(writes, rows):
             old = w.buf[w.index]  # a copy (advanced indexing)
             new = w.rows.to(w.buf.dtype)
             if w.keep is not None:
                 keep = w.keep.view(-1, *([1] * (new.dim() - 1))) if w.keep.dim() else w.keep
                 new = torch.where(keep, new, old)
             w.buf.index_copy_(0, w.index, new)
-            self.records.append((w.buf, w.index, old, row))
+            self.records.append((w.buf, w.index, old, r))
 
     def take_back(self, kept: torch.Tensor):
         """kept [rows] bool (device): write back what each row not kept overwrote, the last write first (all in one
@@ -89,7 +91,11 @@ class Undo:
             self.records = []
             return
         for buf, index, old, row in reversed(self.records):
-            buf.index_copy_(0, index, torch.where(kept[row], buf[index], old))
+            if isinstance(row, torch.Tensor):  # a row for each index
+                keep = kept.index_select(0, row).view(-1, *([1] * (old.dim() - 1)))
+            else:
+                keep = kept[row]
+            buf.index_copy_(0, index, torch.where(keep, buf[index], old))
         self.records = []
 
 

@@ -88,6 +88,13 @@ class Step:
         self._cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._windows: dict[tuple[int, int, int], Windows] = {}
         self._sliding = None
+        self._verify: VerifyRows | None = None
+
+    def verify_rows(self, R: int) -> "VerifyRows":
+        """This one-token step as row 0 of a verify step of R rows at pos, pos + 1, ... (VerifyRows, made once)."""
+        if self._verify is None or self._verify.R != R:
+            self._verify = VerifyRows(self.pos, R, self.rope, self.window)
+        return self._verify
 
     def cos_sin(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         if kind not in self._cos_sin:
@@ -263,3 +270,27 @@ class PoolStep:
             store_keep=closed if self.active is None else closed & self.active, ring_keep=self.keep(),
             committed=torch.arange(rows, device=dev) < pos // m,
             visible=(closed & (wids < (self.pos + 1) // m)).unsqueeze(-1))
+
+
+class VerifyRows:
+    """The rows of a verify step taken as one chunk (model.attention's verify path, layout CONFIG verify_chunk): one
+    sequence's tokens at pos, pos + 1, ..., pos + R - 1, row t the decode step at pos + t once rows 0..t-1 are
+    committed. `chunk` (a Step of R tokens) is their compressors' and indexer's geometry: a window's entry is the
+    same whoever pools it, from the ring or from the chunk. `each` (a PoolStep of the R positions, every row slot
+    0 of the one sequence's caches) is every row's own decode geometry: its rope tables, its window's visible keys and
+    ring slot, its committed store rows. Made once a step, shared by its layers."""
+
+    def __init__(self, pos: torch.Tensor, R: int, rope: Rope, window: int):
+        self.R = R
+        self.chunk = Step(pos, R, rope, window)
+        self.each = PoolStep(self.chunk.positions, torch.zeros(R, dtype=torch.int64, device=pos.device), rope, window)
+        self.chunk._cos_sin = self.each._cos_sin  # one set of rope tables, made as each row's alone (rows_cos_sin)
+        self.order = torch.arange(R, device=pos.device)  # the row behind each of a chunk's ring writes
+        self._closers: dict[int, torch.Tensor] = {}
+
+    def closers(self, m: int, windows: Windows) -> torch.Tensor:
+        """The row that closes each window of rate m the chunk touches (its store write's row; a window left open,
+        whose write keeps nothing, the last row)."""
+        if m not in self._closers:
+            self._closers[m] = ((windows.wids + 1) * m - 1 - self.chunk.pos).clamp(0, self.R - 1)
+        return self._closers[m]
