@@ -434,3 +434,30 @@ def test_speculating_alone_keeps_every_stream(speculate):
     if speculate == "mtp":
         with pytest.raises(ValueError, match="without its MTP layer"):
             Scheduler(dsv4.load("tiny", device="cpu", dtype=torch.float32), max_num_seqs=1, speculate="mtp")
+
+
+def test_verify_graphs_pad_the_drafts_and_keep_the_stream(monkeypatch):
+    """CONFIG verify_graphs (with graphs): the n-gram drafter's short proposals padded to draft_tokens, so every
+    verify step but a budget's last ones asks for the slot's one graph (graph=True; on CPU Model.verify runs it
+    eagerly, the same steps), and the stream stays Model.sample_tokens's."""
+    from dsv4.serve import scheduler as sched_module
+
+    monkeypatch.setitem(sched_module.CONFIG, "verify_graphs", True)
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    sp = dsv4.SamplingParams(temperature=1.0, seed=1)
+    prompt = [5, 9, 3, 7] * 4
+    want = solo(model, prompt, 20, sp)
+    calls = []
+    original = model.verify
+
+    def counted(state, token, drafts, sampling, stops, graph=False):
+        calls.append((len(drafts), graph))
+        return original(state, token, drafts, sampling, stops, graph=graph)
+
+    model.verify = counted
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate="ngram", draft_tokens=3)
+    sched.graphs = True  # the verify steps' switch only: the sequence decodes alone, so it takes no batched step
+    assert served(sched, [(prompt, 20, sp)]) == [want]
+    full = [c for c in calls if c[0] == 3]
+    assert full and all(graph for _, graph in full)
+    assert all(not graph for n, graph in calls if n < 3) and len(calls) - len(full) <= 3  # a budget's last steps

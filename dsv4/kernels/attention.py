@@ -73,12 +73,13 @@ _NO_MAX = constexpr(-1.0e30)  # a finite "no key yet" running max: exp(_NO_MAX -
 
 def _attn_split_kernel(q_ptr, win_ptr, kv_ptr, vis_ptr, comp_ptr, new_ptr, sel_ptr, ok_ptr, ok_new_ptr,
                        m_ptr, l_ptr, acc_ptr, ids_ptr, sink_ptr, cos_ptr, sin_ptr, out_ptr, tickets_ptr, NS, NW,
-                       sel_stride, ok_stride, scale, RATE, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
+                       sel_stride, ok_stride, scale, T: constexpr, H: constexpr, HD: constexpr, W: constexpr,
                        K: constexpr, PICKS: constexpr, ALL_ROWS: constexpr, SPLITS: constexpr, TILES: constexpr,
                        BLOCK_H: constexpr, BLOCK_N: constexpr, USE_DOT: constexpr, DOT_F32: constexpr,
                        POOLED: constexpr, FUSED: constexpr, NOPE: constexpr, HALF: constexpr, SP: constexpr,
-                       MERGE_D: constexpr, VERIFY: constexpr = 0):
-    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc)."""
+                       MERGE_D: constexpr, VERIFY: constexpr = 0, RATE: constexpr = 1):
+    """FUSED: the last program of a (query, head block) merges its partials into out (see the module's doc).
+    VERIFY: a verify step's rows (see the module's doc), RATE its layer's compress rate (HCA's store rows)."""
     pdl_wait()
     s = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -347,11 +348,11 @@ def attention(q, win, kv, visible, sink, cos, sin, comp=None, new=None, sel=None
     launcher(_attn_split_kernel, q)[(splits, blocks, T)](
         q, win, kv, visible, *rows, *masks, m, l, acc, ids if pooled else (verify if verifying else q), sink, cos, sin,
         out, tickets, *counts, sel.stride(0) if picks else 0, valid.stride(0) if picks else 0, float(hd ** -0.5),
-        max(rate, 1), T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
+        T=chunk, H=H, HD=hd, W=W, K=sel.shape[-1] if picks else 0, PICKS=picks, ALL_ROWS=all_rows, SPLITS=splits,
         TILES=c["tiles"], BLOCK_H=block_h, BLOCK_N=block_n, USE_DOT=use_dot,
         DOT_F32=interpreting() and q.dtype != torch.float32, POOLED=pooled, FUSED=fused, NOPE=hd - 2 * half,
-        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half), VERIFY=verifying,
-        **warps(c["num_warps"]))
+        HALF=half, SP=next_pow2(splits), MERGE_D=merge_d(block_h, splits, half),
+        **({"VERIFY": True, "RATE": max(rate, 1)} if verifying else {}), **warps(c["num_warps"]))
     if fused:
         return out
     nope = hd - 2 * half

@@ -73,7 +73,13 @@ from ..model.moe import long_tile_chunks, wave_tile_waves
 from ..model.rows import short_chunk
 from ..prefix import PrefixCache
 from ..sampler import LogitsParams, Processing, SamplingParams
-from ..speculative import NgramDrafter
+from ..speculative import NgramDrafter, padded
+
+# verify_graphs (DSV4_SERVE_VERIFY_GRAPHS=1; off: written in session 50 without a GPU): with graphs, a speculating
+# sequence's verify steps replay a graph of its slot (replay.VerifyReplay, captured at the slot's first full step),
+# the n-gram drafter's short proposals padded to draft_tokens (dsv4.speculative.padded: any drafts give the plain
+# stream) so one graph serves every step; eager verify steps otherwise (~75-85 ms on a Flash rank, session 49).
+CONFIG = {"verify_graphs": os.environ.get("DSV4_SERVE_VERIFY_GRAPHS", "0") == "1"}
 from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
@@ -509,18 +515,21 @@ class Scheduler:
         nothing past an EOS)."""
         state = self.slots[seq.slot]
         room = max(0, min(self.draft_tokens, seq.max_tokens - seq.generated - 1, state.capacity - state.host_pos - 1))
-        # eager verify steps: a graph per slot (replay.VerifyReplay) would hold a step's activations for each of
-        # max_num_seqs slots; until a GPU run weighs that, the server does not capture them
-        graph = False
+        # a graph per slot (CONFIG verify_graphs; full steps only, the last ones of a budget run eagerly) holds a
+        # verify step's activations for each slot that speculated
+        graph = self.graphs and CONFIG["verify_graphs"]
         stops = () if seq.ignore_eos else (self.model.cfg.eos_token_id,)
         try:
             if self.speculate == "mtp":
                 drafts = list(seq.drafts)[:room] if seq.drafted_at == seq.generated else []
                 got, drafted = self.model.verify_draft(state, seq.token, drafts, seq.sampling, stops, self.draft_tokens,
-                                                       graph=graph)
+                                                       graph=graph and len(drafts) == self.draft_tokens)
             else:
                 drafts = self.ngram.propose(seq.prompt_ids + seq.history, room)[:room]
-                got = self.model.verify(state, seq.token, drafts, seq.sampling, stops, graph=graph)
+                if graph and len(drafts) < room == self.draft_tokens:
+                    drafts = padded(drafts, room, seq.token)
+                got = self.model.verify(state, seq.token, drafts, seq.sampling, stops,
+                                        graph=graph and len(drafts) == self.draft_tokens)
         except Exception as e:  # noqa: BLE001 - a refused step: this sequence fails, others go on
             self._failed([seq], e)
             return
