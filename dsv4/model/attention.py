@@ -164,7 +164,7 @@ def _in_chunk(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     its decode step (each row's masks and rope from VerifyRows.each), reading the ring rows and store rows its
     earlier rows wrote from the chunk (dsv4.kernels.attention's verify). Nothing is written before every row has
     read: the writes are applied last, in one Undo application, each index tagged with its row (the take-back
-    keeps the rows accepted)."""
+    keeps the rows accepted). Where the kernel does not take a layer's shapes, that layer's rows run in turn."""
     rows = steps[0].verify_rows(len(steps))
     each, cache = rows.each, caches[0]  # one sequence: every row's caches are the same buffers
     m = cfg.compress_rate(layer)
@@ -185,8 +185,8 @@ def _in_chunk(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Mode
     q, kv = _queries(q_res, kv_a, roped, w, cfg, heads, cos, sin)
     visible, slots = each.sliding()
     args = (q, cache.win, kv, visible, w["attn_sink"], cos, sin)
-    if not fused.supported(*args, **extra, verify=each.positions, rate=m):
-        raise RuntimeError(f"layer {layer}: the verify attention kernel does not take these shapes/dtypes")
+    if not fused.supported(*args, **extra, verify=each.positions, rate=m):  # nothing of this layer written yet
+        return _in_turn(x, steps, w, caches, layer, cfg, heads, undo, out)
     o = fused.attention(*args, **extra, verify=each.positions, rate=m)
     tags = [rows.order]
     if m:
