@@ -74,13 +74,13 @@ from ..model.rows import short_chunk
 from ..prefix import PrefixCache
 from ..sampler import LogitsParams, Processing, SamplingParams
 from ..speculative import NgramDrafter, padded
+from .protocol import RequestError
 
 # verify_graphs (DSV4_SERVE_VERIFY_GRAPHS=1; off: written in session 50 without a GPU): with graphs, a speculating
 # sequence's verify steps replay a graph of its slot (replay.VerifyReplay, captured at the slot's first full step),
 # the n-gram drafter's short proposals padded to draft_tokens (dsv4.speculative.padded: any drafts give the plain
 # stream) so one graph serves every step; eager verify steps otherwise (~75-85 ms on a Flash rank, session 49).
 CONFIG = {"verify_graphs": os.environ.get("DSV4_SERVE_VERIFY_GRAPHS", "0") == "1"}
-from .protocol import RequestError
 
 log = logging.getLogger("dsv4.serve")
 
