@@ -17,7 +17,7 @@ DSV4_VERIFY_CHUNK=1 step 90 "$OUT/gate_spec_chunk.txt" python -m dsv4.cli gate -
   --batch 4 --prime 64 --output 64 --speculative 3 --out "$OUT/receipts-gate-spec-chunk.txt"
 step 110 "$OUT/spec_mini_chunk.txt" python benchmarks/speculative_bench.py --preset mini --k 1 --k 3 --steps 32 \
   --rounds 3 --graph --fused-undo --chunk
-step 170 "$OUT/spec_flash_chunk.txt" python benchmarks/speculative_bench.py --preset flash --proxy-world 2 --k 1 --k 3 \
+step 150 "$OUT/spec_flash_chunk.txt" python benchmarks/speculative_bench.py --preset flash --proxy-world 2 --k 3 \
   --steps 16 --rounds 2 --graph --fused-undo --chunk
 # The decode GEMVs as mma (m16n8k16 with the rows as columns: a row costs what eight do; other bits than v2's, so its
 # own plain arms): does a verify step's FP8 work (3.25 ms for 4 rows against 1.38 for one on v2, session 49) shrink
