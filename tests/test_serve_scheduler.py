@@ -19,6 +19,7 @@ import torch
 
 import dsv4
 from dsv4.serve.scheduler import QueueFull, Scheduler, Sequence
+from dsv4.speculative import ScriptedDrafter
 
 
 @pytest.fixture(scope="module")
@@ -413,6 +414,8 @@ def test_speculating_alone_keeps_every_stream(speculate):
     verified = []
     sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, metrics=metrics,
                       speculate=speculate, draft_tokens=3)
+    if speculate == "ngram":  # random weights draw no n-gram's continuation: the drafter proposes the solo stream
+        sched.ngram = ScriptedDrafter(len(rep), want[0])
     original = model.verify_draft if speculate == "mtp" else model.verify
 
     def counted(*args, **kwargs):
@@ -436,10 +439,20 @@ def test_speculating_alone_keeps_every_stream(speculate):
             Scheduler(dsv4.load("tiny", device="cpu", dtype=torch.float32), max_num_seqs=1, speculate="mtp")
 
 
+class Partial(ScriptedDrafter):
+    """Proposes the first two tokens of the script's continuation at most, and nothing every fifth call."""
+
+    calls = 0
+
+    def propose(self, context, k):
+        self.calls += 1
+        return [] if self.calls % 5 == 0 else super().propose(context, min(k, 2))
+
+
 def test_verify_graphs_pad_the_drafts_and_keep_the_stream(monkeypatch):
-    """CONFIG verify_graphs (with graphs): the n-gram drafter's short proposals padded to draft_tokens, so every
-    verify step but a budget's last ones asks for the slot's one graph (graph=True; on CPU Model.verify runs it
-    eagerly, the same steps), and the stream stays Model.sample_tokens's."""
+    """CONFIG verify_graphs (with graphs): short proposals padded to draft_tokens, so every verify step but a
+    budget's last ones asks for the slot's one graph (graph=True; on CPU Model.verify runs it eagerly, the same
+    steps), nothing proposed takes the batched step, and the stream stays Model.sample_tokens's."""
     from dsv4.serve import scheduler as sched_module
 
     monkeypatch.setitem(sched_module.CONFIG, "verify_graphs", True)
@@ -448,16 +461,39 @@ def test_verify_graphs_pad_the_drafts_and_keep_the_stream(monkeypatch):
     prompt = [5, 9, 3, 7] * 4
     want = solo(model, prompt, 20, sp)
     calls = []
-    original = model.verify
+    original, batched = model.verify, model.step_batch
 
     def counted(state, token, drafts, sampling, stops, graph=False):
         calls.append((len(drafts), graph))
         return original(state, token, drafts, sampling, stops, graph=graph)
 
     model.verify = counted
-    sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate="ngram", draft_tokens=3)
-    sched.graphs = True  # the verify steps' switch only: the sequence decodes alone, so it takes no batched step
+    model.step_batch = lambda *args, graph=False: batched(*args)  # on CPU the batched step runs eagerly
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate="ngram", draft_tokens=3,
+                      pipelined=False)
+    sched.graphs, sched.ngram = True, Partial(len(prompt), want)
     assert served(sched, [(prompt, 20, sp)]) == [want]
     full = [c for c in calls if c[0] == 3]
     assert full and all(graph for _, graph in full)
+    assert 0 not in [n for n, _ in calls] and len(calls) + sched.ngram.calls // 5 <= sched.ngram.calls
     assert all(not graph for n, graph in calls if n < 3) and len(calls) - len(full) <= 3  # a budget's last steps
+
+
+def test_nothing_drafted_takes_the_batched_step(monkeypatch):
+    """Where the n-gram drafter proposes nothing, the sequence takes the batched step (a verify step of no drafts is
+    the plain step, slower than the batched step's graph), not a verify step; the stream is unchanged."""
+    model = dsv4.load("tiny", device="cpu", dtype=torch.float32)
+    sp = dsv4.SamplingParams(temperature=1.0, seed=2)
+    prompt = [4, 4, 8, 11, 23]
+    want = solo(model, prompt, 16, sp)
+    calls = []
+    original = model.verify
+
+    def counted(state, token, drafts, *args, **kwargs):
+        calls.append(len(drafts))
+        return original(state, token, drafts, *args, **kwargs)
+
+    model.verify = counted
+    sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate="ngram", draft_tokens=3)
+    assert served(sched, [(prompt, 16, sp)]) == [want]
+    assert 0 not in calls and len(calls) < 16

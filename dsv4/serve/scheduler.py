@@ -478,12 +478,11 @@ class Scheduler:
         """One batched step for every decoding sequence: eager over their own slots, or the graph of
         the smallest bucket of slots that holds them all; pipelined, launched before the previous step
         settles. With speculate, a sequence decoding alone (without logit processing or a grammar) takes a verify
-        step instead (_speculate)."""
+        step instead (_speculate), unless the n-gram drafter has nothing to propose: then the batched step."""
         if self.speculate and len(seqs) == 1 and seqs[0].logits is None and seqs[0].constraint is None:
             self._drain()  # its launched batched step first: the verify step continues from its state
-            if not seqs[0].cancelled:
-                self._speculate(seqs[0])
-            return
+            if seqs[0].cancelled or self._speculate(seqs[0]):
+                return
         if self.pipelined and all(s.logits is None and s.constraint is None for s in seqs):
             self._decode_pipelined(seqs)
             return
@@ -508,11 +507,12 @@ class Scheduler:
             if seq is not None:
                 self._guarded(seq, lambda s: self._took(s, token))
 
-    def _speculate(self, seq: Sequence):
+    def _speculate(self, seq: Sequence) -> bool:
         """One verify step of a sequence decoding alone: its drafts (the n-gram drafter's, or the MTP layer's from
         its last verify step, if no other step ran since), at most what max_tokens and the slot leave; its tokens
         taken one by one as a plain step's (EOS, max_tokens and cancels end it as ever; the verify step commits
-        nothing past an EOS)."""
+        nothing past an EOS). -> False, with nothing done, where the n-gram drafter proposes nothing: a verify step
+        of no drafts is the plain step, which the batched step (its graph) makes faster."""
         state = self.slots[seq.slot]
         room = max(0, min(self.draft_tokens, seq.max_tokens - seq.generated - 1, state.capacity - state.host_pos - 1))
         # a graph per slot (CONFIG verify_graphs; full steps only, the last ones of a budget run eagerly) holds a
@@ -526,13 +526,15 @@ class Scheduler:
                                                        graph=graph and len(drafts) == self.draft_tokens)
             else:
                 drafts = self.ngram.propose(seq.prompt_ids + seq.history, room)[:room]
+                if not drafts:
+                    return False
                 if graph and len(drafts) < room == self.draft_tokens:
                     drafts = padded(drafts, room, seq.token)
                 got = self.model.verify(state, seq.token, drafts, seq.sampling, stops,
                                         graph=graph and len(drafts) == self.draft_tokens)
         except Exception as e:  # noqa: BLE001 - a refused step: this sequence fails, others go on
             self._failed([seq], e)
-            return
+            return True
         if self.metrics is not None:
             self.metrics.speculated(len(drafts), len(got) - 1)
         for token in got:
@@ -541,6 +543,7 @@ class Scheduler:
             self._guarded(seq, lambda s: self._took(s, token))
         if self.speculate == "mtp":
             seq.drafts, seq.drafted_at = drafted, seq.generated
+        return True
 
     def _rows(self, seqs: list[Sequence]) -> tuple[list, list]:
         """A step's rows (a Sequence, or None for a free slot of the bucket) and their states."""
