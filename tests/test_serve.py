@@ -432,8 +432,9 @@ def test_cli_serve_starts_and_answers():
 
 
 def test_a_speculating_server_serves_the_engines_stream(model):
-    """--speculate ngram: a request decoding alone takes verify steps; through the OpenAI client its text is the
-    engine's plain stream, and /metrics counts the drafts."""
+    """--speculate ngram: a request decoding alone takes verify steps where its drafter proposes (the batched step
+    where it does not); through the OpenAI client its text is the engine's plain stream, and /metrics counts the
+    drafts."""
     with Server(model, "127.0.0.1", 0, model_name=NAME, max_model_len=256, max_num_seqs=2, speculate="ngram",
                 draft_tokens=3) as srv:
         prompt = "la la la la la la la la"

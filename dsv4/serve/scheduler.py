@@ -38,7 +38,8 @@ buckets stay small; sequences join and leave between steps without a recapture.
 Speculative decoding (`speculate`: "ngram" or "mtp", off by default): a round whose one decoding sequence has no
 logit processing or grammar runs a verify step for it (Model.verify / verify_draft: its drafts' tokens, then the
 rest as a plain step would draw them), unpipelined; its tokens are the plain step's, bit for bit, so a sequence's
-stream is the same with it or without. With two or more decoding sequences the batched step runs as ever.
+stream is the same with it or without. With two or more decoding sequences the batched step runs as ever, and so it
+does where the n-gram drafter proposes nothing (a verify step of no drafts is the plain step, without its graph).
 
 Prefix caching (`prefix_cache` states, off by default; dsv4.prefix): a new sequence whose prompt begins with a cached
 prompt's chunks starts from their state, and its prefill offers the cache snapshots at its marks; one that shares
