@@ -148,8 +148,9 @@ def _in_turn(x, steps: list[Step], w: dict, caches: list, layer: int, cfg: Model
 
 def _chunked(x, steps: list[Step]) -> bool:
     """Whether a verify step's rows run as one chunk (_in_chunk): its kernels run (each row's bits then those of
-    the rows in turn, which the torch reference does not promise), and the rows fit the decode kernels' chunk."""
-    return (kernels.use_triton(x, gpu_checked=fused.GPU_CHECKED) and len(steps) <= fused.MAX_T
+    the rows in turn, which the torch reference does not promise), and the rows fit the decode kernels' chunk. One row
+    (the MTP layer's drafting steps) runs as a decode step: the same launches without the chunk's geometry."""
+    return (kernels.use_triton(x, gpu_checked=fused.GPU_CHECKED) and 1 < len(steps) <= fused.MAX_T
             and all(s.T == 1 for s in steps))
 
 
