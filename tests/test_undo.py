@@ -76,6 +76,44 @@ def test_fused_undo_is_the_torch_undo(device, accepted, kernels_on, monkeypatch)
         assert all(torch.equal(out[1][1][k], out[1][0][0][k]) for k in out[1][1])
 
 
+def chunk_writes(bufs, R, device, g):
+    """Rows 0..R-1's writes as one chunk's (model.attention._in_chunk): a write of R window slots, each index row its
+    verify row's, and a store write of the two windows the rows touch (the first kept, closed by row 1; the second
+    open, its keep False) -> (writes, tags: a device tensor of the row behind each index)."""
+    i64 = dict(dtype=torch.int64, device=device)
+    win = Write(bufs["win"], torch.arange(3, 3 + R, **i64) % 8,
+                torch.randn(R, 64, generator=g).to(device, torch.bfloat16))
+    store = Write(bufs["store"], torch.tensor([1, 2], **i64), torch.randn(2, 64, generator=g).to(device, torch.bfloat16),
+                  torch.tensor([True, False], device=device))
+    return [win, store], [torch.arange(R, **i64), torch.tensor([1, R - 1], **i64)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("accepted", [0, 1, 3])
+def test_a_chunks_writes_are_taken_back_by_their_rows(device, accepted, kernels_on, monkeypatch):
+    """A chunk's writes in one application, each index tagged with its row: the take-back restores the indices of
+    the rows not kept and no other, with torch's ops and the fused kernels alike (the same bytes)."""
+    R, outs = 4, []
+    for fused in (False, True):
+        monkeypatch.setitem(fused_undo.CONFIG, "fused", fused)
+        g = torch.Generator().manual_seed(3)
+        bufs = buffers(device, g)
+        before = {k: v.clone() for k, v in bufs.items()}
+        writes, tags = chunk_writes(bufs, R, device, g)
+        undo = Undo()
+        undo.apply(writes, tags)
+        applied = {k: v.clone() for k, v in bufs.items()}
+        undo.take_back(torch.arange(R, device=device) <= accepted)
+        outs.append(bufs)
+        for r in range(R):  # window slot 3 + r: row r's key where it is kept, the old one where not
+            want = applied["win"][3 + r] if r <= accepted else before["win"][3 + r]
+            assert torch.equal(bufs["win"][3 + r], want), (fused, r)
+        assert torch.equal(bufs["store"][1], applied["store"][1] if accepted >= 1 else before["store"][1])
+        assert torch.equal(bufs["store"][2], before["store"][2])  # the open window's write kept nothing
+        assert torch.equal(bufs["ring"], before["ring"]) and torch.equal(bufs["f32"], before["f32"])
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_refused_verify_takes_every_row_back(device, kernels_on):
     g = torch.Generator().manual_seed(9)
