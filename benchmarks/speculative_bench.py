@@ -6,7 +6,7 @@ a step, the machinery's best case) and drafts that are all wrong (one token a st
 nothing gained); with --mtp also verify steps drafted by the model's MTP layer (Model.verify_draft: random weights
 draft badly, so this arm is the layer's cost: its forward on every row, and k drafts). Rounds in ABBA order; each row
 `steps` tokens (every verify step has k drafts, a graph arm's every step its graph; the last step's tokens past
-`steps` are not counted: until session 50 the last steps ran eagerly with fewer drafts, which made the all-wrong
+`steps` are not counted: until session 50 the last steps ran eagerly with fewer drafts, which likely made the all-wrong
 graph arms look slow: session 49's 5.1 ms a step). Prints SPECULATIVE_ROW per row and SPECULATIVE per
 arm: median tok/s, tokens and milliseconds a step, the ratio to the plain eager loop measured in the same run, and
 whether the arm's stream is the plain one (it must be: the benchmark fails otherwise). On CUDA set
