@@ -184,8 +184,10 @@ def chunked(monkeypatch):
 
 
 @pytest.mark.skipif(not kernels.interpreting(), reason="CPU states through the kernels: Triton's interpreter")
-@pytest.mark.parametrize("k,wrong,fused_undo_on", [(3, None, False), (7, None, True), (1, None, False),
-                                                   (3, 1, True), (4, 0, False)])
+@pytest.mark.parametrize("k,wrong,fused_undo_on", [
+    (3, None, False), (3, 1, True),  # CI: drafts right (torch's Undo), a wrong one (the fused Undo's take-back)
+    pytest.param(7, None, True, marks=pytest.mark.slow), pytest.param(1, None, False, marks=pytest.mark.slow),
+    pytest.param(4, 0, False, marks=pytest.mark.slow)])  # the slow set (DSV4_SLOW=1): 8 and 2 rows, the first wrong
 def test_verify_steps_as_chunks_are_the_plain_steps(tiny, plain, chunked, monkeypatch, k, wrong, fused_undo_on):
     """Verify steps of k drafts (the plain tokens; with `wrong`, that draft changed): every step's tokens are the
     plain ones and the state after it (committed bytes, logits) the plain state after as many tokens; with the
