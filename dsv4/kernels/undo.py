@@ -13,6 +13,8 @@ small launches a row and compressed layer on a Flash rank. Here:
   bits go back. The records run at once: within a verify step of at most as many rows as its smallest ring, no two
   rows write one ring slot, and the rows that write one store row (a window's, with keep set only where it closes)
   all saved the same old bits, so the order does not matter (the reference's reverse order gives the same bytes).
+  A record of a verify step's rows as one chunk (model.attention._in_chunk) holds several rows' indices, each tagged
+  with its row (a device tensor, read per index); one chunk writes each index once.
 
 Tables are int64 rows built on the host from the tensors' addresses: eager, copied from pinned memory without a
 sync; in a CUDA graph capture, slices of a device buffer reserved before the capture (`reserve`, sized by `counting`
