@@ -149,7 +149,8 @@ def test_golden_prompts(messages, tools, thinking, expected):
     ([{"role": "assistant", "content": "x", "tool_calls": [{"id": "a", "type": "function"}]}], None,
      "messages[0].tool_calls[0].function", "Field required"),
     ([{"role": "robot", "content": "x"}], None, "messages[0].role", "'developer'"),
-    ([user("x")], [{"type": "function", "function": {"name": "f", "strict": True}}], "tools[0].function", "strict"),
+    ([user("x")], [{"type": "function", "function": {"name": "f", "strict": "maybe"}}], "tools[0].function.strict",
+     "boolean"),
     ([user("x")], [{"type": "web_search"}], "tools[0].type", "function"),
     ([user("x")], [{"type": "function", "function": {"name": ""}}], "tools[0].function.name", "non-empty"),
 ])
@@ -513,10 +514,12 @@ def test_tokenize_takes_tools_and_the_thinking_switch(client, server, model):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": "always"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "tool_choice.function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": {"type": "function"}}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools[0].function"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": 2}}]}, "tools[0].function.strict"),
     ({"chat_template_kwargs": {"greeting": "x"}}, "chat_template_kwargs.greeting"),
     ({"chat_template_kwargs": {"thinking": "yes"}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"thinking": True}, "thinking": {"type": "disabled"}}, "thinking"),

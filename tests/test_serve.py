@@ -282,6 +282,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     # tool_choice none: DeepSeek-V4's tools section alone is over this server's max_model_len (test_chat.py
     # serves tools in the prompt)
     "tools": {"tools": [TOOL], "tool_choice": "none"}, "tool_choice": {"tools": [TOOL], "tool_choice": "none"},
+    "parallel_tool_calls": {"tools": [TOOL], "tool_choice": "none", "parallel_tool_calls": False},
     "chat_template_kwargs": {"chat_template_kwargs": {"thinking": True}}, "thinking": {"thinking": {"type": "enabled"}},
     "presence_penalty": {"presence_penalty": 1.0}, "frequency_penalty": {"frequency_penalty": 0.5},
     "repetition_penalty": {"repetition_penalty": 1.2}, "logit_bias": {"logit_bias": {"5": 10}}, "min_p": {"min_p": 0.1},
@@ -294,7 +295,6 @@ REFUSED = {
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high",
     "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",
     "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
-    "parallel_tool_calls": "sometimes",
 }
 
 

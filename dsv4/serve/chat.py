@@ -211,13 +211,7 @@ class FunctionDef(BaseModel):
     name: Annotated[str, BeforeValidator(_nonempty)]
     description: str | None = None
     parameters: dict | None = None
-    strict: bool | None = None
-
-    @model_validator(mode="after")
-    def _no_strict(self):
-        if self.strict:  # strict schema adherence needs constrained decoding, which this path lacks
-            _refuse("strict: only false or null (dsv4 does not constrain tool arguments to the schema)")
-        return self
+    strict: bool | None = None  # true: the call's arguments follow `parameters` (a grammar: dsv4.serve.grammar)
 
 
 class Tool(BaseModel):
@@ -232,18 +226,121 @@ class Tool(BaseModel):
 
 def _tools(v):
     if v is not None and not isinstance(v, list):
-        _refuse(f"a list of {{type: 'function', function: {{name, description?, parameters?}}}}, got {v!r}")
+        _refuse(f"a list of {{type: 'function', function: {{name, description?, parameters?, strict?}}}}, got {v!r}")
     return v
 
 
 Tools = Annotated[list[Tool] | None, BeforeValidator(_tools)]
 
 
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, BeforeValidator(_nonempty)]
+
+
+class NamedTool(BaseModel):
+    """{"type": "function", "function": {"name": ...}}: a tool_choice that forces one call of that function, or an
+    entry of allowed_tools."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionName
+
+
+class AllowedTools(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[NamedTool], Field(min_length=1)]
+
+
+class AllowedToolsChoice(BaseModel):
+    """{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": [NamedTool, ...]}}: every
+    tool stays in the prompt, the calls are limited to these (OpenAI's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedTool | AllowedToolsChoice
+
+
 def check_tool_choice(v):
-    """'auto' (the default with tools) or 'none' (the tools are left out of the prompt)."""
-    if v is not None and v not in ("auto", "none"):
-        _refuse(f"'auto' or 'none' (dsv4 does not force tool calls), got {v!r}")
+    """'auto' (the default with tools), 'none' (the tools are left out of the prompt), 'required' (at least one
+    call), a named function (one call of it) or allowed_tools; the last three by a grammar (ToolCalls)."""
+    kinds = {"function": NamedTool, "allowed_tools": AllowedToolsChoice}
+    if isinstance(v, dict) and v.get("type") in kinds:
+        try:
+            return kinds[v["type"]].model_validate(v)
+        except ValidationError as e:  # one line naming the sub-field, as the request's other fields
+            err = e.errors(include_url=False)[0]
+            where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+            text = "not a field here" if err["type"] == "extra_forbidden" else err["msg"]
+            _refuse(f"{where.lstrip('.')}: {text}"[:300])
+    if v is not None and not (isinstance(v, str) and v in ("auto", "none", "required")):
+        _refuse(f"'auto', 'none', 'required', {{type: 'function', function: {{name}}}} or {{type: 'allowed_tools', "
+                f"allowed_tools: {{mode, tools}}}}, got {v!r}"[:300])
     return v
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """What a chat reply's tool calls are held to, by a grammar over DeepSeek-V4's DSML block (xgrammar's
+    deepseek_v4 structural tag: dsv4.serve.grammar.compile_tool_calls): `tools` (the callable ones, the wire
+    shape), `choice` ('auto': text or calls, 'required': at least one call, 'forced': one call of tools[0]),
+    `parallel` (false: at most one call), `asked_by` (the request field that asked for the grammar), `positions`
+    (each callable tool's index in the request's tools)."""
+
+    tools: tuple[dict, ...]
+    choice: Literal["auto", "required", "forced"]
+    parallel: bool
+    asked_by: str
+    positions: tuple[int, ...]
+
+
+def tool_calls(tools: list[Tool] | None, tool_choice, parallel_tool_calls: bool | None) -> ToolCalls | None:
+    """The grammar a chat request's tools need (None: the calls are parsed from free text, as the model writes
+    them). Asked for by tool_choice 'required', a named function or allowed_tools; by a tool with strict: true
+    (its arguments follow its parameters); by parallel_tool_calls false (at most one call). A tool without strict:
+    true keeps any arguments (OpenAI's strict, off by default). Raises ChatError naming the field."""
+    if tool_choice not in (None, "auto", "none") and not tools:
+        raise ChatError("tool_choice: only with tools", "tool_choice")
+    if not tools or tool_choice == "none":
+        return None
+    names = [t.function.name for t in tools]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ChatError(f"tools: the function {repeated[0]!r} is listed twice", "tools")
+    callable_, choice, asked_by = list(tools), "auto", None
+    if isinstance(tool_choice, NamedTool):
+        callable_, choice, asked_by = [_named(tools, tool_choice, "tool_choice.function.name")], "forced", "tool_choice"
+    elif isinstance(tool_choice, AllowedToolsChoice):
+        allowed = tool_choice.allowed_tools
+        callable_ = [_named(tools, t, f"tool_choice.allowed_tools.tools[{i}].function.name")
+                     for i, t in enumerate(allowed.tools)]
+        callable_ = [t for i, t in enumerate(callable_) if t not in callable_[:i]]
+        choice, asked_by = allowed.mode, "tool_choice"
+    elif tool_choice == "required":
+        choice, asked_by = "required", "tool_choice"
+    strict = [i for i, t in enumerate(tools) if t.function.strict]
+    if asked_by is None and strict:
+        asked_by = f"tools[{strict[0]}].function.strict"
+    if asked_by is None and parallel_tool_calls is False:
+        asked_by = "parallel_tool_calls"
+    if asked_by is None:
+        return None
+    wire = tuple({"type": "function", "function": {"name": t.function.name, "parameters": t.function.parameters,
+                                                    "strict": bool(t.function.strict)}} for t in callable_)
+    return ToolCalls(wire, choice, parallel_tool_calls is not False, asked_by,
+                     tuple(tools.index(t) for t in callable_))
+
+
+def _named(tools: list[Tool], ref: NamedTool, param: str) -> Tool:
+    for t in tools:
+        if t.function.name == ref.function.name:
+            return t
+    raise ChatError(f"{param}: {ref.function.name!r} is not one of the tools {[t.function.name for t in tools]}"[:300],
+                    param)
 
 
 TEMPLATE_SWITCHES = ("thinking", "enable_thinking")  # vLLM's spellings of the thinking switch

@@ -1,6 +1,15 @@
-"""response_format: JSON output constrained by xgrammar (an optional dependency: pip install 'dsv4[json]').
+"""Constrained output by xgrammar (an optional dependency: pip install 'dsv4[json]'): response_format's JSON and a
+chat reply's tool calls (tool_choice 'required', a named function or allowed_tools; tools with strict: true;
+parallel_tool_calls false).
 
-A request's format compiles once (`compile_format`, in the handler's worker thread); each choice gets its
+Tool calls follow xgrammar's own DeepSeek-V4 structural tag (`get_model_structural_tag("deepseek_v4")`: the
+<｜DSML｜tool_calls> block our encoder writes and dsv4.serve.chat's parser reads, each invoke's parameters in the
+deepseek_xml style: string="true" raw text, string="false" JSON; whitespace in runs of at most one character, as
+the encoder writes the block, so that a model cannot pad it without end): a reply that starts inside <think>
+(thinking mode) reasons freely up to </think> first, as a JSON response_format does too (its JSON comes after the
+reasoning).
+
+A request's grammar compiles once (`compile_format`, `compile_tool_calls`, in the handler's worker thread); each choice gets its
 own `Constraint`, a grammar matcher on the host: before each step the scheduler asks it for the allowed
 tokens (a bitmask the step applies to the logits on the device, dsv4.sampler.process_logits), after the
 step it accepts the token drawn, and the sequence ends when the matcher terminates (at EOS, once the JSON
@@ -24,12 +33,12 @@ class FormatError(ValueError):
         self.message, self.param = message, param
 
 
-def _xgrammar():
+def _xgrammar(param: str = "response_format"):
     try:
         import xgrammar
     except ImportError:
-        raise FormatError("response_format: json_object and json_schema need xgrammar, which this server lacks "
-                           "(pip install 'dsv4[json]')", "response_format") from None
+        raise FormatError(f"{param}: constrained output needs xgrammar, which this server lacks "
+                          "(pip install 'dsv4[json]')", param) from None
     return xgrammar
 
 
@@ -89,18 +98,62 @@ def _compiler(tokenizer, vocab_size: int, eos_id: int):
     return xgr.GrammarCompiler(info)
 
 
-def compile_format(response_format: dict, model):
-    """The compiled grammar of a json_object or json_schema response_format; a schema xgrammar refuses is a 400."""
+THINK_MARKERS = ["<think>", "</think>"]  # never inside the reasoning's free text (xgrammar's deepseek_v4 excludes)
+
+
+def _reasoning():
+    """Free text up to </think>: the reasoning of a reply that starts inside <think>."""
+    xgr = _xgrammar()
+    from xgrammar.structural_tag import AnyTextFormat, TagFormat
+
+    return xgr.Grammar.from_structural_tag(xgr.StructuralTag(
+        format=TagFormat(begin="", content=AnyTextFormat(excludes=THINK_MARKERS), end="</think>")))
+
+
+def compile_format(response_format: dict, model, reasoning: bool = False):
+    """The compiled grammar of a json_object or json_schema response_format (after the reasoning, when the reply
+    starts inside <think>: the same JSON); a schema xgrammar refuses is a 400."""
+    xgr = _xgrammar()
     compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
     if response_format["type"] == "json_object":
         schema, param = {"type": "object"}, "response_format"
     else:
         schema, param = response_format["json_schema"]["schema"], "response_format.json_schema.schema"
     try:
-        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        if not reasoning:
+            return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        return compiler.compile_grammar(xgr.Grammar.concat(_reasoning(), body))
     except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / InvalidJSONError for a schema it cannot read
         raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {str(e).splitlines()[0][:200]}",
                            param) from None
+
+
+def compile_tool_calls(calls, model, reasoning: bool):
+    """The compiled grammar of a chat reply held to `calls` (dsv4.serve.chat.ToolCalls): DeepSeek-V4's DSML tool-call
+    block by xgrammar's deepseek_v4 structural tag, after free reasoning when the reply starts inside <think>. A strict
+    tool's parameters that xgrammar cannot read are a 400 naming that tool."""
+    xgr = _xgrammar(calls.asked_by)
+    compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
+    for i, tool in zip(calls.positions, calls.tools):
+        function = tool["function"]
+        if function["strict"] and function["parameters"] is not None:
+            try:
+                xgr.Grammar.from_json_schema(json.dumps(function["parameters"]))
+            except Exception as e:  # noqa: BLE001 - as compile_format's
+                param = f"tools[{i}].function.parameters"
+                raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {str(e).splitlines()[0][:200]}",
+                                  param) from None
+    choice = {"auto": "auto", "required": "required",
+              "forced": {"type": "function", "function": {"name": calls.tools[0]["function"]["name"]}}}[calls.choice]
+    tag = xgr.get_model_structural_tag("deepseek_v4", tools=list(calls.tools), tool_choice=choice,
+                                       reasoning="enabled" if reasoning else "disabled",
+                                       parallel_tool_calls=calls.parallel, max_whitespace_cnt=1)
+    try:
+        return compiler.compile_structural_tag(tag)
+    except Exception as e:  # noqa: BLE001 - a schema the per-tool check passed but the tag's conversion refuses
+        raise FormatError(f"tools: xgrammar cannot build the tool-call grammar: {str(e).splitlines()[0][:200]}",
+                          "tools") from None
 
 
 class Constraint:

@@ -26,17 +26,17 @@ from pydantic_core import PydanticCustomError
 
 from ..sampler import TOP_LOGPROBS, LogitsParams, SamplingParams
 from ..tokenizer import TextStream
-from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Thinking, Tools, check_messages,
-                   check_tool_choice, prompt_ids, prompt_text, render)
+from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Thinking, ToolChoice, Tools,
+                   check_messages, check_tool_choice, prompt_ids, prompt_text, render, tool_calls)
 
 MAX_STOPS = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
 # The fields served by the device's logit processing (dsv4.sampler.process_logits). GPU-checked in session 5
-# (benchmarks/sampling_check.py: solo == batched == graph) but for response_format, whose grammar mask has
-# not been through a GPU run: on CUDA it needs DSV4_UNCHECKED_SAMPLING=1 (README: the GPU rule).
+# (benchmarks/sampling_check.py: solo == batched == graph) but for a grammar's mask (response_format, and the
+# tool-call grammar: tool_choice, strict tools, parallel_tool_calls false), not yet through a GPU run: on CUDA
+# it needs DSV4_UNCHECKED_SAMPLING=1 (README: the GPU rule; sampling_check.py now carries masks).
 PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
                      "logprobs", "top_logprobs", "response_format")
-CUDA_UNCHECKED_FIELDS = ("response_format",)
 SEED_SPACE = 2**64
 
 # The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
@@ -79,10 +79,13 @@ IMPLEMENTED = {
     "top_logprobs": "chat: in [0, 20], with logprobs: true: the most likely tokens at each position",
     "response_format": "text; json_object (any JSON object) or json_schema ({name, schema, strict}): the output is "
                        "constrained to it by xgrammar (compact JSON; pip install 'dsv4[json]')",
-    "tools": "chat: functions (name, description, parameters; strict: true refused) shown in the prompt; the "
-             "model's calls come back as tool_calls (finish_reason 'tool_calls')",
-    "tool_choice": "chat: 'auto' (the default) or 'none' (the tools are left out of the prompt); 'required' and a "
-                   "named function are refused",
+    "tools": "chat: functions (name, description, parameters, strict) shown in the prompt; the model's calls come "
+             "back as tool_calls (finish_reason 'tool_calls'); strict: true holds a call's arguments to its "
+             "parameters (a grammar, xgrammar's deepseek_v4 tag)",
+    "tool_choice": "chat: 'auto' (the default), 'none' (the tools are left out of the prompt), 'required' (at "
+                   "least one call), a named function (one call of it) or allowed_tools (the calls limited to "
+                   "those, mode auto or required); the last three by a grammar over the DSML tool-call block",
+    "parallel_tool_calls": "chat: true (the default) or false (at most one call, by the tool-call grammar)",
     "chat_template_kwargs": "chat: vLLM's; thinking / enable_thinking switch thinking mode (reasoning_content in "
                             "the reply); other keys are variables of the checkpoint's chat template",
     "thinking": "chat: DeepSeek's API switch {type: 'enabled' | 'disabled'} (reasoning_content in the reply)",
@@ -95,7 +98,7 @@ IMPLEMENTED = {
 # each with the values that mean "off" (None always does). Any other value is refused, naming it.
 _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",), "functions": ([],), "function_call": ("none",),
-    "parallel_tool_calls": (True, False), "audio": (), "modalities": (["text"],), "prediction": (),
+    "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
     "prompt_cache_retention": (),
@@ -286,7 +289,8 @@ class ChatBody(_Body):
     messages: Messages
     max_completion_tokens: Count = None
     tools: Tools = None
-    tool_choice: Annotated[str | None, BeforeValidator(check_tool_choice)] = None
+    tool_choice: Annotated[ToolChoice | None, BeforeValidator(check_tool_choice)] = None
+    parallel_tool_calls: Flag = None
     chat_template_kwargs: TemplateKwargs = None  # the thinking switch (vLLM's), template variables
     thinking: Thinking | None = None  # the thinking switch (DeepSeek's API)
     logprobs: Flag = None
@@ -431,7 +435,8 @@ class Call:
     ignore_eos: bool
     reply: ReplyFormat = ReplyFormat()  # chat: how to read each choice's reply (reasoning, tool calls)
     logits: LogitsParams | None = None  # the device's logit processing and logprobs; None: the plain sampler
-    grammar: object = None  # response_format's compiled grammar (dsv4.serve.grammar): one matcher per choice
+    grammar: object = None  # response_format's or the tool calls' compiled grammar (dsv4.serve.grammar): a matcher
+    # per choice
     token_ids: bool = False  # return_token_ids: the choices carry their sampled (and prompt) token ids
 
     def choices(self) -> list[Choice]:
@@ -443,14 +448,17 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     """Validate a request body and tokenise its prompts (slow for a long prompt: keep it off the event loop)."""
     req = _validate(ChatBody if chat else CompletionBody, body)
     logits = _logits(req, chat, model)
-    grammar = _grammar(req.response_format, model)
-    reply = ReplyFormat()
+    reply, calls = ReplyFormat(), None
     if chat:
+        calls = _tool_calls(req)
+        _check_grammar_on(model, "response_format" if _asks(req, "response_format") else calls and calls.asked_by)
         ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
                                   model.tokenizer, max_model_len)
         inputs = [(ids, "")]
     else:
+        _check_grammar_on(model, "response_format" if _asks(req, "response_format") else None)
         inputs = _completion_prompts(req.prompt, model, max_model_len)
+    grammar = _grammar(req.response_format, calls, reply, model)
     n = req.n or 1
     if n * len(inputs) > max_choices:
         many = f"{n} x {len(inputs)} prompts = {n * len(inputs)}" if len(inputs) > 1 else f"{n}"
@@ -482,14 +490,27 @@ def _asks(req, name: str) -> bool:
     return v != {"repetition_penalty": 1, "logit_bias": {}, "response_format": {"type": "text"}}.get(name, 0)
 
 
+def _check_grammar_on(model, asked_by: str | None):
+    """A grammar (asked for by the field `asked_by`) on CUDA is refused unless DSV4_UNCHECKED_SAMPLING=1: its
+    device-side mask has not been through a GPU run."""
+    if asked_by and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
+        raise RequestError(f"{asked_by}: not yet available on CUDA (its device-side grammar mask is not yet "
+                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", asked_by)
+
+
+def _tool_calls(req):
+    try:
+        calls = tool_calls(req.tools, req.tool_choice, req.parallel_tool_calls)
+    except ChatError as e:
+        raise RequestError(e.message, e.param) from None
+    if calls is not None and _asks(req, "response_format"):
+        raise RequestError(f"response_format: not with {calls.asked_by} (one grammar a reply: the tool calls' or the "
+                           "JSON's)", "response_format")
+    return calls
+
+
 def _logits(req, chat: bool, model) -> LogitsParams | None:
-    """The request's logit processing and logprobs (None: neither); response_format on CUDA refused unless
-    DSV4_UNCHECKED_SAMPLING=1."""
-    used = [name for name in PROCESSING_FIELDS if _asks(req, name)]
-    unchecked = [name for name in used if name in CUDA_UNCHECKED_FIELDS]
-    if unchecked and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
-        raise RequestError(f"{unchecked[0]}: not yet available on CUDA (its device-side grammar mask is not yet "
-                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", unchecked[0])
+    """The request's logit processing and logprobs (None: neither)."""
     bias = req.logit_bias or {}
     bad = [t for t in bias if t >= model.cfg.vocab_size]
     if bad:
@@ -501,13 +522,17 @@ def _logits(req, chat: bool, model) -> LogitsParams | None:
     return params if params.processes or k is not None else None
 
 
-def _grammar(response_format, model):
-    if response_format is None or response_format["type"] == "text":
+def _grammar(response_format, calls, reply: ReplyFormat, model):
+    """The reply's compiled grammar: response_format's JSON or the tool calls' (after the reasoning of a reply that
+    starts inside <think>), or None."""
+    if calls is None and (response_format is None or response_format["type"] == "text"):
         return None
     from . import grammar  # xgrammar is an optional dependency
 
     try:
-        return grammar.compile_format(response_format, model)
+        if calls is not None:
+            return grammar.compile_tool_calls(calls, model, reply.reasoning)
+        return grammar.compile_format(response_format, model, reply.reasoning)
     except grammar.FormatError as e:
         raise RequestError(e.message, e.param) from None
 
