@@ -134,6 +134,9 @@ def compile_tool_calls(calls, model, reasoning: bool):
     block by xgrammar's deepseek_v4 structural tag, after free reasoning when the reply starts inside <think>. A strict
     tool's parameters that xgrammar cannot read are a 400 naming that tool."""
     xgr = _xgrammar(calls.asked_by)
+    if "deepseek_v4" not in getattr(xgr.builtin_structural_tag, "_structural_tag_registry", {}):
+        raise FormatError(f"{calls.asked_by}: the tool-call grammar needs xgrammar >= 0.2.9 (its deepseek_v4 "
+                          "structural tag; pip install -U 'dsv4[json]')", calls.asked_by)
     compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
     for i, tool in zip(calls.positions, calls.tools):
         function = tool["function"]
