@@ -288,6 +288,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "repetition_penalty": {"repetition_penalty": 1.2}, "logit_bias": {"logit_bias": {"5": 10}}, "min_p": {"min_p": 0.1},
     "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 3},
     "response_format": {"response_format": {"type": "json_object"}},
+    "structured_outputs": {"structured_outputs": {"choice": ["yes", "no"]}},
 }
 ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {

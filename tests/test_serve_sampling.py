@@ -1,11 +1,13 @@
 """The sampler-side OpenAI fields over HTTP (tiny, CPU, the openai client): logit_bias, penalties, min_p,
-logprobs in chat's and completions' shapes (streamed and not), response_format JSON by xgrammar, and the
-CUDA refusal of response_format (its grammar mask not yet GPU-checked) without DSV4_UNCHECKED_SAMPLING=1."""
+logprobs in chat's and completions' shapes (streamed and not), response_format JSON and vLLM's structured_outputs
+(json, regex, choice, grammar, json_object) by xgrammar, and the CUDA refusal of a grammar (its mask not yet
+GPU-checked) without DSV4_UNCHECKED_SAMPLING=1."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import types
 
 import openai
@@ -158,3 +160,59 @@ def test_response_format_refused_on_cuda_unless_unchecked(model, monkeypatch):
     protocol.parse({"prompt": "hi", "response_format": {"type": "text"}}, cuda, 256, False, 8)  # neutral
     monkeypatch.setenv("DSV4_UNCHECKED_SAMPLING", "1")
     assert protocol.parse(body, cuda, 256, False, 8).prompts
+
+
+@pytest.mark.parametrize("structured,check", [
+    ({"choice": ["yes", "no", "maybe not"]}, lambda t: t in ("yes", "no", "maybe not")),
+    ({"regex": "[0-9]{3}-[a-z]{2,4}"}, lambda t: re.fullmatch("[0-9]{3}-[a-z]{2,4}", t)),
+    ({"grammar": 'root ::= "(" item ("," item)* ")"\nitem ::= "a" | "bb"'},
+     lambda t: re.fullmatch(r"\((a|bb)(,(a|bb))*\)", t)),
+    ({"json": json.dumps(SCHEMA)}, lambda t: set(json.loads(t)) == {"ok", "color"}),
+    ({"json_object": True}, lambda t: isinstance(json.loads(t), dict)),  # greedy below: random keys run long
+], ids=["choice", "regex", "grammar", "json", "json_object"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_structured_outputs_hold_the_text(client, structured, check, chat):
+    """vLLM's structured_outputs (extra_body): the whole text is a sentence of it, ended by the grammar (stop)."""
+    for seed in (1, 2):
+        kw = dict(model=NAME, max_tokens=200, seed=seed, extra_body={"structured_outputs": structured},
+                  temperature=0.0 if "json_object" in structured else 1.0)
+        if chat:
+            choice = client.chat.completions.create(messages=MESSAGES, **kw).choices[0]
+            text = choice.message.content
+        else:
+            choice = client.completions.create(prompt="answer:", **kw).choices[0]
+            text = choice.text
+        assert choice.finish_reason == "stop" and check(text), (structured, text)
+
+
+@pytest.mark.parametrize("structured,param,words", [
+    ({"choice": []}, "structured_outputs", "non-empty list"),
+    ({"regex": "("}, "structured_outputs.regex", "parenthesis"),
+    ({"grammar": "root ::= "}, "structured_outputs.grammar", "EBNF"),
+    ({"json": {"type": "no-such-type"}}, "structured_outputs.json", "no-such-type"),
+    ({"whitespace_pattern": " "}, "structured_outputs", "whitespace_pattern: not supported"),
+    ({"regex": "a", "choice": ["b"]}, "structured_outputs", "exactly one"),
+])
+def test_structured_outputs_refusals_name_the_field(client, structured, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=NAME, prompt="x", max_tokens=4, extra_body={"structured_outputs": structured})
+    error = e.value.body
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_one_grammar_a_reply(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4, response_format={
+            "type": "json_object"}, extra_body={"structured_outputs": {"choice": ["a"]}})
+    assert e.value.body["param"] == "structured_outputs"
+
+
+def test_structured_outputs_refused_on_cuda_unless_unchecked(model, monkeypatch):
+    cuda = types.SimpleNamespace(cfg=model.cfg, tokenizer=model.tokenizer, device=torch.device("cuda"))
+    body = {"prompt": "hi", "structured_outputs": {"choice": ["a", "b"]}}
+    monkeypatch.delenv("DSV4_UNCHECKED_SAMPLING", raising=False)
+    with pytest.raises(protocol.RequestError) as e:
+        protocol.parse(body, cuda, 256, False, 8)
+    assert e.value.param == "structured_outputs" and "not yet available on CUDA" in e.value.message
+    monkeypatch.setenv("DSV4_UNCHECKED_SAMPLING", "1")
+    assert protocol.parse(body, cuda, 256, False, 8).grammar is not None

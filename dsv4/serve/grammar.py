@@ -21,8 +21,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import torch
+
+
+def _why(e: Exception) -> str:
+    """xgrammar's message, its first line without the C++ source's time and place ("[09:10:20] /project/...: ")."""
+    return re.sub(r"^\[[0-9:]+\] \S+?:\d+: ", "", str(e).splitlines()[0] if str(e) else repr(e))[:200]
 
 
 class FormatError(ValueError):
@@ -113,20 +119,54 @@ def _reasoning():
 def compile_format(response_format: dict, model, reasoning: bool = False):
     """The compiled grammar of a json_object or json_schema response_format (after the reasoning, when the reply
     starts inside <think>: the same JSON); a schema xgrammar refuses is a 400."""
-    xgr = _xgrammar()
-    compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
     if response_format["type"] == "json_object":
-        schema, param = {"type": "object"}, "response_format"
-    else:
-        schema, param = response_format["json_schema"]["schema"], "response_format.json_schema.schema"
+        return _compile_json({"type": "object"}, "response_format", model, reasoning)
+    return _compile_json(response_format["json_schema"]["schema"], "response_format.json_schema.schema", model,
+                         reasoning)
+
+
+def compile_structured(spec: dict, model, reasoning: bool = False):
+    """The compiled grammar of vLLM's structured_outputs (one kind, checked by dsv4.serve.protocol): json, json_object,
+    regex, choice (one of the strings, each as it is) or grammar (xgrammar's EBNF, its rule root); after the
+    reasoning when the reply starts inside <think>. What xgrammar cannot read is a 400 naming the key."""
+    (kind, value), = spec.items()
+    param = f"structured_outputs.{kind}"
+    if kind in ("json", "json_object"):
+        return _compile_json({"type": "object"} if kind == "json_object" else value, param, model, reasoning)
+    xgr = _xgrammar(param)
+    try:
+        if kind == "regex":
+            body = xgr.Grammar.from_regex(value)
+        elif kind == "grammar":
+            body = xgr.Grammar.from_ebnf(value)
+        else:
+            from xgrammar.structural_tag import ConstStringFormat, OrFormat
+
+            body = xgr.Grammar.from_structural_tag(xgr.StructuralTag(
+                format=OrFormat(elements=[ConstStringFormat(value=c) for c in dict.fromkeys(value)])))
+    except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for a pattern or grammar it cannot parse
+        what = {"regex": "a regular expression", "grammar": "an EBNF grammar", "choice": "choices"}[kind]
+        raise FormatError(f"{param}: not {what} xgrammar reads: {_why(e)}", param) from None
+    return _compile(body, model, reasoning)
+
+
+def _compile_json(schema, param: str, model, reasoning: bool):
+    xgr = _xgrammar(param)
+    compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
     try:
         if not reasoning:
             return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
-        body = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
-        return compiler.compile_grammar(xgr.Grammar.concat(_reasoning(), body))
+        return _compile(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False), model, reasoning)
     except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / InvalidJSONError for a schema it cannot read
-        raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {str(e).splitlines()[0][:200]}",
+        raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {_why(e)}",
                            param) from None
+
+
+def _compile(body, model, reasoning: bool):
+    """`body` (an xgrammar Grammar), after the reasoning when the reply starts inside <think>, compiled."""
+    xgr = _xgrammar()
+    compiler = _compiler(model.tokenizer, model.cfg.vocab_size, model.cfg.eos_token_id)
+    return compiler.compile_grammar(xgr.Grammar.concat(_reasoning(), body) if reasoning else body)
 
 
 def compile_tool_calls(calls, model, reasoning: bool):
@@ -145,7 +185,7 @@ def compile_tool_calls(calls, model, reasoning: bool):
                 xgr.Grammar.from_json_schema(json.dumps(function["parameters"]))
             except Exception as e:  # noqa: BLE001 - as compile_format's
                 param = f"tools[{i}].function.parameters"
-                raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {str(e).splitlines()[0][:200]}",
+                raise FormatError(f"{param}: not a JSON schema xgrammar compiles: {_why(e)}",
                                   param) from None
     choice = {"auto": "auto", "required": "required",
               "forced": {"type": "function", "function": {"name": calls.tools[0]["function"]["name"]}}}[calls.choice]
@@ -155,7 +195,7 @@ def compile_tool_calls(calls, model, reasoning: bool):
     try:
         return compiler.compile_structural_tag(tag)
     except Exception as e:  # noqa: BLE001 - a schema the per-tool check passed but the tag's conversion refuses
-        raise FormatError(f"tools: xgrammar cannot build the tool-call grammar: {str(e).splitlines()[0][:200]}",
+        raise FormatError(f"tools: xgrammar cannot build the tool-call grammar: {_why(e)}",
                           "tools") from None
 
 

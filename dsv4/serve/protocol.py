@@ -36,7 +36,7 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
 # tool-call grammar: tool_choice, strict tools, parallel_tool_calls false), not yet through a GPU run: on CUDA
 # it needs DSV4_UNCHECKED_SAMPLING=1 (README: the GPU rule; sampling_check.py now carries masks).
 PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
-                     "logprobs", "top_logprobs", "response_format")
+                     "logprobs", "top_logprobs", "response_format", "structured_outputs")
 SEED_SPACE = 2**64
 
 # The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
@@ -79,6 +79,9 @@ IMPLEMENTED = {
     "top_logprobs": "chat: in [0, 20], with logprobs: true: the most likely tokens at each position",
     "response_format": "text; json_object (any JSON object) or json_schema ({name, schema, strict}): the output is "
                        "constrained to it by xgrammar (compact JSON; pip install 'dsv4[json]')",
+    "structured_outputs": "vLLM's: exactly one of json (a JSON schema), regex, choice (the output is one of the "
+                          "strings), grammar (xgrammar's EBNF) or json_object (true), by xgrammar as response_format; "
+                          "in thinking mode after the reasoning",
     "tools": "chat: functions (name, description, parameters, strict) shown in the prompt; the model's calls come "
              "back as tool_calls (finish_reason 'tool_calls'); strict: true holds a call's arguments to its "
              "parameters (a grammar, xgrammar's deepseek_v4 tag)",
@@ -200,6 +203,38 @@ def _response_format(v):
     return v
 
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's structured_outputs we serve
+
+
+def _structured_outputs(v):
+    """vLLM's structured_outputs: exactly one of json (a schema), regex, choice (strings), grammar (xgrammar's EBNF)
+    or json_object (true). Its other keys (whitespace_pattern, structural_tag, disable_* ...) are refused."""
+    if v is None:
+        return v
+    if not isinstance(v, dict):
+        _refuse(f"an object with one of {list(STRUCTURED_KINDS)}, got {v!r}"[:200])
+    unknown = sorted(set(v) - set(STRUCTURED_KINDS))
+    if unknown:
+        _refuse(f"{unknown[0]}: not supported by dsv4 serve (it serves {', '.join(STRUCTURED_KINDS)})")
+    given = [k for k in STRUCTURED_KINDS if v.get(k) is not None]
+    if len(given) != 1:
+        _refuse(f"exactly one of {list(STRUCTURED_KINDS)}, got {given or 'none'}")
+    kind, value = given[0], v[given[0]]
+    if kind == "json" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            _refuse(f"json: a JSON schema (an object, or its JSON text), got {value!r}"[:200])
+    ok = {"json": lambda x: isinstance(x, (dict, bool)), "regex": lambda x: isinstance(x, str) and x != "",
+          "grammar": lambda x: isinstance(x, str) and x.strip() != "", "json_object": lambda x: x is True,
+          "choice": lambda x: isinstance(x, list) and x and all(isinstance(c, str) and c for c in x)}[kind]
+    if not ok(value):
+        what = {"json": "a JSON schema", "regex": "a non-empty regular expression", "grammar": "an EBNF grammar",
+                "json_object": "true", "choice": "a non-empty list of non-empty strings"}[kind]
+        _refuse(f"{kind}: {what}, got {value!r}"[:200])
+    return {kind: value}
+
+
 Number = Annotated[Any, _number(0.0, 2.0)]
 Penalty = Annotated[Any, _number(-2.0, 2.0)]
 Flag = Annotated[bool | None, BeforeValidator(_bool)]
@@ -244,6 +279,7 @@ class _Body(BaseModel):
     min_p: Annotated[Any, _number(0.0, 1.0)] = None
     logit_bias: Annotated[Any, BeforeValidator(_logit_bias)] = None
     response_format: Annotated[Any, BeforeValidator(_response_format)] = None
+    structured_outputs: Annotated[Any, BeforeValidator(_structured_outputs)] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -449,16 +485,19 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     req = _validate(ChatBody if chat else CompletionBody, body)
     logits = _logits(req, chat, model)
     reply, calls = ReplyFormat(), None
+    formats = [name for name in ("response_format", "structured_outputs") if _asks(req, name)]
+    if len(formats) > 1:
+        raise RequestError("structured_outputs: not with response_format (one grammar a reply)", "structured_outputs")
     if chat:
-        calls = _tool_calls(req)
-        _check_grammar_on(model, "response_format" if _asks(req, "response_format") else calls and calls.asked_by)
+        calls = _tool_calls(req, formats)
+        _check_grammar_on(model, formats[0] if formats else calls and calls.asked_by)
         ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
                                   model.tokenizer, max_model_len)
         inputs = [(ids, "")]
     else:
-        _check_grammar_on(model, "response_format" if _asks(req, "response_format") else None)
+        _check_grammar_on(model, formats[0] if formats else None)
         inputs = _completion_prompts(req.prompt, model, max_model_len)
-    grammar = _grammar(req.response_format, calls, reply, model)
+    grammar = _grammar(req, calls, reply, model)
     n = req.n or 1
     if n * len(inputs) > max_choices:
         many = f"{n} x {len(inputs)} prompts = {n * len(inputs)}" if len(inputs) > 1 else f"{n}"
@@ -498,14 +537,14 @@ def _check_grammar_on(model, asked_by: str | None):
                            "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", asked_by)
 
 
-def _tool_calls(req):
+def _tool_calls(req, formats: list[str]):
     try:
         calls = tool_calls(req.tools, req.tool_choice, req.parallel_tool_calls)
     except ChatError as e:
         raise RequestError(e.message, e.param) from None
-    if calls is not None and _asks(req, "response_format"):
-        raise RequestError(f"response_format: not with {calls.asked_by} (one grammar a reply: the tool calls' or the "
-                           "JSON's)", "response_format")
+    if calls is not None and formats:
+        raise RequestError(f"{formats[0]}: not with {calls.asked_by} (one grammar a reply: the tool calls' or the "
+                           "output format's)", formats[0])
     return calls
 
 
@@ -522,17 +561,20 @@ def _logits(req, chat: bool, model) -> LogitsParams | None:
     return params if params.processes or k is not None else None
 
 
-def _grammar(response_format, calls, reply: ReplyFormat, model):
-    """The reply's compiled grammar: response_format's JSON or the tool calls' (after the reasoning of a reply that
-    starts inside <think>), or None."""
-    if calls is None and (response_format is None or response_format["type"] == "text"):
+def _grammar(req, calls, reply: ReplyFormat, model):
+    """The reply's compiled grammar: the tool calls', response_format's JSON or structured_outputs' (after the
+    reasoning of a reply that starts inside <think>), or None."""
+    structured = req.structured_outputs
+    if calls is None and structured is None and not _asks(req, "response_format"):
         return None
     from . import grammar  # xgrammar is an optional dependency
 
     try:
         if calls is not None:
             return grammar.compile_tool_calls(calls, model, reply.reasoning)
-        return grammar.compile_format(response_format, model, reply.reasoning)
+        if structured is not None:
+            return grammar.compile_structured(structured, model, reply.reasoning)
+        return grammar.compile_format(req.response_format, model, reply.reasoning)
     except grammar.FormatError as e:
         raise RequestError(e.message, e.param) from None
 
