@@ -1,7 +1,8 @@
 """`dsv4 serve`: the OpenAI API over FastAPI + uvicorn, in front of one scheduler thread.
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (`"stream": true`
-gives server-sent events ending with `data: [DONE]`), GET /health, GET /metrics (Prometheus),
+gives server-sent events ending with `data: [DONE]`), POST /v1/responses (OpenAI's Responses API over the chat
+path: dsv4.serve.responses; its stream is the typed events), GET /health, GET /metrics (Prometheus),
 GET /version, POST /tokenize and /detokenize (vLLM's shapes). With an API key, every route but
 /health needs `Authorization: Bearer <key>`.
 
@@ -30,8 +31,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from . import protocol
-from .chat import ChatReply
+from . import protocol, responses
+from .chat import END_THINK, ChatReply
 from .metrics import Metrics
 from .protocol import RequestError, TextStream, now, response_id
 from .scheduler import QueueFull, Scheduler, Sequence
@@ -199,6 +200,10 @@ def build_app(server: Server) -> FastAPI:
     async def chat_completions(request: Request):
         return await _serve(server, request, chat=True)
 
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        return await _serve(server, request, chat=True, api="responses")
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await _json(server, request)
@@ -249,10 +254,27 @@ def _parse(server: Server, body, chat: bool) -> protocol.Call:
     return protocol.parse(body, server.model, server.max_model_len, chat, server.max_num_seqs)
 
 
-async def _serve(server: Server, request: Request, chat: bool):
+def _parse_responses(server: Server, body) -> tuple[protocol.Call, responses.Echo]:
+    """A Responses request as its chat request; an error names the Responses field."""
+    chat, echo = responses.to_chat(body)
+    try:
+        return _parse(server, chat, True), echo
+    except RequestError as e:
+        ours = echo.param(e.param)
+        if e.param and ours != e.param and e.message.startswith(e.param):
+            e.message = ours + e.message[len(e.param):]
+        e.param = ours
+        raise
+
+
+async def _serve(server: Server, request: Request, chat: bool, api: str = "openai"):
     arrived = time.perf_counter()  # time to first token counts reading and tokenising the prompt too
     body = await _json(server, request)
-    call = await run_in_threadpool(_parse, server, body, chat)  # tokenisation: off the event loop
+    echo = None
+    if api == "responses":
+        call, echo = await run_in_threadpool(_parse_responses, server, body)
+    else:
+        call = await run_in_threadpool(_parse, server, body, chat)  # tokenisation: off the event loop
     reply = _Reply(server, call, asyncio.Queue(), arrived)
     try:
         reply.submit()
@@ -262,9 +284,11 @@ async def _serve(server: Server, request: Request, chat: bool):
                                    status=429, kind="rate_limit_error", code="queue_full"),
                       headers={"Retry-After": str(RETRY_AFTER_S)})
     if call.stream:
-        return _Stream(reply)
+        return _Stream(reply, None if echo is None else reply.response_events(echo))
     watch = asyncio.create_task(_watch_disconnect(request, reply.queue))
     try:
+        if echo is not None:
+            return JSONResponse(await reply.response(echo))
         return JSONResponse(await reply.whole())
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the slots are already freed
@@ -283,8 +307,8 @@ class _Stream(StreamingResponse):
     """Server-sent events that cancel their sequences however the response ends, even when the client
     left before the first event (then the event generator never runs)."""
 
-    def __init__(self, reply: "_Reply"):
-        super().__init__(reply.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, reply: "_Reply", events=None):
+        super().__init__(events or reply.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.reply = reply
 
     async def __call__(self, scope, receive, send):
@@ -315,6 +339,8 @@ class _Choice:
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
         self.prompt_ids = choice.prompt.ids if call.token_ids else None  # return_token_ids: not sent yet
         self.ids: list[int] | None = [] if call.token_ids else None  # sampled, not sent yet
+        # The tokens of the reasoning (a reply that starts inside <think>): those up to the one whose text closes it.
+        self.reasoning, self.reasoning_tokens, self.tail = call.reply.reasoning, 0, ""
 
     def parts(self, text: str, finish) -> list:
         """What a text delta releases: itself (completions), or chat deltas (content, reasoning_content,
@@ -330,7 +356,12 @@ class _Choice:
         token = getattr(value, "token", value)
         if self.ids is not None:
             self.ids.append(token)
-        return self.text.push(token)
+        delta = self.text.push(token)
+        if self.reasoning:
+            self.reasoning_tokens += 1
+            seen = self.tail + delta
+            self.reasoning, self.tail = END_THINK not in seen, seen[-(len(END_THINK) - 1):]
+        return delta
 
     def taken_ids(self) -> dict:
         """return_token_ids' fields of the next chunk (or the whole answer): the ids sampled since the last one
@@ -496,6 +527,35 @@ class _Reply:
                              for c, text in zip(self.choices, texts)], False)
         out["usage"] = self.usage()
         return out
+
+    async def response(self, echo: responses.Echo) -> dict:
+        """The Responses API's whole response (one choice)."""
+        whole = await self.whole()
+        choice, c = whole["choices"][0], self.choices[0]
+        return responses.response(echo, responses.response_id(), whole["created"], self.server.model_name,
+                                  choice["message"], choice["finish_reason"], whole["usage"], c.reasoning_tokens)
+
+    async def response_events(self, echo: responses.Echo):
+        """The Responses API's stream: its typed events, one choice."""
+        events = responses.Events(echo, responses.response_id(), now(), self.server.model_name)
+        c = self.choices[0]
+        for e in events.start():
+            yield responses.sse(e)
+        try:
+            async for _, text, finish in self.deltas():
+                for part in c.parts(text, finish):
+                    for e in events.delta(part):
+                        yield responses.sse(e)
+                if finish:
+                    for e in events.finish(c.finish_reason(), self.usage(), c.reasoning_tokens):
+                        yield responses.sse(e)
+        except RequestError as e:
+            yield responses.sse({"type": "error", "sequence_number": events.sequence, "code": e.code,
+                                 "message": e.message, "param": e.param})
+        except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
+            log.exception("dsv4 serve: a response stream failed")
+            yield responses.sse({"type": "error", "sequence_number": events.sequence, "code": "server_error",
+                                 "message": f"internal error: {e!r}", "param": None})
 
     async def stream(self):
         def event(obj) -> bytes:
