@@ -407,6 +407,28 @@ class Model(ModelCommon):
                 self._run(state, tokens[start:start + chunk_size])
         return state.logits.clone()
 
+    def prefill_scored(self, state: DecodeState, ids: Sequence[int], targets: Sequence[int],
+                       top: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """One prefill chunk `ids` that also scores the prompt: the state is left as `prefill(state, ids,
+        chunk_size=len(ids))` leaves it (the same forward, eager), and row t's logits (the step's head, log_softmax in
+        fp32) give the log-probability of targets[t] (the token after ids[t]) and its `top` most likely tokens ->
+        one (logprob, ((id, logprob), ...)) a row: OpenAI's echoed prompt logprobs, lm-eval's loglikelihoods. A
+        refusal commits and returns nothing (RefusalError, as prefill)."""
+        state.check_open()
+        tokens, wanted = self._tokens(ids, "prefill_scored"), self._tokens(targets, "prefill_scored targets")
+        if wanted.shape != tokens.shape:
+            raise ValueError(f"prefill_scored: {tokens.shape[0]} tokens and {wanted.shape[0]} targets: one each")
+        if not isinstance(top, int) or not 0 <= top <= self.cfg.vocab_size:
+            raise ValueError(f"prefill_scored: top {top!r}: an integer in [0, vocab_size={self.cfg.vocab_size}]")
+        state.check_room(tokens.shape[0])
+        streams: list = []
+        with torch.inference_mode():
+            verdict = self.transformer.transaction([state], tokens.to(self.device), streams=streams)
+            self._settle(state, float(verdict), tokens.shape[0])
+            chosen, top_lp, top_ids = self.transformer.score(streams[0], wanted.to(self.device), top)
+        chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
+        return [(c, tuple(zip(i, v))) for c, i, v in zip(chosen, top_ids, top_lp)]
+
     def prefill_batch(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         """One prefill chunk for each of several states in one forward: states[b] takes chunks[b], all of one
         length T, each at its own position; -> each chunk's last-token logits (fp32 [B, vocab]). Several states

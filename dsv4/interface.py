@@ -22,7 +22,7 @@ from .state import DecodeState
 from .tokenizer import Tokenizer
 
 RANK_CALLS = {
-    "prefill": "all", "prefill_batch": "all", "prefill_drafted": "all", "prefill_batch_drafted": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
+    "prefill": "all", "prefill_scored": "all", "prefill_batch": "all", "prefill_drafted": "all", "prefill_batch_drafted": "all", "decode": "all", "check_capturable": "all", "enable_replay": "all",
     "arm_refusal": "all", "reset_refusals": "all", "synchronize": "all",
     "step": "agree", "draw": "agree", "step_batch": "agree", "step_batch_processed": "agree", "verify": "agree",
     "verify_draft": "agree",
@@ -60,6 +60,9 @@ class DecodeModel(Protocol):
 
     def prefill_batch_drafted(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]],
                               nexts: Sequence[int]) -> torch.Tensor: ...
+
+    def prefill_scored(self, state: DecodeState, ids: Sequence[int], targets: Sequence[int],
+                       top: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]: ...
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor: ...
 

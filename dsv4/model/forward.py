@@ -263,13 +263,32 @@ class Transformer:
                 full = self.comm.all_gather(local.reshape(-1))  # rank-major: [world * B * vocab / world]
             return full.view(self.comm.world, B, -1).transpose(0, 1).reshape(B, -1)
 
+    def score(self, h: torch.Tensor, targets: torch.Tensor, top: int, block: int = 256) -> tuple[torch.Tensor, ...]:
+        """Rows' final streams h [T, hc, D] scored against targets [T] (row t's next token): each row's logits by
+        `head` (a step's head), log_softmax in fp32 -> (the targets' log-probabilities [T], the `top` most likely
+        tokens' log-probabilities [T, top] and ids [T, top], most likely first). `block` rows at a time: a row's
+        vocab-wide logits are the memory (Flash: 0.5 MB a row in fp32)."""
+        chosen, top_lp, top_ids = [], [], []
+        for start in range(0, h.shape[0], block):
+            lp = torch.log_softmax(self.head(h[start:start + block]).float(), dim=-1)
+            chosen.append(lp.gather(-1, targets[start:start + block].view(-1, 1)).view(-1))
+            if top:
+                values, ids = lp.topk(top, dim=-1)
+                top_lp.append(values)
+                top_ids.append(ids)
+        empty = h.new_zeros((h.shape[0], 0), dtype=torch.float32)
+        return (torch.cat(chosen), torch.cat(top_lp) if top else empty,
+                torch.cat(top_ids) if top else empty.long())
+
     # ---- the transaction ---------------------------------------------------
     def transaction(self, states: list[DecodeState], tokens: torch.Tensor,
-                    active: torch.Tensor | None = None, by_position: bool = True) -> torch.Tensor:
+                    active: torch.Tensor | None = None, by_position: bool = True,
+                    streams: list | None = None) -> torch.Tensor:
         """forward -> verdict -> commit -> head for T tokens of each state (tokens [B*T], sequence-major);
         returns the device verdict (0 = committed). One verdict for the whole step: a refused
         collective commits nothing for any sequence. `active` [B] bool: rows that commit (a batched
-        step's rows without a sequence compute and change nothing; None: all). by_position: as forward's."""
+        step's rows without a sequence compute and change nothing; None: all). by_position: as forward's.
+        streams: a list that receives every row's final streams [B*T, hc, D] (a scored prefill reads them: score)."""
         B = len(states)
         T = tokens.shape[0] // B
         rows = _Rows(states, pool_of(states))
@@ -284,6 +303,8 @@ class Transformer:
         ok = None if folded else verdict == 0
         with phase("commit"):
             commit(writes, verdict)
+        if streams is not None:
+            streams.append(h)
         last = h[T - 1::T]  # each sequence's last row [B, hc, D]
         logits = self.head(last)
         if folded:

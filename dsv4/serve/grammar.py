@@ -73,6 +73,11 @@ def _reading(tokenizer) -> tuple[bool, frozenset]:
     return _byte_level(tok), frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
 
 
+def special_ids(tokenizer) -> frozenset:
+    """The vocabulary's special tokens (BOS, EOS, ...): text the model's input marks, not text it spells."""
+    return _reading(tokenizer)[1]
+
+
 def token_bytes(tokenizer, token: int) -> bytes:
     """The bytes a token spells (a special token: its text; an id the tokenizer lacks: none)."""
     piece = tokenizer.tok.id_to_token(token) if token < tokenizer.vocab_size else None

@@ -51,7 +51,9 @@ IMPLEMENTED = {
     "n": "choices per prompt (all prompts' together at most --max-num-seqs); choice j of a prompt draws "
          "with seed (seed + j) mod 2**64, so choice 0 is the n=1 answer",
     "best_of": "completions: only equal to n (choices are not ranked)",
-    "echo": "completions: each choice's text begins with its prompt's text",
+    "echo": "completions: each choice's text begins with its prompt's text; with logprobs, the logprobs begin with "
+            "the prompt's tokens (the first null; each other its log-probability after the tokens before it, and "
+            "the top logprobs), as OpenAI's legacy completions and lm-eval's loglikelihood requests read them",
     "temperature": "in [0, 2]; 0 is greedy",
     "top_p": "nucleus sampling, in (0, 1]",
     "top_k": "vLLM's: the k most likely tokens; -1 or 0 is off",
@@ -474,6 +476,7 @@ class Call:
     grammar: object = None  # response_format's or the tool calls' compiled grammar (dsv4.serve.grammar): a matcher
     # per choice
     token_ids: bool = False  # return_token_ids: the choices carry their sampled (and prompt) token ids
+    prompt_logprobs: int | None = None  # echo with logprobs: the prompt's tokens scored, with this many top ones
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -515,8 +518,12 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
+    scored = req.logprobs if echo and req.logprobs is not None else None
+    if scored is not None and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
+        raise RequestError("echo: with logprobs, not yet available on CUDA (the scored prefill, Model.prefill_scored, "
+                           "is not yet GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", "echo")
     return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
-                grammar, bool(req.return_token_ids))
+                grammar, bool(req.return_token_ids), scored)
 
 
 def _asks(req, name: str) -> bool:

@@ -46,6 +46,9 @@ prompt's chunks starts from their state, and its prefill offers the cache snapsh
 more of its prompt with a sequence prefilling now (a burst of requests with one system prompt, a request's n choices)
 follows it and copies its state when that prefill reaches their shared chunk boundary (or, for the same prompt, its
 end). Either way a sequence's bytes and tokens are those of its own prefill.
+A sequence that echoes its prompt's logprobs (`prompt_logprobs`) takes neither: its chunks run alone through
+`Model.prefill_scored` (the same state as a plain prefill; each row's next prompt token scored), each chunk's scores
+sent as ("prompt", [(logprob, top), ...]) before its first token.
 
 n choices of one request are n Sequences (the handler tags each one's events with its choice
 index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p, logprobs) or a
@@ -55,7 +58,7 @@ grammar's allowed tokens are filled in before the step and the token drawn accep
 round where no sequence has either runs the plain `step_batch`.
 
 Events go back to the handler's asyncio loop as ("token", id) (("token", Drawn) when the sequence
-reports logprobs), ("done", finish_reason) or ("error", RequestError); the scheduler finishes a
+reports logprobs), ("prompt", scores), ("done", finish_reason) or ("error", RequestError); the scheduler finishes a
 sequence at EOS, max_tokens or the end of its grammar, the handler by `cancel()` (a stop string, a
 client gone).
 """
@@ -111,6 +114,7 @@ class Sequence:
     ignore_eos: bool = False  # sample through EOS up to max_tokens (vLLM's ignore_eos)
     logits: LogitsParams | None = None  # logit processing and logprobs on the device; None: the plain sampler
     constraint: object = None  # a grammar.Constraint (response_format): the allowed tokens of each step
+    prompt_logprobs: int | None = None  # echoed prompt logprobs: its prefill scores each prompt token (and this top)
     inflight: int = 0  # pipelined steps launched for this sequence and not settled yet (0 or 1)
     history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter reads them)
     drafts: tuple = ()  # the MTP layer's drafts for the step after `drafted_at` tokens
@@ -360,7 +364,7 @@ class Scheduler:
                 seq.leader = None
                 seqs.append(seq)
         for seq in seqs:
-            if self.prefix is None:
+            if self.prefix is None or seq.prompt_logprobs is not None:  # a scored prompt runs its own prefill whole
                 seq.cached = 0
                 continue
             match = self.prefix.match(seq.prompt_ids)
@@ -447,7 +451,11 @@ class Scheduler:
         for group in self._prefill_groups(seqs):
             states, chunks = [self.slots[s.slot] for s, _ in group], [c for _, c in group]
             try:
-                if self.speculate == "mtp":  # the MTP layer's window over each chunk too (the same prefill bits)
+                if group[0][0].prompt_logprobs is not None:  # alone (_prefill_groups): its rows scored too
+                    seq, chunk = group[0]
+                    targets = seq.prompt_ids[seq.prefilled + 1:seq.prefilled + 1 + len(chunk)]
+                    seq.emit(("prompt", self.model.prefill_scored(states[0], chunk, targets, seq.prompt_logprobs)))
+                elif self.speculate == "mtp":  # the MTP layer's window over each chunk too (the same prefill bits)
                     nexts = [s.prompt_ids[s.prefilled + len(c)] for s, c in group]
                     self.model.prefill_batch_drafted(states, chunks, nexts)
                 else:
@@ -468,7 +476,8 @@ class Scheduler:
         for seq in seqs:
             start = seq.prefilled
             chunk = seq.prompt_ids[start:min(start + self.prefill_chunk, len(seq.prompt_ids) - 1)]
-            by_length.setdefault(len(chunk) if short_chunk(len(chunk)) else seq, []).append((seq, chunk))
+            alone = not short_chunk(len(chunk)) or seq.prompt_logprobs is not None
+            by_length.setdefault(seq if alone else len(chunk), []).append((seq, chunk))
         groups = []
         for same in by_length.values():
             most = max(1, PREFILL_GROUP_TOKENS // len(same[0][1]))

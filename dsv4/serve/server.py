@@ -334,9 +334,11 @@ class _Choice:
 
             constraint = Constraint(call.grammar, server.model.cfg.vocab_size)
         self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
-                            ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint)
+                            ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint,
+                            prompt_logprobs=call.prompt_logprobs)
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
+        self.scored = 0  # prompt tokens whose logprobs came (echo with logprobs: the scheduler's "prompt" events)
         self.prompt_ids = choice.prompt.ids if call.token_ids else None  # return_token_ids: not sent yet
         self.ids: list[int] | None = [] if call.token_ids else None  # sampled, not sent yet
         # The tokens of the reasoning (a reply that starts inside <think>): those up to the one whose text closes it.
@@ -348,6 +350,16 @@ class _Choice:
         if self.reply is None:
             return [text] if text else []
         return [d for d in (self.reply.push(text), self.reply.end() if finish else None) if d]
+
+    def scores(self, scores: list):
+        """A prompt chunk's scores (echo with logprobs): its tokens' logprob entries, the prompt's first token's
+        (null: nothing before it) ahead of them."""
+        ids = self.prompt.ids
+        if not self.scored:
+            self.logprobs.add_prompt(ids[0], None)
+        for k, score in enumerate(scores):
+            self.logprobs.add_prompt(ids[self.scored + 1 + k], score)
+        self.scored += len(scores)
 
     def push(self, value) -> str:
         """The text delta of a token event's value: the token, or its Drawn (logprobs recorded)."""
@@ -398,6 +410,8 @@ class _Logprobs:
     def __init__(self, tokenizer, chat: bool, offset: int):
         self.tokenizer, self.chat, self.offset = tokenizer, chat, offset
         self.entries: list[tuple] = []  # (token text, its bytes, logprob, [(text, bytes, logprob)], text offset)
+        self.prompt: list[tuple] = []  # the echoed prompt's entries (echo with logprobs): before the sampled ones
+        self.prompt_offset = 0
         self.sent = 0
 
     def _piece(self, token: int) -> tuple[str, bytes]:
@@ -406,6 +420,18 @@ class _Logprobs:
         raw = token_bytes(self.tokenizer, token)
         return raw.decode(errors="replace"), raw
 
+    def add_prompt(self, token: int, score):
+        """An echoed prompt token's entry: score (logprob, ((id, logprob), ...)), None for the first token. Its text
+        offset counts what the echoed text holds of each token before it (a special token, BOS, none of it)."""
+        text, raw = self._piece(token)
+        top = None if score is None else [(*self._piece(t), max(v, LOGPROB_FLOOR)) for t, v in score[1]]
+        logprob = None if score is None else max(score[0], LOGPROB_FLOOR)
+        self.prompt.append((text, raw, logprob, top, self.prompt_offset))
+        from .grammar import special_ids
+
+        if token not in special_ids(self.tokenizer):
+            self.prompt_offset += len(text)
+
     def add(self, drawn):
         text, raw = self._piece(drawn.token)
         top = [(*self._piece(t), max(v, LOGPROB_FLOOR)) for t, v in drawn.top]
@@ -413,6 +439,8 @@ class _Logprobs:
         self.offset += len(text)
 
     def shape(self, everything: bool) -> dict | None:
+        if self.prompt:  # the echoed prompt's entries lead (they all come before the first sampled token's)
+            self.entries[:0], self.prompt = self.prompt, []
         entries = self.entries if everything else self.entries[self.sent:]
         self.sent = len(self.entries)
         if not entries and not everything:
@@ -422,7 +450,7 @@ class _Logprobs:
                                  "top_logprobs": [{"token": tt, "logprob": tv, "bytes": list(tb)} for tt, tb, tv in top]}
                                 for t, b, v, top, _ in entries]}
         return {"tokens": [e[0] for e in entries], "token_logprobs": [e[2] for e in entries],
-                "top_logprobs": [{tt: tv for tt, _, tv in e[3]} for e in entries],
+                "top_logprobs": [None if e[3] is None else {tt: tv for tt, _, tv in e[3]} for e in entries],
                 "text_offset": [e[4] for e in entries]}
 
 
@@ -482,6 +510,9 @@ class _Reply:
                     continue  # a step that ran before the cancel of a stop string reached the scheduler
                 if kind == "error":
                     raise value
+                if kind == "prompt":
+                    c.scores(value)
+                    continue
                 delta = c.push(value) if kind == "token" else c.text.end(value)
                 if c.text.finish:
                     left -= 1
