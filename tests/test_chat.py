@@ -160,6 +160,42 @@ def test_refusals_name_the_field(messages, tools, param, words):
     assert e.value.param == param and e.value.message.startswith(param) and words in e.value.message, e.value.message
 
 
+MAX_EFFORT = ("Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your "
+              "thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing "
+              "your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your "
+              "entire deliberation process, documenting every intermediate step, considered alternative, and rejected "
+              "hypothesis to ensure absolutely no assumption is left unchecked.\n\n")
+
+
+def test_maximum_effort_leads_the_first_message():
+    """The reference encoder's reasoning_effort 'max': its effort prompt at index 0, thinking mode only."""
+    msgs = [{"role": "system", "content": "S"}, user("q")]
+    assert chat.render(msgs, thinking=True, effort_max=True) == B + MAX_EFFORT + "S<｜User｜>q<｜Assistant｜><think>"
+    assert chat.render([user("q")], thinking=True, effort_max=True) == B + MAX_EFFORT + "<｜User｜>q<｜Assistant｜><think>"
+    assert chat.render(msgs, thinking=False, effort_max=True) == chat.render(msgs)  # chat mode: no effort prompt
+
+
+@pytest.mark.parametrize("kwargs,thinking,effort,expected", [
+    (None, None, None, (False, False)), (None, None, "none", (False, False)), (None, None, "high", (True, False)),
+    (None, None, "max", (True, True)), (None, None, "xhigh", (True, True)),
+    ({"thinking": True}, None, "high", (True, False)), ({"reasoning_effort": "max"}, None, None, (True, True)),
+    ({"enable_thinking": True}, None, "max", (True, True)), (None, chat.Thinking(type="disabled"), "none", (False, False)),
+])
+def test_reasoning_effort_is_the_thinking_mode_and_its_effort(kwargs, thinking, effort, expected):
+    assert chat.thinking_switch(kwargs, thinking, effort) == expected
+
+
+@pytest.mark.parametrize("kwargs,thinking,effort,words", [
+    ({"thinking": True}, None, "none", "'none' with thinking enabled"),
+    (None, chat.Thinking(type="disabled"), "max", "'max' with thinking disabled"),
+    ({"reasoning_effort": "high"}, None, "max", "disagree"),
+])
+def test_reasoning_effort_against_the_switches(kwargs, thinking, effort, words):
+    with pytest.raises(chat.ChatError, match=words) as e:
+        chat.thinking_switch(kwargs, thinking, effort)
+    assert e.value.param == "reasoning_effort"
+
+
 def test_history_from_the_openai_client_is_taken_back():
     """A message as the client returns it (`model_dump()`: null refusal, audio, ...) renders as sent."""
     dumped = {"role": "assistant", "content": "hello", "refusal": None, "annotations": None, "audio": None,
@@ -456,6 +492,19 @@ def prompt_tokens(model, messages, tools=None, **kw) -> int:
     return len(chat.prompt(model.tokenizer, messages, tools, **kw)[0])
 
 
+@pytest.mark.parametrize("effort", ["high", "max", "xhigh"])
+def test_reasoning_effort_renders_the_prompt(client, model, effort):
+    """The request's reasoning_effort as the encoder's: the thinking prompt, at max with the effort prompt first."""
+    messages = [user("Why?")]
+    out = client.chat.completions.create(model=NAME, messages=messages, max_tokens=2, seed=1,
+                                         reasoning_effort=effort)
+    text = chat.render(messages, thinking=True, effort_max=effort != "high")
+    assert out.usage.prompt_tokens == len(chat.prompt_ids(model.tokenizer, text))
+    assert (effort != "high") == (out.usage.prompt_tokens > prompt_tokens(model, messages, thinking=chat.Thinking(
+        type="enabled")))
+    assert out.choices[0].message.model_extra.get("reasoning_content") is not None  # the reply starts in <think>
+
+
 def test_openai_tools_api_renders_the_prompt(client, model):
     messages = [{"role": "system", "content": "You check the weather."}, user("Weather in Paris?")]
     out = client.chat.completions.create(model=NAME, messages=messages, tools=[WEATHER], tool_choice="auto",
@@ -524,6 +573,9 @@ def test_tokenize_takes_tools_and_the_thinking_switch(client, server, model):
     ({"chat_template_kwargs": {"thinking": "yes"}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"thinking": True}, "thinking": {"type": "disabled"}}, "thinking"),
     ({"thinking": {"type": "auto"}}, "thinking.type"),
+    ({"reasoning_effort": "medium"}, "reasoning_effort"),
+    ({"reasoning_effort": "none", "thinking": {"type": "enabled"}}, "reasoning_effort"),
+    ({"chat_template_kwargs": {"reasoning_effort": "low"}}, "chat_template_kwargs"),
     ({"messages": [user("q"), tool("nope", "x")]}, "messages[1].tool_call_id"),
 ])
 def test_bad_chat_fields_are_400s_naming_them(server, body, param):

@@ -284,6 +284,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "tools": {"tools": [TOOL], "tool_choice": "none"}, "tool_choice": {"tools": [TOOL], "tool_choice": "none"},
     "parallel_tool_calls": {"tools": [TOOL], "tool_choice": "none", "parallel_tool_calls": False},
     "chat_template_kwargs": {"chat_template_kwargs": {"thinking": True}}, "thinking": {"thinking": {"type": "enabled"}},
+    "reasoning_effort": {"reasoning_effort": "max"},
     "presence_penalty": {"presence_penalty": 1.0}, "frequency_penalty": {"frequency_penalty": 0.5},
     "repetition_penalty": {"repetition_penalty": 1.2}, "logit_bias": {"logit_bias": {"5": 10}}, "min_p": {"min_p": 0.1},
     "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 3},
@@ -293,7 +294,7 @@ ACCEPTED = {  # field: the body fields that exercise it
 ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {
     "suffix": "end", "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy", "format": "mp3"},
-    "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high",
+    "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
     "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",
     "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
 }

@@ -344,6 +344,16 @@ def _named(tools: list[Tool], ref: NamedTool, param: str) -> Tool:
 
 
 TEMPLATE_SWITCHES = ("thinking", "enable_thinking")  # vLLM's spellings of the thinking switch
+# The reasoning efforts DeepSeek-V4's encoding knows (its encoder asserts 'high', 'max' or none): 'none' is chat mode,
+# 'high' the thinking mode as it is, 'max' (vLLM's 'xhigh' too) the thinking mode with REASONING_EFFORT_MAX first.
+EFFORTS = ("none", "high", "max", "xhigh")
+# Byte-exact, as the reference encoder writes it at the start of the first message (thinking mode, effort max).
+REASONING_EFFORT_MAX = (
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, "
+    "rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n")
 
 
 class Thinking(BaseModel):
@@ -359,21 +369,42 @@ def _template_kwargs(v):
     for key in TEMPLATE_SWITCHES:
         if v and key in v and not isinstance(v[key], bool):
             _refuse(f"{key}: true or false, got {v[key]!r}")
+    if v and "reasoning_effort" in v:
+        check_effort(v["reasoning_effort"])
+    return v
+
+
+def check_effort(v):
+    if v is not None and v not in EFFORTS:
+        _refuse(f"reasoning_effort: one of {list(EFFORTS)} (DeepSeek-V4's thinking has two efforts: high and max), "
+                f"got {v!r}")
     return v
 
 
 TemplateKwargs = Annotated[dict | None, BeforeValidator(_template_kwargs)]
 
 
-def thinking_switch(kwargs: dict | None, thinking: Thinking | None) -> bool:
-    """The thinking mode a request asks for: chat_template_kwargs {thinking | enable_thinking}
-    (vLLM's spelling) or thinking {type} (DeepSeek's API); off unless asked."""
+def thinking_switch(kwargs: dict | None, thinking: Thinking | None, effort: str | None = None) -> tuple[bool, bool]:
+    """The thinking mode a request asks for, and whether at maximum effort: chat_template_kwargs {thinking |
+    enable_thinking} (vLLM's spelling), thinking {type} (DeepSeek's API), reasoning_effort (the request's or
+    chat_template_kwargs', vLLM's): 'none' asks for chat mode, 'high' for thinking, 'max' / 'xhigh' for thinking at
+    maximum effort; off unless asked. Switches that disagree are a ChatError."""
     asked = {kwargs[k] for k in TEMPLATE_SWITCHES if kwargs and k in kwargs}
     if thinking is not None:
         asked.add(thinking.type == "enabled")
     if len(asked) > 1:
         raise ChatError("thinking: chat_template_kwargs and thinking disagree on the thinking mode", "thinking")
-    return asked.pop() if asked else False
+    efforts = {e for e in (effort, (kwargs or {}).get("reasoning_effort")) if e is not None}
+    if len(efforts) > 1:
+        raise ChatError(f"reasoning_effort: the request and chat_template_kwargs disagree ({sorted(efforts)})",
+                        "reasoning_effort")
+    if not efforts:
+        return (asked.pop() if asked else False), False
+    chosen = efforts.pop()
+    if asked and asked != {chosen != "none"}:
+        raise ChatError(f"reasoning_effort: {chosen!r} with thinking {'enabled' if asked.pop() else 'disabled'}",
+                        "reasoning_effort")
+    return chosen != "none", chosen in ("max", "xhigh")
 
 
 _MESSAGES = TypeAdapter(Messages)
@@ -394,21 +425,26 @@ def _validated(adapter: TypeAdapter, value, name: str):
 # ---- the prompt ---------------------------------------------------------------------------------
 
 def render(messages, tools=None, thinking: bool = False, template: str | None = None, bos: str = BOS,
-           eos: str = EOS, template_kwargs: dict | None = None) -> str:
+           eos: str = EOS, template_kwargs: dict | None = None, effort_max: bool = False) -> str:
     """The prompt text of a conversation, ending with the generation prompt.
 
     `messages` and `tools` are OpenAI-shaped (dicts or the models above). With `template` (a
     checkpoint's jinja chat template) the template renders it as HF does, with `bos_token`,
     `eos_token`, `add_generation_prompt=True`, `thinking` and `enable_thinking`, and
-    `template_kwargs` on top; otherwise DeepSeek-V4's encoding does, `bos` first. Raises ChatError.
+    `template_kwargs` on top; otherwise DeepSeek-V4's encoding does, `bos` first. `effort_max` (thinking mode):
+    REASONING_EFFORT_MAX before the first message, as the reference encoder puts it (a template gets
+    `reasoning_effort` "max" or "high" instead). Raises ChatError.
     """
     msgs = _validated(_MESSAGES, messages, "messages")
     tool_list = _validated(_TOOLS, tools, "tools") or []
     _check_tool_results(msgs)
     if template is not None:
-        return _render_template(template, msgs, tool_list, thinking, bos, eos, template_kwargs or {})
+        effort = ("max" if effort_max else "high") if thinking else None
+        return _render_template(template, msgs, tool_list, thinking, bos, eos,
+                                {"reasoning_effort": effort, **(template_kwargs or {})})
     _check_system_first(msgs)
-    return bos + _encode(msgs, [t.schema() for t in tool_list], thinking)
+    prefix = REASONING_EFFORT_MAX if thinking and effort_max else ""
+    return bos + prefix + _encode(msgs, [t.schema() for t in tool_list], thinking)
 
 
 def _check_system_first(msgs: list[Message]):
@@ -609,26 +645,27 @@ class ReplyFormat:
 
 
 def prompt(tokenizer, messages, tools=None, tool_choice: str | None = None, template_kwargs: dict | None = None,
-           thinking: Thinking | None = None) -> tuple[list[int], ReplyFormat]:
+           thinking: Thinking | None = None, effort: str | None = None) -> tuple[list[int], ReplyFormat]:
     """A chat request's prompt ids and how to read its reply. Raises ChatError."""
-    text, fmt = prompt_text(tokenizer, messages, tools, tool_choice, template_kwargs, thinking)
+    text, fmt = prompt_text(tokenizer, messages, tools, tool_choice, template_kwargs, thinking, effort)
     return prompt_ids(tokenizer, text), fmt
 
 
 def prompt_text(tokenizer, messages, tools=None, tool_choice: str | None = None, template_kwargs: dict | None = None,
-                thinking: Thinking | None = None) -> tuple[str, ReplyFormat]:
+                thinking: Thinking | None = None, effort: str | None = None) -> tuple[str, ReplyFormat]:
     """A chat request's prompt text (`prompt_ids` tokenises it) and how to read its reply. tool_choice
     "none" leaves the tools out of the prompt (the model is not to call them). Raises ChatError."""
     tools = None if tool_choice == "none" else tools
     template = template_for(tokenizer, bool(tools))
     kwargs = template_kwargs or {}
-    unused = sorted(set(kwargs) - set(TEMPLATE_SWITCHES)) if template is None else []
+    known = (*TEMPLATE_SWITCHES, "reasoning_effort")
+    unused = sorted(set(kwargs) - set(known)) if template is None else []
     if unused:
         raise ChatError(f"chat_template_kwargs.{unused[0]}: this model has no chat template (DeepSeek-V4's "
-                        f"encoding takes only {' / '.join(TEMPLATE_SWITCHES)})", f"chat_template_kwargs.{unused[0]}")
-    think = thinking_switch(kwargs, thinking)
+                        f"encoding takes only {' / '.join(known)})", f"chat_template_kwargs.{unused[0]}")
+    think, effort_max = thinking_switch(kwargs, thinking, effort)
     text = render(messages, tools, think, template, _token_text(tokenizer, tokenizer.bos_id, BOS),
-                  _token_text(tokenizer, tokenizer.eos_id, EOS), kwargs)
+                  _token_text(tokenizer, tokenizer.eos_id, EOS), kwargs, effort_max)
     # A template may open the reasoning with "<think>\n" (DeepSeek-R1's does): the reply starts inside it.
     return text, ReplyFormat(text.rstrip().endswith(THINK), bool(tools), think)
 

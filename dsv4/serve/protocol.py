@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 from ..sampler import TOP_LOGPROBS, LogitsParams, SamplingParams
 from ..tokenizer import TextStream
 from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Thinking, ToolChoice, Tools,
-                   check_messages, check_tool_choice, prompt_ids, prompt_text, render, tool_calls)
+                   check_effort, check_messages, check_tool_choice, prompt_ids, prompt_text, render, tool_calls)
 
 MAX_STOPS = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
@@ -93,6 +93,9 @@ IMPLEMENTED = {
     "parallel_tool_calls": "chat: true (the default) or false (at most one call, by the tool-call grammar)",
     "chat_template_kwargs": "chat: vLLM's; thinking / enable_thinking switch thinking mode (reasoning_content in "
                             "the reply); other keys are variables of the checkpoint's chat template",
+    "reasoning_effort": "chat: 'none' (thinking off), 'high' (thinking on) or 'max' (vLLM's 'xhigh' too: thinking at "
+                        "DeepSeek-V4's maximum effort, its encoder's effort prompt before the first message); "
+                        "DeepSeek-V4 knows no other efforts",
     "thinking": "chat: DeepSeek's API switch {type: 'enabled' | 'disabled'} (reasoning_content in the reply)",
     "user": "a label of the caller; no effect on the output",
     "safety_identifier": "a label of the caller; no effect on the output",
@@ -104,7 +107,7 @@ IMPLEMENTED = {
 _NEUTRAL: dict[str, tuple] = {
     "suffix": ("",), "functions": ([],), "function_call": ("none",),
     "audio": (), "modalities": (["text"],), "prediction": (),
-    "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
+    "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
     "prompt_cache_retention": (),
 }
@@ -331,6 +334,7 @@ class ChatBody(_Body):
     parallel_tool_calls: Flag = None
     chat_template_kwargs: TemplateKwargs = None  # the thinking switch (vLLM's), template variables
     thinking: Thinking | None = None  # the thinking switch (DeepSeek's API)
+    reasoning_effort: Annotated[str | None, BeforeValidator(check_effort)] = None
     logprobs: Flag = None
     top_logprobs: Annotated[Any, _number(0, TOP_LOGPROBS, integer=True)] = None
 
@@ -495,7 +499,7 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
         calls = _tool_calls(req, formats)
         _check_grammar_on(model, formats[0] if formats else calls and calls.asked_by)
         ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
-                                  model.tokenizer, max_model_len)
+                                  model.tokenizer, max_model_len, req.reasoning_effort)
         inputs = [(ids, "")]
     else:
         _check_grammar_on(model, formats[0] if formats else None)
@@ -587,10 +591,10 @@ def _grammar(req, calls, reply: ReplyFormat, model):
 
 
 def _chat_prompt(messages, tools, tool_choice, template_kwargs, thinking, tokenizer,
-                 max_model_len: int | None) -> tuple[list[int], ReplyFormat]:
+                 max_model_len: int | None, effort: str | None = None) -> tuple[list[int], ReplyFormat]:
     """A chat request's prompt ids (checked by its bytes before tokenising) and how to read its reply."""
     try:
-        text, reply = prompt_text(tokenizer, messages, tools, tool_choice, template_kwargs, thinking)
+        text, reply = prompt_text(tokenizer, messages, tools, tool_choice, template_kwargs, thinking, effort)
     except ChatError as e:
         raise RequestError(e.message, e.param) from None
     _check_bytes(text, tokenizer, max_model_len, "messages")

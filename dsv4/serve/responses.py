@@ -4,7 +4,8 @@ A request becomes a chat request (`to_chat`): `input` items become messages (a t
 items keep their role; `function_call` items become the tool_calls of an assistant message, `function_call_output`
 items tool messages, a `reasoning` item the reasoning_content of the assistant turn after it), `instructions` the
 system message first, `tools` (flat function tools) chat tools, `tool_choice` its chat form, `text.format` the
-response_format, `reasoning.effort` the thinking switch ("none" off, "high" on: DeepSeek-V4 has one thinking mode),
+response_format, `reasoning.effort` the chat request's reasoning_effort ("none" off, "high" thinking, "max" or
+"xhigh" thinking at DeepSeek-V4's maximum effort),
 `max_output_tokens` max_completion_tokens. protocol.parse then validates and tokenises it as any chat request, and an
 error it raises names the Responses field (`Echo.param`). The chat reply comes back as the response's output items
 (`response`: a reasoning item, message items of output_text, function_call items), whole, or as the Responses
@@ -24,6 +25,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from .chat import EFFORTS
 from .protocol import RequestError, now
 
 # Responses fields taken as they are by the chat request (the sampler's; vLLM's extensions included).
@@ -38,7 +40,6 @@ _NEUTRAL = {"previous_response_id": (), "conversation": (), "background": (False
             "prompt_cache_options": (), "context_management": (), "moderation": (), "access_programs": (),
             "background_options": (), "image": ()}
 _STATEFUL = ("previous_response_id", "conversation", "background", "background_options")
-EFFORTS = {"none": False, "high": True}  # reasoning.effort -> DeepSeek-V4's thinking switch
 _ITEM_RECORD = {"id", "status"}  # an earlier output's own record, read past
 
 
@@ -91,7 +92,7 @@ class Echo:
         for chat, ours in (("max_completion_tokens", "max_output_tokens"),
                            ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
                            ("tool_choice.function.", "tool_choice."), ("tool_choice.allowed_tools.", "tool_choice."),
-                           ("thinking", "reasoning")):
+                           ("thinking", "reasoning"), ("reasoning_effort", "reasoning.effort")):
             if chat_param.startswith(chat):
                 return ours + chat_param[len(chat):]
         m = re.match(r"(tools\[\d+\]|tool_choice\.tools\[\d+\])\.function(.*)", chat_param)
@@ -136,9 +137,9 @@ def to_chat(body) -> tuple[dict, Echo]:
         if fmt is not None:
             chat["response_format"] = fmt
     if body.get("reasoning") is not None:
-        thinking = _reasoning(body["reasoning"])
-        if thinking is not None:
-            chat["thinking"] = {"type": "enabled" if thinking else "disabled"}
+        effort = _reasoning(body["reasoning"])
+        if effort is not None:
+            chat["reasoning_effort"] = effort
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict) or set(options) - {"include_obfuscation"}:
@@ -278,7 +279,7 @@ def _text_format(text):
     return {"type": "json_schema", "json_schema": spec}
 
 
-def _reasoning(v) -> bool | None:
+def _reasoning(v) -> str | None:
     if not isinstance(v, dict) or set(v) - {"effort", "summary", "generate_summary"}:
         _refuse(f"an object of effort, got {v!r}"[:200], "reasoning")
     for key in ("summary", "generate_summary"):
@@ -286,11 +287,10 @@ def _reasoning(v) -> bool | None:
             _refuse(f"null only: dsv4 returns the reasoning itself (a reasoning item's content), not a summary, got "
                     f"{v[key]!r}", f"reasoning.{key}")
     effort = v.get("effort")
-    if effort is None:
-        return None
-    if effort not in EFFORTS:
-        _refuse(f"'none' (thinking off) or 'high' (DeepSeek-V4's thinking mode), got {effort!r}", "reasoning.effort")
-    return EFFORTS[effort]
+    if effort is not None and effort not in EFFORTS:
+        _refuse(f"'none' (thinking off), 'high' (DeepSeek-V4's thinking mode) or 'max' / 'xhigh' (at its maximum "
+                f"effort), got {effort!r}", "reasoning.effort")
+    return effort
 
 
 # ---- the response -------------------------------------------------------------------------------------------------
