@@ -61,7 +61,7 @@ def main():
         for a, piece in chunks(ids, args.chunk):
             out += model.prefill_scored(state, piece, ids[a + 1:a + 1 + len(piece)], args.top)
             lp = torch.log_softmax(state.logits.float(), dim=-1)
-            last.append((out[-1][0], float(lp[ids[a + len(piece)]])))
+            last.append((out[-1].logprob, float(lp[ids[a + len(piece)]])))
         return state, out, last
 
     a, (b, scores, last) = plain(), scored()
@@ -75,8 +75,8 @@ def main():
         state = model.new_state(capacity)
         model.prefill(state, ids[:t + 1])  # row t's own step: the prefix through ids[t]
         lp = torch.log_softmax(state.logits.float(), dim=-1)
-        worst = max(worst, abs(scores[t][0] - float(lp[ids[t + 1]])))
-        agree.append(scores[t][1][0][0] == int(lp.argmax()) if args.top else None)
+        worst = max(worst, abs(scores[t].logprob - float(lp[ids[t + 1]])))
+        agree.append(scores[t].top[0][0] == int(lp.argmax()) if args.top else None)
     emit("SCORE_PREFIX", max_abs_logprob_diff=worst, tol=args.tol, top1_agrees=agree)
     ok &= worst <= args.tol
     times = {"plain": [], "scored": []}

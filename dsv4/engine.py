@@ -34,8 +34,8 @@ from .model.rows import short_chunk
 from .parallel import SITES, Comm
 from .profile import phase
 from .replay import CONFIG as REPLAY, PrefillReplay, VerifyReplay
-from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, TokenCounts,
-                      restricts, sample, sample_processed, sample_rows, upload)
+from .sampler import (TOP_LOGPROBS, Drawn, Processing, ProcessRows, SamplingParams, SamplingRows, Scored,
+                      TokenCounts, restricts, sample, sample_processed, sample_rows, upload)
 from .state import (CapacityError, DecodeState, LayerCache, Pools, QuarantineError, RefusalError,  # noqa: F401
                     StepHeld)
 from .tokenizer import Tokenizer, build_tokenizer
@@ -408,12 +408,12 @@ class Model(ModelCommon):
         return state.logits.clone()
 
     def prefill_scored(self, state: DecodeState, ids: Sequence[int], targets: Sequence[int],
-                       top: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+                       top: int = 0) -> list[Scored]:
         """One prefill chunk `ids` that also scores the prompt: the state is left as `prefill(state, ids,
         chunk_size=len(ids))` leaves it (the same forward, eager), and row t's logits (the step's head, log_softmax in
-        fp32) give the log-probability of targets[t] (the token after ids[t]) and its `top` most likely tokens ->
-        one (logprob, ((id, logprob), ...)) a row: OpenAI's echoed prompt logprobs, lm-eval's loglikelihoods. A
-        refusal commits and returns nothing (RefusalError, as prefill)."""
+        fp32) give the log-probability of targets[t] (the token after ids[t]), its rank, and the `top` most likely
+        tokens -> one dsv4.sampler.Scored a row: OpenAI's echoed prompt logprobs, vLLM's prompt_logprobs, lm-eval's
+        loglikelihoods. A refusal commits and returns nothing (RefusalError, as prefill)."""
         state.check_open()
         tokens, wanted = self._tokens(ids, "prefill_scored"), self._tokens(targets, "prefill_scored targets")
         if wanted.shape != tokens.shape:
@@ -425,9 +425,9 @@ class Model(ModelCommon):
         with torch.inference_mode():
             verdict = self.transformer.transaction([state], tokens.to(self.device), streams=streams)
             self._settle(state, float(verdict), tokens.shape[0])
-            chosen, top_lp, top_ids = self.transformer.score(streams[0], wanted.to(self.device), top)
-        chosen, top_lp, top_ids = chosen.tolist(), top_lp.tolist(), top_ids.tolist()
-        return [(c, tuple(zip(i, v))) for c, i, v in zip(chosen, top_ids, top_lp)]
+            scores = self.transformer.score(streams[0], wanted.to(self.device), top)
+        chosen, top_lp, top_ids, ranks = (t.tolist() for t in scores)
+        return [Scored(c, r, tuple(zip(i, v))) for c, r, i, v in zip(chosen, ranks, top_ids, top_lp)]
 
     def prefill_batch(self, states: Sequence[DecodeState], chunks: Sequence[Sequence[int]]) -> torch.Tensor:
         """One prefill chunk for each of several states in one forward: states[b] takes chunks[b], all of one

@@ -17,7 +17,7 @@ from typing import Iterator, Protocol, Sequence, runtime_checkable
 import torch
 
 from .config import ModelConfig
-from .sampler import Drawn, Processing, SamplingParams
+from .sampler import Drawn, Processing, SamplingParams, Scored
 from .state import DecodeState
 from .tokenizer import Tokenizer
 
@@ -62,7 +62,7 @@ class DecodeModel(Protocol):
                               nexts: Sequence[int]) -> torch.Tensor: ...
 
     def prefill_scored(self, state: DecodeState, ids: Sequence[int], targets: Sequence[int],
-                       top: int = 0) -> list[tuple[float, tuple[tuple[int, float], ...]]]: ...
+                       top: int = 0) -> list[Scored]: ...
 
     def decode(self, state: DecodeState, token: int) -> torch.Tensor: ...
 

@@ -531,6 +531,15 @@ class Drawn(NamedTuple):
     top: tuple[tuple[int, float], ...] = ()
 
 
+class Scored(NamedTuple):
+    """A prompt token's score (Model.prefill_scored): its log-probability after the tokens before it, its rank in
+    that distribution (1: the most likely), and the `top` most likely tokens ((id, logprob), most likely first)."""
+
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class TokenCounts:
     """One sequence's token counts on the device, static buffers a captured step updates in place:
     `generated` fp32 [vocab] (its sampled tokens), `prompt` bool [vocab] (its prompt's tokens)."""

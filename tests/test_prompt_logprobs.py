@@ -58,10 +58,11 @@ def test_prompt_logprobs_are_hfs(model, checkpoint):
         lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)[:-1]
     ref = lp.gather(-1, torch.tensor(ids[1:]).view(-1, 1)).view(-1)
     assert len(scores) == N - 1
-    assert float((torch.tensor([c for c, _ in scores]) - ref).abs().max()) <= TOL
+    assert float((torch.tensor([s.logprob for s in scores]) - ref).abs().max()) <= TOL
     top = lp.topk(3, dim=-1)
-    assert [[i for i, _ in t] for _, t in scores] == top.indices.tolist()
-    assert float((torch.tensor([[v for _, v in t] for _, t in scores]) - top.values).abs().max()) <= TOL
+    assert [[i for i, _ in s.top] for s in scores] == top.indices.tolist()
+    assert [s.rank for s in scores] == ((lp > ref.view(-1, 1)).sum(dim=-1) + 1).tolist()
+    assert float((torch.tensor([[v for _, v in s.top] for s in scores]) - top.values).abs().max()) <= TOL
 
 
 def test_the_state_is_a_plain_prefills(model):
@@ -107,17 +108,23 @@ def test_two_ranks_score_as_one(model, checkpoint):
         got, _ = scored(two, ids)
     finally:
         two.close()
-    assert float(torch.tensor([[a - b] for (a, _), (b, _) in zip(one, got)]).abs().max()) <= TOL
-    assert [[i for i, _ in t] for _, t in one] == [[i for i, _ in t] for _, t in got]
+    assert float(torch.tensor([[a.logprob - b.logprob] for a, b in zip(one, got)]).abs().max()) <= TOL
+    assert [s.rank for s in one] == [s.rank for s in got]
+    assert [[i for i, _ in s.top] for s in one] == [[i for i, _ in s.top] for s in got]
 
 
 # ---- over HTTP: completions' echo with logprobs -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def client(model):
+def server(model):
     with Server(model, "127.0.0.1", 0, model_name="scored", max_model_len=256, max_num_seqs=4, prefill_chunk=8,
                 prefix_cache=2) as srv:
-        yield serving.client(srv, timeout=120)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return serving.client(server, timeout=120)
 
 
 def test_echo_with_logprobs_scores_the_prompt(client, model):
@@ -130,7 +137,7 @@ def test_echo_with_logprobs_scores_the_prompt(client, model):
         assert echoed.text.startswith(text) and len(lp.tokens) == len(ids) + 4
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
         reference, _ = scored(model, ids, top=2, chunk=8)  # the server's chunks (prefill_chunk 8)
-        assert lp.token_logprobs[1:len(ids)] == pytest.approx([c for c, _ in reference], abs=1e-6)
+        assert lp.token_logprobs[1:len(ids)] == pytest.approx([s.logprob for s in reference], abs=1e-6)
         # keyed by text (OpenAI's shape): two top tokens spelling the same text (a partial character) share a key
         assert all(1 <= len(t) <= 2 for t in lp.top_logprobs[1:len(ids)])
     plain = client.completions.create(**kw).choices[0]  # the sampled part: the request's without echo
@@ -146,9 +153,36 @@ def test_lm_eval_loglikelihood_request(client, model):
     r = client.completions.create(model="scored", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0)
     lp = r.choices[0].logprobs
     reference, _ = scored(model, ids, top=1, chunk=8)
-    assert lp.token_logprobs[1:len(ids)] == pytest.approx([c for c, _ in reference], abs=1e-6)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx([s.logprob for s in reference], abs=1e-6)
     greedy = [max(t.values()) == v for t, v in zip(lp.top_logprobs[1:len(ids)], lp.token_logprobs[1:len(ids)])]
-    assert greedy == [t[0][0] == i for (_, t), i in zip(reference, ids[1:])]
+    assert greedy == [s.rank == 1 for s in reference] == [s.top[0][0] == i for s, i in zip(reference, ids[1:])]
+
+
+def test_vllm_prompt_logprobs(server, model):
+    """vLLM's prompt_logprobs: [null, {token id: {logprob, rank, decoded_token}}, ...] on each completions choice and
+    on the chat response, the prompt token's entry and its k most likely."""
+    text = "a lazy dog sleeps"
+    ids = model.tokenizer.encode(text)
+    r = serving.post(server, "/v1/completions", {"prompt": text, "max_tokens": 2, "prompt_logprobs": 2,
+                                                                "seed": 1, "n": 2}).json()
+    reference, _ = scored(model, ids, top=2, chunk=8)
+    for choice in r["choices"]:
+        lp = choice["prompt_logprobs"]
+        assert lp[0] is None and len(lp) == len(ids)
+        for entry, score, token in zip(lp[1:], reference, ids[1:]):
+            assert entry[str(token)]["logprob"] == pytest.approx(score.logprob, abs=1e-6)
+            assert entry[str(token)]["rank"] == score.rank
+            assert {int(t) for t in entry} == {token, *(i for i, _ in score.top)}
+            assert sorted(e["rank"] for t, e in entry.items() if int(t) != token or score.rank <= 2)[:2] == [1, 2]
+    messages = [{"role": "user", "content": "hi"}]
+    r = serving.post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 2,
+                                                                     "prompt_logprobs": 0}).json()
+    assert r["prompt_logprobs"][0] is None and len(r["prompt_logprobs"]) == r["usage"]["prompt_tokens"]
+    assert all(len(e) == 1 for e in r["prompt_logprobs"][1:])
+    for body in ({"stream": True}, {"echo": True, "logprobs": 1}):
+        bad = serving.post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1,
+                                                                      "prompt_logprobs": 1, **body})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_echo_with_logprobs_refused_on_cuda_unless_unchecked(model, monkeypatch):

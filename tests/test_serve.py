@@ -290,6 +290,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 3},
     "response_format": {"response_format": {"type": "json_object"}},
     "structured_outputs": {"structured_outputs": {"choice": ["yes", "no"]}},
+    "prompt_logprobs": {"prompt_logprobs": 1},
 }
 ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {

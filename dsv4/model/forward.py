@@ -266,19 +266,21 @@ class Transformer:
     def score(self, h: torch.Tensor, targets: torch.Tensor, top: int, block: int = 256) -> tuple[torch.Tensor, ...]:
         """Rows' final streams h [T, hc, D] scored against targets [T] (row t's next token): each row's logits by
         `head` (a step's head), log_softmax in fp32 -> (the targets' log-probabilities [T], the `top` most likely
-        tokens' log-probabilities [T, top] and ids [T, top], most likely first). `block` rows at a time: a row's
-        vocab-wide logits are the memory (Flash: 0.5 MB a row in fp32)."""
-        chosen, top_lp, top_ids = [], [], []
+        tokens' log-probabilities [T, top] and ids [T, top], most likely first, the targets' ranks [T]: 1 + the tokens
+        more likely). `block` rows at a time: a row's vocab-wide logits are the memory (Flash: 0.5 MB a row in fp32)."""
+        chosen, ranks, top_lp, top_ids = [], [], [], []
         for start in range(0, h.shape[0], block):
             lp = torch.log_softmax(self.head(h[start:start + block]).float(), dim=-1)
-            chosen.append(lp.gather(-1, targets[start:start + block].view(-1, 1)).view(-1))
+            chosen.append(lp.gather(-1, targets[start:start + block].view(-1, 1)))
+            ranks.append((lp > chosen[-1]).sum(dim=-1) + 1)
+            chosen[-1] = chosen[-1].view(-1)
             if top:
                 values, ids = lp.topk(top, dim=-1)
                 top_lp.append(values)
                 top_ids.append(ids)
         empty = h.new_zeros((h.shape[0], 0), dtype=torch.float32)
         return (torch.cat(chosen), torch.cat(top_lp) if top else empty,
-                torch.cat(top_ids) if top else empty.long())
+                torch.cat(top_ids) if top else empty.long(), torch.cat(ranks))
 
     # ---- the transaction ---------------------------------------------------
     def transaction(self, states: list[DecodeState], tokens: torch.Tensor,

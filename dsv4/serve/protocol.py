@@ -81,6 +81,9 @@ IMPLEMENTED = {
     "top_logprobs": "chat: in [0, 20], with logprobs: true: the most likely tokens at each position",
     "response_format": "text; json_object (any JSON object) or json_schema ({name, schema, strict}): the output is "
                        "constrained to it by xgrammar (compact JSON; pip install 'dsv4[json]')",
+    "prompt_logprobs": "vLLM's, k in [0, 20]: the prompt's tokens scored, each choice's (chat: the response's) "
+                       "prompt_logprobs [null, {token id: {logprob, rank, decoded_token}} of the prompt token and the "
+                       "k most likely, ...]; not with stream, nor with echo and logprobs",
     "structured_outputs": "vLLM's: exactly one of json (a JSON schema), regex, choice (the output is one of the "
                           "strings), grammar (xgrammar's EBNF) or json_object (true), by xgrammar as response_format; "
                           "in thinking mode after the reasoning",
@@ -285,6 +288,7 @@ class _Body(BaseModel):
     logit_bias: Annotated[Any, BeforeValidator(_logit_bias)] = None
     response_format: Annotated[Any, BeforeValidator(_response_format)] = None
     structured_outputs: Annotated[Any, BeforeValidator(_structured_outputs)] = None
+    prompt_logprobs: Annotated[Any, _number(0, TOP_LOGPROBS, integer=True)] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -480,7 +484,8 @@ class Call:
     grammar: object = None  # response_format's or the tool calls' compiled grammar (dsv4.serve.grammar): a matcher
     # per choice
     token_ids: bool = False  # return_token_ids: the choices carry their sampled (and prompt) token ids
-    prompt_logprobs: int | None = None  # echo with logprobs: the prompt's tokens scored, with this many top ones
+    prompt_logprobs: int | None = None  # the prompt's tokens scored, with this many top ones, for `prompt_shape`:
+    prompt_shape: str | None = None  # "echo" (echo with logprobs: OpenAI's) or "vllm" (prompt_logprobs)
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -522,12 +527,20 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
     top_p = 1.0 if req.top_p is None else float(req.top_p)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=max(top_k, 0), seed=seed)
     usage = bool(req.stream_options and req.stream_options.include_usage)
-    scored = req.logprobs if echo and req.logprobs is not None else None
+    scored, shape, asked = None, None, None
+    if echo and req.logprobs is not None:
+        scored, shape, asked = req.logprobs, "echo", "echo"
+    if req.prompt_logprobs is not None:
+        if shape is not None or req.stream:
+            raise RequestError(f"prompt_logprobs: not with {'stream' if req.stream else 'echo and logprobs'} "
+                               "(one shape of the prompt's logprobs, in a whole response)", "prompt_logprobs")
+        scored, shape, asked = req.prompt_logprobs, "vllm", "prompt_logprobs"
     if scored is not None and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
-        raise RequestError("echo: with logprobs, not yet available on CUDA (the scored prefill, Model.prefill_scored, "
-                           "is not yet GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", "echo")
+        raise RequestError(f"{asked}: {'with logprobs, ' if asked == 'echo' else ''}not yet available on CUDA (the "
+                           "scored prefill, Model.prefill_scored, is not yet GPU-checked; DSV4_UNCHECKED_SAMPLING=1 "
+                           "serves it unchecked)", asked)
     return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
-                grammar, bool(req.return_token_ids), scored)
+                grammar, bool(req.return_token_ids), scored, shape)
 
 
 def _asks(req, name: str) -> bool:

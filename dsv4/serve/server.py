@@ -339,6 +339,8 @@ class _Choice:
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
         self.scored = 0  # prompt tokens whose logprobs came (echo with logprobs: the scheduler's "prompt" events)
+        self.prompt_shape, self.tokenizer = call.prompt_shape, server.model.tokenizer
+        self.prompt_logprobs: list | None = [None] if call.prompt_shape == "vllm" else None  # vLLM's shape
         self.prompt_ids = choice.prompt.ids if call.token_ids else None  # return_token_ids: not sent yet
         self.ids: list[int] | None = [] if call.token_ids else None  # sampled, not sent yet
         # The tokens of the reasoning (a reply that starts inside <think>): those up to the one whose text closes it.
@@ -355,10 +357,14 @@ class _Choice:
         """A prompt chunk's scores (echo with logprobs): its tokens' logprob entries, the prompt's first token's
         (null: nothing before it) ahead of them."""
         ids = self.prompt.ids
-        if not self.scored:
-            self.logprobs.add_prompt(ids[0], None)
         for k, score in enumerate(scores):
-            self.logprobs.add_prompt(ids[self.scored + 1 + k], score)
+            token = ids[self.scored + 1 + k]
+            if self.prompt_logprobs is not None:
+                self.prompt_logprobs.append(_vllm_logprobs(self.tokenizer, token, score))
+                continue
+            if not self.scored and not k:
+                self.logprobs.add_prompt(ids[0], None)
+            self.logprobs.add_prompt(token, score)
         self.scored += len(scores)
 
     def push(self, value) -> str:
@@ -403,6 +409,17 @@ class _Choice:
 LOGPROB_FLOOR = -9999.0  # a token outside the distribution drawn from (-inf is not JSON); vLLM's value
 
 
+def _vllm_logprobs(tokenizer, token: int, score) -> dict:
+    """vLLM's prompt_logprobs entry of one prompt token: {token id: {logprob, rank, decoded_token}} of the token and
+    the most likely ones (ranks 1, 2, ...)."""
+    out = {str(token): {"logprob": max(score.logprob, LOGPROB_FLOOR), "rank": score.rank,
+                        "decoded_token": tokenizer.decode([token], skip_special_tokens=False)}}
+    for rank, (t, v) in enumerate(score.top, 1):
+        out.setdefault(str(t), {"logprob": max(v, LOGPROB_FLOOR), "rank": rank,
+                                "decoded_token": tokenizer.decode([t], skip_special_tokens=False)})
+    return out
+
+
 class _Logprobs:
     """One choice's logprobs, in OpenAI's shapes: chat's content entries (token, logprob, bytes,
     top_logprobs), completions' parallel lists (tokens, token_logprobs, top_logprobs, text_offset)."""
@@ -424,8 +441,8 @@ class _Logprobs:
         """An echoed prompt token's entry: score (logprob, ((id, logprob), ...)), None for the first token. Its text
         offset counts what the echoed text holds of each token before it (a special token, BOS, none of it)."""
         text, raw = self._piece(token)
-        top = None if score is None else [(*self._piece(t), max(v, LOGPROB_FLOOR)) for t, v in score[1]]
-        logprob = None if score is None else max(score[0], LOGPROB_FLOOR)
+        top = None if score is None else [(*self._piece(t), max(v, LOGPROB_FLOOR)) for t, v in score.top]
+        logprob = None if score is None else max(score.logprob, LOGPROB_FLOOR)
         self.prompt.append((text, raw, logprob, top, self.prompt_offset))
         from .grammar import special_ids
 
@@ -544,7 +561,9 @@ class _Reply:
         choice's ids not sent yet."""
         ids = self.choices[index].taken_ids()
         if not self.call.chat:
-            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish, **ids}
+            scored = self.choices[index].prompt_logprobs  # vLLM's prompt_logprobs (never streamed)
+            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish, **ids,
+                    **({} if scored is None else {"prompt_logprobs": scored})}
         return {"index": index, "delta" if delta else "message": part or {}, "logprobs": logprobs,
                 "finish_reason": finish, **ids}
 
@@ -556,6 +575,8 @@ class _Reply:
         out = self.envelope([self.choice(c.index, c.message(text) if self.call.chat else text, c.finish_reason(),
                                          False, c.taken_logprobs(everything=True))
                              for c, text in zip(self.choices, texts)], False)
+        if self.call.chat and self.choices[0].prompt_logprobs is not None:  # vLLM's: the response's, one prompt
+            out["prompt_logprobs"] = self.choices[0].prompt_logprobs
         out["usage"] = self.usage()
         return out
 
