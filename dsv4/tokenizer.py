@@ -224,6 +224,7 @@ class TextStream:
         self.prefix = self.read = 0  # out[prefix:read]: context already in text; out[read:]: not yet
         self.sent = 0  # characters of text released
         self.finish: str | None = None
+        self.stop_string: str | None = None  # the stop string that ended the text (the first in it), if one did
         self.n = 0  # tokens sampled (an EOS counts; a token past a stop string does not exist)
 
     def push(self, token: int) -> str:
@@ -235,10 +236,11 @@ class TextStream:
         self.out.append(token)
         if not self._decode(final=False):
             return ""  # a character still being spelt out by the next token
-        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stop) if i >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0]
         if hits:
+            first, self.stop_string = min(hits)
             self.finish = "stop"
-            delta, self.sent = self.text[self.sent:max(self.sent, min(hits))], len(self.text)
+            delta, self.sent = self.text[self.sent:max(self.sent, first)], len(self.text)
             return delta
         safe = len(self.text) - self.hold
         if safe <= self.sent:

@@ -2,7 +2,8 @@
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (`"stream": true`
 gives server-sent events ending with `data: [DONE]`), POST /v1/responses (OpenAI's Responses API over the chat
-path: dsv4.serve.responses; its stream is the typed events), GET /health, GET /metrics (Prometheus),
+path: dsv4.serve.responses; its stream is the typed events), POST /v1/messages and /v1/messages/count_tokens
+(Anthropic's Messages API over the chat path: dsv4.serve.messages_api), GET /health, GET /metrics (Prometheus),
 GET /version, POST /tokenize and /detokenize (vLLM's shapes). With an API key, every route but
 /health needs `Authorization: Bearer <key>`.
 
@@ -31,7 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from . import protocol, responses
+from . import messages_api, protocol, responses
 from .chat import END_THINK, ChatReply
 from .metrics import Metrics
 from .protocol import RequestError, TextStream, now, response_id
@@ -138,16 +139,24 @@ class _ApiKey:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health" and not self._allowed(scope):
-            e = RequestError("a missing or wrong API key: send the header Authorization: Bearer <key> (the key "
-                             "given to dsv4 serve --api-key or DSV4_API_KEY)", status=401, code="invalid_api_key")
-            await _error(e, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+            e = RequestError("a missing or wrong API key: send the header Authorization: Bearer <key> or x-api-key: "
+                             "<key> (the key given to dsv4 serve --api-key or DSV4_API_KEY)", status=401,
+                             code="invalid_api_key")
+            if scope["path"].startswith("/v1/messages"):  # Anthropic's error shape on its endpoints
+                response = JSONResponse(messages_api.error_body(e), status_code=401)
+            else:
+                response = _error(e, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
     def _allowed(self, scope) -> bool:
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, key = given.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.key)
+        headers = dict(scope["headers"])
+        scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.key):
+            return True
+        given = headers.get(b"x-api-key")  # Anthropic's clients send the key so
+        return given is not None and hmac.compare_digest(given.strip(), self.key)
 
 
 def build_app(server: Server) -> FastAPI:
@@ -203,6 +212,22 @@ def build_app(server: Server) -> FastAPI:
     @app.post("/v1/responses")
     async def create_response(request: Request):
         return await _serve(server, request, chat=True, api="responses")
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request):
+        try:
+            return await _serve(server, request, chat=True, api="messages")
+        except RequestError as e:  # Anthropic's error shape on its endpoints
+            return JSONResponse(messages_api.error_body(e), status_code=e.status)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        try:
+            body = await _json(server, request)
+            call, _ = await run_in_threadpool(_parse_messages, server, {**body, "max_tokens": 1})
+        except RequestError as e:
+            return JSONResponse(messages_api.error_body(e), status_code=e.status)
+        return {"input_tokens": len(call.prompts[0].ids)}
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -267,12 +292,27 @@ def _parse_responses(server: Server, body) -> tuple[protocol.Call, responses.Ech
         raise
 
 
+def _parse_messages(server: Server, body) -> tuple[protocol.Call, list[str]]:
+    """A Messages request as its chat request; an error names the Messages field."""
+    chat, sources = messages_api.to_chat(body)
+    try:
+        return _parse(server, chat, True), sources
+    except RequestError as e:
+        ours = messages_api.param(e.param, sources)
+        if e.param and ours != e.param and e.message.startswith(e.param):
+            e.message = ours + e.message[len(e.param):]
+        e.param = ours
+        raise
+
+
 async def _serve(server: Server, request: Request, chat: bool, api: str = "openai"):
     arrived = time.perf_counter()  # time to first token counts reading and tokenising the prompt too
     body = await _json(server, request)
     echo = None
     if api == "responses":
         call, echo = await run_in_threadpool(_parse_responses, server, body)
+    elif api == "messages":
+        call, _ = await run_in_threadpool(_parse_messages, server, body)
     else:
         call = await run_in_threadpool(_parse, server, body, chat)  # tokenisation: off the event loop
     reply = _Reply(server, call, asyncio.Queue(), arrived)
@@ -280,15 +320,21 @@ async def _serve(server: Server, request: Request, chat: bool, api: str = "opena
         reply.submit()
     except QueueFull:
         server.metrics.rejected.inc()
-        return _error(RequestError("the server is at capacity (every slot busy, the waiting queue full); retry later",
-                                   status=429, kind="rate_limit_error", code="queue_full"),
-                      headers={"Retry-After": str(RETRY_AFTER_S)})
+        full = RequestError("the server is at capacity (every slot busy, the waiting queue full); retry later",
+                            status=429, kind="rate_limit_error", code="queue_full")
+        if api == "messages":
+            return JSONResponse(messages_api.error_body(full), status_code=429,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        return _error(full, headers={"Retry-After": str(RETRY_AFTER_S)})
     if call.stream:
-        return _Stream(reply, None if echo is None else reply.response_events(echo))
+        events = {"responses": lambda: reply.response_events(echo), "messages": reply.message_events}.get(api)
+        return _Stream(reply, None if events is None else events())
     watch = asyncio.create_task(_watch_disconnect(request, reply.queue))
     try:
-        if echo is not None:
+        if api == "responses":
             return JSONResponse(await reply.response(echo))
+        if api == "messages":
+            return JSONResponse(await reply.message())
         return JSONResponse(await reply.whole())
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the slots are already freed
@@ -608,6 +654,34 @@ class _Reply:
             log.exception("dsv4 serve: a response stream failed")
             yield responses.sse({"type": "error", "sequence_number": events.sequence, "code": "server_error",
                                  "message": f"internal error: {e!r}", "param": None})
+
+    async def message(self) -> dict:
+        """Anthropic's Messages response (one choice)."""
+        whole = await self.whole()
+        choice, c = whole["choices"][0], self.choices[0]
+        return messages_api.message(messages_api.message_id(), self.server.model_name, choice["message"],
+                                    choice["finish_reason"], c.text.stop_string, whole["usage"])
+
+    async def message_events(self):
+        """Anthropic's Messages stream: its events, one choice."""
+        c = self.choices[0]
+        usage = messages_api.usage({"prompt_tokens": len(c.prompt.ids), "completion_tokens": 0})
+        events = messages_api.Events(messages_api.message_id(), self.server.model_name, usage["input_tokens"])
+        for e in events.start():
+            yield messages_api.sse(e)
+        try:
+            async for _, text, finish in self.deltas():
+                for part in c.parts(text, finish):
+                    for e in events.delta(part):
+                        yield messages_api.sse(e)
+                if finish:
+                    for e in events.finish(c.finish_reason(), c.text.stop_string, c.text.n):
+                        yield messages_api.sse(e)
+        except RequestError as e:
+            yield messages_api.sse(messages_api.error_body(e))
+        except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
+            log.exception("dsv4 serve: a messages stream failed")
+            yield messages_api.sse(messages_api.error_body(RequestError(f"internal error: {e!r}", status=500)))
 
     async def stream(self):
         def event(obj) -> bytes:
