@@ -65,14 +65,16 @@ def test_min_p_near_one_is_greedy(client):
         assert r.choices[0].text == greedy
 
 
-def test_completion_logprobs_shape(client):
+def test_completion_logprobs_shape(client, model):
     r = client.completions.create(model=NAME, prompt="hi", max_tokens=6, seed=4, logprobs=3, echo=True)
     lp = r.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
-    assert lp.text_offset[0] == len("hi")  # after the echo
-    for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    k = len(model.tokenizer.encode("hi"))  # with echo the prompt's tokens lead (tests/test_prompt_logprobs.py)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == k + 6
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[k] == len("hi")  # the sampled tokens after the echo
+    for tok, v, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
         assert v <= 0 and len(top) <= 3 and sum(math.exp(x) for x in top.values()) <= 1 + 1e-5
-    assert "".join(lp.tokens) == r.choices[0].text[len("hi"):]
+    assert "".join(lp.tokens[k:]) == r.choices[0].text[len("hi"):]
 
 
 def test_chat_logprobs_streamed_equal_whole(client):
