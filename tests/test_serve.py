@@ -284,7 +284,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "tools": {"tools": [TOOL], "tool_choice": "none"}, "tool_choice": {"tools": [TOOL], "tool_choice": "none"},
     "parallel_tool_calls": {"tools": [TOOL], "tool_choice": "none", "parallel_tool_calls": False},
     "chat_template_kwargs": {"chat_template_kwargs": {"thinking": True}}, "thinking": {"thinking": {"type": "enabled"}},
-    "reasoning_effort": {"reasoning_effort": "max"},
+    "reasoning_effort": {"reasoning_effort": "high"},  # "max": its effort prompt is over this max_model_len
     "presence_penalty": {"presence_penalty": 1.0}, "frequency_penalty": {"frequency_penalty": 0.5},
     "repetition_penalty": {"repetition_penalty": 1.2}, "logit_bias": {"logit_bias": {"5": 10}}, "min_p": {"min_p": 0.1},
     "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 3},

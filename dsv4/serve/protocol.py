@@ -708,6 +708,15 @@ def tokenize(body, model, max_model_len: int) -> dict:
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
 
 
+def chat_prompt_ids(body, model) -> list[int]:
+    """The prompt ids of a chat request as the chat endpoint would prefill them (its thinking switch and effort
+    included), whatever its length: a count, not a request to serve (Anthropic's count_tokens)."""
+    req = _validate(ChatBody, body)
+    ids, _ = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
+                          model.tokenizer, None, req.reasoning_effort)
+    return ids
+
+
 def detokenize(body, model) -> dict:
     """vLLM's /detokenize: the text of token ids, special tokens spelt out."""
     req = _validate(DetokenizeBody, body)

@@ -224,10 +224,10 @@ def build_app(server: Server) -> FastAPI:
     async def count_tokens(request: Request):
         try:
             body = await _json(server, request)
-            call, _ = await run_in_threadpool(_parse_messages, server, {**body, "max_tokens": 1})
+            ids = await run_in_threadpool(_count_messages, server, body)
         except RequestError as e:
             return JSONResponse(messages_api.error_body(e), status_code=e.status)
-        return {"input_tokens": len(call.prompts[0].ids)}
+        return {"input_tokens": len(ids)}
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -282,23 +282,27 @@ def _parse(server: Server, body, chat: bool) -> protocol.Call:
 def _parse_responses(server: Server, body) -> tuple[protocol.Call, responses.Echo]:
     """A Responses request as its chat request; an error names the Responses field."""
     chat, echo = responses.to_chat(body)
-    try:
-        return _parse(server, chat, True), echo
-    except RequestError as e:
-        ours = echo.param(e.param)
-        if e.param and ours != e.param and e.message.startswith(e.param):
-            e.message = ours + e.message[len(e.param):]
-        e.param = ours
-        raise
+    return _renamed(echo.param, lambda: _parse(server, chat, True)), echo
 
 
-def _parse_messages(server: Server, body) -> tuple[protocol.Call, list[str]]:
+def _parse_messages(server: Server, body) -> protocol.Call:
     """A Messages request as its chat request; an error names the Messages field."""
     chat, sources = messages_api.to_chat(body)
+    return _renamed(lambda p: messages_api.param(p, sources), lambda: _parse(server, chat, True))
+
+
+def _count_messages(server: Server, body) -> list[int]:
+    """The prompt ids of a Messages request (count_tokens: no max_tokens, no limit on the length)."""
+    chat, sources = messages_api.to_chat({**body, "max_tokens": 1})
+    return _renamed(lambda p: messages_api.param(p, sources), lambda: protocol.chat_prompt_ids(chat, server.model))
+
+
+def _renamed(param, run):
+    """run(); a RequestError it raises names the field as param(chat field) says (another API's request)."""
     try:
-        return _parse(server, chat, True), sources
+        return run()
     except RequestError as e:
-        ours = messages_api.param(e.param, sources)
+        ours = param(e.param)
         if e.param and ours != e.param and e.message.startswith(e.param):
             e.message = ours + e.message[len(e.param):]
         e.param = ours
@@ -312,7 +316,7 @@ async def _serve(server: Server, request: Request, chat: bool, api: str = "opena
     if api == "responses":
         call, echo = await run_in_threadpool(_parse_responses, server, body)
     elif api == "messages":
-        call, _ = await run_in_threadpool(_parse_messages, server, body)
+        call = await run_in_threadpool(_parse_messages, server, body)
     else:
         call = await run_in_threadpool(_parse, server, body, chat)  # tokenisation: off the event loop
     reply = _Reply(server, call, asyncio.Queue(), arrived)
