@@ -7,7 +7,7 @@
 # 2. the scored prefill (completions' echo with logprobs: Model.prefill_scored): score_check.py, the state byte for
 #    byte a plain prefill's, each chunk's last row's score the state's logits', rows against their prefixes' own
 #    prefills within a tolerance, and its cost against the plain prefill.
-# If a check exits 0: drop its CUDA refusal (protocol._check_grammar_on; protocol.parse's echo refusal) and say so in
+# If a check exits 0: drop its CUDA refusal (protocol._unchecked_on_cuda: GRAMMAR, or the scored prefill) and say so in
 # README. Short: best run after another call on a warm machine.
 # Usage: OUT=dir bash benchmarks/gpu_s51_serve_checks.sh
 source benchmarks/gpu_env.sh

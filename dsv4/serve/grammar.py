@@ -1,6 +1,6 @@
-"""Constrained output by xgrammar (an optional dependency: pip install 'dsv4[json]'): response_format's JSON and a
-chat reply's tool calls (tool_choice 'required', a named function or allowed_tools; tools with strict: true;
-parallel_tool_calls false).
+"""Constrained output by xgrammar (an optional dependency: pip install 'dsv4[json]'): response_format's JSON, vLLM's
+structured_outputs (json, regex, choice, grammar, json_object) and a chat reply's tool calls (tool_choice 'required',
+a named function or allowed_tools; tools with strict: true; parallel_tool_calls false).
 
 Tool calls follow xgrammar's own DeepSeek-V4 structural tag (`get_model_structural_tag("deepseek_v4")`: the
 <｜DSML｜tool_calls> block our encoder writes and dsv4.serve.chat's parser reads, each invoke's parameters in the
@@ -9,10 +9,10 @@ the encoder writes the block, so that a model cannot pad it without end): a repl
 (thinking mode) reasons freely up to </think> first, as a JSON response_format does too (its JSON comes after the
 reasoning).
 
-A request's grammar compiles once (`compile_format`, `compile_tool_calls`, in the handler's worker thread); each choice gets its
-own `Constraint`, a grammar matcher on the host: before each step the scheduler asks it for the allowed
-tokens (a bitmask the step applies to the logits on the device, dsv4.sampler.process_logits), after the
-step it accepts the token drawn, and the sequence ends when the matcher terminates (at EOS, once the JSON
+A request's grammar compiles once (`compile_format`, `compile_structured`, `compile_tool_calls`, in the handler's
+worker thread); each choice gets its own `Constraint`, a grammar matcher on the host: before each step the scheduler
+asks it for the allowed tokens (a bitmask the step applies to the logits on the device, dsv4.sampler.process_logits),
+after the step it accepts the token drawn, and the sequence ends when the matcher terminates (at EOS, once the JSON
 is complete). JSON comes out compact (no optional whitespace: a model cannot pad it without end). `token_bytes`: a
 token's own bytes (what logprobs report), from the same reading of the vocabulary.
 """
@@ -32,7 +32,8 @@ def _why(e: Exception) -> str:
 
 
 class FormatError(ValueError):
-    """A response_format this server cannot serve; `param` names the field."""
+    """A grammar this server cannot build (a schema, pattern or grammar xgrammar cannot read); `param` names the
+    field."""
 
     def __init__(self, message: str, param: str):
         super().__init__(message)

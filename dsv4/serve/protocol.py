@@ -31,12 +31,10 @@ from .chat import (ChatError, Message, Messages, ReplyFormat, TemplateKwargs, Th
 
 MAX_STOPS = 4
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for completions' logprobs
-# The fields served by the device's logit processing (dsv4.sampler.process_logits). GPU-checked in session 5
-# (benchmarks/sampling_check.py: solo == batched == graph) but for a grammar's mask (response_format, and the
-# tool-call grammar: tool_choice, strict tools, parallel_tool_calls false), not yet through a GPU run: on CUDA
-# it needs DSV4_UNCHECKED_SAMPLING=1 (README: the GPU rule; sampling_check.py now carries masks).
-PROCESSING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
-                     "logprobs", "top_logprobs", "response_format", "structured_outputs")
+# The device's logit processing (dsv4.sampler.process_logits) was GPU-checked in session 5 (benchmarks/
+# sampling_check.py: solo == batched == graph) but for a grammar's mask (response_format, structured_outputs, the
+# tool-call grammar), and the scored prefill (echo with logprobs, prompt_logprobs) has not run on a GPU: on CUDA
+# both need DSV4_UNCHECKED_SAMPLING=1 (_unchecked_on_cuda; README: the GPU rule) until gpu_s51_serve_checks.sh passes.
 SEED_SPACE = 2**64
 
 # The request fields dsv4 serve honours, with their meaning here. With `_NEUTRAL` (refused unless off)
@@ -502,12 +500,12 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
         raise RequestError("structured_outputs: not with response_format (one grammar a reply)", "structured_outputs")
     if chat:
         calls = _tool_calls(req, formats)
-        _check_grammar_on(model, formats[0] if formats else calls and calls.asked_by)
+        _unchecked_on_cuda(model, formats[0] if formats else calls and calls.asked_by, GRAMMAR)
         ids, reply = _chat_prompt(req.messages, req.tools, req.tool_choice, req.chat_template_kwargs, req.thinking,
                                   model.tokenizer, max_model_len, req.reasoning_effort)
         inputs = [(ids, "")]
     else:
-        _check_grammar_on(model, formats[0] if formats else None)
+        _unchecked_on_cuda(model, formats[0] if formats else None, GRAMMAR)
         inputs = _completion_prompts(req.prompt, model, max_model_len)
     grammar = _grammar(req, calls, reply, model)
     n = req.n or 1
@@ -535,16 +533,13 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
             raise RequestError(f"prompt_logprobs: not with {'stream' if req.stream else 'echo and logprobs'} "
                                "(one shape of the prompt's logprobs, in a whole response)", "prompt_logprobs")
         scored, shape, asked = req.prompt_logprobs, "vllm", "prompt_logprobs"
-    if scored is not None and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
-        raise RequestError(f"{asked}: {'with logprobs, ' if asked == 'echo' else ''}not yet available on CUDA (the "
-                           "scored prefill, Model.prefill_scored, is not yet GPU-checked; DSV4_UNCHECKED_SAMPLING=1 "
-                           "serves it unchecked)", asked)
+    _unchecked_on_cuda(model, asked, "the scored prefill, Model.prefill_scored, is")
     return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
                 grammar, bool(req.return_token_ids), scored, shape)
 
 
 def _asks(req, name: str) -> bool:
-    """Whether the request's field `name` (of PROCESSING_FIELDS) is on."""
+    """Whether the request's field `name` (a sampler field) is on."""
     v = getattr(req, name, None)
     if v is None or v is False:
         return False
@@ -553,12 +548,15 @@ def _asks(req, name: str) -> bool:
     return v != {"repetition_penalty": 1, "logit_bias": {}, "response_format": {"type": "text"}}.get(name, 0)
 
 
-def _check_grammar_on(model, asked_by: str | None):
-    """A grammar (asked for by the field `asked_by`) on CUDA is refused unless DSV4_UNCHECKED_SAMPLING=1: its
-    device-side mask has not been through a GPU run."""
+GRAMMAR = "its device-side grammar mask is"
+
+
+def _unchecked_on_cuda(model, asked_by: str | None, what: str):
+    """What the field `asked_by` asks for runs device code no GPU run has checked (`what`): refused on CUDA unless
+    DSV4_UNCHECKED_SAMPLING=1."""
     if asked_by and model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
-        raise RequestError(f"{asked_by}: not yet available on CUDA (its device-side grammar mask is not yet "
-                           "GPU-checked; DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", asked_by)
+        raise RequestError(f"{asked_by}: not yet available on CUDA ({what} not yet GPU-checked; "
+                           "DSV4_UNCHECKED_SAMPLING=1 serves it unchecked)", asked_by)
 
 
 def _tool_calls(req, formats: list[str]):

@@ -389,7 +389,7 @@ class _Choice:
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
         self.scored = 0  # prompt tokens whose logprobs came (echo with logprobs: the scheduler's "prompt" events)
-        self.prompt_shape, self.tokenizer = call.prompt_shape, server.model.tokenizer
+        self.tokenizer = server.model.tokenizer
         self.prompt_logprobs: list | None = [None] if call.prompt_shape == "vllm" else None  # vLLM's shape
         self.prompt_ids = choice.prompt.ids if call.token_ids else None  # return_token_ids: not sent yet
         self.ids: list[int] | None = [] if call.token_ids else None  # sampled, not sent yet
@@ -641,23 +641,11 @@ class _Reply:
         """The Responses API's stream: its typed events, one choice."""
         events = responses.Events(echo, responses.response_id(), now(), self.server.model_name)
         c = self.choices[0]
-        for e in events.start():
-            yield responses.sse(e)
-        try:
-            async for _, text, finish in self.deltas():
-                for part in c.parts(text, finish):
-                    for e in events.delta(part):
-                        yield responses.sse(e)
-                if finish:
-                    for e in events.finish(c.finish_reason(), self.usage(), c.reasoning_tokens):
-                        yield responses.sse(e)
-        except RequestError as e:
-            yield responses.sse({"type": "error", "sequence_number": events.sequence, "code": e.code,
-                                 "message": e.message, "param": e.param})
-        except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
-            log.exception("dsv4 serve: a response stream failed")
-            yield responses.sse({"type": "error", "sequence_number": events.sequence, "code": "server_error",
-                                 "message": f"internal error: {e!r}", "param": None})
+        error = lambda e: {"type": "error", "sequence_number": events.sequence, "code": e.code,  # noqa: E731
+                           "message": e.message, "param": e.param}
+        async for event in self._events(events, lambda: events.finish(c.finish_reason(), self.usage(),
+                                                                     c.reasoning_tokens), error):
+            yield responses.sse(event)
 
     async def message(self) -> dict:
         """Anthropic's Messages response (one choice)."""
@@ -669,23 +657,30 @@ class _Reply:
     async def message_events(self):
         """Anthropic's Messages stream: its events, one choice."""
         c = self.choices[0]
-        usage = messages_api.usage({"prompt_tokens": len(c.prompt.ids), "completion_tokens": 0})
-        events = messages_api.Events(messages_api.message_id(), self.server.model_name, usage["input_tokens"])
+        events = messages_api.Events(messages_api.message_id(), self.server.model_name, len(c.prompt.ids))
+        async for event in self._events(events, lambda: events.finish(c.finish_reason(), c.text.stop_string,
+                                                                     c.text.n), messages_api.error_body):
+            yield messages_api.sse(event)
+
+    async def _events(self, events, finish, error):
+        """Another API's stream of one choice (Responses', Messages'): `events` (its start(), delta(chat delta)) over
+        the choice's chat deltas, finish() at its end; an error as error(RequestError) once the events have begun."""
+        c = self.choices[0]
         for e in events.start():
-            yield messages_api.sse(e)
+            yield e
         try:
-            async for _, text, finish in self.deltas():
-                for part in c.parts(text, finish):
+            async for _, text, done in self.deltas():
+                for part in c.parts(text, done):
                     for e in events.delta(part):
-                        yield messages_api.sse(e)
-                if finish:
-                    for e in events.finish(c.finish_reason(), c.text.stop_string, c.text.n):
-                        yield messages_api.sse(e)
+                        yield e
+                if done:
+                    for e in finish():
+                        yield e
         except RequestError as e:
-            yield messages_api.sse(messages_api.error_body(e))
+            yield error(e)
         except Exception as e:  # noqa: BLE001 - the headers are sent: the error goes as an event, not a cut
-            log.exception("dsv4 serve: a messages stream failed")
-            yield messages_api.sse(messages_api.error_body(RequestError(f"internal error: {e!r}", status=500)))
+            log.exception("dsv4 serve: a stream failed")
+            yield error(RequestError(f"internal error: {e!r}", status=500, kind="server_error", code="server_error"))
 
     async def stream(self):
         def event(obj) -> bytes:
