@@ -247,3 +247,24 @@ def test_refusal_over_http(client):
         client.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER], max_tokens=4,
                                        tool_choice={"type": "function", "function": {"name": "flag"}})
     assert "tool_choice.function.name" in str(e.value)
+
+
+def test_a_vocabularys_special_markup_tokens_are_the_grammars_markers(model):
+    """Where </think> and the DSML markers are special tokens (as a checkpoint's vocabulary may make them), the
+    grammar takes the model's own token for them, as the reply parser reads it (test_chat's special-markup case)."""
+    from dsv4.serve import grammar
+    from dsv4.tokenizer import Tokenizer, build_tokenizer
+
+    hf = build_tokenizer(model.cfg.vocab_size - 8)  # room for the markers inside the model's vocabulary
+    markers = ["<think>", "</think>", "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"]
+    hf.add_special_tokens(markers)
+    tok = Tokenizer(hf, model_vocab_size=model.cfg.vocab_size)
+    vocab = types.SimpleNamespace(tokenizer=tok, cfg=model.cfg)
+    calls = chat.tool_calls([chat.Tool.model_validate(FLAG)], "required", None)
+    compiled = grammar.compile_tool_calls(calls, vocab, reasoning=True)
+    ids = tok.encode("hmm</think>" + block(invoke("flag", on=True)), add_bos=False)
+    assert {hf.token_to_id(m) for m in ("</think>", "<｜DSML｜tool_calls>")} <= set(ids)  # as special tokens
+    matcher = xgr.GrammarMatcher(compiled)
+    assert all(matcher.accept_token(t) for t in ids + [model.cfg.eos_token_id]) and matcher.is_terminated()
+    bos = xgr.GrammarMatcher(compiled)  # other special tokens stay out
+    assert not bos.accept_token(tok.bos_id)

@@ -92,17 +92,27 @@ def token_bytes(tokenizer, token: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=4)
+def _markup(text: str) -> bool:
+    """A special token the grammars spell (where a vocabulary makes them special): <think>, </think>, DSML's."""
+    return text in THINK_MARKERS or "｜DSML｜" in text
+
+
 def _compiler(tokenizer, vocab_size: int, eos_id: int):
-    """One grammar compiler per tokenizer: its vocabulary as xgrammar reads it (special tokens and ids the
-    tokenizer lacks are "": never allowed), EOS the stop token."""
+    """One grammar compiler per tokenizer: its vocabulary as xgrammar reads it (ids the tokenizer lacks and special
+    tokens are "": never allowed, but for the markup the grammars spell, which a model writes as its own token where
+    the vocabulary has one: its text), EOS the stop token."""
     xgr = _xgrammar()
     tok = tokenizer.tok
-    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    added = tok.get_added_tokens_decoder()
+    special = {i for i, t in added.items() if t.special and not _markup(t.content)}
+    markup = {i: t.content for i, t in added.items() if t.special and _markup(t.content)}
     byte_level = _byte_level(tok)
     vocab = []
     for i in range(vocab_size):
         piece = tok.id_to_token(i) if i < tokenizer.vocab_size and i not in special else None
-        if piece is not None and not byte_level:
+        if i in markup:
+            piece = markup[i]  # ASCII and "｜": the same bytes read as byte-level or raw
+        elif piece is not None and not byte_level:
             piece = tok.decode([i], skip_special_tokens=False)
         vocab.append(piece or "")
     kind = xgr.VocabType.BYTE_LEVEL if byte_level else xgr.VocabType.RAW
