@@ -509,8 +509,8 @@ def main(argv=None) -> int:
     _add_sampling_args(c, temperature=0.7, top_p=0.95, seed_help="sampling seed (turn n uses seed + n)")
     c.set_defaults(fn=cmd_chat)
 
-    sv = sub.add_parser("serve", help="an OpenAI- and Anthropic-compatible HTTP server (/v1/completions, /v1/chat/completions, "
-                        "/v1/responses, /v1/messages)")
+    sv = sub.add_parser("serve", help="an OpenAI- and Anthropic-compatible HTTP server (/v1/completions, "
+                        "/v1/chat/completions, /v1/responses, /v1/messages)")
     _add_model_args(sv, serving=True)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
     sv.add_argument("--port", type=int, default=8000, help="port to listen on")
