@@ -358,7 +358,8 @@ class _Stream(StreamingResponse):
     left before the first event (then the event generator never runs)."""
 
     def __init__(self, reply: "_Reply", events=None):
-        super().__init__(events or reply.stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        super().__init__(events or reply.stream(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
         self.reply = reply
 
     async def __call__(self, scope, receive, send):
