@@ -450,6 +450,34 @@ def cmd_bench(args) -> int:
                          prefill)
 
 
+def cmd_perplexity(args) -> int:
+    import torch
+
+    from .perplexity import perplexity
+
+    if (args.text is None) == (args.text_file is None):
+        print("dsv4 perplexity: one of --text or --text-file", file=sys.stderr)
+        return 2
+    try:
+        text = args.text if args.text is not None else Path(args.text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--text-file {args.text_file}: {getattr(e, 'strerror', None) or e}") from None
+    with _model(args) as model:
+        if model.device.type == "cuda" and os.environ.get("DSV4_UNCHECKED_SAMPLING") != "1":
+            raise ValueError("on CUDA the scored prefill (Model.prefill_scored) is not yet GPU-checked "
+                             "(benchmarks/score_check.py); DSV4_UNCHECKED_SAMPLING=1 runs it unchecked")
+        ids = model.tokenizer.encode(text, add_bos=not args.no_bos)
+        start = time.perf_counter()
+        result = perplexity(model, ids, args.ctx, args.chunk)
+        model.synchronize()
+        seconds = time.perf_counter() - start
+    print(json.dumps({"tokens": result.tokens, "windows": result.windows, "ctx": result.ctx, "nll": result.nll,
+                      "ppl": result.ppl, "seconds": round(seconds, 3),
+                      "tok_s": round(result.tokens / seconds, 1) if seconds else None, "device": str(model.device),
+                      "torch": torch.__version__}))
+    return 0
+
+
 def cmd_gate(args) -> int:
     from .config import PRESETS
     from .gate import run_gate
@@ -567,6 +595,16 @@ def main(argv=None) -> int:
                         "the copy bandwidth measured now and the roofline fraction (BENCH_PROFILE)")
     _add_speculate_args(b)
     b.set_defaults(fn=cmd_bench)
+
+    pp = sub.add_parser("perplexity", help="a text's perplexity: its tokens scored by the prefill (one JSON line)")
+    _add_model_args(pp)
+    text = pp.add_mutually_exclusive_group()
+    text.add_argument("--text", help="the text")
+    text.add_argument("--text-file", help="a UTF-8 text file")
+    pp.add_argument("--ctx", type=int, default=512, help="window: tokens per state (each window's first unscored)")
+    pp.add_argument("--chunk", type=int, default=None, help="prefill chunk (default: the model's for --ctx)")
+    pp.add_argument("--no-bos", action="store_true", help="the text's tokens without BOS first")
+    pp.set_defaults(fn=cmd_perplexity)
 
     gt = sub.add_parser("gate", help="the full-token replay falsification gate (JSON receipts)")
     _add_model_args(gt, stand_in=False)
