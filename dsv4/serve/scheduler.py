@@ -489,7 +489,10 @@ class Scheduler:
         the smallest bucket of slots that holds them all; pipelined, launched before the previous step
         settles. With speculate, a sequence decoding alone (without logit processing or a grammar) takes a verify
         step instead (_speculate), unless the n-gram drafter has nothing to propose: then the batched step."""
-        if self.speculate and len(seqs) == 1 and seqs[0].logits is None and seqs[0].constraint is None:
+        alone = seqs[0] if len(seqs) == 1 else None
+        # a scored prompt's prefill skipped the MTP window (prefill_scored): its sequence does not speculate
+        if self.speculate and alone and alone.logits is None and alone.constraint is None \
+                and alone.prompt_logprobs is None:
             self._drain()  # its launched batched step first: the verify step continues from its state
             if seqs[0].cancelled or self._speculate(seqs[0]):
                 return
