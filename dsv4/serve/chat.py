@@ -269,7 +269,7 @@ def check_tool_choice(v):
     """'auto' (the default with tools), 'none' (the tools are left out of the prompt), 'required' (at least one
     call), a named function (one call of it) or allowed_tools; the last three by a grammar (ToolCalls)."""
     kinds = {"function": NamedTool, "allowed_tools": AllowedToolsChoice}
-    if isinstance(v, dict) and v.get("type") in kinds:
+    if isinstance(v, dict) and isinstance(v.get("type"), str) and v["type"] in kinds:
         try:
             return kinds[v["type"]].model_validate(v)
         except ValidationError as e:  # one line naming the sub-field, as the request's other fields

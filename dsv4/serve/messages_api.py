@@ -170,7 +170,7 @@ def _tool_choice(v) -> tuple[object, bool | None]:
     kind = v.get("type") if isinstance(v, dict) else None
     allowed = {"auto": {"disable_parallel_tool_use"}, "any": {"disable_parallel_tool_use"},
                "tool": {"name", "disable_parallel_tool_use"}, "none": set()}
-    if kind not in allowed or set(v) - allowed[kind] - {"type"}:
+    if not isinstance(kind, str) or kind not in allowed or set(v) - allowed[kind] - {"type"}:
         _refuse(f"{{type: 'auto' | 'any' | 'tool' (name) | 'none', disable_parallel_tool_use?}}, got {v!r}"[:200],
                 "tool_choice")
     parallel = False if v.get("disable_parallel_tool_use") else None

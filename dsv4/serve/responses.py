@@ -208,15 +208,9 @@ def _messages(body: dict, echo: Echo) -> list[dict]:
                         where + ".encrypted_content")
             if reasoning is not None:
                 _refuse("a second reasoning item before the assistant turn of the first", where)
-            parts = item.get("content") or []
-            texts = [p.get("text") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"]
-            if len(texts) != len(parts) or not all(isinstance(t, str) for t in texts):
-                _refuse("content: a list of reasoning_text parts", where + ".content")
+            texts = _reasoning_texts(item.get("content"), "reasoning_text", where + ".content")
             if not texts:  # no content: its summary is what there is
-                summary = item.get("summary") or []
-                texts = [p.get("text") for p in summary if isinstance(p, dict) and p.get("type") == "summary_text"]
-                if len(texts) != len(summary) or not all(isinstance(t, str) for t in texts):
-                    _refuse("summary: a list of summary_text parts", where + ".summary")
+                texts = _reasoning_texts(item.get("summary"), "summary_text", where + ".summary")
             reasoning = ("\n\n".join(texts), where)
             continue
         else:
@@ -227,6 +221,15 @@ def _messages(body: dict, echo: Echo) -> list[dict]:
         _refuse("a reasoning item belongs to the assistant message or function_call after it; none follows",
                 reasoning[1])
     return out
+
+
+def _reasoning_texts(parts, kind: str, param: str) -> list[str]:
+    """The texts of a reasoning item's content (reasoning_text parts) or summary (summary_text parts)."""
+    parts = [] if parts is None else parts
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == kind
+                                               and isinstance(p.get("text"), str) for p in parts):
+        _refuse(f"a list of {kind} parts, got {parts!r}"[:200], param)
+    return [p["text"] for p in parts]
 
 
 def _tools(tools) -> list:
