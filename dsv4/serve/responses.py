@@ -80,7 +80,6 @@ class Echo:
 
     request: dict
     sources: list[str] = field(default_factory=list)  # messages[k] came from sources[k] ("input[3]", "instructions")
-    reasoning_tokens: bool = False  # the reply starts inside <think>
 
     def param(self, chat_param: str | None) -> str | None:
         if chat_param is None:
