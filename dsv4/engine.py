@@ -148,6 +148,10 @@ class ModelCommon:
         return self.each("replay_counts", state)
 
 
+# Model.prefill_scored on CUDA: off until benchmarks/score_check.py has run on a GPU (session 51 had no device);
+# DSV4_UNCHECKED_SAMPLING=1 (the server's switch for its unchecked device paths) runs it anyway.
+SCORED_GPU_CHECKED = os.environ.get("DSV4_UNCHECKED_SAMPLING") == "1"
+
 # Most rows of one verify step (Model.verify: a token and its drafts); a model also caps them at its sliding window.
 MAX_VERIFY_ROWS = 16
 
@@ -414,6 +418,9 @@ class Model(ModelCommon):
         fp32) give the log-probability of targets[t] (the token after ids[t]), its rank, and the `top` most likely
         tokens -> one dsv4.sampler.Scored a row: OpenAI's echoed prompt logprobs, vLLM's prompt_logprobs, lm-eval's
         loglikelihoods. A refusal commits and returns nothing (RefusalError, as prefill)."""
+        if self.device.type == "cuda" and not SCORED_GPU_CHECKED:
+            raise RuntimeError("prefill_scored: not yet run on a GPU (benchmarks/score_check.py, in "
+                               "gpu_s51_serve_checks.sh); DSV4_UNCHECKED_SAMPLING=1 runs it unchecked")
         state.check_open()
         tokens, wanted = self._tokens(ids, "prefill_scored"), self._tokens(targets, "prefill_scored targets")
         if wanted.shape != tokens.shape:

@@ -200,3 +200,14 @@ def test_echo_with_logprobs_refused_on_cuda_unless_unchecked(model, monkeypatch)
 def test_echo_stays_refused_nowhere_else(client):
     with pytest.raises(openai.BadRequestError):  # logprobs over completions' limit, echoed or not
         client.completions.create(model="scored", prompt="x", echo=True, logprobs=9, max_tokens=1)
+
+
+def test_the_scored_prefill_waits_for_its_gpu_run(model, monkeypatch):
+    """On CUDA prefill_scored is off until score_check.py has run there (engine.SCORED_GPU_CHECKED); the refusal
+    comes before any device work, so a CPU model that says it is on CUDA shows it."""
+    from dsv4 import engine
+
+    monkeypatch.setattr(engine, "SCORED_GPU_CHECKED", False)
+    monkeypatch.setattr(model, "device", torch.device("cuda"))
+    with pytest.raises(RuntimeError, match="not yet run on a GPU"):
+        model.prefill_scored(None, [5], [6])  # refused before the state is read
