@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
@@ -13,6 +14,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+from .prefix import SERVE_STATES
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -181,10 +184,6 @@ def cmd_generate(args) -> int:
 
 
 _LINE_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "top_k", "seed"}
-# dsv4 serve's prefix states by default (session 48: on mini on an H200, tokens identical with and without it, the time
-# to first token 2.8x lower at 16 concurrent requests sharing a system prompt; a Flash state of 8,192 tokens is 66 MiB
-# a rank, beside the --max-num-seqs states the server holds anyway)
-SERVE_PREFIX_STATES = 4
 
 
 def _read_prompts(path: str, max_tokens: int, sampling) -> tuple[list, list, list]:
@@ -400,11 +399,51 @@ def cmd_serve(args) -> int:
               f"max_num_seqs {args.max_num_seqs}, {model.device} x{model.world}, gemv {kernels.gemv()}"
               + (f", prefix cache {cache.size} states at chunks of {cache.chunk}" if cache else "")
               + f"; a state {mib:,.1f} MiB a rank)", file=sys.stderr, flush=True)
+        if server.prefix_note:
+            print(f"[dsv4] {server.prefix_note}", file=sys.stderr, flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def cmd_run_batch(args) -> int:
+    """OpenAI batch file in, one answer a line out (dsv4.serve.batch): the input checked whole before the load."""
+    from .serve import Server
+    from .serve.batch import check_output, read_requests, run_batch, write_output
+
+    requests = read_requests(args.input_file)
+    out = check_output(args.output_file, args.input_file)
+    args.gemv = serve_gemv(args.gemv)
+    with _model(args) as model:
+        server = Server(model, port=None, model_name=args.served_model_name, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk,
+                        prefix_cache=args.prefix_cache)
+        if server.prefix_note:
+            print(f"[dsv4] {server.prefix_note}", file=sys.stderr, flush=True)
+        bar = _progress(len(requests), "requests")
+        try:
+            records = run_batch(server, requests, progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+    write_output(out, records)
+    codes = collections.Counter(r["response"]["status_code"] for r in records)
+    failed = sum(n for code, n in codes.items() if code != 200)
+    print(f"[dsv4] {len(records)} requests answered ({len(records) - failed} ok"
+          + (f", {failed} refused: status {dict(sorted((c, n) for c, n in codes.items() if c != 200))}" if failed
+             else "") + f"), written to {out}", file=sys.stderr)
+    return 0
+
+
+def _progress(total: int, unit: str):
+    """A tqdm bar on stderr when it is a terminal, else None."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit.rstrip("s"), file=sys.stderr)
 
 
 def serve_gemv(flag: str | None) -> str | None:
@@ -562,14 +601,35 @@ def main(argv=None) -> int:
                     help="speculative decoding of a sequence decoding alone (ngram: prompt lookup; mtp: the "
                          "checkpoint's MTP layer, loaded for it); every request's tokens stay the plain step's")
     sv.add_argument("--draft-tokens", type=int, default=4, help="drafts per verify step, with --speculate")
-    sv.add_argument("--prefix-cache", type=int, default=SERVE_PREFIX_STATES, metavar="STATES",
+    sv.add_argument("--prefix-cache", type=int, default=None, metavar="STATES",
                     help="keep the decode states of up to STATES prompt prefixes (each a state of --max-model-len "
                          "tokens, allocated at start: the banner prints their bytes): a prompt that begins with a "
                          "cached prefix (a conversation's earlier turns, a shared system prompt) prefills only the "
                          "rest, and requests arriving together with one prompt (n choices) prefill it once; their "
                          "tokens are those without the cache. Prefixes are cached at multiples of --prefill-chunk, "
-                         f"so a smaller chunk reuses more (default {SERVE_PREFIX_STATES}; 0: off)")
+                         f"so a smaller chunk reuses more (default {SERVE_STATES} where the chunk is below "
+                         "--max-model-len, else off; 0: off)")
     sv.set_defaults(fn=cmd_serve)
+
+    rb = sub.add_parser("run-batch", help="answer a file of OpenAI batch requests (JSON lines: custom_id, method, "
+                        "url, body) through the server's routes, in-process; one answer a line out")
+    rb.add_argument("-i", "--input-file", required=True,
+                    help="OpenAI batch input: one request a line, url /v1/chat/completions, /v1/completions or "
+                         "/v1/responses (checked whole before the model loads)")
+    rb.add_argument("-o", "--output-file", required=True,
+                    help="where the answers go (JSON lines in the input's order; written whole, or not at all)")
+    _add_model_args(rb, serving=True)
+    rb.add_argument("--served-model-name", default="dsv4", help="the model id the requests' bodies name")
+    rb.add_argument("--max-model-len", type=int, default=None,
+                    help="prompt + completion tokens per request (default min(8192, max_position_embeddings))")
+    rb.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoding at once")
+    rb.add_argument("--prefill-chunk", type=int, default=None,
+                    help="prompt tokens prefilled per scheduler round (default: the model's prefill chunk)")
+    rb.add_argument("--prefix-cache", type=int, default=None, metavar="STATES",
+                    help="decode states of prompt prefixes kept (a shared system prompt prefilled once): as dsv4 "
+                         f"serve's (default {SERVE_STATES} where the prefill chunk is below --max-model-len, "
+                         "else off; 0: off)")
+    rb.set_defaults(fn=cmd_run_batch)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")
     s.add_argument("--preset", help="tiny | mini | flash: the config to write")

@@ -1,4 +1,4 @@
-"""TP/EP over 2 ranks on CPU (gloo): equivalence with 1 rank, census, live refusals, dead and hung ranks.
+"""TP/EP over 2 ranks (and 4) on CPU (gloo): equivalence with 1 rank, census, live refusals, dead and hung ranks.
 
 One spawned 2-rank model serves the whole module (spawning costs seconds); the tests that break it
 run last. Both models load one synthetic checkpoint, so the ranks' slices come from the same global
@@ -7,6 +7,7 @@ weights as the 1-rank model.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -234,3 +235,38 @@ def test_hung_worker_times_out(two):
         assert time.monotonic() - t0 < 3 * model.timeout
     assert workers_gone(pids)
 
+
+# after test_hung_worker_times_out, which closed the module's 2-rank model (one spawned model a process at a time)
+def test_four_ranks_match_one_rank(tmp_path):
+    """4 ranks (what Flash takes on 4 x H100: 16 heads, 2 of 8 output groups and 64 experts a rank): tiny with
+    o_groups 4 (tiny's 2 do not split 4 ways), one head and two experts a rank. The logits within TOL of one rank's
+    over a prefill and 40 steps, the sampled stream one rank's, every rank the same committed bytes and the same
+    drawn tokens, and one collective a site and layer on each."""
+    cfg = dataclasses.replace(preset("tiny"), o_groups=4)
+    ckpt = synth(cfg, tmp_path / "tiny-o4", seed=11, quant="none")
+    one = dsv4.load(ckpt, device="cpu", dtype=torch.float32)
+    with dsv4.load(ckpt, device="cpu", dtype=torch.float32, ranks=4) as four:
+        n = 40
+        s1, s4 = one.new_state(len(PROMPT) + n), four.new_state(len(PROMPT) + n)
+        for step, token in enumerate([None] + stream(cfg, n)):
+            a = one.prefill(s1, PROMPT) if token is None else one.decode(s1, token)
+            b = four.prefill(s4, PROMPT) if token is None else four.decode(s4, token)
+            err = float((a - b).abs().max() / a.abs().max())
+            assert err <= TOL, f"step {step}: relative logit error {err:.2e} > {TOL}"
+        digests = four.digests_all(s4)
+        assert len(digests) == 4 and len(set(digests)) == 1 and digests[0][2] == len(PROMPT) + n
+        before = four.census_all()
+        got = list(four.sample_tokens(PROMPT, 12, SP))
+        assert four.last_tokens == [got[-1]] * 4
+        assert got == list(one.sample_tokens(PROMPT, 12, SP))
+        assert len(set(got)) > 1
+        for rank, (b, a) in enumerate(zip(before, four.census_all())):
+            delta = torch.tensor(a) - torch.tensor(b)
+            assert int(delta.min()) == int(delta.max()) > 0, f"rank {rank}: census delta {delta.tolist()}"
+
+
+def test_a_world_that_does_not_divide_the_model_is_refused_before_any_rank_starts():
+    with pytest.raises(ValueError, match="o_groups=2 is not divisible by ranks=4"):
+        dsv4.load("tiny", device="cpu", dtype=torch.float32, ranks=4)
+    with pytest.raises(ValueError, match="num_attention_heads=4 is not divisible by ranks=3"):
+        dsv4.load("tiny", device="cpu", dtype=torch.float32, ranks=3)

@@ -403,8 +403,31 @@ def test_port_in_use_is_one_line(model, server):
         Server(model, "127.0.0.1", port)
 
 
+def test_the_default_prefix_cache_is_off_only_where_no_prompt_reaches_a_chunk_boundary(model):
+    """prefix_cache None (dsv4 serve's default): dsv4.prefix.SERVE_STATES states where the prefill chunk is below
+    max_model_len; where it is not (tiny's default chunk at its 4,096 positions; Flash's 4,096 at --max-model-len
+    4096) the cache is off and the server says why, where it used to refuse to start; a number asked for is kept,
+    and refused where the cache cannot work."""
+    from dsv4.prefix import SERVE_STATES
+
+    on = Server(model, port=None, max_model_len=256, prefill_chunk=32, prefix_cache=None)
+    assert on.scheduler.prefix.size == SERVE_STATES and on.prefix_note is None
+    chunk = model.prefill_chunk(model.cfg.max_position_embeddings)
+    assert chunk >= model.cfg.max_position_embeddings  # what made `dsv4 serve --preset tiny` refuse to start
+    off = Server(model, port=None, max_model_len=model.cfg.max_position_embeddings, prefix_cache=None,
+                 max_num_seqs=1)
+    assert off.scheduler.prefix is None
+    assert off.prefix_note == (f"prefix cache off: the prefill chunk {chunk} leaves no chunk boundary below "
+                               f"max_model_len {model.cfg.max_position_embeddings} (a smaller --prefill-chunk caches "
+                               "prefixes at its multiples)")
+    with pytest.raises(ValueError, match=f"prefix cache chunk {chunk} >= capacity"):
+        Server(model, port=None, max_model_len=model.cfg.max_position_embeddings, prefix_cache=2, max_num_seqs=1)
+    with pytest.raises(RuntimeError, match="made without a port"):
+        off.start()
+
+
 def test_cli_serve_starts_and_answers():
-    """`dsv4 serve --preset tiny --port 0` prints its URL (and its prefix cache: on by default, cli.SERVE_PREFIX_STATES
+    """`dsv4 serve --preset tiny --port 0` prints its URL (and its prefix cache: on by default, dsv4.prefix.SERVE_STATES
     states), answers (with the key of DSV4_API_KEY only), and stops on SIGINT."""
     import os
     import re
@@ -421,9 +444,9 @@ def test_cli_serve_starts_and_answers():
         line = proc.stderr.readline()
         url = re.search(r"at (http://\S+/v1)", line)
         assert url, line
-        from dsv4.cli import SERVE_PREFIX_STATES
+        from dsv4.prefix import SERVE_STATES
 
-        assert SERVE_PREFIX_STATES > 0 and f"prefix cache {SERVE_PREFIX_STATES} states at chunks of 16" in line, line
+        assert SERVE_STATES > 0 and f"prefix cache {SERVE_STATES} states at chunks of 16" in line, line
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url.group(1), api_key="none", max_retries=0, timeout=60).models.list()
         c = openai.OpenAI(base_url=url.group(1), api_key="k3y", max_retries=0, timeout=60)

@@ -192,7 +192,8 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match():
         spec.NgramDrafter(n_max=1, n_min=2)
 
 
-def test_verify_on_the_kernels_is_the_plain_stream(monkeypatch):
+@pytest.mark.slow  # 63 s in CI's interpreter (session 52): test_undo's and test_verify_chunk's kernel cases run verify
+def test_verify_on_the_kernels_is_the_plain_stream(monkeypatch):  # steps through the kernels in CI, CUDA the GPU file's
     """DSV4_KERNELS=triton (the interpreter on CPU): the decode kernels run each verify row as its decode step."""
     monkeypatch.setenv("DSV4_KERNELS", "triton")
     model = dsv4.load("tiny", device="cpu")

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from ..prefix import SERVE_STATES
 from . import messages_api, protocol, responses
 from .chat import END_THINK, ChatReply
 from .metrics import Metrics
@@ -47,13 +48,14 @@ class ClientGone(Exception):
 
 
 class Server:
-    """The app, its scheduler and its listening socket (bound at once: a port in use fails here)."""
+    """The app, its scheduler and its listening socket (bound at once: a port in use fails here; port None: no
+    socket, the app driven in-process, as `dsv4 run-batch` does)."""
 
-    def __init__(self, model, host: str = "127.0.0.1", port: int = 8000, model_name: str = "dsv4",
+    def __init__(self, model, host: str = "127.0.0.1", port: int | None = 8000, model_name: str = "dsv4",
                  max_model_len: int | None = None, verbose: bool = False, max_body: int = 16 << 20,
                  max_num_seqs: int = 16, max_waiting: int = 64, prefill_chunk: int | None = None, api_key: str | None = None,
                  precapture: bool = True, speculate: str | None = None, draft_tokens: int = 4,
-                 prefix_cache: int = 0):
+                 prefix_cache: int | None = 0):
         limit = model.cfg.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:
             raise ValueError(f"max_model_len {max_model_len}: the model's max_position_embeddings is {limit}")
@@ -66,6 +68,16 @@ class Server:
         # 2 x H200, 64 tokens 0.30 s, 4,096 tokens 0.64 s), so small chunks multiply a prompt's time to first token.
         if prefill_chunk is None:
             prefill_chunk = model.prefill_chunk(self.max_model_len)
+        # prefix_cache None: dsv4.prefix.SERVE_STATES where a prompt can reach a chunk boundary (a prefill chunk below
+        # max_model_len; the model's default chunk is 4,096, so a max_model_len of 4,096 or less has none), else off
+        # and `prefix_note` says why (a number asked for is the cache's, and its own error where it cannot be)
+        self.prefix_note = None
+        if prefix_cache is None:
+            prefix_cache = SERVE_STATES if prefill_chunk < self.max_model_len else 0
+            if not prefix_cache:
+                self.prefix_note = (f"prefix cache off: the prefill chunk {prefill_chunk} leaves no chunk boundary "
+                                    f"below max_model_len {self.max_model_len} (a smaller --prefill-chunk caches "
+                                    "prefixes at its multiples)")
         self.scheduler = Scheduler(model, max_num_seqs, self.max_model_len, max_waiting, prefill_chunk,
                                    self.metrics, speculate=speculate, draft_tokens=draft_tokens,
                                    prefix_cache=prefix_cache)
@@ -74,14 +86,18 @@ class Server:
             if model.device.type == "cuda":  # and the prefill kernels' compiles
                 self.scheduler.warm_prefill()
         self.started = now()
+        self.app = build_app(self)
+        self.thread: threading.Thread | None = None
+        self.socket = self.uvicorn = None
+        if port is None:  # in-process only (dsv4.serve.batch): the app's routes without a socket
+            return
         try:
             self.socket = socket.create_server((host, port))
         except OSError as e:
             raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        config = uvicorn.Config(build_app(self), log_config=None, access_log=verbose, lifespan="off",
+        config = uvicorn.Config(self.app, log_config=None, access_log=verbose, lifespan="off",
                                 timeout_graceful_shutdown=3)
         self.uvicorn = uvicorn.Server(config)
-        self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -90,6 +106,8 @@ class Server:
 
     def serve_forever(self):
         """Serve until SIGINT/SIGTERM (in the main thread) or `shutdown()`."""
+        if self.socket is None:
+            raise RuntimeError("dsv4 serve: this Server was made without a port (port None): it has no socket")
         self.scheduler.start()
         try:
             self.uvicorn.run(sockets=[self.socket])
@@ -99,6 +117,8 @@ class Server:
 
     def start(self) -> "Server":
         """Serve from a background thread; returns once requests are answered."""
+        if self.socket is None:
+            raise RuntimeError("dsv4 serve: this Server was made without a port (port None): it has no socket")
         self.thread = threading.Thread(target=self.serve_forever, name="dsv4-http", daemon=True)
         self.thread.start()
         while not self.uvicorn.started:
@@ -108,7 +128,8 @@ class Server:
         return self
 
     def shutdown(self):
-        self.uvicorn.should_exit = True
+        if self.uvicorn is not None:
+            self.uvicorn.should_exit = True
         if self.thread is not None:
             self.thread.join(30)
 
