@@ -214,10 +214,17 @@ class TextStream:
     None: no token ends the text. One decoder for every surface (generate, chat, the server).
     `skip_special` False: special tokens are text (a chat reply that is parsed needs <think>,
     </think> or DSML pieces even where the vocabulary makes them special).
+    vLLM's extras: `stop_ids` end the text after their own (stop_token_ids: their text kept, unless special and
+    skipped); `keep_stop` keeps the stop string that ends the text (include_stop_str_in_output); before `min_tokens`
+    tokens neither a stop string nor a stop id ends it (min_tokens; the sampler keeps EOS and the stop ids out).
+    `stop_reason`: the stop string or stop id that ended it (vLLM's field), None otherwise.
     """
 
-    def __init__(self, tokenizer, eos_id: int | None, stop: Sequence[str] = (), skip_special: bool = True):
+    def __init__(self, tokenizer, eos_id: int | None, stop: Sequence[str] = (), skip_special: bool = True,
+                 stop_ids: Sequence[int] = (), keep_stop: bool = False, min_tokens: int = 0):
         self.tokenizer, self.eos_id, self.stop, self.skip_special = tokenizer, eos_id, stop, skip_special
+        self.stop_ids, self.keep_stop, self.min_tokens = frozenset(stop_ids), keep_stop, min_tokens
+        self.stop_reason: str | int | None = None
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.out: list[int] = []
         self.text = ""  # the whole characters decoded so far
@@ -234,13 +241,18 @@ class TextStream:
             self.finish = "stop"
             return self._rest()
         self.out.append(token)
+        if token in self.stop_ids and self.n >= self.min_tokens:
+            self.finish, self.stop_reason = "stop", token
+            return self._rest()
         if not self._decode(final=False):
             return ""  # a character still being spelt out by the next token
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, self.sent - self.hold))) >= 0] \
+            if self.n >= self.min_tokens else []
         if hits:
             first, self.stop_string = min(hits)
-            self.finish = "stop"
-            delta, self.sent = self.text[self.sent:max(self.sent, first)], len(self.text)
+            self.finish, self.stop_reason = "stop", self.stop_string
+            end = first + len(self.stop_string) if self.keep_stop else first
+            delta, self.sent = self.text[self.sent:max(self.sent, end)], len(self.text)
             return delta
         safe = len(self.text) - self.hold
         if safe <= self.sent:

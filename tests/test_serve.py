@@ -291,6 +291,9 @@ ACCEPTED = {  # field: the body fields that exercise it
     "response_format": {"response_format": {"type": "json_object"}},
     "structured_outputs": {"structured_outputs": {"choice": ["yes", "no"]}},
     "prompt_logprobs": {"prompt_logprobs": 1},
+    "stop_token_ids": {"stop_token_ids": [7]}, "min_tokens": {"min_tokens": 1},
+    "include_stop_str_in_output": {"stop": ["e"], "include_stop_str_in_output": True},
+    "skip_special_tokens": {"skip_special_tokens": True}, "allowed_token_ids": {"allowed_token_ids": [5, 6]},
 }
 ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {
@@ -298,6 +301,7 @@ REFUSED = {
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
     "verbosity": "low", "web_search_options": {}, "store": True, "metadata": {"a": "b"}, "service_tier": "flex",
     "moderation": {"model": "m"}, "prompt_cache_options": {}, "prompt_cache_retention": "24h",
+    "spaces_between_special_tokens": False,
 }
 
 

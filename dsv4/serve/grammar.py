@@ -235,3 +235,19 @@ class Constraint:
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+
+def token_mask(vocab_size: int, allowed=None, banned=()) -> torch.Tensor:
+    """A constraint's bitmask without a grammar (vLLM's allowed_token_ids; min_tokens' EOS and stop ids kept out):
+    int32 [ceil(vocab / 32)], bit j of word i for token 32 i + j as xgrammar lays it out; `allowed` None: all."""
+    import numpy as np
+
+    words = (vocab_size + 31) // 32
+    bits = np.zeros(words * 32, dtype=bool)
+    if allowed is None:
+        bits[:vocab_size] = True
+    else:
+        bits[list(allowed)] = True
+    bits[list(banned)] = False
+    packed = np.packbits(bits.reshape(words, 32), axis=1, bitorder="little")  # [words, 4] bytes, bit 0 first
+    return torch.from_numpy(packed.copy().view("<i4").reshape(words))

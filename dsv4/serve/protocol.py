@@ -61,6 +61,14 @@ IMPLEMENTED = {
     "stream_options": "include_usage: a last chunk with the usage (none without it); include_obfuscation: "
                       "accepted, events carry no obfuscation padding",
     "ignore_eos": "vLLM's: keep sampling through EOS up to max_tokens",
+    "stop_token_ids": "vLLM's: token ids that end the text when sampled (finish_reason 'stop'; the token's text kept, "
+                      "unless it is a special token; stop_reason the id)",
+    "min_tokens": "vLLM's, in [0, max_tokens]: EOS and stop_token_ids are kept out of the first min_tokens tokens "
+                  "(a device-side mask) and stop strings do not end them",
+    "include_stop_str_in_output": "vLLM's: the stop string that ends the text stays in it",
+    "skip_special_tokens": "vLLM's, completions: false decodes special tokens as text (true, the default, drops "
+                           "them); chat: only true (a reply's special tokens are its markup, parsed)",
+    "allowed_token_ids": "vLLM's: every token is drawn from these ids alone (a device-side mask)",
     "return_token_ids": "vLLM's: each choice carries token_ids, the ids of the tokens it sampled (a stream sends a "
                         "chunk per token, its text possibly empty), and prompt_token_ids, its prompt's ids (in a "
                         "stream, on the choice's first chunk)",
@@ -111,6 +119,7 @@ _NEUTRAL: dict[str, tuple] = {
     "verbosity": (), "web_search_options": (), "store": (False,), "metadata": ({},),
     "service_tier": ("auto", "default"), "moderation": (), "prompt_cache_options": (),
     "prompt_cache_retention": (),
+    "spaces_between_special_tokens": (True,),  # vLLM's; the tokenizer's decode puts no spaces between them anyway
 }
 _LABELS = ("user", "safety_identifier", "prompt_cache_key")
 
@@ -189,6 +198,15 @@ def _logit_bias(v):
             _refuse(f"token {k}: a bias in [-100, 100], got {b!r}"[:200])
         out[int(k)] = float(b)
     return out
+
+
+def _token_ids(v):
+    """A list of token ids (integers >= 0; the vocabulary's bound is checked against the model in parse)."""
+    if v is None:
+        return v
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
+        _refuse(f"a list of token ids (integers >= 0), got {v!r}"[:200])
+    return v
 
 
 def _response_format(v):
@@ -278,6 +296,11 @@ class _Body(BaseModel):
     stream: Flag = None
     stream_options: StreamOptions | None = None
     ignore_eos: Flag = None
+    stop_token_ids: Annotated[Any, BeforeValidator(_token_ids)] = None
+    min_tokens: Annotated[Any, _number(0, 2**31, integer=True, hi_text="max_tokens")] = None
+    include_stop_str_in_output: Flag = None
+    skip_special_tokens: Flag = None
+    allowed_token_ids: Annotated[Any, BeforeValidator(_token_ids)] = None
     return_token_ids: Flag = None
     presence_penalty: Penalty = None
     frequency_penalty: Penalty = None
@@ -466,6 +489,17 @@ class Choice:
     sampling: SamplingParams
 
 
+@dataclass(frozen=True)
+class TextRules:
+    """vLLM's extras of a request's text and stops: stop_token_ids, min_tokens (with the mask that keeps EOS and the
+    stop ids out of the first ones), include_stop_str_in_output, skip_special_tokens, allowed_token_ids."""
+    stop_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    keep_stop: bool = False
+    skip_special: bool = True
+    allowed: tuple[int, ...] | None = None
+
+
 @dataclass
 class Call:
     """One validated API request: its prompts (one for chat) and how to answer."""
@@ -484,6 +518,7 @@ class Call:
     token_ids: bool = False  # return_token_ids: the choices carry their sampled (and prompt) token ids
     prompt_logprobs: int | None = None  # the prompt's tokens scored, with this many top ones, for `prompt_shape`:
     prompt_shape: str | None = None  # "echo" (echo with logprobs: OpenAI's) or "vllm" (prompt_logprobs)
+    text: TextRules = field(default_factory=TextRules)  # vLLM's stop ids, min_tokens, kept stops, specials
 
     def choices(self) -> list[Choice]:
         return [Choice(i * self.n + j, prompt, replace(self.sampling, seed=(self.sampling.seed + j) % SEED_SPACE))
@@ -534,8 +569,34 @@ def parse(body, model, max_model_len: int, chat: bool, max_choices: int) -> Call
                                "(one shape of the prompt's logprobs, in a whole response)", "prompt_logprobs")
         scored, shape, asked = req.prompt_logprobs, "vllm", "prompt_logprobs"
     _unchecked_on_cuda(model, asked, "the scored prefill, Model.prefill_scored, is")
+    text = _text_rules(req, chat, model, prompts)
     return Call(prompts, n, sampling, req.stop, bool(req.stream), chat, usage, bool(req.ignore_eos), reply, logits,
-                grammar, bool(req.return_token_ids), scored, shape)
+                grammar, bool(req.return_token_ids), scored, shape, text)
+
+
+def _text_rules(req, chat: bool, model, prompts: list[Prompt]) -> TextRules:
+    """vLLM's extras, checked against the model's vocabulary and the request's max_tokens."""
+    vocab = model.cfg.vocab_size
+    for name in ("stop_token_ids", "allowed_token_ids"):
+        ids = getattr(req, name)
+        bad = [t for t in ids or () if t >= vocab]
+        if bad:
+            raise RequestError(f"{name}: token ids {bad[:4]} outside [0, {vocab})", name)
+    if req.allowed_token_ids is not None and not req.allowed_token_ids:
+        raise RequestError("allowed_token_ids: at least one token id (an empty list allows nothing)",
+                           "allowed_token_ids")
+    least = min(p.max_tokens for p in prompts)
+    if (req.min_tokens or 0) > least:
+        raise RequestError(f"min_tokens: at most max_tokens ({least}), got {req.min_tokens}", "min_tokens")
+    if chat and req.skip_special_tokens is False:
+        raise RequestError("skip_special_tokens: only true in chat (a reply's special tokens are its markup, parsed "
+                           "into reasoning_content and tool_calls); completions take false", "skip_special_tokens")
+    # the first min_tokens tokens and allowed_token_ids are drawn under a device-side mask, the grammar's path
+    _unchecked_on_cuda(model, "min_tokens" if req.min_tokens else None, GRAMMAR)
+    _unchecked_on_cuda(model, "allowed_token_ids" if req.allowed_token_ids else None, GRAMMAR)
+    return TextRules(tuple(dict.fromkeys(req.stop_token_ids or ())), req.min_tokens or 0,
+                     bool(req.include_stop_str_in_output), req.skip_special_tokens is not False,
+                     None if req.allowed_token_ids is None else tuple(sorted(set(req.allowed_token_ids))))
 
 
 def _asks(req, name: str) -> bool:

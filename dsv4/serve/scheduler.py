@@ -55,7 +55,9 @@ index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p
 grammar (`constraint`: response_format) makes its round's step `Model.step_batch_processed`: its
 row is processed on the device (its token counts restart from its prompt at its first step), the
 grammar's allowed tokens are filled in before the step and the token drawn accepted after it. A
-round where no sequence has either runs the plain `step_batch`.
+round where no sequence has either runs the plain `step_batch`. vLLM's allowed_token_ids (every step) and min_tokens (its
+first steps: EOS and stop_token_ids kept out) are masks on the same path, ANDed with a grammar's; stop_token_ids end a
+sequence as EOS does.
 
 Events go back to the handler's asyncio loop as ("token", id) (("token", Drawn) when the sequence
 reports logprobs), ("prompt", scores), ("done", finish_reason) or ("error", RequestError); the scheduler finishes a
@@ -114,6 +116,10 @@ class Sequence:
     ignore_eos: bool = False  # sample through EOS up to max_tokens (vLLM's ignore_eos)
     logits: LogitsParams | None = None  # logit processing and logprobs on the device; None: the plain sampler
     constraint: object = None  # a grammar.Constraint (response_format): the allowed tokens of each step
+    stop_ids: frozenset = frozenset()  # vLLM's stop_token_ids: a token of these ends the sequence ("stop")
+    allowed: object = None  # vLLM's allowed_token_ids: a fixed bitmask (grammar.token_mask) of every step
+    min_tokens: int = 0  # vLLM's min_tokens: the first ones drawn under `min_mask` (EOS and the stop ids out)
+    min_mask: object = None
     prompt_logprobs: int | None = None  # echoed prompt logprobs: its prefill scores each prompt token (and this top)
     inflight: int = 0  # pipelined steps launched for this sequence and not settled yet (0 or 1)
     history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter reads them)
@@ -133,13 +139,24 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.prefilled < len(self.prompt_ids) - 1
 
+    @property
+    def plain(self) -> bool:
+        """This step needs no processing (no logit processing, no mask): the plain batched step (or a verify step)."""
+        return (self.logits is None and self.constraint is None and self.allowed is None
+                and self.generated >= self.min_tokens)
+
     def processing(self) -> Processing | None:
-        """This step's processing of the sequence's row (the grammar's mask filled now), None without any."""
-        if self.logits is None and self.constraint is None:
+        """This step's processing of the sequence's row (the grammar's mask filled now, and with it those of
+        allowed_token_ids and min_tokens: a token passes every one), None without any."""
+        if self.plain:
             return None
+        masks = [m for m in (None if self.constraint is None else self.constraint.mask(), self.allowed,
+                             self.min_mask if self.generated < self.min_tokens else None) if m is not None]
+        mask = None
+        for m in masks:
+            mask = m.clone() if mask is None else mask.bitwise_and_(m)
         first = self.generated == 0  # the counts restart from the prompt when the sequence enters its slot
-        return Processing(self.logits or LogitsParams(), tuple(self.prompt_ids) if first else None,
-                          None if self.constraint is None else self.constraint.mask())
+        return Processing(self.logits or LogitsParams(), tuple(self.prompt_ids) if first else None, mask)
 
 
 class Scheduler:
@@ -491,12 +508,11 @@ class Scheduler:
         step instead (_speculate), unless the n-gram drafter has nothing to propose: then the batched step."""
         alone = seqs[0] if len(seqs) == 1 else None
         # a scored prompt's prefill skipped the MTP window (prefill_scored): its sequence does not speculate
-        if self.speculate and alone and alone.logits is None and alone.constraint is None \
-                and alone.prompt_logprobs is None:
+        if self.speculate and alone and alone.plain and alone.prompt_logprobs is None:
             self._drain()  # its launched batched step first: the verify step continues from its state
             if seqs[0].cancelled or self._speculate(seqs[0]):
                 return
-        if self.pipelined and all(s.logits is None and s.constraint is None for s in seqs):
+        if self.pipelined and all(s.plain for s in seqs):
             self._decode_pipelined(seqs)
             return
         self._drain()
@@ -531,7 +547,7 @@ class Scheduler:
         # a graph per slot (CONFIG verify_graphs; full steps only, the last ones of a budget run eagerly) holds a
         # verify step's activations for each slot that speculated
         graph = self.graphs and CONFIG["verify_graphs"]
-        stops = () if seq.ignore_eos else (self.model.cfg.eos_token_id,)
+        stops = tuple(seq.stop_ids) + (() if seq.ignore_eos else (self.model.cfg.eos_token_id,))
         try:
             if self.speculate == "mtp":
                 drafts = list(seq.drafts)[:room] if seq.drafted_at == seq.generated else []
@@ -625,7 +641,7 @@ class Scheduler:
             seq.constraint.accept(seq.token)
         if seq.constraint is not None and seq.constraint.terminated:
             self._finish(seq, "stop")
-        elif seq.token == self.model.cfg.eos_token_id and not seq.ignore_eos:
+        elif seq.token == self.model.cfg.eos_token_id and not seq.ignore_eos or seq.token in seq.stop_ids:
             self._finish(seq, "stop")
         elif seq.generated >= seq.max_tokens:
             self._finish(seq, "length")

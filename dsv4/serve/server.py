@@ -397,17 +397,28 @@ class _Choice:
     def __init__(self, server: Server, call: protocol.Call, choice: protocol.Choice, emit, arrived: float):
         self.index, self.echo, self.prompt = choice.index, choice.prompt.echo, choice.prompt
         eos = None if call.ignore_eos else server.model.cfg.eos_token_id
+        rules, vocab = call.text, server.model.cfg.vocab_size
         # A reply that is parsed decodes special tokens as text: its markup must reach the parser.
-        self.text = TextStream(server.model.tokenizer, eos, call.stop, skip_special=not call.reply.markup)
+        self.text = TextStream(server.model.tokenizer, eos, call.stop,
+                               skip_special=not call.reply.markup and rules.skip_special, stop_ids=rules.stop_ids,
+                               keep_stop=rules.keep_stop, min_tokens=rules.min_tokens)
         self.reply = ChatReply(call.reply) if call.chat else None
-        constraint = None
+        constraint = allowed = min_mask = None
         if call.grammar is not None:
             from .grammar import Constraint
 
-            constraint = Constraint(call.grammar, server.model.cfg.vocab_size)
+            constraint = Constraint(call.grammar, vocab)
+        if rules.allowed is not None or rules.min_tokens:
+            from .grammar import token_mask
+
+            allowed = None if rules.allowed is None else token_mask(vocab, rules.allowed)
+            # min_tokens keeps out what would end the text: EOS (unless ignored) and the stop ids (vLLM's)
+            if rules.min_tokens:
+                min_mask = token_mask(vocab, banned=rules.stop_ids + ((eos,) if eos is not None else ()))
         self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
                             ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint,
-                            prompt_logprobs=call.prompt_logprobs)
+                            prompt_logprobs=call.prompt_logprobs, stop_ids=frozenset(rules.stop_ids),
+                            allowed=allowed, min_tokens=rules.min_tokens, min_mask=min_mask)
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
         self.scored = 0  # prompt tokens whose logprobs came (echo with logprobs: the scheduler's "prompt" events)
@@ -632,12 +643,14 @@ class _Reply:
         """`part`: the text (completions), or the chat delta or message (a dict); with return_token_ids, the
         choice's ids not sent yet."""
         ids = self.choices[index].taken_ids()
+        # vLLM's stop_reason: the stop string or stop_token_ids' id that ended the choice (None: EOS, the length, ...)
+        stop = {"stop_reason": self.choices[index].text.stop_reason if finish else None}
         if not self.call.chat:
             scored = self.choices[index].prompt_logprobs  # vLLM's prompt_logprobs (never streamed)
-            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish, **ids,
+            return {"index": index, "text": part or "", "logprobs": logprobs, "finish_reason": finish, **stop, **ids,
                     **({} if scored is None else {"prompt_logprobs": scored})}
         return {"index": index, "delta" if delta else "message": part or {}, "logprobs": logprobs,
-                "finish_reason": finish, **ids}
+                "finish_reason": finish, **stop, **ids}
 
     async def whole(self) -> dict:
         pieces = [[c.echo] for c in self.choices]
