@@ -497,3 +497,22 @@ def test_nothing_drafted_takes_the_batched_step(monkeypatch):
     sched = Scheduler(model, max_num_seqs=2, max_model_len=64, prefill_chunk=8, speculate="ngram", draft_tokens=3)
     assert served(sched, [(prompt, 16, sp)]) == [want]
     assert 0 not in calls and len(calls) < 16
+
+
+def test_states_that_cannot_fit_are_refused_before_any_is_allocated(model):
+    """The slots and the prefix cache are whole decode states allocated at start: where they exceed what the host can
+    give (CPU), the scheduler refuses before allocating one, naming the three flags, the state's size and both
+    figures; a number of slots that fits is served as ever."""
+    from dsv4.checkpoint.memory import available_bytes
+    from dsv4.state import state_bytes
+
+    each = state_bytes(model.cfg, 256, model.dtype)
+    free, what = available_bytes(model.device)
+    slots = free // each + 1  # one state more than the host can hold
+    with pytest.raises(ValueError) as err:
+        Scheduler(model, max_num_seqs=slots, max_model_len=256, prefix_cache=3)
+    message = str(err.value)
+    assert message.startswith(f"the server's states do not fit: {slots} slots (--max-num-seqs) + 3 prefix states "
+                              "(--prefix-cache), each a decode state of 256 tokens (--max-model-len)"), message
+    assert f"{each / 2**30:,.2f} GiB a rank" in message and what in message and "lower one of them" in message
+    assert Scheduler(model, max_num_seqs=2, max_model_len=256).slots[1].capacity == 256

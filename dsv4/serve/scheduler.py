@@ -74,6 +74,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from ..engine import StepHeld
 from ..model.moe import long_tile_chunks, wave_tile_waves
 from ..model.rows import short_chunk
@@ -159,6 +161,28 @@ class Sequence:
         return Processing(self.logits or LogitsParams(), tuple(self.prompt_ids) if first else None, mask)
 
 
+def _state_budget(model, max_num_seqs: int, prefix_cache: int, max_model_len: int) -> str:
+    """What the slots and the prefix cache will hold (whole decode states of max_model_len tokens, allocated at
+    start), as the sentence an error gives; refused before a byte is allocated where the memory this process can see
+    cannot hold it: one device (a GPU's free memory) or the host (CPU ranks together). Several GPUs' ranks are each
+    their own device, seen by them alone: there running out of memory while allocating says the same."""
+    from ..checkpoint.memory import available_bytes
+    from ..state import state_bytes
+
+    each = state_bytes(model.cfg, max_model_len, model.dtype)
+    states = max_num_seqs + prefix_cache
+    need = states * each * (model.world if model.device.type == "cpu" else 1)
+    gib = lambda n: f"{n / 2**30:,.2f} GiB"  # noqa: E731
+    budget = (f"the server's states do not fit: {max_num_seqs} slots (--max-num-seqs) + {prefix_cache} prefix "
+              f"states (--prefix-cache), each a decode state of {max_model_len:,} tokens (--max-model-len), "
+              f"{gib(each)} a rank: {gib(states * each)} a rank; lower one of them")
+    if model.device.type == "cpu" or model.world == 1:
+        free, what = available_bytes(model.device)
+        if need > free:
+            raise ValueError(f"{budget} ({gib(need)} needed, {gib(free)} {what})")
+    return budget
+
+
 class Scheduler:
     def __init__(self, model, max_num_seqs: int = 16, max_model_len: int = 8192, max_waiting: int = 64,
                  prefill_chunk: int = 64, metrics=None, graphs: bool | None = None, pipelined: bool = True,
@@ -182,17 +206,25 @@ class Scheduler:
         # The slots are the rows of one pool (dsv4.state.StatePool): a batched step over them runs each of
         # attention's, the compressors' and the indexer's kernels once for all rows where the pooled
         # kernels run (each slot is still byte for byte a fresh state of its own).
+        budget = _state_budget(model, max_num_seqs, prefix_cache, max_model_len)
         model.each("pool_states", max_num_seqs)
         try:
             self.slots = [model.new_state(max_model_len) for _ in range(max_num_seqs)]
+        except torch.OutOfMemoryError as e:
+            raise ValueError(f"{budget}; the device ran out of memory allocating them ({str(e).splitlines()[0]})"
+                             ) from None
         finally:
             model.each("pool_states", 0)
         if speculate == "mtp" and not self.slots[0].mtp_caches:
             raise ValueError("speculate 'mtp': the model was loaded without its MTP layer (dsv4.load(..., mtp=True))")
         # prefix caching (dsv4.prefix, off by default): a prompt that begins with a cached prompt's chunks starts
         # from their state; its chunk boundaries, so its bits and tokens, are the same as without it
-        self.prefix = (PrefixCache(model, prefix_cache, max_model_len, prefill_chunk, drafted=speculate == "mtp")
-                       if prefix_cache else None)
+        try:
+            self.prefix = (PrefixCache(model, prefix_cache, max_model_len, prefill_chunk, drafted=speculate == "mtp")
+                           if prefix_cache else None)
+        except torch.OutOfMemoryError as e:
+            raise ValueError(f"{budget}; the device ran out of memory allocating the prefix cache's "
+                             f"({str(e).splitlines()[0]})") from None
         # graphs: one captured batched step per bucket (CUDA only; None: on CUDA)
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
         self.pipelined = pipelined
