@@ -446,6 +446,26 @@ def _progress(total: int, unit: str):
     return tqdm(total=total, unit=unit.rstrip("s"), file=sys.stderr)
 
 
+def cmd_plan(args) -> int:
+    """A rank's memory on each world size (or --ranks), from the config alone (dsv4.plan)."""
+    import torch
+
+    from .plan import config_of, plan, table, worlds
+
+    cfg = config_of(_source(args))
+    max_model_len = args.max_model_len or min(8192, cfg.max_position_embeddings)
+    ranks = args.ranks or worlds(cfg)
+    dtype = getattr(torch, args.dtype)
+    plans = [plan(cfg, r, max_model_len, args.max_num_seqs, args.prefix_cache, dtype, args.mtp) for r in ranks]
+    gpu = int(args.gpu_memory * 2**30) if args.gpu_memory else None
+    print(f"[dsv4] {_source(args)}: {args.max_num_seqs} slots + {args.prefix_cache} prefix states of "
+          f"{max_model_len:,} tokens (a state {plans[0].state / 2**20:,.1f} MiB a rank), weights in "
+          f"{args.dtype}{' with the MTP layer' if args.mtp else ''}")
+    for line in table(plans, gpu):
+        print(line)
+    return 0
+
+
 def serve_gemv(flag: str | None) -> str | None:
     """The server's decode GEMVs: --gemv when given; else mma (its steps are batched, up to 8 rows a program's
     columns; the weights it refuses and the bf16 GEMVs run v3, whose tiles of 16 rows beat v2 at batched steps: mini,
@@ -630,6 +650,25 @@ def main(argv=None) -> int:
                          f"serve's (default {SERVE_STATES} where the prefill chunk is below --max-model-len, "
                          "else off; 0: off)")
     rb.set_defaults(fn=cmd_run_batch)
+
+    pl = sub.add_parser("plan", help="a rank's memory (weights, the server's states) on 1, 2, 4 and 8 ranks, from "
+                        "the config alone: which GPUs run a model, before downloading its weights")
+    src = pl.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint directory or Hugging Face repo id (only its config.json is read)")
+    src.add_argument("--preset", help="tiny | mini | flash")
+    pl.add_argument("--ranks", type=int, action="append", default=None,
+                    help="a world size to plan (repeat it for several; default: those of 1, 2, 4, 8 that split the "
+                         "model)")
+    pl.add_argument("--max-model-len", type=int, default=None,
+                    help="tokens a state holds (default min(8192, max_position_embeddings), as dsv4 serve's)")
+    pl.add_argument("--max-num-seqs", type=int, default=16, help="the server's slots (dsv4 serve's default)")
+    pl.add_argument("--prefix-cache", type=int, default=SERVE_STATES, help="the server's prefix states")
+    pl.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                    help="a GPU's memory in GiB (nvidia-smi's total: H100 80GB 79.6, H200 140.4): what is left "
+                         "and whether it fits")
+    pl.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="the compute dtype")
+    pl.add_argument("--mtp", action="store_true", help="with the MTP layer (--speculate mtp)")
+    pl.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("synth", help="write a random-weight checkpoint in the official format")
     s.add_argument("--preset", help="tiny | mini | flash: the config to write")
