@@ -110,7 +110,10 @@ async def _run(server, requests: list[BatchRequest], progress) -> list[dict]:
                     if r.status_code != 429:
                         break
                     await asyncio.sleep(float(r.headers.get("retry-after", 1)))
-            body = r.json()
+            try:
+                body = r.json()
+            except ValueError:  # every route answers JSON; anything else is kept as the error it is
+                body = {"error": {"message": r.text[:1000], "type": "server_error", "param": None, "code": None}}
             if progress is not None:
                 progress()
             rid = body.get("id") if r.status_code == 200 and isinstance(body.get("id"), str) else None
