@@ -170,6 +170,7 @@ def test_a_capture_s_tables_are_room_reserved_before_it_and_filled_after_it():
     assert fused_undo.captured() == [] and tables.room is None
 
 
+@pytest.mark.slow  # 17 s of CI's interpreter (session 52) while the fused Undo is off by default
 @pytest.mark.skipif(not kernels.interpreting(), reason="counts the kernels' launches run in Triton's interpreter")
 def test_a_verify_step_takes_its_writes_back_in_one_launch_a_row_and_layer(kernels_on):
     """With CONFIG fused a verify step of R rows makes R launches of the Undo's writes a layer (all of a row's writes

@@ -186,7 +186,7 @@ def chunked(monkeypatch):
 @pytest.mark.skipif(not kernels.interpreting(), reason="CPU states through the kernels: Triton's interpreter")
 @pytest.mark.parametrize("k,wrong,fused_undo_on", [
     # every case in the slow set (DSV4_SLOW=1) while verify_chunk is off by default (session 52: 81 s of CI's
-    # interpreter); CI keeps the kernel's rows against the decode kernel's above and the launch census below
+    # interpreter); CI keeps the kernel's rows against the decode kernel's above
     pytest.param(3, None, False, marks=pytest.mark.slow),  # drafts right, torch's Undo
     pytest.param(3, 1, True, marks=pytest.mark.slow), pytest.param(7, None, True, marks=pytest.mark.slow),
     pytest.param(1, None, False, marks=pytest.mark.slow),
@@ -211,6 +211,7 @@ def test_verify_steps_as_chunks_are_the_plain_steps(tiny, plain, chunked, monkey
         token = got[-1]
 
 
+@pytest.mark.slow  # 21 s of CI's interpreter (session 52) while verify_chunk is off by default
 @pytest.mark.skipif(not kernels.interpreting(), reason="counts the kernels' launches run in Triton's interpreter")
 def test_a_chunk_launches_each_kernel_once_a_layer(tiny, chunked, monkeypatch):
     """As one chunk a verify step of R rows makes one attention launch a layer (in turn: R), one pool launch a
