@@ -72,10 +72,22 @@ def test_models_health_metrics(server, client):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     for name in ("dsv4_num_requests_running", "dsv4_num_requests_waiting", "dsv4_prompt_tokens_total",
                  "dsv4_generation_tokens_total", "dsv4_time_to_first_token_seconds_bucket",
-                 "dsv4_time_per_output_token_seconds_bucket", "dsv4_requests_finished_total"):
+                 "dsv4_time_per_output_token_seconds_bucket", "dsv4_requests_finished_total",
+                 "dsv4_e2e_request_latency_seconds_bucket", "dsv4_request_queue_time_seconds_bucket"):
         assert f'{name}{{' in r.text, name
     line = next(x for x in r.text.splitlines() if x.startswith("dsv4_generation_tokens_total{"))
     assert float(line.split()[-1]) >= 3
+
+    def value(prefix):
+        return float(next(x for x in httpx.get(root(server) + "/metrics").text.splitlines()
+                          if x.startswith(prefix + "{")).split()[-1])
+
+    before = {k: value(k) for k in ("dsv4_e2e_request_latency_seconds_count", "dsv4_request_queue_time_seconds_count",
+                                    "dsv4_e2e_request_latency_seconds_sum")}
+    client.completions.create(model=NAME, prompt="count me twice", max_tokens=2, seed=1, n=2)
+    assert value("dsv4_e2e_request_latency_seconds_count") == before["dsv4_e2e_request_latency_seconds_count"] + 2
+    assert value("dsv4_request_queue_time_seconds_count") == before["dsv4_request_queue_time_seconds_count"] + 2
+    assert value("dsv4_e2e_request_latency_seconds_sum") > before["dsv4_e2e_request_latency_seconds_sum"]
 
 
 def test_seeded_completion_is_the_engines_stream(client, model):

@@ -6,6 +6,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 class Metrics:
@@ -26,6 +27,12 @@ class Metrics:
                          "From the request's arrival to its first sampled token", buckets=_TTFT_BUCKETS)
         self.tpot = make(Histogram, "dsv4_time_per_output_token_seconds",
                          "Between consecutive sampled tokens of one sequence", buckets=_TPOT_BUCKETS)
+        self.e2e = make(Histogram, "dsv4_e2e_request_latency_seconds",
+                        "From a choice's arrival to its end (finished, stopped, cancelled or failed)",
+                        buckets=_E2E_BUCKETS)
+        self.queue_time = make(Histogram, "dsv4_request_queue_time_seconds",
+                               "From a choice's arrival to its slot (time spent waiting for one)",
+                               buckets=_TTFT_BUCKETS)
         self.rejected = make(Counter, "dsv4_requests_rejected", "Requests refused with 429 (queue full)")
         self.draft_tokens = make(Counter, "dsv4_spec_decode_num_draft_tokens",
                                  "Drafted tokens a verify step checked (speculative decoding)")
@@ -47,6 +54,12 @@ class Metrics:
     def next_token(self, seconds: float):
         self.tpot.observe(seconds)
         self.generation_tokens.inc()
+
+    def queued(self, seconds: float):
+        self.queue_time.observe(seconds)
+
+    def ended(self, seconds: float):
+        self.e2e.observe(seconds)
 
     def speculated(self, drafted: int, accepted: int):
         self.draft_tokens.inc(drafted)

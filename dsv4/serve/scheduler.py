@@ -378,6 +378,8 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 self.free.sort(reverse=True)
                 seq.slot = self.free.pop()  # the lowest free slot: the batch's bucket stays small
+                if self.metrics is not None:
+                    self.metrics.queued(time.perf_counter() - seq.arrived)
                 seq.token = seq.prompt_ids[-1]
                 self.running.append(seq)
         self._gauge()

@@ -593,8 +593,10 @@ class _Reply:
             return
         self.closed = True
         self._cancel()
+        ended = time.perf_counter()
         for c in self.choices:
             self.server.metrics.finish(c.text.finish or "abort")
+            self.server.metrics.ended(ended - c.seq.arrived)
 
     async def deltas(self):
         """(choice index, text delta, finish_reason or None) until every choice has its finish_reason.
