@@ -306,6 +306,7 @@ ACCEPTED = {  # field: the body fields that exercise it
     "stop_token_ids": {"stop_token_ids": [7]}, "min_tokens": {"min_tokens": 1},
     "include_stop_str_in_output": {"stop": ["e"], "include_stop_str_in_output": True},
     "skip_special_tokens": {"skip_special_tokens": True}, "allowed_token_ids": {"allowed_token_ids": [5, 6]},
+    "bad_words": {"bad_words": ["the"]},
 }
 ACCEPTED_COMPLETIONS = {"logprobs": {"logprobs": 2}}  # completions' logprobs is a count, chat's a switch
 REFUSED = {

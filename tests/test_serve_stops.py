@@ -1,4 +1,4 @@
-"""vLLM's text and stop extras over HTTP (tiny, CPU): stop_token_ids, min_tokens, allowed_token_ids,
+"""vLLM's text and stop extras over HTTP (tiny, CPU): stop_token_ids, min_tokens, allowed_token_ids, bad_words,
 include_stop_str_in_output, skip_special_tokens, and the choices' stop_reason; each against the unconstrained stream
 of the same seed (a greedy stream where the check reads its logprobs), and the refusals that name their field."""
 
@@ -109,6 +109,30 @@ def test_allowed_token_ids_hold_every_draw(server):
     assert chat.status_code == 200 and set(chat.json()["choices"][0]["token_ids"]) <= set(allowed)
 
 
+def test_bad_words_keep_their_last_token_out(server, model):
+    """Greedy. A one-token word is kept out of every step: the stream is the one whose logit_bias pushes its tokens
+    (with and without a leading space) down by 100. A two-token word of the stream (its tokens 1 and 2) is cut after
+    its first token: the same first two tokens, then another, and the pair never follows."""
+    from dsv4.serve.protocol import _bad_word_ids
+
+    tok = model.tokenizer
+    g = complete(server, max_tokens=12, temperature=0, return_token_ids=True)["choices"][0]["token_ids"]
+    one = next(t for t in g[1:] if tok.encode(tok.decode([t]), add_bos=False) == [t])
+    word = tok.decode([one])
+    variants = _bad_word_ids([word], tok)
+    assert (one,) in variants and all(len(v) == 1 for v in variants)
+    bias = {str(v[0]): -100 for v in variants}
+    got = complete(server, max_tokens=12, temperature=0, return_token_ids=True, bad_words=[word])["choices"][0]
+    biased = complete(server, max_tokens=12, temperature=0, return_token_ids=True, logit_bias=bias)["choices"][0]
+    assert got["token_ids"] == biased["token_ids"] and one not in got["token_ids"] and one in g
+    pair = tok.decode(g[1:3])
+    assert tuple(tok.encode(pair.lstrip(), add_bos=False)) == tuple(g[1:3]), "pick another stream"
+    got = complete(server, max_tokens=12, temperature=0, return_token_ids=True, bad_words=[pair])["choices"][0]
+    ids = got["token_ids"]
+    assert ids[:2] == g[:2] and ids[2] != g[2]
+    assert all(tuple(ids[i:i + 2]) not in _bad_word_ids([pair], tok) for i in range(len(ids) - 1))
+
+
 def test_skip_special_tokens_false_spells_special_tokens(server, model):
     both = {}
     for skip in (True, False):
@@ -128,6 +152,8 @@ def test_skip_special_tokens_false_spells_special_tokens(server, model):
     ("/v1/completions", {"include_stop_str_in_output": "yes"}, "include_stop_str_in_output", "true or false"),
     ("/v1/completions", {"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "only True"),
     ("/v1/chat/completions", {"skip_special_tokens": False}, "skip_special_tokens", "only true in chat"),
+    ("/v1/completions", {"bad_words": "bad"}, "bad_words", "a list of words"),
+    ("/v1/completions", {"bad_words": ["ok", " "]}, "bad_words", "a list of words"),
 ])
 def test_bad_extras_are_refused_by_name(server, path, extra, param, words):
     base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
@@ -143,7 +169,8 @@ def test_the_masks_are_refused_on_cuda_until_gpu_checked(model, monkeypatch):
 
     monkeypatch.delenv("DSV4_UNCHECKED_SAMPLING", raising=False)
     monkeypatch.setattr(model, "device", torch.device("cuda"))
-    for extra, name in (({"min_tokens": 2}, "min_tokens"), ({"allowed_token_ids": [3]}, "allowed_token_ids")):
+    for extra, name in (({"min_tokens": 2}, "min_tokens"), ({"allowed_token_ids": [3]}, "allowed_token_ids"),
+                        ({"bad_words": ["x"]}, "bad_words")):
         with pytest.raises(protocol.RequestError, match=f"{name}: not yet available on CUDA"):
             protocol.parse({"prompt": "hi", "max_tokens": 4, **extra}, model, 256, chat=False, max_choices=8)
     call = protocol.parse({"prompt": "hi", "max_tokens": 4, "stop_token_ids": [3], "min_tokens": 0}, model, 256,

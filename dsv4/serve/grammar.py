@@ -251,3 +251,17 @@ def token_mask(vocab_size: int, allowed=None, banned=()) -> torch.Tensor:
     bits[list(banned)] = False
     packed = np.packbits(bits.reshape(words, 32), axis=1, bitorder="little")  # [words, 4] bytes, bit 0 first
     return torch.from_numpy(packed.copy().view("<i4").reshape(words))
+
+
+class BadWords:
+    """vLLM's bad_words, as token sequences (each word with and without a leading space, as vLLM tokenises them):
+    a word's last token is kept out of a step whose tokens so far end with the rest of it (a one-token word: of every
+    step). `mask(generated)` is that step's bitmask (token_mask), None where nothing is kept out."""
+
+    def __init__(self, words: tuple[tuple[int, ...], ...], vocab_size: int):
+        self.words, self.vocab_size = words, vocab_size
+        self.longest = max(len(w) for w in words)
+
+    def mask(self, generated: list[int]) -> torch.Tensor | None:
+        banned = {w[-1] for w in self.words if len(w) == 1 or tuple(generated[-(len(w) - 1):]) == w[:-1]}
+        return token_mask(self.vocab_size, banned=sorted(banned)) if banned else None

@@ -69,6 +69,8 @@ IMPLEMENTED = {
     "skip_special_tokens": "vLLM's, completions: false decodes special tokens as text (true, the default, drops "
                            "them); chat: only true (a reply's special tokens are its markup, parsed)",
     "allowed_token_ids": "vLLM's: every token is drawn from these ids alone (a device-side mask)",
+    "bad_words": "vLLM's: words (each tokenised with and without a leading space) whose last token is kept out of "
+                 "a step whose tokens so far end with the rest of the word (a device-side mask)",
     "return_token_ids": "vLLM's: each choice carries token_ids, the ids of the tokens it sampled (a stream sends a "
                         "chunk per token, its text possibly empty), and prompt_token_ids, its prompt's ids (in a "
                         "stream, on the choice's first chunk)",
@@ -209,6 +211,14 @@ def _token_ids(v):
     return v
 
 
+def _bad_words(v):
+    if v is None:
+        return v
+    if not isinstance(v, list) or not all(isinstance(w, str) and w.strip() for w in v):
+        _refuse(f"a list of words (non-empty strings), got {v!r}"[:200])
+    return v
+
+
 def _response_format(v):
     if v is None:
         return v
@@ -301,6 +311,7 @@ class _Body(BaseModel):
     include_stop_str_in_output: Flag = None
     skip_special_tokens: Flag = None
     allowed_token_ids: Annotated[Any, BeforeValidator(_token_ids)] = None
+    bad_words: Annotated[Any, BeforeValidator(_bad_words)] = None
     return_token_ids: Flag = None
     presence_penalty: Penalty = None
     frequency_penalty: Penalty = None
@@ -498,6 +509,7 @@ class TextRules:
     keep_stop: bool = False
     skip_special: bool = True
     allowed: tuple[int, ...] | None = None
+    bad_words: tuple[tuple[int, ...], ...] = ()  # bad_words' token sequences (grammar.BadWords)
 
 
 @dataclass
@@ -594,9 +606,24 @@ def _text_rules(req, chat: bool, model, prompts: list[Prompt]) -> TextRules:
     # the first min_tokens tokens and allowed_token_ids are drawn under a device-side mask, the grammar's path
     _unchecked_on_cuda(model, "min_tokens" if req.min_tokens else None, GRAMMAR)
     _unchecked_on_cuda(model, "allowed_token_ids" if req.allowed_token_ids else None, GRAMMAR)
+    _unchecked_on_cuda(model, "bad_words" if req.bad_words else None, GRAMMAR)
     return TextRules(tuple(dict.fromkeys(req.stop_token_ids or ())), req.min_tokens or 0,
                      bool(req.include_stop_str_in_output), req.skip_special_tokens is not False,
-                     None if req.allowed_token_ids is None else tuple(sorted(set(req.allowed_token_ids))))
+                     None if req.allowed_token_ids is None else tuple(sorted(set(req.allowed_token_ids))),
+                     _bad_word_ids(req.bad_words or (), model.tokenizer))
+
+
+def _bad_word_ids(words, tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Each word's tokens as vLLM takes them: the word (its leading spaces dropped), and with one leading space where
+    that is a different first token and as many tokens (a word in the middle of a text)."""
+    out = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_bos=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_bos=False))
+        out.append(bare)
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return tuple(dict.fromkeys(out))
 
 
 def _asks(req, name: str) -> bool:

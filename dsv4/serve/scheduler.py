@@ -122,9 +122,10 @@ class Sequence:
     allowed: object = None  # vLLM's allowed_token_ids: a fixed bitmask (grammar.token_mask) of every step
     min_tokens: int = 0  # vLLM's min_tokens: the first ones drawn under `min_mask` (EOS and the stop ids out)
     min_mask: object = None
+    bad_words: object = None  # vLLM's bad_words: a grammar.BadWords, its mask from the tokens drawn (`history`)
     prompt_logprobs: int | None = None  # echoed prompt logprobs: its prefill scores each prompt token (and this top)
     inflight: int = 0  # pipelined steps launched for this sequence and not settled yet (0 or 1)
-    history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter reads them)
+    history: list = field(default_factory=list)  # the tokens drawn (kept where the n-gram drafter or bad_words read them)
     drafts: tuple = ()  # the MTP layer's drafts for the step after `drafted_at` tokens
     drafted_at: int = -1
     cached: int | None = None  # prompt tokens the prefix cache gave (None: not looked up yet)
@@ -144,7 +145,7 @@ class Sequence:
     @property
     def plain(self) -> bool:
         """This step needs no processing (no logit processing, no mask): the plain batched step (or a verify step)."""
-        return (self.logits is None and self.constraint is None and self.allowed is None
+        return (self.logits is None and self.constraint is None and self.allowed is None and self.bad_words is None
                 and self.generated >= self.min_tokens)
 
     def processing(self) -> Processing | None:
@@ -153,7 +154,9 @@ class Sequence:
         if self.plain:
             return None
         masks = [m for m in (None if self.constraint is None else self.constraint.mask(), self.allowed,
-                             self.min_mask if self.generated < self.min_tokens else None) if m is not None]
+                             self.min_mask if self.generated < self.min_tokens else None,
+                             None if self.bad_words is None else self.bad_words.mask(self.history))
+                 if m is not None]
         mask = None
         for m in masks:
             mask = m.clone() if mask is None else mask.bitwise_and_(m)
@@ -667,7 +670,7 @@ class Scheduler:
         """drawn: the token (a plain step) or its Drawn (a processed one)."""
         seq.token = getattr(drawn, "token", drawn)
         seq.generated += 1
-        if self.ngram is not None:
+        if self.ngram is not None or seq.bad_words is not None:
             seq.history.append(seq.token)
         self._observe(seq)
         seq.emit(("token", drawn if seq.logits is not None and seq.logits.logprobs is not None else seq.token))

@@ -403,7 +403,7 @@ class _Choice:
                                skip_special=not call.reply.markup and rules.skip_special, stop_ids=rules.stop_ids,
                                keep_stop=rules.keep_stop, min_tokens=rules.min_tokens)
         self.reply = ChatReply(call.reply) if call.chat else None
-        constraint = allowed = min_mask = None
+        constraint = allowed = min_mask = bad_words = None
         if call.grammar is not None:
             from .grammar import Constraint
 
@@ -415,10 +415,14 @@ class _Choice:
             # min_tokens keeps out what would end the text: EOS (unless ignored) and the stop ids (vLLM's)
             if rules.min_tokens:
                 min_mask = token_mask(vocab, banned=rules.stop_ids + ((eos,) if eos is not None else ()))
+        if rules.bad_words:
+            from .grammar import BadWords
+
+            bad_words = BadWords(rules.bad_words, vocab)
         self.seq = Sequence(choice.prompt.ids, choice.prompt.max_tokens, choice.sampling, emit, arrived,
                             ignore_eos=call.ignore_eos, logits=call.logits, constraint=constraint,
                             prompt_logprobs=call.prompt_logprobs, stop_ids=frozenset(rules.stop_ids),
-                            allowed=allowed, min_tokens=rules.min_tokens, min_mask=min_mask)
+                            allowed=allowed, min_tokens=rules.min_tokens, min_mask=min_mask, bad_words=bad_words)
         wanted = call.logits is not None and call.logits.logprobs is not None
         self.logprobs = _Logprobs(server.model.tokenizer, call.chat, len(self.echo)) if wanted else None
         self.scored = 0  # prompt tokens whose logprobs came (echo with logprobs: the scheduler's "prompt" events)
