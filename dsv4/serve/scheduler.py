@@ -55,9 +55,9 @@ index). A sequence with logit processing (`logits`: penalties, logit_bias, min_p
 grammar (`constraint`: response_format) makes its round's step `Model.step_batch_processed`: its
 row is processed on the device (its token counts restart from its prompt at its first step), the
 grammar's allowed tokens are filled in before the step and the token drawn accepted after it. A
-round where no sequence has either runs the plain `step_batch`. vLLM's allowed_token_ids (every step) and min_tokens (its
-first steps: EOS and stop_token_ids kept out) are masks on the same path, ANDed with a grammar's; stop_token_ids end a
-sequence as EOS does.
+round where no sequence has either runs the plain `step_batch`. vLLM's allowed_token_ids (every step), min_tokens (its
+first steps: EOS and stop_token_ids kept out) and bad_words (a word's last token after the rest of it) are masks on the
+same path, ANDed with a grammar's; stop_token_ids end a sequence as EOS does.
 
 Events go back to the handler's asyncio loop as ("token", id) (("token", Drawn) when the sequence
 reports logprobs), ("prompt", scores), ("done", finish_reason) or ("error", RequestError); the scheduler finishes a
@@ -150,7 +150,7 @@ class Sequence:
 
     def processing(self) -> Processing | None:
         """This step's processing of the sequence's row (the grammar's mask filled now, and with it those of
-        allowed_token_ids and min_tokens: a token passes every one), None without any."""
+        allowed_token_ids, min_tokens and bad_words: a token passes every one), None without any."""
         if self.plain:
             return None
         masks = [m for m in (None if self.constraint is None else self.constraint.mask(), self.allowed,
