@@ -133,7 +133,7 @@ def check_output(path: str | os.PathLike, input_path: str | os.PathLike) -> Path
                          "over it: the requests would be lost)")
     if path.is_dir():
         raise ValueError(f"batch output {path}: a directory, not a file")
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent  # "." for a bare file name
     if not parent.is_dir():
         raise ValueError(f"batch output {path}: its directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
